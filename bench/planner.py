@@ -1,0 +1,268 @@
+"""Planner scaling: one admission pass over synthetic but realistic snapshots.
+
+200 pools (40 zones × 5 shapes, GPU VMs and TPU chips), 20 tenants in 4 cohorts (two queue
+strict FIFO), gang sizes 1..64 skewed small, flex run times 10 min .. 7 days log-uniform (median
+about 5 h), a fifth of the load calendar blocks (pending and booked), and active grants of 20%
+of the pending count. Times ``admit(snapshot, now)`` at 1,000, 10,000 and 100,000 pending
+requests and prints the growth ratios; the snapshot is built outside the timing.
+
+    python bench/planner.py            # all sizes, best of 3 (100k: best of 2)
+    python bench/planner.py --quick    # 1k and 10k only (CI runs this to keep it working)
+    python bench/planner.py --json     # ...and one JSON object as the last line
+
+Targets (DESIGN.md): 10k pending ≤ 0.25 s, 100k ≤ 3 s, t(100k)/t(10k) ≤ 12.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from opendws.domain import (
+    CapacityRequest,
+    GangShape,
+    Grant,
+    Mode,
+    Outcome,
+    Pool,
+    Provider,
+    QueueingStrategy,
+    Quota,
+    Snapshot,
+    Tenant,
+    admit,
+)
+
+NOW = datetime(2026, 12, 1, tzinfo=UTC)
+REGIONS = [
+    "us-central1", "us-east1", "us-east4", "us-west1", "us-west4",
+    "europe-west1", "europe-west4", "asia-east1", "asia-northeast1", "asia-southeast1",
+]  # fmt: skip
+ZONES = [f"{region}-{suffix}" for region in REGIONS for suffix in "abcd"]
+
+
+# (shape, accelerator, provider, accelerators per VM or None for TPU, capacity range in units)
+SHAPES = [
+    ("a3-highgpu-8g", "nvidia-h100-80gb", Provider.MIG, 8, (16, 128)),
+    ("a2-ultragpu-8g", "nvidia-a100-80gb", Provider.MIG, 8, (16, 128)),
+    ("g2-standard-48", "nvidia-l4", Provider.MIG, 4, (32, 256)),
+    ("tpu-v5e", "tpu-v5e", Provider.TPU, None, (256, 1024)),
+    ("tpu-v5p", "tpu-v5p", Provider.TPU, None, (256, 1024)),
+]
+TOPOLOGIES = ["1x1", "2x2", "2x4", "4x4", "4x8", "8x8"]
+TENANTS = 20
+COHORTS = 4
+
+
+def build_pools(rng: random.Random) -> list[Pool]:
+    return [
+        Pool(
+            pool_id=f"{zone}/{shape}",
+            zone=zone,
+            shape=shape,
+            accelerator=accelerator,
+            provider=provider,
+            capacity=rng.randint(*capacity),
+        )
+        for zone in ZONES
+        for shape, accelerator, provider, _, capacity in SHAPES
+    ]
+
+
+def build_tenants(pools: list[Pool]) -> list[Tenant]:
+    per_accelerator = Counter[str]()
+    for pool in pools:
+        per_unit = next(s[3] for s in SHAPES if s[1] == pool.accelerator) or 1
+        per_accelerator[pool.accelerator] += pool.capacity * per_unit
+    tenants = []
+    for index in range(TENANTS):
+        # Quota slightly above capacity overall: capacity, not quota, usually binds.
+        quotas = tuple(
+            Quota(
+                accelerator=accelerator,
+                nominal=int(total * 1.2 / TENANTS),
+                borrowing_limit=None if index % 3 else int(total * 0.1),
+            )
+            for accelerator, total in sorted(per_accelerator.items())
+        )
+        tenants.append(
+            Tenant(
+                name=f"team-{index:02d}",
+                quotas=quotas,
+                cohort=f"cohort-{index % COHORTS}",
+                queueing=QueueingStrategy.STRICT_FIFO
+                if index in (7, 13)
+                else QueueingStrategy.BEST_EFFORT,
+            )
+        )
+    return tenants
+
+
+def gang(
+    rng: random.Random, shape: tuple[str, str, Provider, int | None, tuple[int, int]]
+) -> GangShape:
+    machine, accelerator, provider, per_vm, _ = shape
+    if provider is Provider.TPU:
+        return GangShape(
+            vm_count=1,
+            accelerator=accelerator,
+            topology=TOPOLOGIES[min(5, int(rng.paretovariate(1.2)) - 1)],
+        )
+    vms = min(64, int(rng.paretovariate(1.1)))  # 1..64, mostly 1-4
+    return GangShape(
+        vm_count=vms, accelerator=accelerator, machine_type=machine, accelerators_per_vm=per_vm
+    )
+
+
+def log_uniform(rng: random.Random, low: timedelta, high: timedelta) -> timedelta:
+    seconds = math.exp(rng.uniform(math.log(low.total_seconds()), math.log(high.total_seconds())))
+    return timedelta(seconds=round(seconds))
+
+
+def locations(rng: random.Random) -> tuple[str, ...]:
+    region = rng.choice(REGIONS)
+    if rng.random() < 0.6:
+        return (region,)
+    return tuple(rng.sample([f"{region}-{s}" for s in "abcd"], rng.randint(1, 2)))
+
+
+def build_request(rng: random.Random, index: int) -> CapacityRequest:
+    shape = rng.choice(SHAPES)
+    tenant = f"team-{min(TENANTS - 1, int(rng.expovariate(1 / 5))):02d}"
+    submitted = NOW - timedelta(seconds=rng.randint(0, 3 * 86400))
+    common = {
+        "request_id": f"req-{index:06d}",
+        "tenant": tenant,
+        "gang": gang(rng, shape),
+        "locations": locations(rng),
+        "submitted_at": submitted,
+        "priority": 1 if rng.random() < 0.05 else 0,
+    }
+    if rng.random() < 0.2:
+        return CapacityRequest(
+            mode=Mode.CALENDAR,
+            run_duration=timedelta(days=min(90, int(rng.paretovariate(1.0)))),
+            start_at=NOW + timedelta(hours=rng.randint(1, 24 * 110)),
+            **common,
+        )
+    return CapacityRequest(
+        mode=Mode.FLEX_START,
+        run_duration=log_uniform(rng, timedelta(minutes=10), timedelta(days=7)),
+        max_wait=timedelta(days=7),
+        **common,
+    )
+
+
+def build_grants(rng: random.Random, pools: list[Pool], count: int) -> list[Grant]:
+    """Active flex grants started in the past and booked calendar blocks ahead (1 in 5), each
+    placed only where its pool still has room, so the snapshot is one a real system could reach."""
+    grants: list[Grant] = []
+    used: dict[str, list[tuple[datetime, datetime, int]]] = {pool.pool_id: [] for pool in pools}
+    attempts = 0
+    while len(grants) < count and attempts < count * 4:
+        attempts += 1
+        pool = rng.choice(pools)
+        shape = next(s for s in SHAPES if s[0] == pool.shape)
+        request = build_request(rng, 900_000 + attempts)
+        g = gang(rng, shape)
+        units = g.units
+        if rng.random() < 0.2:
+            start = NOW + timedelta(hours=rng.randint(1, 24 * 100))
+            end = start + timedelta(days=min(30, int(rng.paretovariate(1.2))))
+        else:
+            start = NOW - log_uniform(rng, timedelta(minutes=1), timedelta(days=2))
+            end = max(
+                NOW + timedelta(minutes=1),
+                start + log_uniform(rng, timedelta(minutes=10), timedelta(days=7)),
+            )
+        overlapping = sum(u for s, e, u in used[pool.pool_id] if s < end and start < e)
+        if overlapping + units > pool.capacity * 0.8:
+            continue
+        used[pool.pool_id].append((start, end, units))
+        grants.append(
+            Grant(
+                request_id=f"grant-{len(grants):06d}",
+                tenant=request.tenant,
+                pool_id=pool.pool_id,
+                accelerator=pool.accelerator,
+                units=units,
+                accelerator_units=g.accelerator_units,
+                start_at=start,
+                end_at=end,
+            )
+        )
+    return grants
+
+
+def build_snapshot(pending: int, seed: int = 7) -> Snapshot:
+    rng = random.Random(seed)
+    pools = build_pools(rng)
+    tenants = build_tenants(pools)
+    grants = build_grants(rng, pools, pending // 5)
+    requests = [build_request(rng, index) for index in range(pending)]
+    return Snapshot(
+        pools=tuple(pools), tenants=tuple(tenants), grants=tuple(grants), pending=tuple(requests)
+    )
+
+
+def time_plan(snapshot: Snapshot, repeats: int) -> tuple[float, Counter[str]]:
+    best = math.inf
+    outcomes: Counter[str] = Counter()
+    for _ in range(repeats):
+        started = time.perf_counter()
+        plan = admit(snapshot, NOW)
+        best = min(best, time.perf_counter() - started)
+        outcomes = Counter(decision.outcome.value for decision in plan.decisions)
+    return best, outcomes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1k and 10k only")
+    parser.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = parser.parse_args()
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    seconds: dict[int, float] = {}
+    for size in sizes:
+        snapshot = build_snapshot(size)
+        # The snapshot is long-lived input, as in the reconciler: keep the collector from
+        # re-scanning its objects on every collection during the timed pass.
+        gc.collect()
+        gc.freeze()
+        repeats = 2 if size >= 100_000 else 3
+        seconds[size], outcomes = time_plan(snapshot, repeats)
+        summary = ", ".join(f"{key.lower()} {value}" for key, value in sorted(outcomes.items()))
+        print(
+            f"{size:>7,} pending + {len(snapshot.grants):>6,} grants: {seconds[size]:7.3f} s  ({summary})",
+            flush=True,
+        )
+    growth = {f"{a}->{b}": seconds[b] / seconds[a] for a, b in zip(sizes, sizes[1:], strict=False)}
+    for label, ratio in growth.items():
+        print(f"growth {label}: {ratio:.2f}x (10x the requests)")
+    verdicts = [f"10k: {seconds[10_000]:.3f} s (target 0.25 s)"]
+    if 100_000 in seconds:
+        verdicts.append(f"100k: {seconds[100_000]:.3f} s (target 3 s)")
+        verdicts.append(f"t(100k)/t(10k): {seconds[100_000] / seconds[10_000]:.2f} (target 12)")
+    print("; ".join(verdicts))
+    if args.json:
+        result = {
+            "plan_seconds": {str(size): round(value, 4) for size, value in seconds.items()},
+            "growth_10k_to_100k": (
+                round(seconds[100_000] / seconds[10_000], 3) if 100_000 in seconds else None
+            ),
+        }
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The pure core of opendws: model, life cycle, timeline, quotas, policy and admission.
+
+Nothing in this package performs I/O, reads a clock, draws random numbers or makes ids; it
+imports only the standard library and numpy.
+"""
+
+from opendws.domain.admission import Alternative, Decision, Outcome, Plan, Reason, admit
+from opendws.domain.model import (
+    CapacityRequest,
+    GangShape,
+    Grant,
+    InvalidModel,
+    Mode,
+    PolicySettings,
+    Pool,
+    Provider,
+    QueueingStrategy,
+    Quota,
+    Snapshot,
+    Tenant,
+)
+from opendws.domain.states import IllegalTransition, RequestState, transition
+
+__all__ = [
+    "Alternative",
+    "CapacityRequest",
+    "Decision",
+    "GangShape",
+    "Grant",
+    "IllegalTransition",
+    "InvalidModel",
+    "Mode",
+    "Outcome",
+    "Plan",
+    "PolicySettings",
+    "Pool",
+    "Provider",
+    "QueueingStrategy",
+    "Quota",
+    "Reason",
+    "RequestState",
+    "Snapshot",
+    "Tenant",
+    "admit",
+    "transition",
+]

@@ -1,0 +1,607 @@
+"""The admission core: ``admit(snapshot, now) -> Plan``.
+
+Pure and deterministic: no I/O, no clock, no randomness, no ids; the same snapshot in any input
+order gives the same plan. One pass reads as numbered steps:
+
+1. Screen every pending request: an unknown tenant, a gang no allowed pool can ever hold, a gang
+   larger than the tenant may ever hold, or a flex window that already closed is decided at once.
+2. Calendar blocks, first come first served, against exact step profiles of committed usage:
+   each is confirmed in its most preferred pool where it fits as asked, or refused with the three
+   nearest start times that would fit.
+3. Flex requests in policy order against a minute grid of committed usage (grants and the blocks
+   just confirmed): each gets its earliest feasible start in any of its pools within its window,
+   respecting pool capacity and tenant/cohort quota. A start of "now" is an admission; a later
+   start is held in the grid (conservative backfill), so no one behind it can delay it, and it
+   becomes the request's ETA and queue position.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from functools import cached_property
+from typing import NamedTuple
+
+from opendws.domain.model import (
+    CALENDAR_MAX_LEAD,
+    CapacityRequest,
+    Grant,
+    Mode,
+    Pool,
+    QueueingStrategy,
+    Snapshot,
+    require_utc,
+)
+from opendws.domain.policy import calendar_key, flex_key
+from opendws.domain.quotas import Limit, LimitKey, QuotaBook
+from opendws.domain.timeline import (
+    MICROSECOND,
+    MinuteGrid,
+    StepProfile,
+    ceil_cells,
+    feasible_starts,
+    floor_cells,
+)
+
+# How many alternative start times a refused calendar block is offered.
+ALTERNATIVES = 3
+
+
+class Outcome(StrEnum):
+    """What the plan decided for one pending request."""
+
+    ADMIT = "ADMIT"  # flex: starts now in pool_id → PROVISIONING
+    HOLD = "HOLD"  # flex: a slot is held from start_at (its ETA); stays PENDING
+    WAIT = "WAIT"  # flex: no slot opens inside its window as things stand; stays PENDING
+    CONFIRM = "CONFIRM"  # calendar: the block is booked in pool_id → BOOKED
+    REFUSE = "REFUSE"  # calendar: the block does not fit as asked; see alternatives → REJECTED
+    REJECT = "REJECT"  # can never be admitted as asked → REJECTED
+    TIME_OUT = "TIME_OUT"  # flex: max_wait passed before admission → TIMED_OUT
+
+
+class Reason(StrEnum):
+    """Why a request was not admitted now (machine-readable)."""
+
+    NO_CAPACITY_UNTIL = "NO_CAPACITY_UNTIL"  # the pool is committed to others until the ETA
+    QUOTA = "QUOTA"  # the tenant's (or its cohort's) quota is in use until the ETA / in the block
+    POOL_SHORT_UNTIL = "POOL_SHORT_UNTIL"  # the pool stocked out and cools down until the ETA
+    FIFO_BLOCKED = "FIFO_BLOCKED"  # strict-FIFO tenant: an earlier request of its own goes first
+    WINDOW_TOO_SHORT = "WINDOW_TOO_SHORT"  # no slot opens before max_wait passes, as things stand
+    NO_CAPACITY = "NO_CAPACITY"  # calendar: the block collides with committed capacity
+    NEVER_FITS = "NEVER_FITS"  # no allowed pool of this shape, or the gang exceeds every one
+    EXCEEDS_QUOTA = "EXCEEDS_QUOTA"  # the gang exceeds what the tenant may ever hold at once
+    UNKNOWN_TENANT = "UNKNOWN_TENANT"  # the tenant is not configured
+    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # the flex window closed before admission
+    START_PASSED = "START_PASSED"  # calendar: the whole block lies in the past
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alternative:
+    """A start time at which a refused calendar block would fit, and where."""
+
+    start_at: datetime
+    pool_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    """The plan's verdict on one pending request, with its reason as data."""
+
+    request_id: str
+    outcome: Outcome
+    reason: Reason | None = None  # None only for ADMIT and CONFIRM
+    pool_id: str | None = None  # ADMIT, HOLD, CONFIRM: where
+    start_at: datetime | None = None  # ADMIT, CONFIRM: the start; HOLD: the ETA
+    end_at: datetime | None = None  # ADMIT, HOLD, CONFIRM: start + run_duration
+    rank: int | None = None  # flex: 1-based place in policy order this pass
+    position: int | None = None  # HOLD: 1-based place in line for its pool, by ETA
+    alternatives: tuple[Alternative, ...] = ()  # REFUSE: nearest starts that would fit
+    detail: str = ""  # what exactly was wrong, for REJECT, REFUSE and TIME_OUT
+
+    @property
+    def eta(self) -> datetime | None:
+        """When the request is expected to start: now if admitted, the held slot if held."""
+        return self.start_at if self.outcome in (Outcome.ADMIT, Outcome.HOLD) else None
+
+    @property
+    def message(self) -> str:
+        """One human-readable line for events and the CLI."""
+        if self.detail:
+            return self.detail
+        where = f" in {self.pool_id}" if self.pool_id else ""
+        when = self.start_at.isoformat() if self.start_at else ""
+        match self.outcome:
+            case Outcome.ADMIT:
+                return f"admitted{where}"
+            case Outcome.CONFIRM:
+                return f"block confirmed{where} from {when}"
+            case Outcome.HOLD:
+                return f"waiting ({self.reason}); slot held{where} from {when}"
+            case _:
+                return f"waiting ({self.reason}); no slot opens before max_wait passes yet"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything one admission pass decided: one decision per pending request."""
+
+    now: datetime
+    decisions: tuple[Decision, ...]  # sorted by request_id
+
+    @cached_property
+    def _index(self) -> dict[str, Decision]:
+        return {decision.request_id: decision for decision in self.decisions}
+
+    def decision(self, request_id: str) -> Decision:
+        """The decision for ``request_id`` (KeyError if it was not pending)."""
+        return self._index[request_id]
+
+    def having(self, *outcomes: Outcome) -> tuple[Decision, ...]:
+        """Decisions with any of ``outcomes``, sorted by request_id."""
+        return tuple(decision for decision in self.decisions if decision.outcome in outcomes)
+
+    @property
+    def admissions(self) -> tuple[Decision, ...]:
+        """Flex requests that start now."""
+        return self.having(Outcome.ADMIT)
+
+    @property
+    def confirmations(self) -> tuple[Decision, ...]:
+        """Calendar blocks booked by this pass."""
+        return self.having(Outcome.CONFIRM)
+
+
+def admit(snapshot: Snapshot, now: datetime) -> Plan:
+    """Decide every pending request of ``snapshot`` at ``now`` (see the module docstring)."""
+    require_utc("now", now)
+    return _Pass(snapshot, now).run()
+
+
+class _Candidate(NamedTuple):
+    """A screened request with the pools it may use (most preferred first) and its limits.
+    (A named tuple: the planner makes one per pending request, so it must be cheap.)"""
+
+    request: CapacityRequest
+    pools: tuple[int, ...]  # indices into _Pass.pools
+    limits: tuple[Limit, ...]
+    strict: bool  # its tenant queues strict FIFO
+
+
+class _Allowed(NamedTuple):
+    """The pools one (shape, locations) combination may use, and the largest one's capacity."""
+
+    pools: tuple[int, ...]
+    largest: int
+
+
+class _Pass:
+    """One admission pass; lives only inside :func:`admit`."""
+
+    def __init__(self, snapshot: Snapshot, now: datetime) -> None:
+        self.snapshot = snapshot
+        self.now = now
+        self.pools: tuple[Pool, ...] = tuple(sorted(snapshot.pools, key=lambda p: p.pool_id))
+        self.pool_row = {pool.pool_id: row for row, pool in enumerate(self.pools)}
+        self.quotas = QuotaBook(sorted(snapshot.tenants, key=lambda t: t.name))
+        self.grants: list[Grant] = sorted(snapshot.grants, key=_grant_key)
+        self.decisions: dict[str, Decision] = {}
+        self._pools_by_shape: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        for row, pool in enumerate(self.pools):
+            self._pools_by_shape[(pool.provider, pool.shape, pool.accelerator)].append(row)
+        self._allowed_cache: dict[tuple[str, str, str, tuple[str, ...]], _Allowed] = {}
+
+    def run(self) -> Plan:
+        pending = sorted(self.snapshot.pending, key=lambda r: r.request_id)
+        calendar, flex = self._screen(pending)  # 1
+        self._decide_calendar(calendar)  # 2
+        self._decide_flex(flex)  # 3
+        decisions = tuple(self.decisions[key] for key in sorted(self.decisions))
+        return Plan(now=self.now, decisions=decisions)
+
+    # 1. Screening ---------------------------------------------------------------------------
+
+    def _screen(
+        self, pending: Iterable[CapacityRequest]
+    ) -> tuple[list[_Candidate], list[_Candidate]]:
+        calendar: list[_Candidate] = []
+        flex: list[_Candidate] = []
+        strict = {
+            tenant.name
+            for tenant in self.snapshot.tenants
+            if tenant.queueing is QueueingStrategy.STRICT_FIFO
+        }
+        for request in pending:
+            allowed = self._allowed_pools(request)
+            verdict = self._screen_out(request, allowed)
+            if verdict is not None:
+                self.decisions[request.request_id] = verdict
+                continue
+            candidate = _Candidate(
+                request,
+                allowed.pools,
+                self.quotas.limits(request.tenant, request.gang.accelerator),
+                request.tenant in strict,
+            )
+            (flex if request.mode is Mode.FLEX_START else calendar).append(candidate)
+        return calendar, flex
+
+    def _screen_out(self, request: CapacityRequest, allowed: _Allowed) -> Decision | None:
+        """The decision for a request that cannot be planned at all, or None if it can."""
+        gang = request.gang
+        if not self.quotas.knows(request.tenant):
+            return _rejection(
+                request, Reason.UNKNOWN_TENANT, f"tenant {request.tenant!r} is not configured"
+            )
+        if not allowed.pools:
+            return _rejection(
+                request,
+                Reason.NEVER_FITS,
+                f"no {gang.provider} pool of {gang.shape} ({gang.accelerator}) in "
+                f"{', '.join(request.locations)}",
+            )
+        if gang.units > allowed.largest:
+            return _rejection(
+                request,
+                Reason.NEVER_FITS,
+                f"the gang needs {gang.units} units in one pool; the largest allowed pool "
+                f"holds {allowed.largest}",
+            )
+        ceiling = self.quotas.ceiling(request.tenant, gang.accelerator)
+        if gang.accelerator_units > ceiling:
+            return _rejection(
+                request,
+                Reason.EXCEEDS_QUOTA,
+                f"the gang needs {gang.accelerator_units} × {gang.accelerator}; tenant "
+                f"{request.tenant!r} may hold at most {ceiling} at once, borrowing included",
+            )
+        if request.max_wait is not None and request.submitted_at + request.max_wait < self.now:
+            return Decision(
+                request_id=request.request_id,
+                outcome=Outcome.TIME_OUT,
+                reason=Reason.MAX_WAIT_PASSED,
+                detail=(
+                    f"max_wait passed at {(request.submitted_at + request.max_wait).isoformat()}"
+                    " before any slot opened"
+                ),
+            )
+        if request.start_at is not None and request.start_at + request.run_duration <= self.now:
+            return Decision(
+                request_id=request.request_id,
+                outcome=Outcome.REFUSE,
+                reason=Reason.START_PASSED,
+                detail="the whole calendar block lies in the past",
+            )
+        return None
+
+    def _allowed_pools(self, request: CapacityRequest) -> _Allowed:
+        """Pools that serve the request, most preferred location first, then by pool_id."""
+        gang = request.gang
+        key = (gang.provider.value, gang.shape, gang.accelerator, request.locations)
+        cached = self._allowed_cache.get(key)
+        if cached is None:
+            shaped = self._pools_by_shape.get((gang.provider, gang.shape, gang.accelerator), [])
+            allowed = [row for row in shaped if request.allows(self.pools[row].zone)]
+            allowed.sort(key=lambda row: (request.preference(self.pools[row].zone), row))
+            largest = max((self.pools[row].capacity for row in allowed), default=0)
+            cached = self._allowed_cache[key] = _Allowed(tuple(allowed), largest)
+        return cached
+
+    # 2. Calendar blocks ---------------------------------------------------------------------
+
+    def _decide_calendar(self, calendar: list[_Candidate]) -> None:
+        if not calendar:
+            return
+        ledger = _ExactLedger(self.now, self.pools, self.quotas, self.grants)
+        for candidate in sorted(calendar, key=lambda c: calendar_key(c.request)):
+            request = candidate.request
+            assert request.start_at is not None  # a calendar request always has one
+            row = ledger.first_fit(candidate)
+            if row is not None:
+                grant = Grant.of(request, self.pools[row].pool_id, request.start_at)
+                ledger.commit(grant)
+                self.grants.append(grant)
+                self.decisions[request.request_id] = Decision(
+                    request_id=request.request_id,
+                    outcome=Outcome.CONFIRM,
+                    pool_id=grant.pool_id,
+                    start_at=grant.start_at,
+                    end_at=grant.end_at,
+                )
+                continue
+            quota_bound = not ledger.quota_fits(candidate)
+            alternatives = ledger.alternatives(candidate)
+            offered = ", ".join(alt.start_at.isoformat() for alt in alternatives) or "none"
+            binding = "the tenant's quota is" if quota_bound else "the capacity is"
+            self.decisions[request.request_id] = Decision(
+                request_id=request.request_id,
+                outcome=Outcome.REFUSE,
+                reason=Reason.QUOTA if quota_bound else Reason.NO_CAPACITY,
+                alternatives=alternatives,
+                detail=(
+                    f"{binding} committed during the block from {request.start_at.isoformat()};"
+                    f" nearest starts that fit: {offered}"
+                ),
+            )
+
+    # 3. Flex requests -----------------------------------------------------------------------
+
+    def _decide_flex(self, flex: list[_Candidate]) -> None:
+        if not flex:
+            return
+        now = self.now
+        limits = [pool.capacity for pool in self.pools]
+        limit_row: dict[LimitKey, int] = {}
+        for candidate in flex:
+            for limit in candidate.limits:
+                if limit.key not in limit_row:
+                    limit_row[limit.key] = len(limits)
+                    limits.append(limit.amount)
+        half_life = self.snapshot.policy.aging_half_life
+        queue = sorted(
+            (
+                flex_key(c.request, strict=c.strict, now=now, half_life=half_life),
+                c,
+                ceil_cells(c.request.run_duration),
+                floor_cells(c.request.submitted_at + _max_wait(c.request) - now),
+            )
+            for c in flex
+        )
+        cells = 1 + max(length + last for _, _, length, last in queue)
+        grid = MinuteGrid(now, cells, limits, self._commitments(limit_row))
+        binding = self._binding_rows(grid, limits, limit_row, flex)
+        short = [_short_cell(pool, now) for pool in self.pools]
+        fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
+        for rank, (_, candidate, length, last) in enumerate(queue, start=1):
+            request = candidate.request
+            units = request.gang.units
+            amount = request.gang.accelerator_units
+            quota = [
+                (row, amount)
+                for row in (limit_row[limit.key] for limit in candidate.limits)
+                if binding[row]
+            ]
+            floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
+            best: int | None = None
+            best_row = -1
+            for row in candidate.pools:
+                lowest = max(floor, short[row])
+                upper = last if best is None else best - 1
+                if lowest > upper:
+                    continue
+                needs = [(row, units), *quota] if binding[row] else quota
+                start = grid.earliest_fit(needs, lowest, upper, length) if needs else lowest
+                if start is not None:
+                    best, best_row = start, row
+                    if start == floor:
+                        break  # no pool can offer an earlier start
+            if best is None:
+                if candidate.strict:
+                    # It starts by its deadline or times out then: either way, no later.
+                    fifo_floor[request.tenant] = max(floor, last)
+                self.decisions[request.request_id] = Decision(
+                    request_id=request.request_id,
+                    outcome=Outcome.WAIT,
+                    reason=Reason.WINDOW_TOO_SHORT,
+                    rank=rank,
+                )
+                continue
+            reason = None
+            if best > 0:
+                reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length)
+            grid.take([(best_row, units), *quota] if binding[best_row] else quota, best, length)
+            if candidate.strict:
+                fifo_floor[request.tenant] = best
+            placed.append((best_row, best, rank, candidate, reason))
+        self._record_placements(grid, placed)
+
+    @staticmethod
+    def _binding_rows(
+        grid: MinuteGrid,
+        limits: Sequence[int],
+        limit_row: dict[LimitKey, int],
+        flex: Sequence[_Candidate],
+    ) -> list[bool]:
+        """Per grid row, whether it can bind at all this pass: a pool or quota whose peak use
+        plus every pending request that could land on it stays within its limit never blocks
+        anyone, so it is neither searched nor updated (an exact shortcut, not a heuristic)."""
+        demand = [0] * len(limits)
+        for candidate in flex:
+            gang = candidate.request.gang
+            for row in candidate.pools:
+                demand[row] += gang.units
+            for limit in candidate.limits:
+                demand[limit_row[limit.key]] += gang.accelerator_units
+        return [demand[row] > 0 and grid.lowest(row) < demand[row] for row in range(len(limits))]
+
+    def _record_placements(
+        self, grid: MinuteGrid, placed: list[tuple[int, int, int, _Candidate, Reason | None]]
+    ) -> None:
+        """Admissions and held slots as decisions; held slots are numbered per pool by ETA,
+        then policy rank (position 1 is next in line)."""
+        placed.sort(key=lambda entry: (entry[0], entry[1], entry[2]))
+        position = 0
+        previous_row = -1
+        for row, start, rank, candidate, reason in placed:
+            request = candidate.request
+            start_at = grid.at(start)
+            if start > 0:
+                position = position + 1 if row == previous_row else 1
+                previous_row = row
+            self.decisions[request.request_id] = Decision(
+                request_id=request.request_id,
+                outcome=Outcome.HOLD if start else Outcome.ADMIT,
+                reason=reason,
+                pool_id=self.pools[row].pool_id,
+                start_at=start_at,
+                end_at=start_at + request.run_duration,
+                rank=rank,
+                position=position if start else None,
+            )
+
+    def _commitments(
+        self, limit_row: dict[LimitKey, int]
+    ) -> Iterable[tuple[int, datetime, datetime, int]]:
+        """Every grant as (grid row, start, end, amount) for its pool and the limits it counts
+        against; a grant on a pool no longer configured still counts against quota."""
+        for grant in self.grants:
+            row = self.pool_row.get(grant.pool_id)
+            if row is not None:
+                yield row, grant.start_at, grant.end_at, grant.units
+            for limit in self.quotas.limits(grant.tenant, grant.accelerator):
+                limit_row_index = limit_row.get(limit.key)
+                if limit_row_index is not None:
+                    yield limit_row_index, grant.start_at, grant.end_at, grant.accelerator_units
+
+
+class _ExactLedger:
+    """Committed usage as exact step profiles (microseconds from now), for calendar blocks."""
+
+    def __init__(
+        self, now: datetime, pools: Sequence[Pool], quotas: QuotaBook, grants: Iterable[Grant]
+    ) -> None:
+        self.now = now
+        self.pools = pools
+        self.quotas = quotas
+        self.pool_row = pool_row = {pool.pool_id: row for row, pool in enumerate(pools)}
+        per_pool: list[list[tuple[int, int, int]]] = [[] for _ in pools]
+        per_limit: dict[LimitKey, list[tuple[int, int, int]]] = defaultdict(list)
+        for grant in grants:
+            start, end = self.micros(grant.start_at), self.micros(grant.end_at)
+            row = pool_row.get(grant.pool_id)
+            if row is not None:
+                per_pool[row].append((start, end, grant.units))
+            for limit in quotas.limits(grant.tenant, grant.accelerator):
+                per_limit[limit.key].append((start, end, grant.accelerator_units))
+        self.pool_usage = [StepProfile(intervals) for intervals in per_pool]
+        self.limit_usage: dict[LimitKey, StepProfile] = {
+            key: StepProfile(intervals) for key, intervals in per_limit.items()
+        }
+
+    def micros(self, at: datetime) -> int:
+        """``at`` as integer microseconds from now."""
+        return (at - self.now) // MICROSECOND
+
+    def _limit_profile(self, key: LimitKey) -> StepProfile:
+        profile = self.limit_usage.get(key)
+        if profile is None:
+            profile = self.limit_usage[key] = StepProfile()
+        return profile
+
+    def _window(self, request: CapacityRequest) -> tuple[int, int]:
+        """The part of the block still ahead: [max(start, now), end)."""
+        assert request.start_at is not None
+        start = self.micros(request.start_at)
+        return max(start, 0), start + request.run_duration // MICROSECOND
+
+    def quota_fits(self, candidate: _Candidate) -> bool:
+        """True if the tenant's and cohort's quota hold over the block."""
+        start, end = self._window(candidate.request)
+        amount = candidate.request.accelerator_units
+        return all(
+            self._limit_profile(limit.key).peak(start, end) + amount <= limit.amount
+            for limit in candidate.limits
+        )
+
+    def first_fit(self, candidate: _Candidate) -> int | None:
+        """The most preferred pool row where the block fits exactly as asked."""
+        if not self.quota_fits(candidate):
+            return None
+        start, end = self._window(candidate.request)
+        units = candidate.request.units
+        for row in candidate.pools:
+            pool = self.pools[row]
+            if pool.short_until is not None and self.micros(pool.short_until) > start:
+                continue
+            if self.pool_usage[row].peak(start, end) + units <= pool.capacity:
+                return row
+        return None
+
+    def commit(self, grant: Grant) -> None:
+        """Add a confirmed block to the profiles."""
+        start, end = self.micros(grant.start_at), self.micros(grant.end_at)
+        row = self.pool_row.get(grant.pool_id)
+        if row is not None:
+            self.pool_usage[row].add(start, end, grant.units)
+        for limit in self.quotas.limits(grant.tenant, grant.accelerator):
+            self._limit_profile(limit.key).add(start, end, grant.accelerator_units)
+
+    def alternatives(self, candidate: _Candidate) -> tuple[Alternative, ...]:
+        """The nearest start times (before or after the one asked) at which the whole block
+        fits in some allowed pool, one per gap of feasible starts, at most ALTERNATIVES."""
+        request = candidate.request
+        assert request.start_at is not None
+        wanted = self.micros(request.start_at)
+        duration = request.run_duration // MICROSECOND
+        latest = CALENDAR_MAX_LEAD // MICROSECOND
+        amount = request.accelerator_units
+        quota_blocked = [
+            span
+            for limit in candidate.limits
+            for span in self._limit_profile(limit.key).above(limit.amount - amount)
+        ]
+        points: list[tuple[int, int, int, str]] = []
+        for preference, row in enumerate(candidate.pools):
+            pool = self.pools[row]
+            earliest = (
+                0
+                if pool.short_until is None
+                else max(0, -(-(pool.short_until - self.now) // MICROSECOND))
+            )
+            blocked = self.pool_usage[row].above(pool.capacity - request.units) + quota_blocked
+            for low, high in feasible_starts(blocked, duration, earliest, latest):
+                nearest = min(max(wanted, low), high)
+                points.append((abs(nearest - wanted), nearest, preference, pool.pool_id))
+        points.sort()
+        chosen: list[Alternative] = []
+        seen: set[int] = set()
+        for _, start, _, pool_id in points:
+            if start in seen:
+                continue
+            seen.add(start)
+            chosen.append(Alternative(start_at=self.now + start * MICROSECOND, pool_id=pool_id))
+            if len(chosen) == ALTERNATIVES:
+                break
+        return tuple(chosen)
+
+
+def _rejection(request: CapacityRequest, reason: Reason, detail: str) -> Decision:
+    """A request that can never be admitted as asked."""
+    return Decision(
+        request_id=request.request_id, outcome=Outcome.REJECT, reason=reason, detail=detail
+    )
+
+
+def _hold_reason(
+    grid: MinuteGrid, row: int, units: int, start: int, floor: int, short: int, length: int
+) -> Reason:
+    """What keeps a held request from starting before ``start`` in pool row ``row``: its own
+    tenant's strict FIFO (``floor``), the pool's stockout cool-down (``short``), the pool's
+    capacity, or else quota."""
+    lowest = max(floor, short)
+    if start == lowest and floor >= short and floor > 0:
+        return Reason.FIFO_BLOCKED
+    if start == lowest and short > 0:
+        return Reason.POOL_SHORT_UNTIL
+    if not grid.fits(row, units, lowest, length):
+        return Reason.NO_CAPACITY_UNTIL
+    return Reason.QUOTA
+
+
+def _grant_key(grant: Grant) -> tuple[str, datetime, str]:
+    return (grant.pool_id, grant.start_at, grant.request_id)
+
+
+def _max_wait(request: CapacityRequest) -> timedelta:
+    assert request.max_wait is not None  # flex requests always have one
+    return request.max_wait
+
+
+def _short_cell(pool: Pool, now: datetime) -> int:
+    """First grid cell at which something new may start in ``pool`` (after a stockout)."""
+    if pool.short_until is None or pool.short_until <= now:
+        return 0
+    return ceil_cells(pool.short_until - now)

@@ -1,0 +1,43 @@
+"""The order in which pending requests are considered.
+
+Flex requests go by priority (higher first), then by a shortest-first size key that ages: the
+key is ``log2(requested accelerator-hours) - waited / half_life``, so every half-life spent waiting
+halves a request's effective size and a large request eventually overtakes any newcomer — nothing
+starves. A strict-FIFO tenant's requests are each ranked as one accelerator-hour, so among
+themselves they keep submission order while still ageing like everyone else's. Calendar requests
+are decided first come, first served. Every key ends in ``request_id``: a total order.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from opendws.domain.model import CapacityRequest
+
+# Below one accelerator-minute the key stops shrinking; also keeps log2 away from zero.
+_SMALLEST_SIZE = 1 / 60
+
+FlexKey = tuple[int, float, datetime, str]
+CalendarKey = tuple[int, datetime, str]
+
+
+def flex_key(
+    request: CapacityRequest, *, strict: bool, now: datetime, half_life: timedelta
+) -> FlexKey:
+    """Sort key of a flex request at ``now`` (smaller goes first). ``strict`` says its tenant
+    queues strict FIFO; ``half_life`` is the aging half-life."""
+    gang = request.gang
+    if strict:
+        size = 1.0
+    else:
+        hours = gang.accelerator_units * request.run_duration.total_seconds() / 3600
+        size = max(hours, _SMALLEST_SIZE)
+    waited = max((now - request.submitted_at).total_seconds(), 0.0)
+    aged = math.log2(size) - waited / half_life.total_seconds()
+    return (-request.priority, aged, request.submitted_at, request.request_id)
+
+
+def calendar_key(request: CapacityRequest) -> CalendarKey:
+    """Sort key of a calendar request: priority, then first come, first served."""
+    return (-request.priority, request.submitted_at, request.request_id)
