@@ -359,11 +359,11 @@ class _Pass:
             request = candidate.request
             units = request.gang.units
             amount = request.gang.accelerator_units
-            quota = [
+            quota = tuple(
                 (row, amount)
                 for row in (limit_row[limit.key] for limit in candidate.limits)
                 if binding[row]
-            ]
+            )
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best: int | None = None
             best_row = -1
@@ -372,7 +372,7 @@ class _Pass:
                 upper = last if best is None else best - 1
                 if lowest > upper:
                     continue
-                needs = [(row, units), *quota] if binding[row] else quota
+                needs = ((row, units), *quota) if binding[row] else quota
                 start = grid.earliest_fit(needs, lowest, upper, length) if needs else lowest
                 if start is not None:
                     best, best_row = start, row
@@ -392,7 +392,7 @@ class _Pass:
             reason = None
             if best > 0:
                 reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length)
-            grid.take([(best_row, units), *quota] if binding[best_row] else quota, best, length)
+            grid.take(((best_row, units), *quota) if binding[best_row] else quota, best, length)
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))

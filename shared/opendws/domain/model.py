@@ -21,9 +21,9 @@ CALENDAR_MIN_RUN = timedelta(days=1)
 CALENDAR_MAX_RUN = timedelta(days=90)
 CALENDAR_MAX_LEAD = timedelta(days=120)
 
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
-_TOPOLOGY = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$")
+_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+_REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
+_TOPOLOGY = re.compile(r"[1-9][0-9]*(x[1-9][0-9]*){1,2}")
 
 
 class InvalidModel(ValueError):
@@ -69,17 +69,17 @@ def region_of(zone: str) -> str:
 
 def is_zone(location: str) -> bool:
     """True for a zone name such as ``europe-west4-b``."""
-    return _ZONE.match(location) is not None
+    return _ZONE.fullmatch(location) is not None
 
 
 def is_region(location: str) -> bool:
     """True for a region name such as ``europe-west4``."""
-    return _REGION.match(location) is not None
+    return _REGION.fullmatch(location) is not None
 
 
 def topology_chips(topology: str) -> int:
     """Chips in a TPU slice topology: ``4x4`` → 16, ``2x2x4`` → 16."""
-    if _TOPOLOGY.match(topology) is None:
+    if _TOPOLOGY.fullmatch(topology) is None:
         raise InvalidModel("gang.topology", f"{topology!r} is not a topology such as 2x4 or 2x2x4")
     return math.prod(int(part) for part in topology.split("x"))
 

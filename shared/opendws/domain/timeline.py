@@ -15,7 +15,6 @@ days ahead and must collide by one second, or touch end to start, exactly as ask
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -32,8 +31,6 @@ FOREVER = 1 << 62
 # starts (or the run length if more) and each miss widens it 4×: a near fit costs little and a far
 # one at most about 4/3 of a full scan.
 _FIRST_SPAN = 256
-# Cells per block of the coarse summary (least free amount per block) that long searches use.
-BLOCK = 64
 # Facts kept per request shape (see MinuteGrid._remember).
 _FACTS_PER_KEY = 6
 
@@ -52,14 +49,10 @@ class MinuteGrid:
     """Free amount per resource row per minute over ``[origin, origin + cells minutes)``.
 
     Cell ``k`` of row ``r`` holds what resource ``r`` has free over
-    ``[origin + k min, origin + (k + 1) min)``. Beside the cells, each row keeps the least free
-    amount of every block of ``BLOCK`` cells: a run of ``length`` cells must cover whole blocks
-    whose least free amount is enough, so long searches scan only the stretches where such
-    blocks line up, not every cell.
-
-    Free amounts only ever go down during a pass, so what a search learns stays true: the grid
-    remembers, per row and amount, a prefix of cells where that amount is not free, and per
-    request shape how far a search found no fit; later searches start past both.
+    ``[origin + k min, origin + (k + 1) min)``. Free amounts only ever go down during a pass,
+    so what a search learns stays true for the rest of the pass, and later searches start past
+    it: per row and amount, a prefix of cells where that amount is never free; per pool need
+    (shared by every tenant) and per whole set of needs, how far no run of a given length fits.
 
     Windows are compared into one reusable bytearray (through a numpy view, with no copy) and
     searched with ``bytearray.find``/``rfind``: every step is C code, so a request costs a
@@ -67,10 +60,6 @@ class MinuteGrid:
     """
 
     __slots__ = (
-        "_block_flags",
-        "_block_min",
-        "_block_scratch",
-        "_block_view",
         "_busy_prefix",
         "_flags",
         "_free",
@@ -93,29 +82,21 @@ class MinuteGrid:
         ``(row, start_at, end_at, amount)``, each rounded outward to whole minutes."""
         self.origin = origin
         self.cells = cells
-        blocks = -(-cells // BLOCK)
-        # Padding cells past ``cells`` stay at the limit: no window reaches them.
-        self._free: npt.NDArray[np.int32] = np.empty((len(limits), blocks * BLOCK), np.int32)
+        self._free: npt.NDArray[np.int32] = np.empty((len(limits), cells), dtype=np.int32)
         self._free[:] = np.asarray(limits, dtype=np.int32)[:, np.newaxis]
         for row, start_at, end_at, amount in commitments:
             first = max(0, floor_cells(start_at - origin))
             last = min(cells, ceil_cells(end_at - origin))
             if last > first:
                 self._free[row, first:last] -= amount
-        self._block_min: npt.NDArray[np.int32] = self._free.reshape(len(limits), blocks, BLOCK).min(
-            axis=2
-        )
-        self._flags = bytearray(blocks * BLOCK)
+        self._flags = bytearray(cells)
         self._view: npt.NDArray[np.bool_] = np.frombuffer(self._flags, dtype=np.bool_)
-        self._scratch = bytearray(blocks * BLOCK)
+        self._scratch = bytearray(cells)
         self._scratch_view: npt.NDArray[np.bool_] = np.frombuffer(self._scratch, dtype=np.bool_)
-        self._block_flags = bytearray(blocks)
-        self._block_view: npt.NDArray[np.bool_] = np.frombuffer(self._block_flags, np.bool_)
-        self._block_scratch: npt.NDArray[np.bool_] = np.empty(blocks, dtype=np.bool_)
         # (row, amount) → cells before this one never have that amount free again.
         self._busy_prefix: dict[tuple[int, int], int] = {}
         # needs → facts (length, lo, n): no start in [lo, n) fits a run of at least length.
-        self._no_fit: dict[tuple[object, ...], list[tuple[int, int, int]]] = {}
+        self._no_fit: dict[tuple[tuple[int, int], ...], list[tuple[int, int, int]]] = {}
 
     def at(self, cell: int) -> datetime:
         """The instant where ``cell`` begins."""
@@ -127,7 +108,7 @@ class MinuteGrid:
 
     def lowest(self, row: int) -> int:
         """The least free amount of ``row`` at any cell of the grid."""
-        return int(self._block_min[row].min())
+        return int(self._free[row].min())
 
     def fits(self, row: int, amount: int, start: int, length: int) -> bool:
         """True if ``amount`` is free in ``row`` over cells ``[start, start + length)``."""
@@ -138,132 +119,105 @@ class MinuteGrid:
     def take(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
         """Commit every ``(row, amount)`` need over cells ``[start, start + length)``."""
         stop = start + length
-        first_block = start // BLOCK
-        end_block = -(-stop // BLOCK)
         for row, amount in needs:
-            free = self._free[row]
-            cells = free[start:stop]
+            cells = self._free[row, start:stop]
             np.subtract(cells, amount, cells)
-            touched = free[first_block * BLOCK : end_block * BLOCK]
-            touched.reshape(-1, BLOCK).min(axis=1, out=self._block_min[row, first_block:end_block])
 
     def earliest_fit(
         self, needs: Sequence[tuple[int, int]], lo: int, hi: int, length: int
     ) -> int | None:
         """Earliest start cell ``k`` with ``lo ≤ k ≤ hi`` such that every ``(row, amount)`` of
         ``needs`` is free over ``[k, k + length)``; None if there is none (or it would run past
-        the grid).
+        the grid). ``needs[0]`` is the pool; the rest are quota limits.
 
-        Probes the earliest possible start alone first (most requests fit there, or fail fast
-        and jump past the last short cell); then scans stretches of candidate starts, chosen
-        from the block summaries for long runs, with all needs combined into one set of flags.
-        Facts proven on the way are remembered for later searches.
+        Starts past what earlier searches proved, probes that start alone (most requests fit
+        there, or fail fast and jump past the short cell), then scans windows of candidate
+        starts that widen 4× after each miss, pool first and then all needs combined.
         """
         hi = min(hi, self.cells - length)
         if lo > hi:
             return None
-        key = tuple(needs)
-        start = max(
-            lo,
-            self._proven(key, lo, length),
-            *(self._busy_prefix.get(need, 0) for need in needs),
-        )
-        found = None
+        needs = tuple(needs)  # the key of remembered facts (free when already a tuple)
+        busy = self._busy_prefix
+        pool = needs[0]
+        pool_key = (pool,)
+        pool_lo = max(lo, busy.get(pool, 0), self._proven(pool_key, lo, length))
+        start = pool_lo
+        if len(needs) > 1:
+            start = max(start, self._proven(needs, lo, length))
+            for need in needs[1:]:
+                start = max(start, busy.get(need, 0))
+        # The pool-only scan covers [pool_lo, ...) without gaps only if nothing else moved the
+        # start; only then may its first fit become a fact shared by every tenant.
+        pool_contiguous = start == pool_lo
+        pool_first: int | None = None
+        found: int | None = None
         if start <= hi:
-            past = self._past_shortfall(needs, start, length)
+            past, failed = self._past_shortfall(needs, start, length)
+            if failed != 0:
+                pool_first = start
             if past == start:
                 found = start
             start = past
         span = max(_FIRST_SPAN, length)
         while found is None and start <= hi:
-            if length >= 2 * BLOCK:
-                stretch = self._next_stretch(needs, start, hi, length)
-                if stretch is None:
-                    break
-                start, stop = stretch
-            else:
-                stop = min(hi, start + span)
-            found = self._fit_in(needs, start, stop, length)
+            stop = min(hi, start + span)
+            found, pool_fit = self._fit_in(needs, start, stop, length)
+            if pool_first is None:
+                pool_first = pool_fit
             start = stop + 1
             span *= 4
-        # Free amounts never grow back: where no start fits now, none will this pass.
-        self._remember(key, length, lo, hi + 1 if found is None else found)
+        no_fit_before = hi + 1 if found is None else found
+        if no_fit_before > lo:
+            self._remember(needs, length, lo, no_fit_before)
+        if pool_contiguous:
+            pool_no_fit_before = hi + 1 if pool_first is None else pool_first
+            if pool_no_fit_before > pool_lo:
+                self._remember(pool_key, length, lo, pool_no_fit_before)
         return found
 
     def _fit_in(
         self, needs: Sequence[tuple[int, int]], start: int, stop: int, length: int
-    ) -> int | None:
-        """The earliest start ``k`` in ``[start, stop]`` where every need is free over
-        ``[k, k + length)``: the needs are compared and combined over the stretch once, then
-        the flags are searched with jumps over busy cells."""
-        flags = self._flags
+    ) -> tuple[int | None, int | None]:
+        """The earliest start in ``[start, stop]`` where every need is free over the run, and
+        the earliest where the pool alone is: the pool is compared over the stretch, then each
+        other need is combined into the same flags."""
         size = stop + length - start
         view = self._view[:size]
+        row, amount = needs[0]
+        np.greater_equal(self._free[row, start : stop + length], amount, view)
+        first = self._flags.find(b"\x01", 0, size)
+        self._learn_prefix(needs[0], start, first if first >= 0 else size)
+        pool_fit = _find_run(self._flags, size, length, first)
+        if pool_fit < 0:
+            return None, None
+        if len(needs) == 1:
+            return start + pool_fit, start + pool_fit
         scratch = self._scratch_view[:size]
-        for index, (row, amount) in enumerate(needs):
-            cells = self._free[row, start : stop + length]
-            if index == 0:
-                np.greater_equal(cells, amount, view)
-            else:
-                np.greater_equal(cells, amount, scratch)
-                np.logical_and(view, scratch, view)
-        pos = flags.find(b"\x01", 0, size)
-        last_start = size - length
-        while 0 <= pos <= last_start:
-            busy = flags.rfind(b"\x00", pos, pos + length)
-            if busy < 0:
-                return start + pos
-            pos = flags.find(b"\x01", busy + 1, size)
-        return None
+        for row, amount in needs[1:]:
+            np.greater_equal(self._free[row, start : stop + length], amount, scratch)
+            np.logical_and(view, scratch, view)
+        fit = _find_run(self._flags, size, length, self._flags.find(b"\x01", pool_fit, size))
+        return (None if fit < 0 else start + fit), start + pool_fit
 
-    def _next_stretch(
-        self, needs: Sequence[tuple[int, int]], start: int, hi: int, length: int
-    ) -> tuple[int, int] | None:
-        """The first range ``[a, b]`` of starts, ``start ≤ a ≤ b ≤ hi``, whose windows could
-        fit: every block wholly inside a window of ``length`` cells must have every need free
-        throughout, so candidate starts gather around runs of such blocks."""
-        whole = length // BLOCK - 1  # blocks wholly inside any window of this length
-        first_block = start // BLOCK
-        end_block = min((hi + length) // BLOCK + 1, self._block_min.shape[1])
-        count = end_block - first_block
-        view = self._block_view[:count]
-        scratch = self._block_scratch[:count]
-        for index, (row, amount) in enumerate(needs):
-            minima = self._block_min[row, first_block:end_block]
-            if index == 0:
-                np.greater_equal(minima, amount, view)
-            else:
-                np.greater_equal(minima, amount, scratch)
-                np.logical_and(view, scratch, view)
-        blocks = self._block_flags
-        needle = _ones(whole)
-        run = blocks.find(needle, 0, count)
-        while run >= 0:
-            run_end = blocks.find(b"\x00", run, count)
-            run_end = count if run_end < 0 else run_end
-            # Windows whose whole blocks all lie in [run, run_end): see the class docstring.
-            low = max(start, (first_block + run - 1) * BLOCK + 1)
-            high = min(hi, (first_block + run_end + 1) * BLOCK - length - 1)
-            if low <= high:
-                return low, high
-            run = blocks.find(needle, run_end, count)
-        return None
-
-    def _past_shortfall(self, limits: Sequence[tuple[int, int]], start: int, length: int) -> int:
-        """``start`` if every ``(row, amount)`` limit is free over ``[start, start + length)``,
-        else the cell just past the last cell of that window where one is not."""
+    def _past_shortfall(
+        self, needs: Sequence[tuple[int, int]], start: int, length: int
+    ) -> tuple[int, int]:
+        """``(start, -1)`` if every need is free over ``[start, start + length)``; else the
+        cell just past the last short cell of the first need that is not, and that need's
+        index."""
         stop = start + length
         scratch = self._scratch
         view = self._scratch_view[:length]
-        for limit in limits:
-            row, amount = limit
+        for index, need in enumerate(needs):
+            row, amount = need
             np.greater_equal(self._free[row, start:stop], amount, view)
             short = scratch.rfind(b"\x00", 0, length)
             if short >= 0:
                 first_free = scratch.find(b"\x01", 0, length)
-                self._learn_prefix(limit, start, first_free if first_free >= 0 else length)
-                return start + short + 1
-        return start
+                self._learn_prefix(need, start, first_free if first_free >= 0 else length)
+                return start + short + 1, index
+        return start, -1
 
     def _learn_prefix(self, need: tuple[int, int], start: int, busy_cells: int) -> None:
         """Record that ``need`` is not free over ``[start, start + busy_cells)`` when that
@@ -272,7 +226,7 @@ class MinuteGrid:
         if start <= known < start + busy_cells:
             self._busy_prefix[need] = start + busy_cells
 
-    def _proven(self, key: tuple[object, ...], lo: int, length: int) -> int:
+    def _proven(self, key: tuple[tuple[int, int], ...], lo: int, length: int) -> int:
         """A start before which an earlier search for the same needs proved no fit: a fact
         learned for a run no longer than ``length``, from a lower bound no later than ``lo``."""
         proven = 0
@@ -281,7 +235,9 @@ class MinuteGrid:
                 proven = no_fit_before
         return proven
 
-    def _remember(self, key: tuple[object, ...], length: int, lo: int, no_fit_before: int) -> None:
+    def _remember(
+        self, key: tuple[tuple[int, int], ...], length: int, lo: int, no_fit_before: int
+    ) -> None:
         """Keep the fact "no start in [lo, no_fit_before) fits a run of ``length``" for
         ``key``, dropping the facts it makes redundant (a few per key at most)."""
         facts = [
@@ -293,10 +249,18 @@ class MinuteGrid:
         self._no_fit[key] = facts[-_FACTS_PER_KEY:]
 
 
-@functools.cache
-def _ones(count: int) -> bytes:
-    """``count`` one-bytes: the needle for a run of that many free blocks."""
-    return b"\x01" * max(count, 1)
+def _find_run(flags: bytearray, size: int, length: int, first: int) -> int:
+    """Index of the first run of ``length`` one-bytes in ``flags[:size]``, searching from
+    ``first`` (the index of a one-byte, or -1 if there is none): from each free cell, jump
+    just past the last busy cell of the window it would need."""
+    last_start = size - length
+    pos = first
+    while 0 <= pos <= last_start:
+        busy = flags.rfind(b"\x00", pos, pos + length)
+        if busy < 0:
+            return pos
+        pos = flags.find(b"\x01", busy + 1, size)
+    return -1
 
 
 class StepProfile:
