@@ -33,6 +33,7 @@ from opendws.domain.model import (
     Pool,
     QueueingStrategy,
     Snapshot,
+    region_of,
     require_utc,
 )
 from opendws.domain.policy import calendar_key, flex_key
@@ -188,10 +189,15 @@ class _Pass:
         self.quotas = QuotaBook(sorted(snapshot.tenants, key=lambda t: t.name))
         self.grants: list[Grant] = sorted(snapshot.grants, key=_grant_key)
         self.decisions: dict[str, Decision] = {}
-        self._pools_by_shape: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+        # (provider, shape, accelerator) → location (zone or region) → pool rows, ascending.
+        self._pools_by_location: dict[tuple[str, str, str], dict[str, list[int]]] = {}
         for row, pool in enumerate(self.pools):
-            self._pools_by_shape[(pool.provider, pool.shape, pool.accelerator)].append(row)
-        self._allowed_cache: dict[tuple[str, str, str, tuple[str, ...]], _Allowed] = {}
+            by_location = self._pools_by_location.setdefault(
+                (pool.provider, pool.shape, pool.accelerator), defaultdict(list)
+            )
+            by_location[pool.zone].append(row)
+            by_location[region_of(pool.zone)].append(row)
+        self._allowed_cache: dict[tuple[str | None, str, tuple[str, ...]], _Allowed] = {}
 
     def run(self) -> Plan:
         pending = sorted(self.snapshot.pending, key=lambda r: r.request_id)
@@ -279,12 +285,18 @@ class _Pass:
     def _allowed_pools(self, request: CapacityRequest) -> _Allowed:
         """Pools that serve the request, most preferred location first, then by pool_id."""
         gang = request.gang
-        key = (gang.provider.value, gang.shape, gang.accelerator, request.locations)
+        # The machine type (None for TPU gangs) and accelerator determine the pool shape.
+        key = (gang.machine_type, gang.accelerator, request.locations)
         cached = self._allowed_cache.get(key)
         if cached is None:
-            shaped = self._pools_by_shape.get((gang.provider, gang.shape, gang.accelerator), [])
-            allowed = [row for row in shaped if request.allows(self.pools[row].zone)]
-            allowed.sort(key=lambda row: (request.preference(self.pools[row].zone), row))
+            by_location = self._pools_by_location.get(
+                (gang.provider, gang.shape, gang.accelerator), {}
+            )
+            allowed = list(
+                dict.fromkeys(
+                    row for location in request.locations for row in by_location.get(location, ())
+                )
+            )
             largest = max((self.pools[row].capacity for row in allowed), default=0)
             cached = self._allowed_cache[key] = _Allowed(tuple(allowed), largest)
         return cached

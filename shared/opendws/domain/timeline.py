@@ -289,9 +289,7 @@ class StepProfile:
             return
         first = self._split(start)
         last = self._split(end)
-        levels = self._levels
-        for index in range(first, last):
-            levels[index] += amount
+        self._levels[first:last] = [level + amount for level in self._levels[first:last]]
 
     def peak(self, start: int, end: int) -> int:
         """Highest usage at any instant of ``[start, end)`` (zero where nothing is committed)."""
