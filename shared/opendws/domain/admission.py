@@ -377,19 +377,15 @@ class _Pass:
                 if binding[row]
             )
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
-            best: int | None = None
-            best_row = -1
-            for row in candidate.pools:
-                lowest = max(floor, short[row])
-                upper = last if best is None else best - 1
-                if lowest > upper:
-                    continue
-                needs = ((row, units), *quota) if binding[row] else quota
-                start = grid.earliest_fit(needs, lowest, upper, length) if needs else lowest
-                if start is not None:
-                    best, best_row = start, row
-                    if start == floor:
-                        break  # no pool can offer an earlier start
+            best, best_row = _earliest_placement(
+                grid,
+                [
+                    (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
+                    for row in candidate.pools
+                ],
+                last,
+                length,
+            )
             if best is None:
                 if candidate.strict:
                     # It starts by its deadline or times out then: either way, no later.
@@ -587,6 +583,45 @@ def _rejection(request: CapacityRequest, reason: Reason, detail: str) -> Decisio
     )
 
 
+def _earliest_placement(
+    grid: MinuteGrid,
+    options: Sequence[tuple[int, int, tuple[tuple[int, int], ...]]],
+    last: int,
+    length: int,
+) -> tuple[int | None, int]:
+    """The earliest start, and its pool row, among ``options`` given most preferred first as
+    ``(lowest start, pool row, needs)``; a tie goes to the more preferred pool.
+
+    Pools are searched in order of what the grid already knows of them (a lower bound that
+    costs a few lookups), so the likely winner is searched first and any pool whose bound
+    cannot beat it is never searched at all.
+    """
+    ranked = sorted(
+        (
+            grid.lower_bound(needs, lowest, length) if needs else lowest,
+            preference,
+            lowest,
+            row,
+            needs,
+        )
+        for preference, (lowest, row, needs) in enumerate(options)
+    )
+    best: int | None = None
+    best_preference = len(options)
+    best_row = -1
+    for bound, preference, lowest, row, needs in ranked:
+        if best is not None and (bound, preference) > (best, best_preference):
+            break  # sorted by bound: no later pool can win
+        # A more preferred pool wins a tie, so it may still start at ``best`` itself.
+        upper = last if best is None else (best if preference < best_preference else best - 1)
+        if bound > upper:
+            continue
+        start = grid.earliest_fit(needs, lowest, upper, length) if needs else lowest
+        if start is not None:
+            best, best_preference, best_row = start, preference, row
+    return best, best_row
+
+
 def _hold_reason(
     grid: MinuteGrid, row: int, units: int, start: int, floor: int, short: int, length: int
 ) -> Reason:
@@ -598,7 +633,9 @@ def _hold_reason(
         return Reason.FIFO_BLOCKED
     if start == lowest and short > 0:
         return Reason.POOL_SHORT_UNTIL
-    if not grid.fits(row, units, lowest, length):
+    pool = ((row, units),)
+    # What earlier searches proved usually settles it; only otherwise is the window compared.
+    if grid.lower_bound(pool, lowest, length) > lowest or not grid.fits(row, units, lowest, length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
 

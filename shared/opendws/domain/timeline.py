@@ -123,6 +123,18 @@ class MinuteGrid:
             cells = self._free[row, start:stop]
             np.subtract(cells, amount, cells)
 
+    def lower_bound(self, needs: Sequence[tuple[int, int]], lo: int, length: int) -> int:
+        """A start no fit for ``needs`` can precede, from what earlier searches proved (a few
+        lookups, no scan): ``earliest_fit`` never answers below it."""
+        needs = tuple(needs)
+        busy = self._busy_prefix
+        bound = max(lo, self._proven((needs[0],), lo, length))
+        if len(needs) > 1:
+            bound = max(bound, self._proven(needs, lo, length))
+        for need in needs:
+            bound = max(bound, busy.get(need, 0))
+        return bound
+
     def earliest_fit(
         self, needs: Sequence[tuple[int, int]], lo: int, hi: int, length: int
     ) -> int | None:
