@@ -592,13 +592,13 @@ def _earliest_placement(
     """The earliest start, and its pool row, among ``options`` given most preferred first as
     ``(lowest start, pool row, needs)``; a tie goes to the more preferred pool.
 
-    Pools are searched in order of what the grid already knows of them (a lower bound that
-    costs a few lookups), so the likely winner is searched first and any pool whose bound
-    cannot beat it is never searched at all.
+    Pools are searched in order of what the grid already proved of them (bounds that cost a
+    few lookups), so the likely winner is searched first and any pool whose bound cannot beat
+    it is never searched at all.
     """
     ranked = sorted(
         (
-            grid.lower_bound(needs, lowest, length) if needs else lowest,
+            grid.bounds(needs, lowest, length) if needs else (lowest, lowest),
             preference,
             lowest,
             row,
@@ -609,14 +609,15 @@ def _earliest_placement(
     best: int | None = None
     best_preference = len(options)
     best_row = -1
-    for bound, preference, lowest, row, needs in ranked:
+    for bounds, preference, lowest, row, needs in ranked:
+        bound = bounds[1]
         if best is not None and (bound, preference) > (best, best_preference):
             break  # sorted by bound: no later pool can win
         # A more preferred pool wins a tie, so it may still start at ``best`` itself.
         upper = last if best is None else (best if preference < best_preference else best - 1)
         if bound > upper:
             continue
-        start = grid.earliest_fit(needs, lowest, upper, length) if needs else lowest
+        start = grid.earliest_fit(needs, lowest, upper, length, bounds) if needs else lowest
         if start is not None:
             best, best_preference, best_row = start, preference, row
     return best, best_row
@@ -633,9 +634,9 @@ def _hold_reason(
         return Reason.FIFO_BLOCKED
     if start == lowest and short > 0:
         return Reason.POOL_SHORT_UNTIL
-    pool = ((row, units),)
     # What earlier searches proved usually settles it; only otherwise is the window compared.
-    if grid.lower_bound(pool, lowest, length) > lowest or not grid.fits(row, units, lowest, length):
+    pool_bound = grid.bounds(((row, units),), lowest, length)[0]
+    if pool_bound > lowest or not grid.fits(row, units, lowest, length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
 

@@ -32,7 +32,6 @@ FOREVER = 1 << 62
 # one at most about 4/3 of a full scan.
 _FIRST_SPAN = 256
 # Facts kept per request shape (see MinuteGrid._remember).
-_FACTS_PER_KEY = 6
 
 
 def floor_cells(offset: timedelta) -> int:
@@ -95,8 +94,10 @@ class MinuteGrid:
         self._scratch_view: npt.NDArray[np.bool_] = np.frombuffer(self._scratch, dtype=np.bool_)
         # (row, amount) → cells before this one never have that amount free again.
         self._busy_prefix: dict[tuple[int, int], int] = {}
-        # needs → facts (length, lo, n): no start in [lo, n) fits a run of at least length.
-        self._no_fit: dict[tuple[tuple[int, int], ...], list[tuple[int, int, int]]] = {}
+        # (needs, length bucket) → (length, lo, n): from lo, no run of at least that length
+        # fits before n. A fact also holds for every longer run: lookups use their own bucket
+        # (checking the length) and the one below (always shorter).
+        self._no_fit: dict[tuple[object, int], tuple[int, int, int]] = {}
 
     def at(self, cell: int) -> datetime:
         """The instant where ``cell`` begins."""
@@ -123,24 +124,37 @@ class MinuteGrid:
             cells = self._free[row, start:stop]
             np.subtract(cells, amount, cells)
 
-    def lower_bound(self, needs: Sequence[tuple[int, int]], lo: int, length: int) -> int:
-        """A start no fit for ``needs`` can precede, from what earlier searches proved (a few
-        lookups, no scan): ``earliest_fit`` never answers below it."""
-        needs = tuple(needs)
+    def bounds(self, needs: Sequence[tuple[int, int]], lo: int, length: int) -> tuple[int, int]:
+        """What earlier searches proved, from ``lo``, for a run of ``length``: no fit of the
+        pool (``needs[0]``) alone starts before the first number, and no fit of all ``needs``
+        before the second. A few lookups, no scan."""
         busy = self._busy_prefix
-        bound = max(lo, self._proven((needs[0],), lo, length))
+        bucket = length.bit_length()
+        pool = needs[0]
+        pool_lo = self._proven(pool, bucket, lo, length, max(lo, busy.get(pool, 0)))
+        start = pool_lo
         if len(needs) > 1:
-            bound = max(bound, self._proven(needs, lo, length))
-        for need in needs:
-            bound = max(bound, busy.get(need, 0))
-        return bound
+            for need in needs:
+                start = max(start, busy.get(need, 0))
+            start = self._proven(needs, bucket, lo, length, start)
+        return pool_lo, start
+
+    def lower_bound(self, needs: Sequence[tuple[int, int]], lo: int, length: int) -> int:
+        """A start no fit for ``needs`` from ``lo`` can precede (see :meth:`bounds`)."""
+        return self.bounds(tuple(needs), lo, length)[1]
 
     def earliest_fit(
-        self, needs: Sequence[tuple[int, int]], lo: int, hi: int, length: int
+        self,
+        needs: Sequence[tuple[int, int]],
+        lo: int,
+        hi: int,
+        length: int,
+        bounds: tuple[int, int] | None = None,
     ) -> int | None:
         """Earliest start cell ``k`` with ``lo ≤ k ≤ hi`` such that every ``(row, amount)`` of
         ``needs`` is free over ``[k, k + length)``; None if there is none (or it would run past
-        the grid). ``needs[0]`` is the pool; the rest are quota limits.
+        the grid). ``needs[0]`` is the pool; the rest are quota limits. ``bounds`` may pass in
+        what :meth:`bounds` returned for the same arguments.
 
         Starts past what earlier searches proved, probes that start alone (most requests fit
         there, or fail fast and jump past the short cell), then scans windows of candidate
@@ -149,16 +163,9 @@ class MinuteGrid:
         hi = min(hi, self.cells - length)
         if lo > hi:
             return None
-        needs = tuple(needs)  # the key of remembered facts (free when already a tuple)
-        busy = self._busy_prefix
+        needs = tuple(needs)  # part of the key of remembered facts (free if already a tuple)
         pool = needs[0]
-        pool_key = (pool,)
-        pool_lo = max(lo, busy.get(pool, 0), self._proven(pool_key, lo, length))
-        start = pool_lo
-        if len(needs) > 1:
-            start = max(start, self._proven(needs, lo, length))
-            for need in needs[1:]:
-                start = max(start, busy.get(need, 0))
+        pool_lo, start = self.bounds(needs, lo, length) if bounds is None else bounds
         # The pool-only scan covers [pool_lo, ...) without gaps only if nothing else moved the
         # start; only then may its first fit become a fact shared by every tenant.
         pool_contiguous = start == pool_lo
@@ -179,13 +186,10 @@ class MinuteGrid:
                 pool_first = pool_fit
             start = stop + 1
             span *= 4
-        no_fit_before = hi + 1 if found is None else found
-        if no_fit_before > lo:
-            self._remember(needs, length, lo, no_fit_before)
+        if len(needs) > 1:
+            self._remember(needs, length, lo, hi + 1 if found is None else found)
         if pool_contiguous:
-            pool_no_fit_before = hi + 1 if pool_first is None else pool_first
-            if pool_no_fit_before > pool_lo:
-                self._remember(pool_key, length, lo, pool_no_fit_before)
+            self._remember(pool, length, lo, hi + 1 if pool_first is None else pool_first)
         return found
 
     def _fit_in(
@@ -238,27 +242,24 @@ class MinuteGrid:
         if start <= known < start + busy_cells:
             self._busy_prefix[need] = start + busy_cells
 
-    def _proven(self, key: tuple[tuple[int, int], ...], lo: int, length: int) -> int:
-        """A start before which an earlier search for the same needs proved no fit: a fact
-        learned for a run no longer than ``length``, from a lower bound no later than ``lo``."""
-        proven = 0
-        for fact_length, fact_lo, no_fit_before in self._no_fit.get(key, ()):
-            if fact_length <= length and fact_lo <= lo and no_fit_before > proven:
-                proven = no_fit_before
-        return proven
+    def _proven(self, key: object, bucket: int, lo: int, length: int, floor: int) -> int:
+        """``floor``, raised by what the facts of ``key`` prove for a run of ``length`` from
+        ``lo``: a fact holds for runs at least as long as its own, from a start no later."""
+        for slot in ((key, bucket), (key, bucket - 1)):
+            fact = self._no_fit.get(slot)
+            if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > floor:
+                floor = fact[2]
+        return floor
 
-    def _remember(
-        self, key: tuple[tuple[int, int], ...], length: int, lo: int, no_fit_before: int
-    ) -> None:
-        """Keep the fact "no start in [lo, no_fit_before) fits a run of ``length``" for
-        ``key``, dropping the facts it makes redundant (a few per key at most)."""
-        facts = [
-            fact
-            for fact in self._no_fit.get(key, ())
-            if not (length <= fact[0] and lo <= fact[1] and no_fit_before >= fact[2])
-        ]
-        facts.append((length, lo, no_fit_before))
-        self._no_fit[key] = facts[-_FACTS_PER_KEY:]
+    def _remember(self, key: object, length: int, lo: int, no_fit_before: int) -> None:
+        """Keep the fact "from ``lo``, no run of ``length`` fits ``key`` before
+        ``no_fit_before``" in its length bucket, unless the one there already says more."""
+        if no_fit_before <= lo:
+            return
+        slot = (key, length.bit_length())
+        known = self._no_fit.get(slot)
+        if known is None or no_fit_before >= known[2] or (length <= known[0] and lo <= known[1]):
+            self._no_fit[slot] = (length, lo, no_fit_before)
 
 
 def _find_run(flags: bytearray, size: int, length: int, first: int) -> int:
