@@ -141,6 +141,14 @@ CASES = [
         {"r1": (W, Reason.WINDOW_TOO_SHORT, None, None)},
     ),
     Case(
+        "a request stamped in the future waits no longer than max_wait from now",
+        snapshot(
+            grants=[grant("g1", units=8, hours=30)],
+            pending=[flex("r1", max_wait=DAY, submitted_at=NOW + 365 * DAY)],
+        ),
+        {"r1": (W, Reason.WINDOW_TOO_SHORT, None, None)},
+    ),
+    Case(
         "the earliest start wins across pools; ties go to the preferred location",
         snapshot(
             pools=[pool(capacity=8), pool(zone=ZONE_B, capacity=8)],

@@ -357,7 +357,9 @@ class _Pass:
                 flex_key(c.request, strict=c.strict, now=now, half_life=half_life),
                 c,
                 ceil_cells(c.request.run_duration),
-                floor_cells(c.request.submitted_at + _max_wait(c.request) - now),
+                # A deadline lies at most max_wait after now (a request stamped in the future
+                # gets no longer window), which bounds the grid to 14 days.
+                floor_cells(min(c.request.submitted_at, now) + _max_wait(c.request) - now),
             )
             for c in flex
         )

@@ -171,7 +171,9 @@ class MinuteGrid:
         pool_contiguous = start == pool_lo
         pool_first: int | None = None
         found: int | None = None
-        if start <= hi:
+        # Probe the earliest start alone, unless earlier searches already moved past it: then
+        # this need is contended and the first window of the scan covers that start anyway.
+        if start <= hi and start == lo:
             past, failed = self._past_shortfall(needs, start, length)
             if failed != 0:
                 pool_first = start
