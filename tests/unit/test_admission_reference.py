@@ -34,7 +34,7 @@ from tests.builders import (
     tenant,
 )
 
-ZONES = ("us-central1-a", "us-central1-b", "us-central1-c")
+ZONES = ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f")
 
 Placement = tuple[Outcome, str | None, timedelta | None]
 
@@ -126,7 +126,7 @@ def random_snapshot(seed: int) -> Snapshot:
     rng = random.Random(seed)
     pools = [
         pool(zone=zone, capacity=rng.choice([2, 4, 8]), short_until=None)
-        for zone in ZONES[: rng.randint(1, 3)]
+        for zone in ZONES[: rng.randint(1, 4)]
     ]
     if rng.random() < 0.3:
         pools[0] = pool(
@@ -164,7 +164,7 @@ def random_snapshot(seed: int) -> Snapshot:
         3 * HOUR + 7 * timedelta(seconds=1),
     ]
     pending: list[CapacityRequest] = []
-    for index in range(rng.randint(20, 70)):
+    for index in range(rng.randint(20, 110)):
         zone = rng.choice(pools).zone
         max_wait = rng.choice([HOUR, 6 * HOUR, 12 * HOUR, DAY])
         waited = timedelta(seconds=rng.randint(0, int(min(4 * HOUR, max_wait).total_seconds())))

@@ -598,21 +598,15 @@ def _earliest_placement(
     few lookups), so the likely winner is searched first and any pool whose bound cannot beat
     it is never searched at all.
     """
-    ranked = sorted(
-        (
-            grid.bounds(needs, lowest, length) if needs else (lowest, lowest),
-            preference,
-            lowest,
-            row,
-            needs,
-        )
-        for preference, (lowest, row, needs) in enumerate(options)
-    )
+    ranked = []
+    for preference, (lowest, row, needs) in enumerate(options):
+        bounds = grid.bounds(needs, lowest, length) if needs else (lowest, lowest)
+        ranked.append((bounds[1], preference, bounds, lowest, row, needs))
+    ranked.sort()  # by bound, then preference: both unique together, so a total order
     best: int | None = None
     best_preference = len(options)
     best_row = -1
-    for bounds, preference, lowest, row, needs in ranked:
-        bound = bounds[1]
+    for bound, preference, bounds, lowest, row, needs in ranked:
         if best is not None and (bound, preference) > (best, best_preference):
             break  # sorted by bound: no later pool can win
         # A more preferred pool wins a tie, so it may still start at ``best`` itself.
