@@ -27,12 +27,7 @@ def flex_key(
 ) -> FlexKey:
     """Sort key of a flex request at ``now`` (smaller goes first). ``strict`` says its tenant
     queues strict FIFO; ``half_life`` is the aging half-life."""
-    gang = request.gang
-    if strict:
-        size = 1.0
-    else:
-        hours = gang.accelerator_units * request.run_duration.total_seconds() / 3600
-        size = max(hours, _SMALLEST_SIZE)
+    size = 1.0 if strict else max(request.unit_hours, _SMALLEST_SIZE)
     waited = max((now - request.submitted_at).total_seconds(), 0.0)
     aged = math.log2(size) - waited / half_life.total_seconds()
     return (-request.priority, aged, request.submitted_at, request.request_id)
