@@ -1,0 +1,58 @@
+"""What accelerators and machine types opendws knows, so a request can be checked before it is
+stored: an unknown accelerator, or a machine type that does not carry the accelerator or count
+the request claims, is refused at intake with a message that says which ones exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MachineType:
+    """A Compute Engine accelerator-optimized machine type and the GPUs each VM carries."""
+
+    name: str
+    accelerator: str
+    accelerators_per_vm: int
+
+
+GPU_ACCELERATORS = frozenset(
+    {
+        "nvidia-b200",
+        "nvidia-h200-141gb",
+        "nvidia-h100-80gb",
+        "nvidia-h100-mega-80gb",
+        "nvidia-a100-80gb",
+        "nvidia-tesla-a100",
+        "nvidia-l4",
+    }
+)
+TPU_ACCELERATORS = frozenset({"tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e"})
+ACCELERATORS = GPU_ACCELERATORS | TPU_ACCELERATORS
+
+
+def _family(prefix: str, accelerator: str, counts: tuple[int, ...]) -> list[MachineType]:
+    return [MachineType(f"{prefix}-{count}g", accelerator, count) for count in counts]
+
+
+MACHINE_TYPES: dict[str, MachineType] = {
+    machine.name: machine
+    for machine in [
+        MachineType("a4-highgpu-8g", "nvidia-b200", 8),
+        MachineType("a3-ultragpu-8g", "nvidia-h200-141gb", 8),
+        MachineType("a3-megagpu-8g", "nvidia-h100-mega-80gb", 8),
+        *_family("a3-highgpu", "nvidia-h100-80gb", (1, 2, 4, 8)),
+        *_family("a2-ultragpu", "nvidia-a100-80gb", (1, 2, 4, 8)),
+        *_family("a2-highgpu", "nvidia-tesla-a100", (1, 2, 4, 8)),
+        MachineType("a2-megagpu-16g", "nvidia-tesla-a100", 16),
+        MachineType("g2-standard-4", "nvidia-l4", 1),
+        MachineType("g2-standard-8", "nvidia-l4", 1),
+        MachineType("g2-standard-12", "nvidia-l4", 1),
+        MachineType("g2-standard-16", "nvidia-l4", 1),
+        MachineType("g2-standard-24", "nvidia-l4", 2),
+        MachineType("g2-standard-32", "nvidia-l4", 1),
+        MachineType("g2-standard-48", "nvidia-l4", 4),
+        MachineType("g2-standard-96", "nvidia-l4", 8),
+    ]
+}

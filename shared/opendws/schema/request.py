@@ -1,0 +1,261 @@
+"""The request message, ``opendws.request/v1``: the public contract of ``capacity-requests``.
+
+A message is JSON (UTF-8) with ``"schema": "opendws.request/v1"`` and an ``action``: ``submit``
+(a new request), ``cancel`` or ``release`` (``request_id`` and ``tenant`` only). Unknown fields
+are refused, not ignored. Durations are ``"6h"``, ``"90m"``, ``"2d"``, ``"1h30m"`` or ISO 8601
+(``"PT6H"``); timestamps carry a time zone. :func:`parse_message` validates a message and
+:func:`to_capacity_request` turns a submission into the domain's request; both raise
+:class:`MessageError`, whose ``problems`` name each field and the rule it broke.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+
+from opendws.catalog import ACCELERATORS, MACHINE_TYPES, TPU_ACCELERATORS
+from opendws.domain.model import (
+    FLEX_MAX_WAIT,
+    CapacityRequest,
+    GangShape,
+    InvalidModel,
+    Mode,
+)
+from opendws.durations import parse_duration
+
+SCHEMA_ID = "opendws.request/v1"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # also a valid Firestore document id
+_LOCATION = r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$"
+
+
+def _duration(value: object) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("must be a string such as '6h', '90m', '2d' or ISO 8601 'PT6H'")
+    return parse_duration(value)
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(_duration),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "description": "A duration: '6h', '90m', '2d', '1h30m' or ISO 8601 such as 'PT6H'.",
+            "examples": ["6h", "2d", "PT90M"],
+        }
+    ),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+
+class Gang(_Strict):
+    """``vm_count`` VMs of ``machine_type``, or ``vm_count`` TPU slices of ``topology``."""
+
+    vm_count: int = Field(ge=1, le=4096, description="VMs (GPU) or slices (TPU), at least 1.")
+    accelerator: str = Field(description="Accelerator type, e.g. nvidia-h100-80gb or tpu-v5e.")
+    machine_type: str | None = Field(default=None, description="GPU gangs: e.g. a3-highgpu-8g.")
+    accelerators_per_vm: int | None = Field(
+        default=None, ge=1, description="GPU gangs: defaults to what the machine type carries."
+    )
+    topology: str | None = Field(
+        default=None, pattern=r"^[1-9][0-9]*(x[1-9][0-9]*){1,2}$", description="TPU: e.g. 4x4."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Gang:
+        if self.accelerator not in ACCELERATORS:
+            known = ", ".join(sorted(ACCELERATORS))
+            raise ValueError(f"accelerator {self.accelerator!r} is unknown; known: {known}")
+        if (self.machine_type is None) == (self.topology is None):
+            raise ValueError("give either machine_type (GPU VMs) or topology (a TPU slice)")
+        if self.topology is not None:
+            if self.accelerator not in TPU_ACCELERATORS:
+                raise ValueError(f"topology is for TPU accelerators, not {self.accelerator}")
+            if self.accelerators_per_vm is not None:
+                raise ValueError("accelerators_per_vm is for machine-type gangs, not TPU slices")
+            return self
+        machine = MACHINE_TYPES.get(self.machine_type or "")
+        if machine is None:
+            raise ValueError(f"machine_type {self.machine_type!r} is not a known GPU machine type")
+        if machine.accelerator != self.accelerator:
+            raise ValueError(
+                f"{machine.name} carries {machine.accelerator}, not {self.accelerator}"
+            )
+        per_vm = self.accelerators_per_vm
+        if per_vm is not None and per_vm != machine.accelerators_per_vm:
+            raise ValueError(
+                f"{machine.name} carries {machine.accelerators_per_vm} accelerators per VM, "
+                f"not {per_vm}"
+            )
+        return self
+
+
+class Submit(_Strict):
+    """A new request for capacity."""
+
+    schema_: Literal["opendws.request/v1"] = Field(alias="schema")
+    action: Literal["submit"]
+    request_id: str | None = Field(
+        default=None,
+        pattern=_NAME,
+        description="Idempotency key chosen by the client; defaults to the Pub/Sub message id.",
+    )
+    tenant: str = Field(pattern=_NAME)
+    mode: Literal["flex_start", "calendar"]
+    gang: Gang
+    locations: list[Annotated[str, Field(pattern=_LOCATION)]] = Field(
+        min_length=1, max_length=64, description="Zones, or regions meaning any of their zones."
+    )
+    run_duration: Duration
+    max_wait: Duration | None = Field(
+        default=None, description="flex_start only; at most 7 days (the default)."
+    )
+    start_at: AwareDatetime | None = Field(
+        default=None, description="calendar only: the block's start, at most 120 days ahead."
+    )
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], str] = Field(
+        default_factory=dict, max_length=64
+    )
+
+
+class Cancel(_Strict):
+    """Withdraw a request that is not yet active."""
+
+    schema_: Literal["opendws.request/v1"] = Field(alias="schema")
+    action: Literal["cancel"]
+    request_id: str = Field(pattern=_NAME)
+    tenant: str = Field(pattern=_NAME)
+
+
+class Release(_Strict):
+    """Give back the capacity of an active request (early or on time)."""
+
+    schema_: Literal["opendws.request/v1"] = Field(alias="schema")
+    action: Literal["release"]
+    request_id: str = Field(pattern=_NAME)
+    tenant: str = Field(pattern=_NAME)
+
+
+RequestMessage = Annotated[Submit | Cancel | Release, Field(discriminator="action")]
+_ADAPTER: TypeAdapter[Submit | Cancel | Release] = TypeAdapter(RequestMessage)
+
+
+class MessageError(ValueError):
+    """A message that cannot be accepted; ``problems`` holds ``(field, rule)`` pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{field}: {rule}" for field, rule in problems))
+
+
+def parse_message(data: bytes | str | dict[str, Any]) -> Submit | Cancel | Release:
+    """Validate one message (JSON bytes or text, or an already decoded object)."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MessageError([("message", "is not UTF-8 text")]) from None
+    if isinstance(data, str):
+        text = data
+        try:
+            decoded = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise MessageError([("message", f"is not JSON ({error.msg})")]) from None
+    else:
+        decoded, text = data, json.dumps(data, default=str)
+    if not isinstance(decoded, dict):
+        raise MessageError([("message", "must be a JSON object")])
+    if decoded.get("schema") != SCHEMA_ID:
+        raise MessageError([("schema", f"must be {SCHEMA_ID!r}")])
+    try:
+        # JSON mode: strict types (no "8" for 8) that still read timestamps from strings.
+        return _ADAPTER.validate_json(text)
+    except ValidationError as error:
+        raise MessageError(_problems(error)) from None
+
+
+def to_capacity_request(
+    submit: Submit, *, default_request_id: str, submitted_at: datetime
+) -> CapacityRequest:
+    """The domain request a submission asks for, submitted at ``submitted_at``; MessageError
+    if it breaks a rule of its mode (run time, wait, start)."""
+    if submit.start_at is not None and submit.start_at < submitted_at:
+        raise MessageError([("start_at", "lies in the past")])
+    gang = submit.gang
+    machine = MACHINE_TYPES.get(gang.machine_type or "")
+    mode = Mode(submit.mode)
+    max_wait = submit.max_wait
+    if mode is Mode.FLEX_START and max_wait is None:
+        max_wait = FLEX_MAX_WAIT
+    try:
+        return CapacityRequest(
+            request_id=submit.request_id or default_request_id,
+            tenant=submit.tenant,
+            mode=mode,
+            gang=GangShape(
+                vm_count=gang.vm_count,
+                accelerator=gang.accelerator,
+                machine_type=gang.machine_type,
+                accelerators_per_vm=(
+                    None
+                    if machine is None
+                    else gang.accelerators_per_vm or machine.accelerators_per_vm
+                ),
+                topology=gang.topology,
+            ),
+            locations=tuple(submit.locations),
+            run_duration=submit.run_duration,
+            submitted_at=submitted_at,
+            max_wait=max_wait,
+            start_at=submit.start_at,
+            priority=submit.priority,
+            labels=tuple(sorted(submit.labels.items())),
+        )
+    except InvalidModel as error:
+        raise MessageError([(error.field, error.rule)]) from None
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of ``opendws.request/v1`` that publishers validate against."""
+    schema = _ADAPTER.json_schema(by_alias=True)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "opendws capacity request (v1)",
+        **schema,
+    }
+
+
+def _problems(error: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for item in error.errors(include_url=False):
+        location = [str(part) for part in item["loc"]]
+        if location and location[0] in ("submit", "cancel", "release"):
+            location = location[1:]  # the discriminator's branch, not a field
+        field = ".".join(location) or "message"
+        rule = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] in ("union_tag_invalid", "union_tag_not_found"):
+            field, rule = "action", "must be 'submit', 'cancel' or 'release'"
+        if item["type"] == "extra_forbidden":
+            rule = "is not a field of opendws.request/v1 (unknown fields are refused)"
+        problems.append((field, rule))
+    return problems
