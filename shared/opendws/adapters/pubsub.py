@@ -1,0 +1,31 @@
+"""The EventBus on Cloud Pub/Sub (google-cloud-pubsub): every event is published on
+``capacity-events`` as its JSON, with ``request_id``, ``tenant`` and ``state`` as attributes."""
+
+from __future__ import annotations
+
+import json
+
+from google.cloud.pubsub_v1 import PublisherClient
+
+from opendws.ports import StatusEvent
+
+EVENTS_TOPIC = "capacity-events"
+
+
+class PubSubEventBus:
+    """EventBus over a publisher client (the emulator when PUBSUB_EMULATOR_HOST is set)."""
+
+    def __init__(self, publisher: PublisherClient, project: str, topic: str = EVENTS_TOPIC) -> None:
+        self._publisher = publisher
+        self._topic = publisher.topic_path(project, topic)
+
+    def publish(self, event: StatusEvent, timeout: float = 30.0) -> None:
+        data = json.dumps(event.to_json(), separators=(",", ":")).encode()
+        future = self._publisher.publish(
+            self._topic,
+            data,
+            request_id=event.request_id,
+            tenant=event.tenant,
+            state=event.state.value,
+        )
+        future.result(timeout=timeout)
