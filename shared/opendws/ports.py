@@ -103,6 +103,7 @@ class RequestRecord:
     message: str = ""
     pool: str | None = None
     eta: datetime | None = None
+    announced: int = 0  # how many of its events have been published (an outbox cursor)
 
     @property
     def request_id(self) -> str:
@@ -139,6 +140,11 @@ class RequestStore(Protocol):
 
     def events(self, request_id: str) -> list[StatusEvent]:
         """Every event recorded for the request, oldest first."""
+        ...
+
+    def mark_announced(self, request_id: str, count: int) -> None:
+        """Record that the request's first ``count`` events have been published (never moves
+        back). Raises UnknownRequest if there is no such request."""
         ...
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:

@@ -193,3 +193,14 @@ def test_concurrent_creates_of_one_request_store_it_once(store: RequestStore) ->
         thread.join()
     assert sorted(outcomes) == sorted([CreateOutcome.CREATED] + [CreateOutcome.DUPLICATE] * 7)
     assert len(store.events("r1")) == 1
+
+
+def test_announced_counts_published_events_and_never_moves_back(store: RequestStore) -> None:
+    record = record_of()
+    store.create(record, event_of(record, S.PENDING, None))
+    assert store.get("r1").announced == 0  # type: ignore[union-attr]
+    store.mark_announced("r1", 1)
+    store.mark_announced("r1", 0)
+    assert store.get("r1").announced == 1  # type: ignore[union-attr]
+    with pytest.raises(UnknownRequest):
+        store.mark_announced("ghost", 1)

@@ -102,6 +102,20 @@ class FirestoreRequestStore:
         stream = self._requests.document(request_id).collection(EVENTS).order_by("seq").stream()
         return [_event(snapshot.to_dict() or {}) for snapshot in stream]
 
+    def mark_announced(self, request_id: str, count: int) -> None:
+        document = self._requests.document(request_id)
+
+        @firestore.transactional
+        def apply(transaction: firestore.Transaction) -> None:
+            snapshot = document.get(transaction=transaction)
+            data = snapshot.to_dict() if snapshot.exists else None
+            if data is None:
+                raise UnknownRequest(request_id)
+            if count > int(data.get("announced", 0)):
+                transaction.update(document, {"announced": count})
+
+        apply(self._client.transaction())
+
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         query = self._requests.where(filter=FieldFilter("state", "in", [s.value for s in states]))
         records = [_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
@@ -121,6 +135,7 @@ def _record_fields(record: RequestRecord) -> dict[str, Any]:
         "message": record.message,
         "pool": record.pool,
         "eta": record.eta,
+        "announced": record.announced,
     }
 
 
@@ -135,6 +150,7 @@ def _record(data: dict[str, Any]) -> RequestRecord:
         message=data.get("message", ""),
         pool=data.get("pool"),
         eta=data.get("eta"),
+        announced=int(data.get("announced", 0)),
     )
 
 

@@ -64,6 +64,14 @@ class MemoryRequestStore:
         with self._lock:
             return list(self._events.get(request_id, []))
 
+    def mark_announced(self, request_id: str, count: int) -> None:
+        with self._lock:
+            record = self._records.get(request_id)
+            if record is None:
+                raise UnknownRequest(request_id)
+            if count > record.announced:
+                self._records[request_id] = replace(record, announced=count)
+
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         with self._lock:
             found = [record for record in self._records.values() if record.state in states]

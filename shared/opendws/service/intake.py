@@ -1,0 +1,188 @@
+"""Intake: one message from ``capacity-requests`` in, at most one stored request out, and every
+outcome announced on ``capacity-events``.
+
+Exactly-once effect over at-least-once delivery:
+
+1. A valid submission is created with a create-if-absent precondition, together with its first
+   event (PENDING). The same message again (a redelivery, or a client publishing twice) finds it
+   already there and changes nothing; another request under the same id is refused.
+2. The first event is then published and the record marked as announced — an outbox: if the
+   process dies between the two, the redelivered message finds the record unannounced and
+   publishes it. A duplicate that arrives while the first delivery may still be announcing is
+   handed back to Pub/Sub (:class:`AnnouncementPending`) rather than announced twice.
+
+Bad input never raises: it is acknowledged and answered with a REJECTED event whose message
+names the field and the rule. Transient faults (the store or the bus unavailable) do raise, so
+that Pub/Sub redelivers; a dead-letter topic catches what keeps failing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from opendws.domain.states import RequestState
+from opendws.ports import (
+    Clock,
+    CreateOutcome,
+    EventBus,
+    RequestRecord,
+    RequestStore,
+    StatusEvent,
+    content_digest,
+)
+from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
+
+# How long a duplicate waits for the first delivery to announce before announcing itself.
+ANNOUNCE_GRACE = timedelta(seconds=30)
+# Reasons on intake's events (the planner adds its own later).
+INVALID_REQUEST = "INVALID_REQUEST"
+ID_IN_USE = "ID_IN_USE"
+UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
+
+
+class IntakeOutcome(StrEnum):
+    """What intake did with one message."""
+
+    ACCEPTED = "ACCEPTED"  # stored as a new PENDING request and announced
+    DUPLICATE = "DUPLICATE"  # the same request was already stored: nothing changed
+    REFUSED = "REFUSED"  # bad input or a conflicting id: a REJECTED event says why
+
+
+class AnnouncementPending(RuntimeError):
+    """A duplicate found its request stored but not yet announced, recently: the first delivery
+    is probably announcing it right now. Raised so that Pub/Sub redelivers later."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One Pub/Sub message as the function received it."""
+
+    data: bytes
+    message_id: str
+    published_at: datetime
+    attributes: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class IntakeResult:
+    """The outcome for one message, and the request it concerned."""
+
+    outcome: IntakeOutcome
+    request_id: str
+    message: str
+
+
+class IntakeService:
+    """Turns request messages into stored requests and events (see the module docstring)."""
+
+    def __init__(self, store: RequestStore, bus: EventBus, clock: Clock) -> None:
+        self._store = store
+        self._bus = bus
+        self._clock = clock
+
+    def handle(self, delivery: Delivery) -> IntakeResult:
+        """Take one delivery; raises only for transient faults (redelivery helps)."""
+        try:
+            message = parse_message(delivery.data)
+            if not isinstance(message, Submit):
+                return self._refuse(
+                    delivery,
+                    UNSUPPORTED_ACTION,
+                    f"action: {message.action!r} is not taken by this intake yet; only submit is",
+                )
+            request = to_capacity_request(
+                message,
+                default_request_id=delivery.message_id,
+                submitted_at=delivery.published_at,
+            )
+        except MessageError as error:
+            return self._refuse(delivery, INVALID_REQUEST, str(error))
+        event = StatusEvent(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            state=RequestState.PENDING,
+            previous_state=None,
+            at=delivery.published_at,
+            reason=None,
+            message="accepted; waiting for admission",
+        )
+        record = RequestRecord(
+            request=request,
+            state=RequestState.PENDING,
+            version=1,
+            digest=content_digest(request),
+            updated_at=delivery.published_at,
+            message=event.message,
+        )
+        outcome = self._store.create(record, event)
+        if outcome is CreateOutcome.CONFLICT:
+            return self._refuse(
+                delivery,
+                ID_IN_USE,
+                f"request_id: {request.request_id!r} is already used by a different request; "
+                "this message was refused and the existing request is unchanged",
+                request_id=request.request_id,
+                tenant=request.tenant,
+            )
+        if outcome is CreateOutcome.CREATED:
+            self._announce(request.request_id, event)
+            return IntakeResult(IntakeOutcome.ACCEPTED, request.request_id, event.message)
+        self._announce_if_abandoned(request.request_id)
+        return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _announce(self, request_id: str, event: StatusEvent) -> None:
+        self._bus.publish(event)
+        self._store.mark_announced(request_id, 1)
+
+    def _announce_if_abandoned(self, request_id: str) -> None:
+        """A duplicate: publish the first event only if no delivery did, and the one that
+        created the request has had time to."""
+        stored = self._store.get(request_id)
+        if stored is None or stored.announced >= 1:
+            return
+        if self._clock.now() - stored.updated_at < ANNOUNCE_GRACE:
+            raise AnnouncementPending(f"{request_id} is stored but not announced yet; retry")
+        self._announce(request_id, self._store.events(request_id)[0])
+
+    def _refuse(
+        self,
+        delivery: Delivery,
+        reason: str,
+        message: str,
+        *,
+        request_id: str | None = None,
+        tenant: str | None = None,
+    ) -> IntakeResult:
+        """Announce that a message was refused; the store is not touched."""
+        claimed_id, claimed_tenant = _claims(delivery.data)
+        request_id = request_id or claimed_id or delivery.message_id
+        self._bus.publish(
+            StatusEvent(
+                request_id=request_id,
+                tenant=tenant or claimed_tenant or "",
+                state=RequestState.REJECTED,
+                previous_state=None,
+                at=delivery.published_at,
+                reason=reason,
+                message=message,
+            )
+        )
+        return IntakeResult(IntakeOutcome.REFUSED, request_id, message)
+
+
+def _claims(data: bytes) -> tuple[str | None, str | None]:
+    """The request_id and tenant a message claims, if it is JSON enough to tell."""
+    try:
+        decoded = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    if not isinstance(decoded, dict):
+        return None, None
+    request_id, tenant = decoded.get("request_id"), decoded.get("tenant")
+    return (
+        request_id if isinstance(request_id, str) and request_id else None,
+        tenant if isinstance(tenant, str) and tenant else None,
+    )

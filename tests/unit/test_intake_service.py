@@ -1,0 +1,150 @@
+"""Intake over the in-memory fakes: exactly-once effect, announcements, refusals."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from opendws.adapters.memory import MemoryEventBus, MemoryRequestStore
+from opendws.domain import RequestState
+from opendws.service.intake import (
+    AnnouncementPending,
+    Delivery,
+    IntakeOutcome,
+    IntakeService,
+)
+from tests.builders import NOW
+from tests.unit.test_request_schema import DESIGN_EXAMPLE
+
+
+@dataclass
+class FixedClock:
+    at: datetime = field(default=NOW)
+
+    def now(self) -> datetime:
+        return self.at
+
+
+def delivery(payload: dict[str, Any] | bytes, message_id: str = "m-1") -> Delivery:
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    return Delivery(data=data, message_id=message_id, published_at=NOW, attributes={})
+
+
+@pytest.fixture
+def parts() -> tuple[IntakeService, MemoryRequestStore, MemoryEventBus, FixedClock]:
+    store, bus, clock = MemoryRequestStore(), MemoryEventBus(), FixedClock()
+    return IntakeService(store, bus, clock), store, bus, clock
+
+
+Parts = tuple[IntakeService, MemoryRequestStore, MemoryEventBus, FixedClock]
+
+
+def test_a_valid_request_is_stored_pending_and_announced(parts: Parts) -> None:
+    service, store, bus, _ = parts
+    result = service.handle(delivery(DESIGN_EXAMPLE))
+    assert (result.outcome, result.request_id) == (IntakeOutcome.ACCEPTED, "train-42")
+    record = store.get("train-42")
+    assert record is not None
+    assert (record.state, record.announced) == (RequestState.PENDING, 1)
+    assert [(e.state, e.request_id, e.tenant) for e in bus.published] == [
+        (RequestState.PENDING, "train-42", "vision")
+    ]
+
+
+def test_the_message_id_names_a_request_without_one(parts: Parts) -> None:
+    service, store, _, _ = parts
+    service.handle(delivery({k: v for k, v in DESIGN_EXAMPLE.items() if k != "request_id"}, "m-7"))
+    assert store.get("m-7") is not None
+
+
+def test_a_redelivery_changes_nothing_and_announces_nothing(parts: Parts) -> None:
+    service, store, bus, _ = parts
+    service.handle(delivery(DESIGN_EXAMPLE))
+    again = service.handle(delivery(DESIGN_EXAMPLE, "m-2"))
+    assert again.outcome is IntakeOutcome.DUPLICATE
+    assert len(bus.published) == 1
+    assert len(store.events("train-42")) == 1
+
+
+def test_a_duplicate_of_an_unannounced_request_waits_then_announces(parts: Parts) -> None:
+    service, store, bus, clock = parts
+
+    class Down(RuntimeError):
+        pass
+
+    def broken(event: object) -> None:
+        raise Down("bus unavailable")
+
+    original = bus.publish
+    bus.publish = broken  # type: ignore[method-assign]
+    with pytest.raises(Down):
+        service.handle(delivery(DESIGN_EXAMPLE))  # stored, not announced: Pub/Sub redelivers
+    bus.publish = original  # type: ignore[method-assign]
+    with pytest.raises(AnnouncementPending):
+        service.handle(delivery(DESIGN_EXAMPLE))  # too soon: the first delivery may announce
+    clock.at = NOW + timedelta(minutes=1)
+    assert service.handle(delivery(DESIGN_EXAMPLE)).outcome is IntakeOutcome.DUPLICATE
+    assert [e.state for e in bus.published] == [RequestState.PENDING]
+    assert store.get("train-42").announced == 1  # type: ignore[union-attr]
+
+
+def test_another_request_under_a_used_id_is_refused(parts: Parts) -> None:
+    service, store, bus, _ = parts
+    service.handle(delivery(DESIGN_EXAMPLE))
+    other = {**DESIGN_EXAMPLE, "run_duration": "7h"}
+    result = service.handle(delivery(other, "m-2"))
+    assert result.outcome is IntakeOutcome.REFUSED
+    last = bus.published[-1]
+    assert (last.state, last.reason, last.request_id) == (
+        RequestState.REJECTED,
+        "ID_IN_USE",
+        "train-42",
+    )
+    assert "request_id" in last.message
+    assert store.get("train-42").request.run_duration == timedelta(hours=6)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        (b"not json", "message"),
+        ({**DESIGN_EXAMPLE, "tenant": None}, "tenant"),
+        ({**DESIGN_EXAMPLE, "run_duration": "1m"}, "run_duration"),
+        (
+            {**DESIGN_EXAMPLE, "gang": {**DESIGN_EXAMPLE["gang"], "accelerator": "nvidia-k80"}},
+            "gang",
+        ),
+        (
+            {
+                **DESIGN_EXAMPLE,
+                "mode": "calendar",
+                "max_wait": None,
+                "run_duration": "2d",
+                "start_at": "2026-11-01T00:00:00Z",
+            },
+            "start_at",
+        ),
+    ],
+    ids=["not JSON", "no tenant", "too short", "unknown accelerator", "calendar start passed"],
+)
+def test_bad_input_is_answered_with_a_rejected_event_naming_the_field(
+    parts: Parts, payload: dict[str, Any] | bytes, field: str
+) -> None:
+    service, store, bus, _ = parts
+    result = service.handle(delivery(payload))
+    assert result.outcome is IntakeOutcome.REFUSED
+    assert store.in_states(*RequestState) == []
+    [event] = bus.published
+    assert (event.state, event.reason) == (RequestState.REJECTED, "INVALID_REQUEST")
+    assert event.message.startswith(f"{field}:") or f"; {field}:" in event.message, event.message
+
+
+def test_cancel_is_answered_clearly_until_intake_takes_it(parts: Parts) -> None:
+    service, _, bus, _ = parts
+    message = {"schema": "opendws.request/v1", "action": "cancel", "request_id": "a", "tenant": "t"}
+    assert service.handle(delivery(message)).outcome is IntakeOutcome.REFUSED
+    assert bus.published[-1].reason == "UNSUPPORTED_ACTION"
