@@ -442,9 +442,10 @@ def test_earliest_fit(needs: Needs, lo: int, hi: int, length: int, expected: int
     assert grid.earliest_fit(needs, lo, hi, length) == expected
 
 
-# Long runs (≥ 2 blocks of 64 cells) are searched through block summaries: busy cells sit at and
-# around block boundaries, and fits start or end right at them. (busy cells, length, hi, earliest
-# start) on one row of 1024 cells where a busy cell has 1 of 2 free and the run needs 2.
+# Runs of 128 cells and more, with busy cells at and around multiples of 64 (where a search that
+# summarises rows in blocks would change block) and fits that start or end right at them.
+# (busy cells, length, hi, earliest start) on one row of 1024 cells where a busy cell has 1 of 2
+# free and the run needs 2.
 LONG = {
     "busy 127, length 128": ((127,), 128, 1024, 128),
     "busy 128, length 128": ((128,), 128, 1024, 0),
@@ -500,8 +501,9 @@ def test_earliest_fit_after_a_busy_prefix_of_every_length(length: int) -> None:
     assert answers == [*range(cells - length + 1), None]
 
 
-# Each step is (needs, lo, hi, length, earliest start, take the fit?) on one row of 200 cells,
-# limit 2, nothing committed: later answers must not be spoiled by what earlier ones proved.
+# Each step is (needs, lo, hi, length, earliest start, take the fit?) on 200 cells: row 0 a pool
+# of 2 with nothing committed, rows 1 and 2 two tenants' quotas of 4, the first one used up over
+# [0, 50). Later answers must not be spoiled by what earlier searches proved.
 SEQUENCES = {
     "fill a pool in pairs": [
         ([(0, 1)], 0, 200, 10, 0, True),
@@ -543,6 +545,22 @@ SEQUENCES = {
         ([(0, 2)], 0, 200, 20, 35, False),
         ([(0, 1)], 0, 200, 5, 0, False),
     ],
+    "one tenant's quota does not hold another back in the same pool": [
+        ([(0, 2), (1, 4)], 0, 200, 10, 50, False),
+        ([(0, 2), (2, 4)], 0, 200, 10, 0, True),
+        ([(0, 2), (1, 4)], 0, 200, 10, 50, False),
+        ([(0, 2), (2, 1)], 0, 200, 10, 10, False),
+        ([(0, 2)], 0, 200, 10, 10, False),
+        ([(0, 1), (1, 1)], 0, 200, 10, 50, False),
+        ([(0, 1), (2, 4)], 0, 200, 10, 10, False),
+        ([(0, 1)], 0, 200, 10, 10, False),
+    ],
+    "a quota-bound search proves nothing about the pool alone": [
+        ([(0, 2), (1, 4)], 0, 200, 60, 50, True),
+        ([(0, 2), (1, 1)], 0, 200, 10, 110, False),
+        ([(0, 1), (2, 1)], 0, 200, 10, 0, False),
+        ([(0, 2)], 0, 200, 50, 0, False),
+    ],
     "the same query after a take elsewhere": [
         ([(0, 1)], 0, 200, 150, 0, True),
         ([(0, 1)], 0, 200, 150, 0, True),
@@ -556,7 +574,7 @@ SEQUENCES = {
 
 @pytest.mark.parametrize("steps", SEQUENCES.values(), ids=SEQUENCES.keys())
 def test_earliest_fit_sequence(steps: list[tuple[Needs, int, int, int, int | None, bool]]) -> None:
-    grid = MinuteGrid(NOW, 200, [2])
+    grid = MinuteGrid(NOW, 200, [2, 4, 4], [(1, at(0), at(50), 4)])
     answers = []
     for needs, lo, hi, length, _, take in steps:
         found = grid.earliest_fit(needs, lo, hi, length)

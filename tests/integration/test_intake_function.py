@@ -1,0 +1,100 @@
+"""The ``intake`` function in-process (functions-framework's test client) with a saved
+Eventarc Pub/Sub envelope, on Firestore and Pub/Sub over the official emulators."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from emulators import Emulators
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVELOPE = json.loads((ROOT / "tests" / "data" / "pubsub_message_published.json").read_text())
+
+
+@pytest.fixture
+def wired(
+    official_emulators: Emulators, emulator_project: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Any, Any, str]]:
+    """A functions-framework test client for ``intake``, wired to a fresh emulator project
+    with a ``capacity-events`` topic and a subscription to read it."""
+    del official_emulators
+    from functions_framework import create_app
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+
+    from opendws import bootstrap
+
+    monkeypatch.setenv("OPENDWS_PROJECT", emulator_project)
+    bootstrap.intake_service.cache_clear()
+    publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())
+    subscriber = pubsub_v1.SubscriberClient(credentials=AnonymousCredentials())
+    topic = publisher.topic_path(emulator_project, "capacity-events")
+    subscription = subscriber.subscription_path(emulator_project, "events-check")
+    publisher.create_topic(name=topic)
+    subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    client = create_app("intake", str(ROOT / "functions" / "main.py"), "cloudevent").test_client()
+    yield client, subscriber, subscription
+    bootstrap.intake_service.cache_clear()
+    subscriber.close()
+
+
+def post(client: Any, payload: dict[str, Any] | bytes | None = None, message_id: str = "") -> Any:
+    envelope = copy.deepcopy(ENVELOPE)
+    if payload is not None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        envelope["data"]["message"]["data"] = base64.b64encode(data).decode()
+    if message_id:
+        envelope["id"] = envelope["data"]["message"]["messageId"] = message_id
+    return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
+
+
+def events(subscriber: Any, subscription: str, count: int) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for _ in range(10):
+        reply = subscriber.pull(
+            request={"subscription": subscription, "max_messages": 10}, timeout=10
+        )
+        found += [json.loads(m.message.data) for m in reply.received_messages]
+        if reply.received_messages:
+            subscriber.acknowledge(
+                request={
+                    "subscription": subscription,
+                    "ack_ids": [m.ack_id for m in reply.received_messages],
+                }
+            )
+        if len(found) >= count:
+            break
+    return found
+
+
+def test_the_saved_envelope_lands_in_firestore_once(wired: tuple[Any, Any, str]) -> None:
+    client, subscriber, subscription = wired
+    assert post(client).status_code == 200
+    assert post(client, message_id="22222222222222").status_code == 200  # the same request again
+    from opendws.bootstrap import intake_service
+
+    store = intake_service()._store
+    record = store.get("train-42")
+    assert record is not None
+    assert record.state.value == "PENDING"
+    assert record.request.submitted_at.isoformat() == "2026-11-29T12:00:00.123000+00:00"
+    assert len(store.events("train-42")) == 1
+    received = events(subscriber, subscription, 1)
+    assert [(e["state"], e["request_id"], e["tenant"]) for e in received] == [
+        ("PENDING", "train-42", "vision")
+    ]
+
+
+def test_bad_input_is_acknowledged_with_a_rejected_event(wired: tuple[Any, Any, str]) -> None:
+    client, subscriber, subscription = wired
+    response = post(client, b'{"schema": "opendws.request/v1", "action": "submit"}')
+    assert response.status_code == 200
+    [event] = events(subscriber, subscription, 1)
+    assert (event["state"], event["reason"]) == ("REJECTED", "INVALID_REQUEST")
+    assert "tenant: Field required" in event["message"]
