@@ -85,7 +85,7 @@ def start_intake(emulators: Emulators) -> tuple[subprocess.Popen[bytes], str]:
             "127.0.0.1",
             "--port",
             str(port),
-        ],  # fmt: skip
+        ],
         env={**os.environ, **emulators.environment(), "OPENDWS_PROJECT": PROJECT},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
