@@ -18,12 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -34,7 +30,8 @@ from google.pubsub_v1.types import PushConfig
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from emulators import Emulators, free_port, missing_reason, running  # noqa: E402
+from emulators import Emulators, missing_reason, running  # noqa: E402
+from emulators.functions import serving  # noqa: E402
 
 PROJECT = "bench-intake"
 
@@ -68,41 +65,6 @@ def raw_creates(client: firestore.Client, count: int) -> float:
     return time.perf_counter() - started
 
 
-def start_intake(emulators: Emulators) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "functions_framework",
-            "--target",
-            "intake",
-            "--source",
-            str(ROOT / "functions" / "main.py"),
-            "--signature-type",
-            "cloudevent",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, **emulators.environment(), "OPENDWS_PROJECT": PROJECT},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            break
-        except urllib.error.HTTPError:
-            break  # it answers: up
-        except OSError:
-            time.sleep(0.1)
-    return server, url
-
-
 def intake_run(emulators: Emulators, client: firestore.Client, count: int) -> float:
     """Seconds from the first publish until all ``count`` requests are stored."""
     credentials = AnonymousCredentials()
@@ -111,8 +73,10 @@ def intake_run(emulators: Emulators, client: firestore.Client, count: int) -> fl
     requests_topic = publisher.topic_path(PROJECT, "capacity-requests")
     publisher.create_topic(name=requests_topic)
     publisher.create_topic(name=publisher.topic_path(PROJECT, "capacity-events"))
-    server, url = start_intake(emulators)
-    try:
+    intake = serving(
+        "intake", "cloudevent", {**emulators.environment(), "OPENDWS_PROJECT": PROJECT}
+    )
+    with intake as url:
         subscriber.create_subscription(
             request={
                 "name": subscriber.subscription_path(PROJECT, "intake"),
@@ -130,13 +94,11 @@ def intake_run(emulators: Emulators, client: firestore.Client, count: int) -> fl
         while time.monotonic() < deadline:
             stored = requests.count().get()[0][0].value
             if stored >= count:
+                subscriber.close()
                 return time.perf_counter() - started
             time.sleep(0.2)
-        raise RuntimeError(f"only {stored} of {count} requests were stored within 10 minutes")
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(15)
-        subscriber.close()
+    subscriber.close()
+    raise RuntimeError(f"only {stored} of {count} requests were stored within 10 minutes")
 
 
 def main() -> int:

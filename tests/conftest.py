@@ -11,8 +11,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from emulators import Emulators, missing_reason, running
 from hypothesis import HealthCheck, settings
+
+from emulators import Emulators, missing_reason, running
 
 settings.register_profile(
     "ci",

@@ -13,6 +13,7 @@ from opendws.adapters.memory import MemoryEventBus
 from opendws.domain import RequestState
 from opendws.ports import EventBus, StatusEvent
 from tests.builders import NOW
+from tests.pubsub import pull
 
 Received = list[tuple[StatusEvent, dict[str, str]]]
 
@@ -46,23 +47,10 @@ def bus(request: pytest.FixtureRequest) -> Iterator[tuple[EventBus, Callable[[in
     )
 
     def read_pubsub(count: int) -> Received:
-        received: Received = []
-        for _ in range(20):
-            reply = subscriber.pull(
-                request={"subscription": subscription, "max_messages": count}, timeout=10
-            )
-            for message in reply.received_messages:
-                data = json.loads(message.message.data)
-                received.append((StatusEvent.from_json(data), dict(message.message.attributes)))
-            if reply.received_messages:
-                subscriber.acknowledge(
-                    request={
-                        "subscription": subscription,
-                        "ack_ids": [m.ack_id for m in reply.received_messages],
-                    }
-                )
-            if len(received) >= count:
-                break
+        received = [
+            (StatusEvent.from_json(json.loads(message.data)), dict(message.attributes))
+            for message in pull(subscriber, subscription, count)
+        ]
         return sorted(received, key=lambda item: item[0].at)
 
     yield PubSubEventBus(publisher, project), read_pubsub

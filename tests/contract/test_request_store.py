@@ -9,8 +9,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from emulators import Emulators
 
+from emulators import Emulators
 from opendws.adapters.memory import MemoryRequestStore
 from opendws.domain import IllegalTransition, RequestState
 from opendws.ports import (

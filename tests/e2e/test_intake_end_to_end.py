@@ -6,65 +6,23 @@ functions-framework; the request appears in the Firestore emulator and its event
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from emulators import Emulators, free_port
 
+from emulators import Emulators
+from emulators.functions import serving
+from tests.pubsub import pull
 from tests.unit.test_request_schema import DESIGN_EXAMPLE
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def intake_server(official_emulators: Emulators, emulator_project: str) -> Iterator[str]:
     """The intake function served by functions-framework in its own process group."""
-    port = free_port()
-    log = open(os.devnull, "wb")  # noqa: SIM115 - closed below
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "functions_framework",
-            "--target",
-            "intake",
-            "--source",
-            str(ROOT / "functions" / "main.py"),
-            "--signature-type",
-            "cloudevent",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, **official_emulators.environment(), "OPENDWS_PROJECT": emulator_project},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url, timeout=1)  # any HTTP answer means it is up
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                time.sleep(0.1)
+    environment = {**official_emulators.environment(), "OPENDWS_PROJECT": emulator_project}
+    with serving("intake", "cloudevent", environment) as url:
         yield url
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(10)
-        log.close()
 
 
 def test_a_published_request_lands_in_firestore(intake_server: str, emulator_project: str) -> None:
@@ -108,6 +66,5 @@ def test_a_published_request_lands_in_firestore(intake_server: str, emulator_pro
         time.sleep(0.2)
     assert record is not None, "the request never reached Firestore"
     assert record.state.value == "PENDING"
-    reply = subscriber.pull(request={"subscription": events, "max_messages": 10}, timeout=30)
-    assert [json.loads(m.message.data)["state"] for m in reply.received_messages] == ["PENDING"]
+    assert [json.loads(m.data)["state"] for m in pull(subscriber, events, 1)] == ["PENDING"]
     subscriber.close()

@@ -8,9 +8,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from emulators import Emulators
-
 from opendws.service.intake import AnnouncementPending, Delivery, IntakeOutcome, IntakeService
 from tests.builders import NOW
+from tests.pubsub import pull
 from tests.unit.test_intake_service import FixedClock
 from tests.unit.test_request_schema import DESIGN_EXAMPLE
 
@@ -58,18 +58,7 @@ def test_fifty_concurrent_duplicates_make_one_request_and_one_event(
     assert record is not None
     assert record.announced == 1
     assert len(store.events("train-42")) == 1
-    received = []
-    for _ in range(5):
-        reply = subscriber.pull(
-            request={"subscription": subscription, "max_messages": 100}, timeout=10
-        )
-        received += [json.loads(m.message.data) for m in reply.received_messages]
-        if reply.received_messages:
-            subscriber.acknowledge(
-                request={
-                    "subscription": subscription,
-                    "ack_ids": [m.ack_id for m in reply.received_messages],
-                }
-            )
+    # Pull for more than one: a second announcement, if any, would show up here.
+    received = [json.loads(message.data) for message in pull(subscriber, subscription, 2, 3)]
     assert [(e["state"], e["request_id"]) for e in received] == [("PENDING", "train-42")]
     subscriber.close()

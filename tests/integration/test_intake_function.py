@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from emulators import Emulators
+from tests.pubsub import pull
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVELOPE = json.loads((ROOT / "tests" / "data" / "pubsub_message_published.json").read_text())
@@ -55,22 +57,7 @@ def post(client: Any, payload: dict[str, Any] | bytes | None = None, message_id:
 
 
 def events(subscriber: Any, subscription: str, count: int) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
-    for _ in range(10):
-        reply = subscriber.pull(
-            request={"subscription": subscription, "max_messages": 10}, timeout=10
-        )
-        found += [json.loads(m.message.data) for m in reply.received_messages]
-        if reply.received_messages:
-            subscriber.acknowledge(
-                request={
-                    "subscription": subscription,
-                    "ack_ids": [m.ack_id for m in reply.received_messages],
-                }
-            )
-        if len(found) >= count:
-            break
-    return found
+    return [json.loads(message.data) for message in pull(subscriber, subscription, count)]
 
 
 def test_the_saved_envelope_lands_in_firestore_once(wired: tuple[Any, Any, str]) -> None:

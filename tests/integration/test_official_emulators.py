@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
 from emulators import EmulatorError, Emulators, missing_reason, start
 from emulators.official import ENVIRONMENT
 

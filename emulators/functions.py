@@ -1,0 +1,65 @@
+"""Serve a function of ``functions/main.py`` under functions-framework on 127.0.0.1, in its own
+process group, for end-to-end tests, benchmarks and the local stack."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from emulators.official import HOST, EmulatorError, free_port
+
+FUNCTIONS = Path(__file__).resolve().parents[1] / "functions" / "main.py"
+
+
+@contextlib.contextmanager
+def serving(
+    target: str, signature_type: str, environment: Mapping[str, str], timeout: float = 30.0
+) -> Iterator[str]:
+    """Run function ``target`` (``http`` or ``cloudevent``) with ``environment`` added to this
+    process's; yield its URL once it answers, stop its whole process group afterwards."""
+    port = free_port()
+    command = [sys.executable, "-m", "functions_framework", "--target", target,
+               "--source", str(FUNCTIONS), "--signature-type", signature_type,
+               "--host", HOST, "--port", str(port)]  # fmt: skip
+    server = subprocess.Popen(
+        command,
+        env={**os.environ, **environment},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://{HOST}:{port}/"
+    try:
+        _wait_for(url, server, timeout)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(15)
+
+
+def _wait_for(url: str, server: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise EmulatorError(f"functions-framework exited with code {server.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except urllib.error.HTTPError:
+            return  # it answered (a GET is not an event): it is up
+        except OSError:
+            time.sleep(0.1)
+    raise EmulatorError(f"functions-framework did not answer on {url} within {timeout:.0f} s")
