@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from google.api_core.exceptions import AlreadyExists
+from google.api_core.exceptions import AlreadyExists, NotFound
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
@@ -103,18 +103,11 @@ class FirestoreRequestStore:
         return [_event(snapshot.to_dict() or {}) for snapshot in stream]
 
     def mark_announced(self, request_id: str, count: int) -> None:
-        document = self._requests.document(request_id)
-
-        @firestore.transactional
-        def apply(transaction: firestore.Transaction) -> None:
-            snapshot = document.get(transaction=transaction)
-            data = snapshot.to_dict() if snapshot.exists else None
-            if data is None:
-                raise UnknownRequest(request_id)
-            if count > int(data.get("announced", 0)):
-                transaction.update(document, {"announced": count})
-
-        apply(self._client.transaction())
+        # One write with a server-side maximum: monotonic without a read or a transaction.
+        try:
+            self._requests.document(request_id).update({"announced": firestore.Maximum(count)})
+        except NotFound:
+            raise UnknownRequest(request_id) from None
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         query = self._requests.where(filter=FieldFilter("state", "in", [s.value for s in states]))
