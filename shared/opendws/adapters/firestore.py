@@ -1,6 +1,7 @@
 """The RequestStore on Cloud Firestore (google-cloud-firestore).
 
 Layout: ``requests/{request_id}`` holds the request, its state and a version;
+its queries' composite indexes are in ``infra/firestore.indexes.json``;
 ``requests/{request_id}/events/{seq}`` holds one event per state change, ``seq`` a zero-padded
 counter so that document order is event order. Creation is one batch with create-if-absent
 preconditions; every change is one transaction that checks the version it read.
@@ -110,8 +111,12 @@ class FirestoreRequestStore:
             raise UnknownRequest(request_id) from None
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
-        query = self._requests.where(filter=FieldFilter("state", "in", [s.value for s in states]))
+        # Needs the composite index (state, submitted_at) of infra/firestore.indexes.json.
+        query = self._requests.where(
+            filter=FieldFilter("state", "in", [s.value for s in states])
+        ).order_by("submitted_at")
         records = [_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+        # Equal submission times come back in any order: settle them by id.
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
 
 
