@@ -116,7 +116,7 @@ def test_another_request_under_a_used_id_is_refused(parts: Parts) -> None:
         ({**DESIGN_EXAMPLE, "run_duration": "1m"}, "run_duration"),
         (
             {**DESIGN_EXAMPLE, "gang": {**DESIGN_EXAMPLE["gang"], "accelerator": "nvidia-k80"}},
-            "gang",
+            "gang.accelerator",
         ),
         (
             {

@@ -62,6 +62,15 @@ Duration = Annotated[
 ]
 
 
+class FieldProblem(ValueError):
+    """A rule broken by one field of a nested object, named relative to that object."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(rule)
+        self.field = field
+        self.rule = rule
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
@@ -83,27 +92,34 @@ class Gang(_Strict):
     def _consistent(self) -> Gang:
         if self.accelerator not in ACCELERATORS:
             known = ", ".join(sorted(ACCELERATORS))
-            raise ValueError(f"accelerator {self.accelerator!r} is unknown; known: {known}")
+            raise FieldProblem("accelerator", f"{self.accelerator!r} is unknown; known: {known}")
         if (self.machine_type is None) == (self.topology is None):
-            raise ValueError("give either machine_type (GPU VMs) or topology (a TPU slice)")
+            raise FieldProblem(
+                "machine_type", "give either machine_type (GPU VMs) or topology (a TPU slice)"
+            )
         if self.topology is not None:
             if self.accelerator not in TPU_ACCELERATORS:
-                raise ValueError(f"topology is for TPU accelerators, not {self.accelerator}")
+                raise FieldProblem("topology", f"is for TPU accelerators, not {self.accelerator}")
             if self.accelerators_per_vm is not None:
-                raise ValueError("accelerators_per_vm is for machine-type gangs, not TPU slices")
+                raise FieldProblem(
+                    "accelerators_per_vm", "is for machine-type gangs, not TPU slices"
+                )
             return self
         machine = MACHINE_TYPES.get(self.machine_type or "")
         if machine is None:
-            raise ValueError(f"machine_type {self.machine_type!r} is not a known GPU machine type")
+            raise FieldProblem(
+                "machine_type", f"{self.machine_type!r} is not a known GPU machine type"
+            )
         if machine.accelerator != self.accelerator:
-            raise ValueError(
-                f"{machine.name} carries {machine.accelerator}, not {self.accelerator}"
+            raise FieldProblem(
+                "accelerator",
+                f"{machine.name} carries {machine.accelerator}, not {self.accelerator}",
             )
         per_vm = self.accelerators_per_vm
         if per_vm is not None and per_vm != machine.accelerators_per_vm:
-            raise ValueError(
-                f"{machine.name} carries {machine.accelerators_per_vm} accelerators per VM, "
-                f"not {per_vm}"
+            raise FieldProblem(
+                "accelerators_per_vm",
+                f"{machine.name} carries {machine.accelerators_per_vm} per VM, not {per_vm}",
             )
         return self
 
@@ -253,6 +269,9 @@ def _problems(error: ValidationError) -> list[tuple[str, str]]:
             location = location[1:]  # the discriminator's branch, not a field
         field = ".".join(location) or "message"
         rule = str(item["msg"]).removeprefix("Value error, ")
+        cause = item.get("ctx", {}).get("error")
+        if isinstance(cause, FieldProblem):
+            field, rule = ".".join([*location, cause.field]), cause.rule
         if item["type"] in ("union_tag_invalid", "union_tag_not_found"):
             field, rule = "action", "must be 'submit', 'cancel' or 'release'"
         if item["type"] == "extra_forbidden":
