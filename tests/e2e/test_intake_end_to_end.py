@@ -68,3 +68,43 @@ def test_a_published_request_lands_in_firestore(intake_server: str, emulator_pro
     assert record.state.value == "PENDING"
     assert [json.loads(m.data)["state"] for m in pull(subscriber, events, 1)] == ["PENDING"]
     subscriber.close()
+
+
+def test_a_message_that_keeps_failing_goes_to_the_dead_letter_topic(
+    official_emulators: Emulators, emulator_project: str
+) -> None:
+    """With no ``capacity-events`` topic every announcement fails (a transient fault raises, so
+    Pub/Sub retries); after the policy's attempts the message lands on the dead-letter topic."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+    from google.protobuf.duration_pb2 import Duration
+    from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy
+
+    credentials = AnonymousCredentials()
+    publisher = pubsub_v1.PublisherClient(credentials=credentials)
+    subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
+    requests = publisher.topic_path(emulator_project, "capacity-requests")
+    dead = publisher.topic_path(emulator_project, "capacity-requests-dead-letter")
+    for path in (requests, dead):
+        publisher.create_topic(name=path)
+    dead_reader = subscriber.subscription_path(emulator_project, "dead-reader")
+    subscriber.create_subscription(request={"name": dead_reader, "topic": dead})
+    environment = {**official_emulators.environment(), "OPENDWS_PROJECT": emulator_project}
+    with serving("intake", "cloudevent", environment) as url:
+        subscriber.create_subscription(
+            request={
+                "name": subscriber.subscription_path(emulator_project, "intake"),
+                "topic": requests,
+                "push_config": PushConfig(push_endpoint=url),
+                "dead_letter_policy": DeadLetterPolicy(
+                    dead_letter_topic=dead, max_delivery_attempts=5
+                ),
+                "retry_policy": RetryPolicy(
+                    minimum_backoff=Duration(seconds=1), maximum_backoff=Duration(seconds=1)
+                ),
+            }
+        )
+        publisher.publish(requests, json.dumps(DESIGN_EXAMPLE).encode()).result(30)
+        dead_letters = pull(subscriber, dead_reader, 1, attempts=12)
+    assert [json.loads(m.data)["request_id"] for m in dead_letters] == ["train-42"]
+    subscriber.close()
