@@ -10,7 +10,7 @@ import functions_framework
 from cloudevents.http import CloudEvent
 
 from opendws.bootstrap import intake_service
-from opendws.service.intake import Delivery, IntakeResult
+from opendws.service.intake import Delivery
 
 
 @functions_framework.cloud_event
@@ -37,4 +37,4 @@ def _instant(text: str) -> datetime:
     return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
-__all__ = ["IntakeResult", "delivery_of", "intake"]
+__all__ = ["delivery_of", "intake"]
