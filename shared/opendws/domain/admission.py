@@ -306,7 +306,7 @@ class _Pass:
     def _decide_calendar(self, calendar: list[_Candidate]) -> None:
         if not calendar:
             return
-        ledger = _ExactLedger(self.now, self.pools, self.quotas, self.grants)
+        ledger = _ExactLedger(self.now, self.pools, self.pool_row, self.quotas, self.grants)
         for candidate in sorted(calendar, key=lambda c: calendar_key(c.request)):
             request = candidate.request
             assert request.start_at is not None  # a calendar request always has one
@@ -379,7 +379,7 @@ class _Pass:
                 if binding[row]
             )
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
-            best, best_row = _earliest_placement(
+            best, best_row, needs = _earliest_placement(
                 grid,
                 [
                     (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
@@ -402,7 +402,7 @@ class _Pass:
             reason = None
             if best > 0:
                 reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length)
-            grid.take(((best_row, units), *quota) if binding[best_row] else quota, best, length)
+            grid.take(needs, best, length)
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
@@ -471,12 +471,17 @@ class _ExactLedger:
     """Committed usage as exact step profiles (microseconds from now), for calendar blocks."""
 
     def __init__(
-        self, now: datetime, pools: Sequence[Pool], quotas: QuotaBook, grants: Iterable[Grant]
+        self,
+        now: datetime,
+        pools: Sequence[Pool],
+        pool_row: dict[str, int],
+        quotas: QuotaBook,
+        grants: Iterable[Grant],
     ) -> None:
         self.now = now
         self.pools = pools
         self.quotas = quotas
-        self.pool_row = pool_row = {pool.pool_id: row for row, pool in enumerate(pools)}
+        self.pool_row = pool_row
         per_pool: list[list[tuple[int, int, int]]] = [[] for _ in pools]
         per_limit: dict[LimitKey, list[tuple[int, int, int]]] = defaultdict(list)
         for grant in grants:
@@ -590,9 +595,10 @@ def _earliest_placement(
     options: Sequence[tuple[int, int, tuple[tuple[int, int], ...]]],
     last: int,
     length: int,
-) -> tuple[int | None, int]:
-    """The earliest start, and its pool row, among ``options`` given most preferred first as
-    ``(lowest start, pool row, needs)``; a tie goes to the more preferred pool.
+) -> tuple[int | None, int, tuple[tuple[int, int], ...]]:
+    """The earliest start, its pool row and that pool's needs, among ``options`` given most
+    preferred first as ``(lowest start, pool row, needs)``; a tie goes to the more preferred
+    pool.
 
     Pools are searched in order of what the grid already proved of them (bounds that cost a
     few lookups), so the likely winner is searched first and any pool whose bound cannot beat
@@ -606,6 +612,7 @@ def _earliest_placement(
     best: int | None = None
     best_preference = len(options)
     best_row = -1
+    best_needs: tuple[tuple[int, int], ...] = ()
     for bound, preference, bounds, lowest, row, needs in ranked:
         if best is not None and (bound, preference) > (best, best_preference):
             break  # sorted by bound: no later pool can win
@@ -615,8 +622,8 @@ def _earliest_placement(
             continue
         start = grid.earliest_fit(needs, lowest, upper, length, bounds) if needs else lowest
         if start is not None:
-            best, best_preference, best_row = start, preference, row
-    return best, best_row
+            best, best_preference, best_row, best_needs = start, preference, row, needs
+    return best, best_row, best_needs
 
 
 def _hold_reason(
