@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
+from opendws.catalog import MACHINE_TYPES
 from opendws.domain.model import (
     CapacityRequest,
     GangShape,
@@ -49,7 +50,11 @@ G2 = "g2-standard-48"
 H100 = "nvidia-h100-80gb"
 A100 = "nvidia-a100-80gb"
 L4 = "nvidia-l4"
-MACHINES: dict[str, tuple[str, int]] = {A3: (H100, 8), A2: (A100, 8), G2: (L4, 4)}
+# What each machine type carries, from the project's catalog (unknown ones: 8 × H100).
+MACHINES: dict[str, tuple[str, int]] = {
+    name: (machine.accelerator, machine.accelerators_per_vm)
+    for name, machine in MACHINE_TYPES.items()
+}
 
 # TPU accelerator types: a TPU pool's shape is its accelerator type.
 V5E = "tpu-v5e"
