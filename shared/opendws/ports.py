@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
-from opendws.domain.model import CapacityRequest, GangShape, Mode
+from opendws.domain.model import CapacityRequest, GangShape, Mode, PolicySettings, Pool, Tenant
 from opendws.domain.states import RequestState
 
 EVENT_SCHEMA = "opendws.event/v1"
@@ -36,6 +38,21 @@ class StaleWrite(RuntimeError):
 
 class UnknownRequest(KeyError):
     """No request with this id is stored."""
+
+
+class Fenced(StaleWrite):
+    """A write guarded by a fencing token found the lease held under a newer token: another
+    reconciler has taken over, so this one's view is stale and its change is dropped."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fence:
+    """Proof of holding the reconciler lease: every write made under it is refused once another
+    holder has taken the lease (its token is then higher)."""
+
+    holder: str  # who holds it (one reconciler process)
+    token: int  # grows by one each time the lease changes hands
+    expires_at: datetime  # the lease is free for others after this
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +121,10 @@ class RequestRecord:
     pool: str | None = None
     eta: datetime | None = None
     announced: int = 0  # how many of its events have been published (an outbox cursor)
+    events: int = 1  # how many events are recorded for it
+    attempt: int = 0  # provisioning attempts so far; the current one names its cloud resources
+    since: datetime | None = None  # when it entered its current state (None: at creation)
+    position: int | None = None  # PENDING: place in line for its pool, as last announced
 
     @property
     def request_id(self) -> str:
@@ -131,11 +152,15 @@ class RequestStore(Protocol):
     def change(
         self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
         reason: str | None = None, message: str = "", pool: str | None = None,
-        eta: datetime | None = None,
+        eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
+        fence: Fence | None = None,
     ) -> RequestRecord:  # fmt: skip
         """Move the request to ``state`` and append ``event``, in one atomic write guarded by
-        ``expected_version``. Raises StaleWrite if the stored version differs, UnknownRequest
-        if there is none, and IllegalTransition if the life cycle forbids the move."""
+        ``expected_version`` (and by ``fence``, when given). ``state`` equal to the current
+        state is a revision (a new ETA, reason or attempt), not a transition; ``since`` becomes
+        ``event.at`` only when the state changes; ``attempt`` None keeps it. Raises StaleWrite
+        if the stored version differs, Fenced if the fence's lease was taken over,
+        UnknownRequest if there is none, and IllegalTransition if the life cycle forbids it."""
         ...
 
     def events(self, request_id: str) -> list[StatusEvent]:
@@ -149,6 +174,122 @@ class RequestStore(Protocol):
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         """Every request currently in one of ``states``, oldest submission first."""
+        ...
+
+    def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
+        """Take or renew the reconciler lease for ``ttl``: granted if it is free, expired, or
+        already ``holder``'s (renewal keeps the token; a new holder gets the next token).
+        None if another holder's lease is still running. Atomic."""
+        ...
+
+    def release_lease(self, fence: Fence) -> None:
+        """Give the lease up at once if ``fence`` still holds it (else do nothing)."""
+        ...
+
+    def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
+        """Record that ``pool_id`` stocked out: nothing new starts there before ``until``.
+        Never shortens a cool-down already recorded. Raises Fenced as :meth:`change` does."""
+        ...
+
+    def pool_shortages(self) -> dict[str, datetime]:
+        """Every recorded cool-down, by pool id (past ones included; callers compare)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Configuration:
+    """What the operators configure: pools, tenants with their quotas, and policy knobs."""
+
+    pools: tuple[Pool, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+
+class ConfigStore(Protocol):
+    """Where the configuration lives (Firestore ``config/``)."""
+
+    def load(self) -> Configuration:
+        """The current configuration (empty if none was saved)."""
+        ...
+
+    def save(self, configuration: Configuration) -> None:
+        """Replace the configuration, atomically."""
+        ...
+
+
+class ProvisionPhase(StrEnum):
+    """Where one order's cloud resources are, as the provider observes them."""
+
+    RESERVED = "RESERVED"  # calendar: the block's capacity is reserved; nothing runs yet
+    CREATING = "CREATING"  # the cloud is obtaining or creating the capacity
+    READY = "READY"  # every unit of the gang is running
+    FAILED = "FAILED"  # the cloud gave up (stockout or error); the order must be released
+    ENDED = "ENDED"  # it ran and is gone (its run duration elapsed, or it was deleted)
+
+
+# Order names are cloud resource names: RFC 1035, at most 63 characters, and each VM of the
+# gang is named after its order plus ``-{index}``.
+_NAME_UNSAFE = re.compile(r"[^a-z0-9]+")
+ORDER_PREFIX = "odws-"
+
+
+def order_name(request_id: str, attempt: int) -> str:
+    """The deterministic name of ``request_id``'s ``attempt``-th provisioning: a retried call
+    always names the same resource, so the cloud refuses a second creation. A readable slug of
+    the id keeps it recognisable; a hash of the exact id keeps distinct ids apart."""
+    slug = _NAME_UNSAFE.sub("-", request_id.lower()).strip("-")[:28].strip("-")
+    digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
+    return f"{ORDER_PREFIX}{slug + '-' if slug else ''}{digest}-{attempt}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Order:
+    """One attempt to provision one request's gang in one pool."""
+
+    request: CapacityRequest
+    pool: Pool
+    attempt: int  # 1-based
+
+    @property
+    def name(self) -> str:
+        """The cloud name of everything this order creates (see :func:`order_name`)."""
+        return order_name(self.request.request_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observed:
+    """One order's resources as a provider sees them now."""
+
+    name: str  # the order name
+    pool_id: str
+    phase: ProvisionPhase
+    error_code: str | None = None  # FAILED: the cloud's code, e.g. ZONE_RESOURCE_POOL_EXHAUSTED
+    message: str = ""  # what the cloud said, for events
+
+
+class CapacityProvider(Protocol):
+    """A kind of cloud capacity (MIG flex-start, TPU queued resources, calendar reservations).
+
+    Implementers guarantee: every call is safe to repeat (creating what already exists, or
+    releasing what is gone, succeeds without a second resource); no call waits for the cloud to
+    finish — progress is read with :meth:`observe` on a later pass; only resources whose names
+    start with :data:`ORDER_PREFIX` are ever touched.
+    """
+
+    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        """Every order of this provider's kind in ``pools``, by order name."""
+        ...
+
+    def reserve(self, order: Order) -> None:
+        """Calendar: reserve the block's capacity ahead of its start. Others: nothing to do."""
+        ...
+
+    def provision(self, order: Order) -> None:
+        """Start creating the order's gang (for a calendar block: its VMs, in the reservation)."""
+        ...
+
+    def release(self, name: str, pool: Pool) -> None:
+        """Cancel and delete everything the order ``name`` created in ``pool``."""
         ...
 
 

@@ -64,7 +64,7 @@ _FORMATS = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 # Text pydantic would read as Unix seconds.
 _NUMBER = re.compile(r"^\s*[-+]?\d+(\.\d*)?\s*$")
 
-_S = TypeVar("_S", bound="_Spec")
+_S = TypeVar("_S", bound="Spec")
 _T = TypeVar("_T")
 
 
@@ -119,7 +119,7 @@ _TIMESTAMP = TypeAdapter(Timestamp)
 # The file's shape --------------------------------------------------------------------------
 
 
-class _Spec(BaseModel):
+class Spec(BaseModel):
     """Base of every part of the file: unknown fields are refused, never ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -142,13 +142,13 @@ class _Spec(BaseModel):
         return data
 
 
-class PolicySpec(_Spec):
+class PolicySpec(Spec):
     """``policy``: knobs of the admission order."""
 
     aging_half_life: Duration | None = None  # None: the domain's default
 
 
-class PoolSpec(_Spec):
+class PoolSpec(Spec):
     """``pools[i]``: capacity of one shape in one zone."""
 
     pool_id: str
@@ -172,7 +172,7 @@ class PoolSpec(_Spec):
         )
 
 
-class QuotaSpec(_Spec):
+class QuotaSpec(Spec):
     """``tenants[i].quotas[j]``: a tenant's share of one accelerator type."""
 
     accelerator: str
@@ -180,7 +180,7 @@ class QuotaSpec(_Spec):
     borrowing_limit: StrictInt | None = None
 
 
-class TenantSpec(_Spec):
+class TenantSpec(Spec):
     """``tenants[i]``: a team, its cohort and its quotas."""
 
     name: str
@@ -201,7 +201,7 @@ class TenantSpec(_Spec):
         return Tenant(name=self.name, quotas=quotas, cohort=self.cohort, queueing=self.queueing)
 
 
-class GrantSpec(_Spec):
+class GrantSpec(Spec):
     """``grants[i]``: capacity already committed over ``[start_at, end_at)``."""
 
     request_id: str
@@ -227,7 +227,7 @@ class GrantSpec(_Spec):
         )
 
 
-class GangSpec(_Spec):
+class GangSpec(Spec):
     """``pending[i].gang``: VMs of one machine type, or TPU slices of one topology."""
 
     vm_count: StrictInt
@@ -237,7 +237,7 @@ class GangSpec(_Spec):
     topology: str | None = None
 
 
-class PendingSpec(_Spec):
+class PendingSpec(Spec):
     """``pending[i]``: a request awaiting a decision."""
 
     request_id: str
@@ -276,7 +276,7 @@ class PendingSpec(_Spec):
         )
 
 
-class ScenarioSpec(_Spec):
+class ScenarioSpec(Spec):
     """The whole file."""
 
     now: Timestamp
@@ -326,7 +326,7 @@ def parse_scenario(data: object, *, source: str) -> Scenario:
     try:
         spec = ScenarioSpec.model_validate(data)
     except ValidationError as error:
-        raise ScenarioError(_describe_validation(error, data, source)) from None
+        raise ScenarioError(describe_validation(error, data, source)) from None
     return Scenario(source=source, now=spec.now, snapshot=_build_snapshot(spec, source))
 
 
@@ -340,18 +340,18 @@ def parse_timestamp(text: str) -> datetime:
 
 def _build_snapshot(spec: ScenarioSpec, source: str) -> Snapshot:
     """Build every domain value, naming the item whose rule is broken."""
-    pools = _build_items(source, "pools", spec.pools, lambda item: item.build())
-    tenants = _build_items(source, "tenants", spec.tenants, lambda item: item.build())
-    grants = _build_items(source, "grants", spec.grants, lambda item: item.build())
-    pending = _build_items(source, "pending", spec.pending, lambda item: item.build(spec.now))
-    policy = _build_policy(spec.policy, source)
+    pools = build_items(source, "pools", spec.pools, lambda item: item.build())
+    tenants = build_items(source, "tenants", spec.tenants, lambda item: item.build())
+    grants = build_items(source, "grants", spec.grants, lambda item: item.build())
+    pending = build_items(source, "pending", spec.pending, lambda item: item.build(spec.now))
+    policy = build_policy(spec.policy, source)
     try:
         return Snapshot(pools=pools, tenants=tenants, grants=grants, pending=pending, policy=policy)
     except InvalidModel as error:
         raise ScenarioError(f"{source}: {error.field}: {error.rule}") from None
 
 
-def _build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
+def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
     """The policy the file sets, the domain's defaults where it is silent."""
     if spec is None or spec.aging_half_life is None:
         return PolicySettings()
@@ -361,7 +361,7 @@ def _build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
         raise ScenarioError(f"{source}: policy: {error.field}: {error.rule}") from None
 
 
-def _build_items(
+def build_items(
     source: str, section: str, specs: Sequence[_S], build: Callable[[_S], _T]
 ) -> tuple[_T, ...]:
     """``build`` applied to each item of one top-level list, in file order."""
@@ -380,7 +380,7 @@ def _build_items(
 # Error messages ----------------------------------------------------------------------------
 
 
-def _describe_validation(error: ValidationError, data: object, source: str) -> str:
+def describe_validation(error: ValidationError, data: object, source: str) -> str:
     """One line naming the file and, for each problem, the item, the field and the rule."""
     problems = [_problem(details, data) for details in error.errors()]
     if len(problems) == 1:

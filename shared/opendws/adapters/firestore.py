@@ -4,21 +4,29 @@ Layout: ``requests/{request_id}`` holds the request, its state and a version;
 its queries' composite indexes are in ``infra/firestore.indexes.json``;
 ``requests/{request_id}/events/{seq}`` holds one event per state change, ``seq`` a zero-padded
 counter so that document order is event order. Creation is one batch with create-if-absent
-preconditions; every change is one transaction that checks the version it read.
+preconditions; every change is one transaction that checks the version it read — and, for the
+reconciler's writes, the fencing token of the lease in ``leases/reconciler``, read in the same
+transaction, so a reconciler that lost the lease cannot write. Learned pool cool-downs live in
+``pool_status/{pool id, URL-quoted}``; the configuration in ``config/scheduler``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 from google.api_core.exceptions import AlreadyExists, NotFound
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
+from opendws.config import configuration_from_document, configuration_to_document
 from opendws.domain.states import RequestState, transition
 from opendws.ports import (
+    Configuration,
     CreateOutcome,
+    Fence,
+    Fenced,
     RequestRecord,
     StaleWrite,
     StatusEvent,
@@ -29,6 +37,13 @@ from opendws.ports import (
 
 REQUESTS = "requests"
 EVENTS = "events"
+LEASES = "leases"
+RECONCILER_LEASE = "reconciler"
+POOL_STATUS = "pool_status"
+CONFIG = "config"
+SCHEDULER_CONFIG = "scheduler"
+# A released lease expires at the beginning of time: anyone may take it at once.
+LEASE_FREE = datetime.min.replace(tzinfo=UTC)
 
 
 def _event_id(seq: int) -> str:
@@ -41,6 +56,8 @@ class FirestoreRequestStore:
     def __init__(self, client: firestore.Client, collection: str = REQUESTS) -> None:
         self._client = client
         self._requests = client.collection(collection)
+        self._lease = client.collection(LEASES).document(RECONCILER_LEASE)
+        self._pool_status = client.collection(POOL_STATUS)
 
     def create(self, record: RequestRecord, event: StatusEvent) -> CreateOutcome:
         document = self._requests.document(record.request_id)
@@ -64,12 +81,14 @@ class FirestoreRequestStore:
     def change(
         self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
         reason: str | None = None, message: str = "", pool: str | None = None,
-        eta: datetime | None = None,
+        eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
+        fence: Fence | None = None,
     ) -> RequestRecord:  # fmt: skip
         document = self._requests.document(request_id)
 
         @firestore.transactional
         def apply(transaction: firestore.Transaction) -> RequestRecord:
+            self._check_fence(transaction, fence)
             snapshot = document.get(transaction=transaction)
             data = snapshot.to_dict() if snapshot.exists else None
             if data is None:
@@ -78,7 +97,10 @@ class FirestoreRequestStore:
                 raise StaleWrite(
                     f"{request_id} is at version {data['version']}, not {expected_version}"
                 )
-            transition(RequestState(data["state"]), state)
+            current = RequestState(data["state"])
+            revision = state is current
+            if not revision:
+                transition(current, state)
             seq = int(data.get("events", 0)) + 1
             fields = {
                 "state": state.value,
@@ -88,6 +110,9 @@ class FirestoreRequestStore:
                 "message": message,
                 "pool": pool,
                 "eta": eta,
+                "position": position,
+                "attempt": int(data.get("attempt", 0)) if attempt is None else attempt,
+                "since": data.get("since") if revision else event.at,
                 "events": seq,
             }
             transaction.update(document, fields)
@@ -119,6 +144,93 @@ class FirestoreRequestStore:
         # Equal submission times come back in any order: settle them by id.
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
 
+    def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
+        @firestore.transactional
+        def take(transaction: firestore.Transaction) -> Fence | None:
+            lease = _fence(self._lease.get(transaction=transaction).to_dict())
+            if lease is not None and lease.holder != holder and lease.expires_at > now:
+                return None
+            token = 1 if lease is None else lease.token + (lease.holder != holder)
+            fence = Fence(holder=holder, token=token, expires_at=now + ttl)
+            transaction.set(self._lease, _fence_fields(fence))
+            return fence
+
+        result: Fence | None = take(self._client.transaction())
+        return result
+
+    def release_lease(self, fence: Fence) -> None:
+        @firestore.transactional
+        def give_up(transaction: firestore.Transaction) -> None:
+            lease = _fence(self._lease.get(transaction=transaction).to_dict())
+            if lease is not None and (lease.holder, lease.token) == (fence.holder, fence.token):
+                transaction.update(self._lease, {"expires_at": LEASE_FREE})
+
+        give_up(self._client.transaction())
+
+    def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
+        document = self._pool_status.document(quote(pool_id, safe=""))
+
+        @firestore.transactional
+        def mark(transaction: firestore.Transaction) -> None:
+            self._check_fence(transaction, fence)
+            # Never shortens a cool-down: a server-side maximum, no read needed.
+            transaction.set(
+                document,
+                {"pool_id": pool_id, "short_until": firestore.Maximum(until)},
+                merge=True,
+            )
+
+        mark(self._client.transaction())
+
+    def pool_shortages(self) -> dict[str, datetime]:
+        shortages: dict[str, datetime] = {}
+        for snapshot in self._pool_status.stream():
+            data = snapshot.to_dict() or {}
+            if data.get("short_until") is not None:
+                shortages[data["pool_id"]] = data["short_until"]
+        return shortages
+
+    def _check_fence(self, transaction: firestore.Transaction, fence: Fence | None) -> None:
+        """Refuse the transaction's write once the lease has changed hands. Reading the lease
+        in the transaction makes a concurrent takeover conflict with it: one of them retries
+        and then sees the other."""
+        if fence is None:
+            return
+        lease = _fence(self._lease.get(transaction=transaction).to_dict())
+        if lease is None or (lease.holder, lease.token) != (fence.holder, fence.token):
+            current = "nobody" if lease is None else f"{lease.holder} (token {lease.token})"
+            raise Fenced(
+                f"the reconciler lease is held by {current}; {fence.holder} "
+                f"(token {fence.token}) may no longer write"
+            )
+
+
+class FirestoreConfigStore:
+    """ConfigStore in one document, ``config/scheduler``."""
+
+    def __init__(self, client: firestore.Client) -> None:
+        self._document = client.collection(CONFIG).document(SCHEDULER_CONFIG)
+
+    def load(self) -> Configuration:
+        snapshot = self._document.get()
+        data = snapshot.to_dict() if snapshot.exists else None
+        if data is None:
+            return Configuration()
+        return configuration_from_document(data, source="Firestore config/scheduler")
+
+    def save(self, configuration: Configuration) -> None:
+        self._document.set(configuration_to_document(configuration))
+
+
+def _fence(data: dict[str, Any] | None) -> Fence | None:
+    if data is None:
+        return None
+    return Fence(holder=data["holder"], token=int(data["token"]), expires_at=data["expires_at"])
+
+
+def _fence_fields(fence: Fence) -> dict[str, Any]:
+    return {"holder": fence.holder, "token": fence.token, "expires_at": fence.expires_at}
+
 
 def _record_fields(record: RequestRecord) -> dict[str, Any]:
     return {
@@ -134,6 +246,10 @@ def _record_fields(record: RequestRecord) -> dict[str, Any]:
         "pool": record.pool,
         "eta": record.eta,
         "announced": record.announced,
+        "events": record.events,
+        "attempt": record.attempt,
+        "since": record.since,
+        "position": record.position,
     }
 
 
@@ -149,6 +265,10 @@ def _record(data: dict[str, Any]) -> RequestRecord:
         pool=data.get("pool"),
         eta=data.get("eta"),
         announced=int(data.get("announced", 0)),
+        events=int(data.get("events", 1)),
+        attempt=int(data.get("attempt", 0)),
+        since=data.get("since"),
+        position=data.get("position"),
     )
 
 

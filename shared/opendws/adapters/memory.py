@@ -4,11 +4,29 @@ contract as the real adapters (the contract suites run on both)."""
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
-from datetime import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 
+from opendws.domain.model import Mode, Pool
 from opendws.domain.states import RequestState, transition
-from opendws.ports import CreateOutcome, RequestRecord, StaleWrite, StatusEvent, UnknownRequest
+from opendws.ports import (
+    Clock,
+    Configuration,
+    CreateOutcome,
+    Fence,
+    Fenced,
+    Observed,
+    Order,
+    ProvisionPhase,
+    RequestRecord,
+    StaleWrite,
+    StatusEvent,
+    UnknownRequest,
+)
+
+# A released lease expires at the beginning of time: anyone may take it at once.
+LEASE_FREE = datetime.min.replace(tzinfo=UTC)
 
 
 class MemoryRequestStore:
@@ -17,6 +35,8 @@ class MemoryRequestStore:
     def __init__(self) -> None:
         self._records: dict[str, RequestRecord] = {}
         self._events: dict[str, list[StatusEvent]] = {}
+        self._lease: Fence | None = None
+        self._shortages: dict[str, datetime] = {}
         self._lock = threading.Lock()
 
     def create(self, record: RequestRecord, event: StatusEvent) -> CreateOutcome:
@@ -36,9 +56,11 @@ class MemoryRequestStore:
     def change(
         self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
         reason: str | None = None, message: str = "", pool: str | None = None,
-        eta: datetime | None = None,
+        eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
+        fence: Fence | None = None,
     ) -> RequestRecord:  # fmt: skip
         with self._lock:
+            self._check_fence(fence)
             record = self._records.get(request_id)
             if record is None:
                 raise UnknownRequest(request_id)
@@ -46,15 +68,20 @@ class MemoryRequestStore:
                 raise StaleWrite(
                     f"{request_id} is at version {record.version}, not {expected_version}"
                 )
+            revision = state is record.state
             changed = replace(
                 record,
-                state=transition(record.state, state),
+                state=state if revision else transition(record.state, state),
                 version=record.version + 1,
                 updated_at=event.at,
                 reason=reason,
                 message=message,
                 pool=pool,
                 eta=eta,
+                position=position,
+                attempt=record.attempt if attempt is None else attempt,
+                since=record.since if revision else event.at,
+                events=record.events + 1,
             )
             self._records[request_id] = changed
             self._events[request_id].append(event)
@@ -77,6 +104,60 @@ class MemoryRequestStore:
             found = [record for record in self._records.values() if record.state in states]
         return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
 
+    def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
+        with self._lock:
+            lease = self._lease
+            if lease is not None and lease.holder != holder and lease.expires_at > now:
+                return None
+            token = 1 if lease is None else lease.token + (lease.holder != holder)
+            self._lease = Fence(holder=holder, token=token, expires_at=now + ttl)
+            return self._lease
+
+    def release_lease(self, fence: Fence) -> None:
+        with self._lock:
+            lease = self._lease
+            if lease is not None and (lease.holder, lease.token) == (fence.holder, fence.token):
+                self._lease = replace(lease, expires_at=LEASE_FREE)
+
+    def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
+        with self._lock:
+            self._check_fence(fence)
+            current = self._shortages.get(pool_id)
+            if current is None or until > current:
+                self._shortages[pool_id] = until
+
+    def pool_shortages(self) -> dict[str, datetime]:
+        with self._lock:
+            return dict(self._shortages)
+
+    def _check_fence(self, fence: Fence | None) -> None:
+        """Refuse a fenced write once the lease has changed hands (the lock is held)."""
+        if fence is None:
+            return
+        lease = self._lease
+        if lease is None or lease.token != fence.token or lease.holder != fence.holder:
+            current = "nobody" if lease is None else f"{lease.holder} (token {lease.token})"
+            raise Fenced(
+                f"the reconciler lease is held by {current}; {fence.holder} "
+                f"(token {fence.token}) may no longer write"
+            )
+
+
+class MemoryConfigStore:
+    """A ConfigStore in memory."""
+
+    def __init__(self, configuration: Configuration | None = None) -> None:
+        self._configuration = configuration or Configuration()
+        self._lock = threading.Lock()
+
+    def load(self) -> Configuration:
+        with self._lock:
+            return self._configuration
+
+    def save(self, configuration: Configuration) -> None:
+        with self._lock:
+            self._configuration = configuration
+
 
 class MemoryEventBus:
     """An EventBus that keeps what was published, in order."""
@@ -88,3 +169,204 @@ class MemoryEventBus:
     def publish(self, event: StatusEvent) -> None:
         with self._lock:
             self.published.append(event)
+
+
+# The error code a stockout carries, as Compute Engine reports it.
+STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
+FAILURE_KINDS = ("stockout", "hang", "error")
+
+
+@dataclass(slots=True)
+class _FakeOrder:
+    """One order in the fake cloud."""
+
+    name: str
+    pool: Pool
+    units: int
+    run_duration: timedelta
+    calendar_end: datetime | None  # calendar blocks end here; flex runs end after run_duration
+    phase: ProvisionPhase
+    created_at: datetime
+    holds_stock: bool = False
+    hung: bool = False  # a "hang" injection: it never leaves CREATING
+    ready_at: datetime | None = None
+    error_code: str | None = None
+    message: str = ""
+
+
+class MemoryCapacityProvider:
+    """A CapacityProvider over a tiny simulated cloud in memory: free stock per (zone, shape),
+    a provisioning latency, injected failures, and a clock the test moves.
+
+    It behaves as the emulated cloud does (and the contract suite checks both the same way): an
+    order is CREATING until ``latency`` has passed, then READY if the stock was there — taking
+    it — or FAILED with ZONE_RESOURCE_POOL_EXHAUSTED if not; a "hang" injection keeps it
+    CREATING for ever, an "error" injection fails it with another code. A flex run ENDS by
+    itself after its run duration (the VMs are deleted); a calendar order is RESERVED — its
+    units taken — from :meth:`reserve` until :meth:`provision` and ENDS at the block's end.
+    """
+
+    def __init__(self, clock: Clock, *, latency: timedelta = timedelta(seconds=20)) -> None:
+        self._clock = clock
+        self._latency = latency
+        self._offset = timedelta(0)
+        self._stock: dict[tuple[str, str], int] = {}
+        self._injected: dict[tuple[str, str], list[str]] = {}
+        self._orders: dict[str, _FakeOrder] = {}
+        self._created: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    # Steering (the same methods the emulator's admin client has) ----------------------------
+
+    def set_stock(self, zone: str, shape: str, units: int) -> None:
+        """Free units of ``shape`` in ``zone``."""
+        with self._lock:
+            self._stock[(zone, shape)] = units
+
+    def stock(self, zone: str, shape: str) -> int:
+        """Free units of ``shape`` in ``zone`` now."""
+        with self._lock:
+            self._settle()
+            return self._stock.get((zone, shape), 0)
+
+    def inject(self, zone: str, shape: str, kind: str, count: int = 1) -> None:
+        """The next ``count`` provisionings of ``shape`` in ``zone`` fail as ``kind``."""
+        if kind not in FAILURE_KINDS:
+            raise ValueError(f"kind: {kind!r} is not one of {', '.join(FAILURE_KINDS)}")
+        with self._lock:
+            self._injected.setdefault((zone, shape), []).extend([kind] * count)
+
+    def set_latency(self, latency: timedelta) -> None:
+        """How long provisioning takes from now on."""
+        with self._lock:
+            self._latency = latency
+
+    def advance(self, delta: timedelta) -> None:
+        """Move the fake cloud's own time forward (on top of the injected clock)."""
+        with self._lock:
+            self._offset += delta
+            self._settle()
+
+    def created(self) -> dict[str, int]:
+        """How many times each order name was created (a retry must never make it 2)."""
+        with self._lock:
+            return dict(self._created)
+
+    # The port ---------------------------------------------------------------------------
+
+    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        wanted = {pool.pool_id for pool in pools}
+        with self._lock:
+            self._settle()
+            return {
+                order.name: Observed(
+                    name=order.name,
+                    pool_id=order.pool.pool_id,
+                    phase=order.phase,
+                    error_code=order.error_code,
+                    message=order.message,
+                )
+                for order in self._orders.values()
+                if order.pool.pool_id in wanted
+            }
+
+    def reserve(self, order: Order) -> None:
+        if order.request.mode is not Mode.CALENDAR:
+            return
+        with self._lock:
+            self._settle()
+            if order.name in self._orders:
+                return
+            key = (order.pool.zone, order.pool.shape)
+            fake = self._new(order, ProvisionPhase.RESERVED)
+            if self._stock.get(key, 0) >= fake.units:
+                self._stock[key] = self._stock.get(key, 0) - fake.units
+                fake.holds_stock = True
+            else:
+                fake.phase = ProvisionPhase.FAILED
+                fake.error_code = STOCKOUT
+                fake.message = f"not enough {order.pool.shape} in {order.pool.zone} to reserve"
+
+    def provision(self, order: Order) -> None:
+        with self._lock:
+            self._settle()
+            existing = self._orders.get(order.name)
+            if existing is None:
+                self._new(order, ProvisionPhase.CREATING)
+            elif existing.phase is ProvisionPhase.RESERVED:
+                existing.phase = ProvisionPhase.CREATING
+                existing.created_at = self._now()
+
+    def release(self, name: str, pool: Pool) -> None:
+        with self._lock:
+            order = self._orders.pop(name, None)
+            if order is not None and order.holds_stock:
+                self._give_back(order)
+
+    # Inside -----------------------------------------------------------------------------
+
+    def _now(self) -> datetime:
+        return self._clock.now() + self._offset
+
+    def _new(self, order: Order, phase: ProvisionPhase) -> _FakeOrder:
+        request = order.request
+        calendar_end = None
+        if request.mode is Mode.CALENDAR and request.start_at is not None:
+            calendar_end = request.start_at + request.run_duration
+        fake = _FakeOrder(
+            name=order.name,
+            pool=order.pool,
+            units=request.units,
+            run_duration=request.run_duration,
+            calendar_end=calendar_end,
+            phase=phase,
+            created_at=self._now(),
+        )
+        self._orders[order.name] = fake
+        self._created[order.name] = self._created.get(order.name, 0) + 1
+        return fake
+
+    def _give_back(self, order: _FakeOrder) -> None:
+        key = (order.pool.zone, order.pool.shape)
+        self._stock[key] = self._stock.get(key, 0) + order.units
+        order.holds_stock = False
+
+    def _settle(self) -> None:
+        """Bring every order up to the current time (the lock is held)."""
+        now = self._now()
+        for order in sorted(self._orders.values(), key=lambda o: (o.created_at, o.name)):
+            due = order.created_at + self._latency
+            if order.phase is ProvisionPhase.CREATING and not order.hung and now >= due:
+                self._finish_creating(order)
+            if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
+                end = order.calendar_end
+                if end is None and order.ready_at is not None:
+                    end = order.ready_at + order.run_duration
+                if end is not None and now >= end:
+                    order.phase = ProvisionPhase.ENDED
+                    if order.holds_stock:
+                        self._give_back(order)
+
+    def _finish_creating(self, order: _FakeOrder) -> None:
+        key = (order.pool.zone, order.pool.shape)
+        injected = self._injected.get(key) or []
+        kind = injected.pop(0) if injected else None
+        if kind == "hang":
+            order.hung = True
+            return
+        if kind == "error":
+            order.phase, order.error_code = ProvisionPhase.FAILED, "RESOURCE_OPERATION_FAILED"
+            order.message = "the operation failed (injected)"
+            return
+        if not order.holds_stock:
+            if kind == "stockout" or self._stock.get(key, 0) < order.units:
+                order.phase, order.error_code = ProvisionPhase.FAILED, STOCKOUT
+                order.message = (
+                    f"the zone {order.pool.zone} does not have enough resources available "
+                    f"to fulfill the request ({order.units} × {order.pool.shape})"
+                )
+                return
+            self._stock[key] = self._stock.get(key, 0) - order.units
+            order.holds_stock = True
+        order.phase = ProvisionPhase.READY
+        order.ready_at = order.created_at + self._latency

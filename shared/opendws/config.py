@@ -1,0 +1,92 @@
+"""The operators' configuration — pools, tenants with their quotas, policy knobs — as a document.
+
+The same shape is read from a YAML/JSON file (``dws config apply``) and from Firestore
+(``config/scheduler``), validated by the scenario file's pydantic specs, so a configuration that
+loads is a valid one and a bad one is refused with a message that says where and what to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from opendws.domain.model import PolicySettings, Pool, Tenant
+from opendws.durations import format_duration
+from opendws.ports import Configuration
+from opendws.scenario import (
+    PolicySpec,
+    PoolSpec,
+    ScenarioError,
+    Spec,
+    TenantSpec,
+    build_items,
+    build_policy,
+    describe_validation,
+)
+
+
+class ConfigSpec(Spec):
+    """The whole configuration document."""
+
+    policy: PolicySpec | None = None
+    pools: list[PoolSpec] = Field(default_factory=list)
+    tenants: list[TenantSpec] = Field(default_factory=list)
+
+
+def configuration_from_document(data: object, *, source: str) -> Configuration:
+    """Validate ``data`` and build the configuration; ScenarioError says what is wrong."""
+    try:
+        spec = ConfigSpec.model_validate(data)
+    except ValidationError as error:
+        raise ScenarioError(describe_validation(error, data, source)) from None
+    pools: tuple[Pool, ...] = build_items(source, "pools", spec.pools, PoolSpec.build)
+    tenants: tuple[Tenant, ...] = build_items(source, "tenants", spec.tenants, TenantSpec.build)
+    policy: PolicySettings = build_policy(spec.policy, source)
+    for section, names in (
+        ("pools", [p.pool_id for p in pools]),
+        ("tenants", [t.name for t in tenants]),
+    ):
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ScenarioError(f"{source}: {section}: {duplicates[0]!r} appears twice")
+    return Configuration(pools=pools, tenants=tenants, policy=policy)
+
+
+def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
+    """The configuration as plain values that :func:`configuration_from_document` reads back."""
+    return {
+        "policy": {"aging_half_life": format_duration(configuration.policy.aging_half_life)},
+        "pools": [_pool(pool) for pool in configuration.pools],
+        "tenants": [_tenant(tenant) for tenant in configuration.tenants],
+    }
+
+
+def _pool(pool: Pool) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "pool_id": pool.pool_id,
+        "zone": pool.zone,
+        "shape": pool.shape,
+        "accelerator": pool.accelerator,
+        "provider": pool.provider.value,
+        "capacity": pool.capacity,
+    }
+    if pool.short_until is not None:
+        document["short_until"] = pool.short_until.isoformat()
+    return document
+
+
+def _tenant(tenant: Tenant) -> dict[str, Any]:
+    return {
+        "name": tenant.name,
+        "cohort": tenant.cohort,
+        "queueing": tenant.queueing.value,
+        "quotas": [
+            {
+                "accelerator": quota.accelerator,
+                "nominal": quota.nominal,
+                "borrowing_limit": quota.borrowing_limit,
+            }
+            for quota in tenant.quotas
+        ],
+    }

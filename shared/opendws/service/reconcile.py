@@ -1,0 +1,547 @@
+"""Reconcile: turn admission decisions into cloud capacity, safely under retries, crashes and
+concurrent runs. One pass reads as the numbered cycle of the design:
+
+1. Take the reconciler lease (holder, expiry, fencing token). Without it, do nothing; with it,
+   every write of this pass carries the token and is refused once another reconciler takes over.
+2. Observe the providers: every resource opendws owns in every configured pool.
+3. Sweep the live requests against what was observed: provisioning that finished (ACTIVE),
+   failed or timed out (cancel, cool the pool down, fail over to the request's next pool until
+   max_wait), runs past their end, calendar blocks that start or end; re-issue provider calls a
+   crash interrupted, and release anything owned that no live request wants (a leak).
+4. Build an immutable snapshot and call the pure admission core.
+5. Apply the plan: each transition in one short fenced write, then the provider call with the
+   order's deterministic name (a repeat finds the resource already there), then its event.
+
+Cloud calls never run inside a transaction and never wait for the cloud: the next pass observes
+how they went. Every write happens before the cloud call it licenses, so a crash between the two
+leaves a record that the next pass completes (re-issuing the call) or a resource that no record
+wants (released as a leak) — never a request lost, a resource created twice or a pool overfull.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from opendws.domain.admission import Decision, Outcome, admit
+from opendws.domain.model import Grant, Mode, Pool, Provider, Snapshot
+from opendws.domain.states import RequestState
+from opendws.ports import (
+    CapacityProvider,
+    Clock,
+    ConfigStore,
+    EventBus,
+    Fence,
+    Fenced,
+    Observed,
+    Order,
+    ProvisionPhase,
+    RequestRecord,
+    RequestStore,
+    StatusEvent,
+)
+
+log = logging.getLogger(__name__)
+
+S = RequestState
+
+
+class _Keep:
+    """The default of :meth:`_Cycle._write`'s ``pool``: keep the record's own."""
+
+
+KEEP = _Keep()
+
+
+class ReconcileReason(StrEnum):
+    """Why the reconciler moved a request (the admission core's reasons cover the rest)."""
+
+    ADMITTED = "ADMITTED"  # the plan admitted it; provisioning starts
+    BOOKED = "BOOKED"  # the plan confirmed the calendar block
+    READY = "READY"  # the provider reports the whole gang running
+    STOCKOUT = "STOCKOUT"  # the cloud had no capacity; the pool cools down, the next is tried
+    PROVISIONING_TIMEOUT = "PROVISIONING_TIMEOUT"  # the cloud took too long; cancelled
+    PROVISIONING_FAILED = "PROVISIONING_FAILED"  # the cloud failed otherwise; retried
+    RUN_TIME_UP = "RUN_TIME_UP"  # its run time passed; released by the sweep
+    CAPACITY_ENDED = "CAPACITY_ENDED"  # the cloud ended the run by itself
+    BLOCK_STARTED = "BLOCK_STARTED"  # a calendar block's start was reached
+    BLOCK_ENDED = "BLOCK_ENDED"  # a calendar block's end was reached
+    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # failed after its max_wait passed: no retry
+    POOL_REMOVED = "POOL_REMOVED"  # its pool is no longer configured
+
+
+# Error codes that mean "no capacity there now" (the pool is marked short and cools down).
+STOCKOUT_CODES = frozenset(
+    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT"}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReconcileSettings:
+    """Knobs of the reconciler."""
+
+    lease_ttl: timedelta = timedelta(minutes=2)  # a crashed holder blocks others this long
+    provision_timeout: timedelta = timedelta(minutes=15)  # then cancel and try elsewhere
+    stockout_cooldown: timedelta = timedelta(minutes=10)  # a stocked-out pool rests this long
+    overdue_grace: timedelta = timedelta(minutes=1)  # the sweep ends runs this long past due
+
+
+class Providers:
+    """Which provider serves which order: TPU pools use queued resources; MIG pools use
+    flex-start resize requests for flex requests and calendar reservations for blocks."""
+
+    def __init__(
+        self, *, mig_flex: CapacityProvider, tpu: CapacityProvider, calendar: CapacityProvider
+    ) -> None:
+        self.mig_flex = mig_flex
+        self.tpu = tpu
+        self.calendar = calendar
+
+    def for_order(self, pool: Pool, mode: Mode) -> CapacityProvider:
+        """The provider of an order of ``mode`` in ``pool``."""
+        if pool.provider is Provider.TPU:
+            return self.tpu
+        return self.calendar if mode is Mode.CALENDAR else self.mig_flex
+
+    def observe(self, pools: Iterable[Pool]) -> dict[str, Sighting]:
+        """Every owned resource in ``pools``, by order name, across all providers."""
+        by_kind = {kind: [pool for pool in pools if pool.provider is kind] for kind in Provider}
+        observed: dict[str, Sighting] = {}
+        for provider, kind in (
+            (self.mig_flex, Provider.MIG),
+            (self.calendar, Provider.MIG),
+            (self.tpu, Provider.TPU),
+        ):
+            if by_kind[kind]:
+                for name, seen in provider.observe(by_kind[kind]).items():
+                    observed[name] = Sighting(provider=provider, observed=seen)
+        return observed
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """One observed resource and the provider that owns it."""
+
+    provider: CapacityProvider
+    observed: Observed
+
+
+@dataclass(slots=True)
+class PassReport:
+    """What one pass did."""
+
+    ran: bool = False  # False: another reconciler holds the lease
+    fenced: bool = False  # True: the lease was lost mid-pass; the rest was left to the holder
+    transitions: Counter[str] = field(default_factory=Counter)  # "PENDING→PROVISIONING": n
+    revisions: int = 0  # same-state updates (new ETA, reason, attempt)
+    provisioned: list[str] = field(default_factory=list)  # order names whose creation was asked
+    reserved: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    leaks: list[str] = field(default_factory=list)  # owned resources no live request wanted
+    published: int = 0
+
+
+class ReconcileService:
+    """Runs reconcile passes (see the module docstring)."""
+
+    def __init__(
+        self, store: RequestStore, config: ConfigStore, providers: Providers, bus: EventBus,
+        clock: Clock, *, holder: str, settings: ReconcileSettings | None = None,
+    ) -> None:  # fmt: skip
+        self._store = store
+        self._config = config
+        self._providers = providers
+        self._bus = bus
+        self._clock = clock
+        self._holder = holder
+        self._settings = settings or ReconcileSettings()
+
+    def run_pass(self) -> PassReport:
+        """One pass. Returns at once if another reconciler holds the lease."""
+        now = self._clock.now()
+        fence = self._store.acquire_lease(self._holder, now, self._settings.lease_ttl)
+        report = PassReport()
+        if fence is None:
+            return report
+        report.ran = True
+        cycle = _Cycle(self, fence, now, report)
+        try:
+            cycle.run()
+        except Fenced as error:
+            log.warning("reconcile pass stopped: %s", error)
+            report.fenced = True
+            return report
+        self._store.release_lease(fence)
+        return report
+
+
+class _Cycle:
+    """One pass's working state; lives only inside :meth:`ReconcileService.run_pass`."""
+
+    def __init__(
+        self, service: ReconcileService, fence: Fence, now: datetime, report: PassReport
+    ) -> None:
+        self.store = service._store
+        self.providers = service._providers
+        self.bus = service._bus
+        self.settings = service._settings
+        self.config = service._config.load()
+        self.fence = fence
+        self.now = now
+        self.report = report
+        shortages = self.store.pool_shortages()
+        self.pools: dict[str, Pool] = {
+            pool.pool_id: _with_shortage(pool, shortages.get(pool.pool_id))
+            for pool in self.config.pools
+        }
+        self.records: dict[str, RequestRecord] = {}
+
+    def run(self) -> None:
+        # 1. The lease is held (run_pass took it).
+        live = self.store.in_states(S.PROVISIONING, S.ACTIVE, S.BOOKED)
+        pending = self.store.in_states(S.PENDING)
+        self.records = {record.request_id: record for record in (*live, *pending)}
+        self._announce_backlog()
+        # 2. Observe the providers.
+        observed = self.providers.observe(self.pools.values())
+        # 3. Sweep the live requests against it; release what nobody wants.
+        for record in live:
+            sighting = observed.pop(self._order_name(record), None)
+            self._sweep(record, None if sighting is None else sighting.observed)
+        for name in sorted(observed):
+            self._release_leak(observed[name])
+        # 4. Snapshot and admission.
+        plan = admit(self._snapshot(), self.now)
+        # 5. Apply: starts first, so capacity is asked for as early as possible.
+        order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
+        for decision in sorted(plan.decisions, key=lambda d: (order.get(d.outcome, 2), d.rank)):
+            self._apply(decision)
+
+    # Step 3: the sweep ------------------------------------------------------------------
+
+    def _sweep(self, record: RequestRecord, seen: Observed | None) -> None:
+        pool = self.pools.get(record.pool or "")
+        if pool is None:
+            self._end_without_pool(record)
+            return
+        order = Order(request=record.request, pool=pool, attempt=record.attempt)
+        if record.state is S.BOOKED:
+            self._sweep_booked(record, order, seen)
+        elif record.state is S.PROVISIONING:
+            self._sweep_provisioning(record, order, seen)
+        else:
+            self._sweep_active(record, order, seen)
+
+    def _sweep_booked(self, record: RequestRecord, order: Order, seen: Observed | None) -> None:
+        request = record.request
+        assert request.start_at is not None  # a booked request is a calendar block
+        provider = self.providers.for_order(order.pool, request.mode)
+        if self.now >= request.start_at + request.run_duration:
+            self._finish(record, order, S.EXPIRED, ReconcileReason.BLOCK_ENDED, "block ended")
+            return
+        if seen is not None and seen.phase is ProvisionPhase.FAILED:
+            # The reservation could not be made: drop the failed one and ask again.
+            self._release(order)
+            seen = None
+        if seen is None:
+            provider.reserve(order)
+            self.report.reserved.append(order.name)
+        if self.now >= request.start_at:
+            self._write(
+                record, S.PROVISIONING, ReconcileReason.BLOCK_STARTED,
+                f"block started; provisioning {request.units} units in {order.pool.pool_id}",
+            )  # fmt: skip
+            provider.provision(order)
+            self.report.provisioned.append(order.name)
+
+    def _sweep_provisioning(
+        self, record: RequestRecord, order: Order, seen: Observed | None
+    ) -> None:
+        request = record.request
+        provider = self.providers.for_order(order.pool, request.mode)
+        if request.mode is Mode.CALENDAR:
+            assert request.start_at is not None
+            if self.now >= request.start_at + request.run_duration:
+                self._finish(record, order, S.EXPIRED, ReconcileReason.BLOCK_ENDED, "block ended")
+                return
+        phase = None if seen is None else seen.phase
+        if phase is ProvisionPhase.READY:
+            self._write(
+                record, S.ACTIVE, ReconcileReason.READY,
+                f"all {request.units} units running in {order.pool.pool_id}",
+            )  # fmt: skip
+        elif phase is ProvisionPhase.FAILED and seen is not None:
+            self._failed(record, order, seen.error_code or "UNKNOWN", seen.message)
+        elif phase is ProvisionPhase.ENDED:
+            self._finish(
+                record, order, S.EXPIRED, ReconcileReason.CAPACITY_ENDED,
+                "the cloud ended the capacity before it was seen running",
+            )  # fmt: skip
+        elif phase is ProvisionPhase.CREATING:
+            if request.mode is Mode.FLEX_START and self._overdue(record):
+                self._failed(
+                    record, order, ReconcileReason.PROVISIONING_TIMEOUT,
+                    f"not ready after {self.settings.provision_timeout}; cancelled",
+                )  # fmt: skip
+        elif request.mode is Mode.FLEX_START and self._overdue(record):
+            self._failed(
+                record, order, ReconcileReason.PROVISIONING_TIMEOUT,
+                f"the cloud did not take the order within {self.settings.provision_timeout}",
+            )  # fmt: skip
+        else:
+            # Never created (a crash came between the write and the call, or the call
+            # failed), or only the reservation exists: ask again under the same name.
+            if request.mode is Mode.CALENDAR and seen is None:
+                provider.reserve(order)
+                self.report.reserved.append(order.name)
+            provider.provision(order)
+            self.report.provisioned.append(order.name)
+
+    def _overdue(self, record: RequestRecord) -> bool:
+        """True once provisioning has taken longer than the timeout."""
+        since = record.since or record.updated_at
+        return self.now - since >= self.settings.provision_timeout
+
+    def _sweep_active(self, record: RequestRecord, order: Order, seen: Observed | None) -> None:
+        end = _grant_end(record, self.now)
+        if seen is None or seen.phase in (ProvisionPhase.ENDED, ProvisionPhase.FAILED):
+            self._finish(
+                record, order, S.EXPIRED, ReconcileReason.CAPACITY_ENDED,
+                "the cloud ended the run" + (f": {seen.message}" if seen and seen.message else ""),
+            )  # fmt: skip
+        elif self.now >= end + self.settings.overdue_grace:
+            self._finish(
+                record, order, S.EXPIRED, ReconcileReason.RUN_TIME_UP,
+                f"run time ended at {end.isoformat()}; released",
+            )  # fmt: skip
+
+    def _failed(self, record: RequestRecord, order: Order, code: str, detail: str) -> None:
+        """Provisioning failed or timed out: cool the pool down if the cloud was out of
+        capacity, then go back to PENDING for the next pool (or time out), then cancel."""
+        request = record.request
+        pool = order.pool
+        stockout = code in STOCKOUT_CODES or code == ReconcileReason.PROVISIONING_TIMEOUT
+        what = f"attempt {order.attempt} in {pool.pool_id} failed: {code}"
+        if detail:
+            what += f" ({detail})"
+        if stockout:
+            until = self.now + self.settings.stockout_cooldown
+            self.store.mark_pool_short(pool.pool_id, until, self.fence)
+            self.pools[pool.pool_id] = _with_shortage(pool, until)
+            what += f"; {pool.pool_id} cools down until {until.isoformat()}"
+        reason = (
+            ReconcileReason.PROVISIONING_TIMEOUT
+            if code == ReconcileReason.PROVISIONING_TIMEOUT
+            else ReconcileReason.STOCKOUT
+            if stockout
+            else ReconcileReason.PROVISIONING_FAILED
+        )
+        if request.mode is Mode.CALENDAR:
+            # A block keeps its pool: drop the failed VMs and ask again next pass.
+            self._release(order)
+            self._write(record, S.PROVISIONING, reason, what + "; retrying")
+            return
+        deadline = request.deadline
+        if deadline is not None and self.now >= deadline:
+            self._finish(
+                record, order, S.TIMED_OUT, ReconcileReason.MAX_WAIT_PASSED,
+                what + "; max_wait has passed, so no other pool is tried",
+            )  # fmt: skip
+            return
+        self._write(record, S.PENDING, reason, what + "; trying the request's other pools")
+        self._release(order)
+
+    def _finish(
+        self, record: RequestRecord, order: Order, state: RequestState, reason: str, text: str
+    ) -> None:
+        """Write the final state, then release the order's resources (a crash in between
+        leaves a resource nobody wants, which the next pass releases as a leak)."""
+        self._write(record, state, reason, text)
+        self._release(order)
+
+    def _end_without_pool(self, record: RequestRecord) -> None:
+        text = f"pool {record.pool} is no longer configured"
+        if record.state is S.PROVISIONING and record.request.mode is Mode.FLEX_START:
+            self._write(record, S.PENDING, ReconcileReason.POOL_REMOVED, text + "; waiting again")
+        else:
+            self._write(record, S.EXPIRED, ReconcileReason.POOL_REMOVED, text + "; ended")
+
+    def _release(self, order: Order) -> None:
+        self.providers.for_order(order.pool, order.request.mode).release(order.name, order.pool)
+        self.report.released.append(order.name)
+
+    def _release_leak(self, sighting: Sighting) -> None:
+        leak = sighting.observed
+        pool = self.pools[leak.pool_id]  # observed in a configured pool
+        log.warning("releasing %s in %s: no live request wants it", leak.name, leak.pool_id)
+        sighting.provider.release(leak.name, pool)
+        self.report.leaks.append(leak.name)
+
+    # Step 4: the snapshot ---------------------------------------------------------------
+
+    def _snapshot(self) -> Snapshot:
+        grants: list[Grant] = []
+        pending = []
+        for record in self.records.values():
+            if record.state is S.PENDING:
+                pending.append(record.request)
+            elif record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) and record.pool:
+                grants.append(_grant(record, self.now))
+        return Snapshot(
+            pools=tuple(self.pools.values()),
+            tenants=self.config.tenants,
+            grants=tuple(grants),
+            pending=tuple(pending),
+            policy=self.config.policy,
+        )
+
+    # Step 5: apply ----------------------------------------------------------------------
+
+    def _apply(self, decision: Decision) -> None:
+        record = self.records[decision.request_id]
+        match decision.outcome:
+            case Outcome.ADMIT:
+                assert decision.pool_id is not None
+                pool = self.pools[decision.pool_id]
+                attempt = record.attempt + 1
+                order = Order(request=record.request, pool=pool, attempt=attempt)
+                self._write(
+                    record, S.PROVISIONING, ReconcileReason.ADMITTED,
+                    f"admitted in {pool.pool_id} (attempt {attempt}); provisioning",
+                    pool=pool.pool_id, attempt=attempt, eta=self.now,
+                )  # fmt: skip
+                self.providers.for_order(pool, record.request.mode).provision(order)
+                self.report.provisioned.append(order.name)
+            case Outcome.CONFIRM:
+                assert decision.pool_id is not None
+                pool = self.pools[decision.pool_id]
+                order = Order(request=record.request, pool=pool, attempt=1)
+                self._write(
+                    record, S.BOOKED, ReconcileReason.BOOKED, decision.message,
+                    pool=pool.pool_id, attempt=1, eta=decision.start_at,
+                )  # fmt: skip
+                self.providers.for_order(pool, record.request.mode).reserve(order)
+                self.report.reserved.append(order.name)
+            case Outcome.REFUSE | Outcome.REJECT:
+                self._write(record, S.REJECTED, decision.reason or "", _refusal(decision))
+            case Outcome.TIME_OUT:
+                self._write(record, S.TIMED_OUT, decision.reason or "", decision.message)
+            case Outcome.HOLD | Outcome.WAIT:
+                # Announce a new ETA, reason or pool; a mere shift in position is not news.
+                known = (record.eta, record.reason, record.pool)
+                if known != (decision.eta, decision.reason, decision.pool_id):
+                    self._write(
+                        record, S.PENDING, decision.reason or "", decision.message,
+                        pool=decision.pool_id, eta=decision.eta, position=decision.position,
+                    )  # fmt: skip
+
+    # Writes and events ------------------------------------------------------------------
+
+    def _write(
+        self, record: RequestRecord, state: RequestState, reason: str, message: str, *,
+        pool: str | _Keep | None = KEEP, attempt: int | None = None,
+        eta: datetime | None = None, position: int | None = None,
+    ) -> RequestRecord:  # fmt: skip
+        """One fenced write, then its event on the bus (and the outbox cursor moved).
+        ``pool`` defaults to the record's own, except back in line (PENDING), where a request
+        has no pool until it is admitted again."""
+        current = self.records.get(record.request_id, record)
+        if isinstance(pool, _Keep):
+            keep_pool = None if state is S.PENDING else current.pool
+        else:
+            keep_pool = pool
+        event = StatusEvent(
+            request_id=current.request_id,
+            tenant=current.tenant,
+            state=state,
+            previous_state=current.state,
+            at=self.now,
+            reason=reason or None,
+            message=message,
+            eta=eta,
+            position=position,
+            pool=keep_pool,
+        )
+        changed = self.store.change(
+            current.request_id, expected_version=current.version, state=state, event=event,
+            reason=reason or None, message=message, pool=keep_pool, eta=eta, position=position,
+            attempt=attempt, fence=self.fence,
+        )  # fmt: skip
+        self.records[current.request_id] = changed
+        if state is current.state:
+            self.report.revisions += 1
+        else:
+            self.report.transitions[f"{current.state}→{state}"] += 1
+        self._announce(changed, [event])
+        return changed
+
+    def _announce(self, record: RequestRecord, events: list[StatusEvent]) -> None:
+        for event in events:
+            self.bus.publish(event)
+            self.report.published += 1
+        self.store.mark_announced(record.request_id, record.events)
+        self.records[record.request_id] = replace(record, announced=record.events)
+
+    def _announce_backlog(self) -> None:
+        """Publish events an earlier pass recorded but did not get to publish (it crashed)."""
+        for record in list(self.records.values()):
+            if record.announced < record.events:
+                missing = self.store.events(record.request_id)[record.announced :]
+                self._announce(record, missing)
+
+    def _order_name(self, record: RequestRecord) -> str:
+        return Order(
+            request=record.request,
+            pool=self.pools.get(record.pool or "") or _NOWHERE,
+            attempt=record.attempt,
+        ).name
+
+
+# A placeholder pool for naming an order whose pool is gone (names do not depend on the pool).
+_NOWHERE = Pool(
+    pool_id="-", zone="nowhere-none0-a", shape="-", accelerator="-", provider=Provider.MIG,
+    capacity=0,
+)  # fmt: skip
+
+
+def _with_shortage(pool: Pool, until: datetime | None) -> Pool:
+    if until is None or (pool.short_until is not None and pool.short_until >= until):
+        return pool
+    return replace(pool, short_until=until)
+
+
+def _grant_end(record: RequestRecord, now: datetime) -> datetime:
+    """When the request's hold on its pool ends."""
+    request = record.request
+    if request.start_at is not None:
+        return request.start_at + request.run_duration
+    start = record.since or record.updated_at
+    if record.state is S.PROVISIONING:
+        # Still being created: once ready it runs its whole duration, so hold it from now on.
+        start = max(start, now)
+    return start + request.run_duration
+
+
+def _grant(record: RequestRecord, now: datetime) -> Grant:
+    """The request's committed hold: a block over its window; a flex run from its admission
+    to its (projected) end."""
+    request = record.request
+    assert record.pool is not None
+    start = request.start_at if request.start_at is not None else record.since or now
+    grant = Grant.of(request, record.pool, start)
+    return replace(grant, end_at=_grant_end(record, now))
+
+
+def _refusal(decision: Decision) -> str:
+    text = decision.message
+    if decision.alternatives:
+        nearest = ", ".join(
+            f"{alternative.start_at.isoformat()} in {alternative.pool_id}"
+            for alternative in decision.alternatives
+        )
+        text += f"; nearest starts that fit: {nearest}"
+    return text

@@ -1,0 +1,235 @@
+"""The reconcile service on in-memory fakes: the life cycle from admission to the end of a
+run, failover on stockouts and timeouts, calendar blocks, the lease, and leaks."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from opendws.adapters.memory import MemoryCapacityProvider
+from opendws.domain.states import RequestState
+from opendws.ports import Fenced, Order, order_name
+from opendws.service.reconcile import ReconcileSettings
+from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar, flex, pool
+from tests.world import World, memory_world, submit, tenants_for
+
+S = RequestState
+ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
+POOL_A, POOL_B = f"{ZONE_A}/{A3}", f"{ZONE_B}/{A3}"
+LATENCY = timedelta(seconds=20)
+
+
+@pytest.fixture
+def two_zones() -> tuple[World, MemoryCapacityProvider]:
+    world, cloud = memory_world(
+        [pool(zone=ZONE_A, capacity=4), pool(zone=ZONE_B, capacity=4)], tenants_for(H100)
+    )
+    cloud.set_stock(ZONE_A, A3, 4)
+    cloud.set_stock(ZONE_B, A3, 4)
+    return world, cloud
+
+
+def settle(world: World, delta: timedelta = LATENCY) -> None:
+    world.clock.advance(delta)
+    world.run()
+
+
+def test_an_admitted_request_is_provisioned_and_becomes_active(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    submit(world.store, flex("train", vm_count=2, hours=6, locations=(ZONE_A, ZONE_B)))
+    report = world.run()
+    assert report.ran and report.transitions == {"PENDING→PROVISIONING": 1}
+    record = world.record("train")
+    assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_A, 1)
+    assert report.provisioned == [order_name("train", 1)]
+    settle(world)
+    assert world.state("train") is S.ACTIVE
+    assert cloud.stock(ZONE_A, A3) == 2
+    assert world.published("train") == [
+        ("PROVISIONING", "ADMITTED", POOL_A),
+        ("ACTIVE", "READY", POOL_A),
+    ]
+    assert world.record("train").announced == world.record("train").events == 3
+
+
+def test_a_stockout_cools_the_pool_down_and_fails_over_to_the_next_zone(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    cloud.inject(ZONE_A, A3, "stockout")
+    submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B)))
+    world.run()
+    settle(world)  # attempt 1 fails in A; the same pass admits attempt 2 in B
+    record = world.record("train")
+    assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_B, 2)
+    assert world.store.pool_shortages()[POOL_A] == world.clock.now() + timedelta(minutes=10)
+    settle(world)
+    assert world.state("train") is S.ACTIVE
+    events = world.published("train")
+    assert [e[:2] for e in events] == [
+        ("PROVISIONING", "ADMITTED"),
+        ("PENDING", "STOCKOUT"),
+        ("PROVISIONING", "ADMITTED"),
+        ("ACTIVE", "READY"),
+    ]
+    failure = [e for e in world.bus.published if e.reason == "STOCKOUT"][0]
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in failure.message and POOL_A in failure.message
+    # The failed attempt was cancelled and deleted; only attempt 2 remains.
+    assert set(cloud.observe([pool(zone=ZONE_A), pool(zone=ZONE_B)])) == {order_name("train", 2)}
+
+
+def test_a_hung_provisioning_times_out_is_cancelled_and_retried_elsewhere(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    cloud.inject(ZONE_A, A3, "hang")
+    submit(world.store, flex("train", vm_count=1, locations=(ZONE_A, ZONE_B)))
+    world.run()
+    settle(world, timedelta(minutes=5))
+    assert world.state("train") is S.PROVISIONING  # still within the timeout
+    settle(world, timedelta(minutes=10))
+    record = world.record("train")
+    assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_B, 2)
+    assert any(e[1] == "PROVISIONING_TIMEOUT" for e in world.published("train"))
+    assert order_name("train", 1) not in cloud.observe([pool(zone=ZONE_A)])
+    settle(world)
+    assert world.state("train") is S.ACTIVE
+
+
+def test_a_stockout_after_max_wait_times_the_request_out(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    cloud.inject(ZONE_A, A3, "stockout")
+    submit(world.store, flex("late", max_wait=timedelta(seconds=10), locations=(ZONE_A,)))
+    world.run()
+    settle(world)
+    assert world.state("late") is S.TIMED_OUT
+    assert world.published("late")[-1][:2] == ("TIMED_OUT", "MAX_WAIT_PASSED")
+    assert cloud.observe([pool(zone=ZONE_A)]) == {}
+
+
+def test_the_sweep_ends_a_run_whose_time_is_up_and_frees_the_pool(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    submit(world.store, flex("short", vm_count=4, hours=1, locations=(ZONE_A,)))
+    submit(
+        world.store,
+        flex("next", vm_count=4, hours=1, locations=(ZONE_A,), submitted_at=NOW + MINUTE),
+    )
+    world.run()
+    settle(world)
+    assert (world.state("short"), world.state("next")) == (S.ACTIVE, S.PENDING)
+    assert world.record("next").eta is not None
+    # The fake cloud would end the VMs itself at the hour; the sweep gets there first here
+    # because the cloud's clock is the same one: both see the end.
+    settle(world, HOUR + 2 * MINUTE)
+    assert world.state("short") is S.EXPIRED
+    assert world.state("next") is S.PROVISIONING
+    settle(world)
+    assert world.state("next") is S.ACTIVE
+
+
+def test_a_calendar_block_is_reserved_started_and_ended(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    start = NOW + HOUR
+    submit(world.store, calendar("block", vm_count=2, days=1, start_at=start))
+    world.run()
+    record = world.record("block")
+    assert (record.state, record.pool) == (S.BOOKED, POOL_A)
+    assert cloud.stock(ZONE_A, A3) == 2  # reserved at booking
+    settle(world, HOUR)
+    assert world.state("block") is S.PROVISIONING
+    settle(world)
+    assert world.state("block") is S.ACTIVE
+    settle(world, DAY)
+    assert world.state("block") is S.EXPIRED
+    assert cloud.stock(ZONE_A, A3) == 4
+    assert [e[0] for e in world.published("block")] == [
+        "BOOKED", "PROVISIONING", "ACTIVE", "EXPIRED",
+    ]  # fmt: skip
+
+
+def test_a_waiting_request_announces_its_eta_once_until_it_changes(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, _ = two_zones
+    submit(world.store, flex("big", vm_count=4, hours=2, locations=(ZONE_A,)))
+    submit(world.store, flex("after", vm_count=4, hours=3, locations=(ZONE_A,),
+                             submitted_at=NOW + MINUTE))  # fmt: skip
+    world.run()
+    held = world.record("after")
+    assert held.state is S.PENDING and held.reason == "NO_CAPACITY_UNTIL"
+    assert held.eta is not None and held.position == 1
+    count = len(world.bus.published)
+    world.run()
+    assert len(world.bus.published) == count  # nothing new to say
+
+
+def test_a_second_reconciler_stands_back_while_the_lease_is_held(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, _ = two_zones
+    fence = world.store.acquire_lease("other", world.clock.now(), timedelta(minutes=2))
+    assert fence is not None
+    submit(world.store, flex("r1", locations=(ZONE_A,)))
+    assert not world.run().ran
+    assert world.state("r1") is S.PENDING
+    world.clock.advance(timedelta(minutes=3))  # the other holder died; its lease ran out
+    assert world.run().ran
+    assert world.state("r1") is S.PROVISIONING
+
+
+def test_a_reconciler_that_lost_its_lease_cannot_write(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, _ = two_zones
+    submit(world.store, flex("r1", locations=(ZONE_A,)))
+    old = world.store.acquire_lease("old", NOW, timedelta(minutes=2))
+    new = world.store.acquire_lease("new", NOW + timedelta(minutes=3), timedelta(minutes=2))
+    assert old is not None and new is not None and new.token == old.token + 1
+    record = world.record("r1")
+    event = world.bus  # unused: the write must fail before any event
+    del event
+    from opendws.ports import StatusEvent
+
+    with pytest.raises(Fenced, match="held by new"):
+        world.store.change(
+            "r1", expected_version=record.version, state=S.CANCELLED, fence=old,
+            event=StatusEvent(request_id="r1", tenant="t", state=S.CANCELLED,
+                              previous_state=S.PENDING, at=NOW),
+        )  # fmt: skip
+    with pytest.raises(Fenced):
+        world.store.mark_pool_short(POOL_A, NOW + HOUR, old)
+    assert world.state("r1") is S.PENDING and POOL_A not in world.store.pool_shortages()
+
+
+def test_an_owned_resource_no_request_wants_is_released(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    stray = flex("gone", vm_count=2, locations=(ZONE_A,))
+    cloud.provision(Order(request=stray, pool=pool(zone=ZONE_A, capacity=4), attempt=1))
+    world.clock.advance(LATENCY)
+    assert cloud.stock(ZONE_A, A3) == 2
+    report = world.run()
+    assert report.leaks == [order_name("gone", 1)]
+    assert cloud.stock(ZONE_A, A3) == 4
+
+
+def test_a_request_whose_pool_was_removed_waits_again(two_zones) -> None:  # type: ignore[no-untyped-def]
+    world, cloud = two_zones
+    submit(world.store, flex("r1", locations=(ZONE_A, ZONE_B)))
+    world.run()
+    assert world.record("r1").pool == POOL_A
+    from opendws.ports import Configuration
+
+    world.config.save(
+        Configuration(pools=(pool(zone=ZONE_B, capacity=4),), tenants=tenants_for(H100))
+    )
+    world.run()
+    record = world.record("r1")
+    assert (record.state, record.pool) == (S.PROVISIONING, POOL_B)
+    assert any(e[1] == "POOL_REMOVED" for e in world.published("r1"))
+    del cloud
+
+
+def test_settings_are_honoured() -> None:
+    settings = ReconcileSettings(provision_timeout=timedelta(minutes=1))
+    world, cloud = memory_world(
+        [pool(zone=ZONE_A, capacity=4), pool(zone=ZONE_B, capacity=4)],
+        tenants_for(H100),
+        settings=settings,
+    )
+    cloud.set_stock(ZONE_B, A3, 4)
+    cloud.inject(ZONE_A, A3, "hang")
+    submit(world.store, flex("r1", locations=(ZONE_A, ZONE_B)))
+    world.run()
+    settle(world, timedelta(minutes=1))
+    assert world.record("r1").pool == POOL_B
