@@ -1,6 +1,7 @@
 """Emulators for local runs and tests: the official Firestore and Pub/Sub emulators (started as
 their Java processes), and, later, the project's own Cloud Tasks and Compute/TPU emulators."""
 
+from emulators.compute import ComputeEmulator, EmulatorAdmin
 from emulators.official import (
     EmulatorError,
     Emulators,
@@ -10,4 +11,13 @@ from emulators.official import (
     start,
 )
 
-__all__ = ["EmulatorError", "Emulators", "free_port", "missing_reason", "running", "start"]
+__all__ = [
+    "ComputeEmulator",
+    "EmulatorAdmin",
+    "EmulatorError",
+    "Emulators",
+    "free_port",
+    "missing_reason",
+    "running",
+    "start",
+]

@@ -67,10 +67,7 @@ def submit(store: RequestStore, request: CapacityRequest) -> RequestRecord:
 
 def tenants_for(*accelerators: str, names: Iterable[str] = ("t",)) -> tuple[Tenant, ...]:
     """Tenants with ample quota for ``accelerators``."""
-    return tuple(
-        tenant(name, *(quota(a, nominal=10_000) for a in accelerators))
-        for name in names
-    )
+    return tuple(tenant(name, *(quota(a, nominal=10_000) for a in accelerators)) for name in names)
 
 
 @dataclass

@@ -172,6 +172,11 @@ class RequestStore(Protocol):
         back). Raises UnknownRequest if there is no such request."""
         ...
 
+    def unannounced(self) -> list[RequestRecord]:
+        """Every request with a change whose event is not yet marked published (an outbox a
+        restarted reconciler drains), oldest submission first."""
+        ...
+
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         """Every request currently in one of ``states``, oldest submission first."""
         ...

@@ -9,7 +9,7 @@ import pytest
 
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.states import RequestState
-from opendws.ports import Fenced, Order, order_name
+from opendws.ports import Configuration, Fenced, Order, StatusEvent, order_name
 from opendws.service.reconcile import ReconcileSettings
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
@@ -18,6 +18,7 @@ S = RequestState
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
 POOL_A, POOL_B = f"{ZONE_A}/{A3}", f"{ZONE_B}/{A3}"
 LATENCY = timedelta(seconds=20)
+Zones = tuple[World, MemoryCapacityProvider]
 
 
 @pytest.fixture
@@ -35,11 +36,12 @@ def settle(world: World, delta: timedelta = LATENCY) -> None:
     world.run()
 
 
-def test_an_admitted_request_is_provisioned_and_becomes_active(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_an_admitted_request_is_provisioned_and_becomes_active(two_zones: Zones) -> None:
     world, cloud = two_zones
     submit(world.store, flex("train", vm_count=2, hours=6, locations=(ZONE_A, ZONE_B)))
     report = world.run()
-    assert report.ran and report.transitions == {"PENDING→PROVISIONING": 1}
+    assert report.ran
+    assert report.transitions == {"PENDING→PROVISIONING": 1}
     record = world.record("train")
     assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_A, 1)
     assert report.provisioned == [order_name("train", 1)]
@@ -53,7 +55,7 @@ def test_an_admitted_request_is_provisioned_and_becomes_active(two_zones) -> Non
     assert world.record("train").announced == world.record("train").events == 3
 
 
-def test_a_stockout_cools_the_pool_down_and_fails_over_to_the_next_zone(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_stockout_cools_the_pool_down_and_fails_over_to_the_next_zone(two_zones: Zones) -> None:
     world, cloud = two_zones
     cloud.inject(ZONE_A, A3, "stockout")
     submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B)))
@@ -71,13 +73,14 @@ def test_a_stockout_cools_the_pool_down_and_fails_over_to_the_next_zone(two_zone
         ("PROVISIONING", "ADMITTED"),
         ("ACTIVE", "READY"),
     ]
-    failure = [e for e in world.bus.published if e.reason == "STOCKOUT"][0]
-    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in failure.message and POOL_A in failure.message
+    failure = next(e for e in world.bus.published if e.reason == "STOCKOUT")
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in failure.message
+    assert POOL_A in failure.message
     # The failed attempt was cancelled and deleted; only attempt 2 remains.
     assert set(cloud.observe([pool(zone=ZONE_A), pool(zone=ZONE_B)])) == {order_name("train", 2)}
 
 
-def test_a_hung_provisioning_times_out_is_cancelled_and_retried_elsewhere(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_hung_provisioning_times_out_is_cancelled_and_retried_elsewhere(two_zones: Zones) -> None:
     world, cloud = two_zones
     cloud.inject(ZONE_A, A3, "hang")
     submit(world.store, flex("train", vm_count=1, locations=(ZONE_A, ZONE_B)))
@@ -93,7 +96,7 @@ def test_a_hung_provisioning_times_out_is_cancelled_and_retried_elsewhere(two_zo
     assert world.state("train") is S.ACTIVE
 
 
-def test_a_stockout_after_max_wait_times_the_request_out(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_stockout_after_max_wait_times_the_request_out(two_zones: Zones) -> None:
     world, cloud = two_zones
     cloud.inject(ZONE_A, A3, "stockout")
     submit(world.store, flex("late", max_wait=timedelta(seconds=10), locations=(ZONE_A,)))
@@ -104,8 +107,8 @@ def test_a_stockout_after_max_wait_times_the_request_out(two_zones) -> None:  # 
     assert cloud.observe([pool(zone=ZONE_A)]) == {}
 
 
-def test_the_sweep_ends_a_run_whose_time_is_up_and_frees_the_pool(two_zones) -> None:  # type: ignore[no-untyped-def]
-    world, cloud = two_zones
+def test_the_sweep_ends_a_run_whose_time_is_up_and_frees_the_pool(two_zones: Zones) -> None:
+    world, _cloud = two_zones
     submit(world.store, flex("short", vm_count=4, hours=1, locations=(ZONE_A,)))
     submit(
         world.store,
@@ -124,7 +127,7 @@ def test_the_sweep_ends_a_run_whose_time_is_up_and_frees_the_pool(two_zones) -> 
     assert world.state("next") is S.ACTIVE
 
 
-def test_a_calendar_block_is_reserved_started_and_ended(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_calendar_block_is_reserved_started_and_ended(two_zones: Zones) -> None:
     world, cloud = two_zones
     start = NOW + HOUR
     submit(world.store, calendar("block", vm_count=2, days=1, start_at=start))
@@ -144,21 +147,23 @@ def test_a_calendar_block_is_reserved_started_and_ended(two_zones) -> None:  # t
     ]  # fmt: skip
 
 
-def test_a_waiting_request_announces_its_eta_once_until_it_changes(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_waiting_request_announces_its_eta_once_until_it_changes(two_zones: Zones) -> None:
     world, _ = two_zones
     submit(world.store, flex("big", vm_count=4, hours=2, locations=(ZONE_A,)))
     submit(world.store, flex("after", vm_count=4, hours=3, locations=(ZONE_A,),
                              submitted_at=NOW + MINUTE))  # fmt: skip
     world.run()
     held = world.record("after")
-    assert held.state is S.PENDING and held.reason == "NO_CAPACITY_UNTIL"
-    assert held.eta is not None and held.position == 1
+    assert held.state is S.PENDING
+    assert held.reason == "NO_CAPACITY_UNTIL"
+    assert held.eta is not None
+    assert held.position == 1
     count = len(world.bus.published)
     world.run()
     assert len(world.bus.published) == count  # nothing new to say
 
 
-def test_a_second_reconciler_stands_back_while_the_lease_is_held(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_second_reconciler_stands_back_while_the_lease_is_held(two_zones: Zones) -> None:
     world, _ = two_zones
     fence = world.store.acquire_lease("other", world.clock.now(), timedelta(minutes=2))
     assert fence is not None
@@ -170,17 +175,15 @@ def test_a_second_reconciler_stands_back_while_the_lease_is_held(two_zones) -> N
     assert world.state("r1") is S.PROVISIONING
 
 
-def test_a_reconciler_that_lost_its_lease_cannot_write(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_a_reconciler_that_lost_its_lease_cannot_write(two_zones: Zones) -> None:
     world, _ = two_zones
     submit(world.store, flex("r1", locations=(ZONE_A,)))
     old = world.store.acquire_lease("old", NOW, timedelta(minutes=2))
     new = world.store.acquire_lease("new", NOW + timedelta(minutes=3), timedelta(minutes=2))
-    assert old is not None and new is not None and new.token == old.token + 1
+    assert old is not None
+    assert new is not None
+    assert new.token == old.token + 1
     record = world.record("r1")
-    event = world.bus  # unused: the write must fail before any event
-    del event
-    from opendws.ports import StatusEvent
-
     with pytest.raises(Fenced, match="held by new"):
         world.store.change(
             "r1", expected_version=record.version, state=S.CANCELLED, fence=old,
@@ -189,10 +192,11 @@ def test_a_reconciler_that_lost_its_lease_cannot_write(two_zones) -> None:  # ty
         )  # fmt: skip
     with pytest.raises(Fenced):
         world.store.mark_pool_short(POOL_A, NOW + HOUR, old)
-    assert world.state("r1") is S.PENDING and POOL_A not in world.store.pool_shortages()
+    assert world.state("r1") is S.PENDING
+    assert POOL_A not in world.store.pool_shortages()
 
 
-def test_an_owned_resource_no_request_wants_is_released(two_zones) -> None:  # type: ignore[no-untyped-def]
+def test_an_owned_resource_no_request_wants_is_released(two_zones: Zones) -> None:
     world, cloud = two_zones
     stray = flex("gone", vm_count=2, locations=(ZONE_A,))
     cloud.provision(Order(request=stray, pool=pool(zone=ZONE_A, capacity=4), attempt=1))
@@ -203,12 +207,11 @@ def test_an_owned_resource_no_request_wants_is_released(two_zones) -> None:  # t
     assert cloud.stock(ZONE_A, A3) == 4
 
 
-def test_a_request_whose_pool_was_removed_waits_again(two_zones) -> None:  # type: ignore[no-untyped-def]
-    world, cloud = two_zones
+def test_a_request_whose_pool_was_removed_waits_again(two_zones: Zones) -> None:
+    world, _ = two_zones
     submit(world.store, flex("r1", locations=(ZONE_A, ZONE_B)))
     world.run()
     assert world.record("r1").pool == POOL_A
-    from opendws.ports import Configuration
 
     world.config.save(
         Configuration(pools=(pool(zone=ZONE_B, capacity=4),), tenants=tenants_for(H100))
@@ -217,7 +220,6 @@ def test_a_request_whose_pool_was_removed_waits_again(two_zones) -> None:  # typ
     record = world.record("r1")
     assert (record.state, record.pool) == (S.PROVISIONING, POOL_B)
     assert any(e[1] == "POOL_REMOVED" for e in world.published("r1"))
-    del cloud
 
 
 def test_settings_are_honoured() -> None:

@@ -114,6 +114,7 @@ class FirestoreRequestStore:
                 "attempt": int(data.get("attempt", 0)) if attempt is None else attempt,
                 "since": data.get("since") if revision else event.at,
                 "events": seq,
+                "outbox": True,  # until its event is marked published
             }
             transaction.update(document, fields)
             transaction.create(
@@ -129,11 +130,32 @@ class FirestoreRequestStore:
         return [_event(snapshot.to_dict() or {}) for snapshot in stream]
 
     def mark_announced(self, request_id: str, count: int) -> None:
-        # One write with a server-side maximum: monotonic without a read or a transaction.
-        try:
-            self._requests.document(request_id).update({"announced": firestore.Maximum(count)})
-        except NotFound:
-            raise UnknownRequest(request_id) from None
+        document = self._requests.document(request_id)
+        if count <= 1:
+            # A creation's event (intake): one write with a server-side maximum, monotonic
+            # without a read; created records are not in the outbox (redelivery covers them).
+            try:
+                document.update({"announced": firestore.Maximum(count)})
+            except NotFound:
+                raise UnknownRequest(request_id) from None
+            return
+
+        @firestore.transactional
+        def mark(transaction: firestore.Transaction) -> None:
+            snapshot = document.get(transaction=transaction)
+            data = snapshot.to_dict() if snapshot.exists else None
+            if data is None:
+                raise UnknownRequest(request_id)
+            announced = max(int(data.get("announced", 0)), count)
+            outbox = int(data.get("events", 1)) > announced
+            transaction.update(document, {"announced": announced, "outbox": outbox})
+
+        mark(self._client.transaction())
+
+    def unannounced(self) -> list[RequestRecord]:
+        query = self._requests.where(filter=FieldFilter("outbox", "==", True))
+        records = [_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+        return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         # Needs the composite index (state, submitted_at) of infra/firestore.indexes.json.

@@ -104,6 +104,11 @@ class MemoryRequestStore:
             found = [record for record in self._records.values() if record.state in states]
         return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
 
+    def unannounced(self) -> list[RequestRecord]:
+        with self._lock:
+            found = [r for r in self._records.values() if r.events > r.announced and r.version > 1]
+        return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
+
     def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
         with self._lock:
             lease = self._lease

@@ -488,7 +488,8 @@ class _Cycle:
 
     def _announce_backlog(self) -> None:
         """Publish events an earlier pass recorded but did not get to publish (it crashed)."""
-        for record in list(self.records.values()):
+        for stored in self.store.unannounced():
+            record = self.records.get(stored.request_id, stored)
             if record.announced < record.events:
                 missing = self.store.events(record.request_id)[record.announced :]
                 self._announce(record, missing)
