@@ -10,8 +10,10 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from opendws.service.intake import IntakeService
+from opendws.service.reconcile import Providers
 
 LOCAL_PROJECT = "demo-opendws"
 
@@ -22,6 +24,9 @@ class Settings:
 
     project: str
     events_topic: str = "capacity-events"
+    # The Compute Engine / Cloud TPU endpoint: None for Google's; the local emulator's URL
+    # (OPENDWS_COMPUTE_ENDPOINT) on one machine.
+    compute_endpoint: str | None = None
 
     @classmethod
     def from_environment(cls) -> Settings:
@@ -30,7 +35,7 @@ class Settings:
             or os.environ.get("GOOGLE_CLOUD_PROJECT")
             or LOCAL_PROJECT
         )
-        return cls(project=project)
+        return cls(project=project, compute_endpoint=os.environ.get("OPENDWS_COMPUTE_ENDPOINT"))
 
 
 def _credentials() -> object | None:
@@ -63,3 +68,38 @@ def intake_service(settings: Settings | None = None) -> IntakeService:
     )
     bus = PubSubEventBus(publisher, settings.project, settings.events_topic)
     return IntakeService(store, bus, SystemClock())
+
+
+def capacity_providers(
+    project: str, *, endpoint: str | None = None, credentials: object | None = None
+) -> Providers:
+    """The three capacity providers on the real Compute Engine and Cloud TPU clients — against
+    ``endpoint`` (an emulator) when given, with anonymous credentials there."""
+    from google.cloud import compute_v1, tpu_v2
+
+    from opendws.adapters.gce import CloudSettings
+    from opendws.adapters.mig import MigFlexProvider
+    from opendws.adapters.reservations import CalendarReservationProvider
+    from opendws.adapters.tpu import TpuQueuedProvider
+
+    if endpoint is not None and credentials is None:
+        from google.auth.credentials import AnonymousCredentials
+
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
+    options = {"api_endpoint": endpoint} if endpoint is not None else None
+    common: dict[str, Any] = {"client_options": options, "credentials": credentials}
+    settings = CloudSettings(project=project)
+    return Providers(
+        mig_flex=MigFlexProvider(
+            settings,
+            templates=compute_v1.InstanceTemplatesClient(**common),
+            groups=compute_v1.InstanceGroupManagersClient(**common),
+            resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**common),
+        ),
+        tpu=TpuQueuedProvider(settings, tpu_v2.TpuClient(transport="rest", **common)),
+        calendar=CalendarReservationProvider(
+            settings,
+            future_reservations=compute_v1.FutureReservationsClient(**common),
+            instances=compute_v1.InstancesClient(**common),
+        ),
+    )

@@ -56,3 +56,13 @@ MACHINE_TYPES: dict[str, MachineType] = {
         MachineType("g2-standard-96", "nvidia-l4", 8),
     ]
 }
+
+
+# TPU accelerator types as the Cloud TPU v2 API names them (AcceleratorConfig.Type).
+TPU_API_TYPES: dict[str, str] = {
+    "tpu-v4": "V4",
+    "tpu-v5e": "V5LITE_POD",
+    "tpu-v5p": "V5P",
+    "tpu-v6e": "V6E",
+}
+TPU_ACCELERATOR_OF_API_TYPE = {api: name for name, api in TPU_API_TYPES.items()}

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from opendws.domain.model import Mode, Pool
+from opendws.domain.model import Mode, Pool, Provider
 from opendws.domain.states import RequestState, transition
 from opendws.ports import (
     Clock,
@@ -193,6 +193,7 @@ class _FakeOrder:
     phase: ProvisionPhase
     created_at: datetime
     holds_stock: bool = False
+    ends_by_itself: bool = False  # flex-start VMs are deleted when their run time is up
     hung: bool = False  # a "hang" injection: it never leaves CREATING
     ready_at: datetime | None = None
     error_code: str | None = None
@@ -206,9 +207,11 @@ class MemoryCapacityProvider:
     It behaves as the emulated cloud does (and the contract suite checks both the same way): an
     order is CREATING until ``latency`` has passed, then READY if the stock was there — taking
     it — or FAILED with ZONE_RESOURCE_POOL_EXHAUSTED if not; a "hang" injection keeps it
-    CREATING for ever, an "error" injection fails it with another code. A flex run ENDS by
-    itself after its run duration (the VMs are deleted); a calendar order is RESERVED — its
-    units taken — from :meth:`reserve` until :meth:`provision` and ENDS at the block's end.
+    CREATING for ever, an "error" injection fails it with another code. A MIG flex run ENDS
+    by itself after its run duration (flex-start VMs are deleted); a TPU one runs until
+    released; a calendar order is RESERVED — its units taken — from :meth:`reserve` (which
+    creates nothing when the stock is short, as the cloud refuses the reservation) until
+    :meth:`provision`, and ENDS at the block's end.
     """
 
     def __init__(self, clock: Clock, *, latency: timedelta = timedelta(seconds=20)) -> None:
@@ -283,14 +286,11 @@ class MemoryCapacityProvider:
             if order.name in self._orders:
                 return
             key = (order.pool.zone, order.pool.shape)
+            if self._stock.get(key, 0) < order.request.units:
+                return  # refused, as the cloud refuses the reservation: nothing is created
             fake = self._new(order, ProvisionPhase.RESERVED)
-            if self._stock.get(key, 0) >= fake.units:
-                self._stock[key] = self._stock.get(key, 0) - fake.units
-                fake.holds_stock = True
-            else:
-                fake.phase = ProvisionPhase.FAILED
-                fake.error_code = STOCKOUT
-                fake.message = f"not enough {order.pool.shape} in {order.pool.zone} to reserve"
+            self._stock[key] = self._stock.get(key, 0) - fake.units
+            fake.holds_stock = True
 
     def provision(self, order: Order) -> None:
         with self._lock:
@@ -326,6 +326,7 @@ class MemoryCapacityProvider:
             calendar_end=calendar_end,
             phase=phase,
             created_at=self._now(),
+            ends_by_itself=order.pool.provider is Provider.MIG and calendar_end is None,
         )
         self._orders[order.name] = fake
         self._created[order.name] = self._created.get(order.name, 0) + 1
@@ -345,7 +346,7 @@ class MemoryCapacityProvider:
                 self._finish_creating(order)
             if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
                 end = order.calendar_end
-                if end is None and order.ready_at is not None:
+                if end is None and order.ready_at is not None and order.ends_by_itself:
                     end = order.ready_at + order.run_duration
                 if end is not None and now >= end:
                     order.phase = ProvisionPhase.ENDED

@@ -1,0 +1,235 @@
+"""The CapacityProvider contract, run on the in-memory fake cloud and on the real adapters
+(google-cloud-compute and google-cloud-tpu clients) over the project's Compute/TPU emulator:
+the same assertions for all three kinds — MIG flex-start, TPU queued resources, calendar
+reservations — so the fake cannot drift from the real thing."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+
+from emulators import ComputeEmulator
+from opendws.adapters.memory import MemoryCapacityProvider
+from opendws.bootstrap import capacity_providers
+from opendws.catalog import TPU_API_TYPES
+from opendws.domain.model import CapacityRequest, Pool, Provider
+from opendws.ports import CapacityProvider, Order, ProvisionPhase
+from opendws.service.reconcile import Providers
+from opendws.sim import SimClock, SimulatedCloud
+from tests.builders import A3, HOUR, NOW, calendar, flex, pool, tpu_pool
+from tests.world import ManualClock
+
+KINDS = ("mig_flex", "tpu", "calendar")
+BACKENDS = ("memory", "emulator")
+LATENCY = timedelta(seconds=20)
+ZONE, OTHER_ZONE = "us-central1-a", "us-central1-b"
+STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
+_ids = itertools.count()
+
+
+@dataclass
+class Kit:
+    """A provider of one kind, its pools, and how to steer the cloud behind it."""
+
+    kind: str
+    provider: CapacityProvider
+    pool: Pool
+    other: Pool
+    set_stock: Callable[[Pool, int], None]
+    stock: Callable[[Pool], int]
+    inject: Callable[[Pool, str], None]
+    advance: Callable[[timedelta], None]
+    created: Callable[[str], int]
+
+    def request(self, units: int = 2, hours: float = 3) -> CapacityRequest:
+        """A request of this kind: ``units`` VMs (slices for TPU, of 2x2 = 4 chips)."""
+        request_id = f"contract-{next(_ids)}"
+        topology = "2x2" if self.kind == "tpu" else None
+        if self.kind == "calendar":
+            return calendar(request_id, vm_count=units, days=1, start_at=NOW + HOUR,
+                            locations=(self.pool.zone, self.other.zone))  # fmt: skip
+        return flex(request_id, vm_count=units, hours=hours, topology=topology,
+                    locations=(self.pool.zone, self.other.zone))  # fmt: skip
+
+    def start(self, order: Order) -> None:
+        """Begin provisioning ``order`` as the reconciler would (a block: reserve, wait for
+        its start, then create its VMs)."""
+        if self.kind == "calendar":
+            self.provider.reserve(order)
+            self.advance(HOUR)
+        self.provider.provision(order)
+
+    def phase(self, order: Order, pool: Pool | None = None) -> ProvisionPhase | None:
+        seen = self.provider.observe([pool or order.pool]).get(order.name)
+        return None if seen is None else seen.phase
+
+
+def _pools(kind: str) -> tuple[Pool, Pool]:
+    if kind == "tpu":
+        return tpu_pool(zone=ZONE, capacity=64), tpu_pool(zone=OTHER_ZONE, capacity=64)
+    return pool(zone=ZONE, shape=A3, capacity=8), pool(zone=OTHER_ZONE, shape=A3, capacity=8)
+
+
+def _pick(providers: Providers, kind: str) -> CapacityProvider:
+    return {"mig_flex": providers.mig_flex, "tpu": providers.tpu, "calendar": providers.calendar}[
+        kind
+    ]
+
+
+def _cloud_shape(pool: Pool) -> str:
+    return TPU_API_TYPES[pool.shape] if pool.provider is Provider.TPU else pool.shape
+
+
+@pytest.fixture(params=[(k, b) for b in BACKENDS for k in KINDS], ids=lambda p: f"{p[0]}-{p[1]}")
+def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
+    kind, backend = request.param
+    main, other = _pools(kind)
+    if backend == "memory":
+        clock = ManualClock()
+        fake = MemoryCapacityProvider(clock, latency=LATENCY)
+        yield Kit(
+            kind=kind, provider=fake, pool=main, other=other,
+            set_stock=lambda p, n: fake.set_stock(p.zone, p.shape, n),
+            stock=lambda p: fake.stock(p.zone, p.shape),
+            inject=lambda p, k: fake.inject(p.zone, p.shape, k),
+            advance=clock.advance,
+            created=lambda name: fake.created().get(name, 0),
+        )  # fmt: skip
+        return
+    cloud = SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=LATENCY)
+    resource_kind = {
+        "mig_flex": "resizeRequests", "tpu": "queuedResources", "calendar": "futureReservations"
+    }[kind]  # fmt: skip
+    with ComputeEmulator(cloud) as emulator:
+        providers = capacity_providers(f"contract-{next(_ids)}", endpoint=emulator.endpoint)
+        yield Kit(
+            kind=kind, provider=_pick(providers, kind), pool=main, other=other,
+            set_stock=lambda p, n: cloud.set_stock(p.zone, _cloud_shape(p), n),
+            stock=lambda p: cloud.stock(p.zone, _cloud_shape(p)),
+            inject=lambda p, k: cloud.inject(p.zone, _cloud_shape(p), k),
+            advance=cloud.advance,
+            created=lambda name: cloud.created(resource_kind).get(name, 0),
+        )  # fmt: skip
+
+
+def test_an_order_becomes_ready_after_the_latency_and_takes_its_stock(kit: Kit) -> None:
+    kit.set_stock(kit.pool, 8 if kit.kind != "tpu" else 64)
+    before = kit.stock(kit.pool)
+    order = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    kit.start(order)
+    assert kit.phase(order) is ProvisionPhase.CREATING
+    kit.advance(LATENCY)
+    assert kit.phase(order) is ProvisionPhase.READY
+    assert kit.stock(kit.pool) == before - order.request.units
+    assert kit.created(order.name) == 1
+
+
+def test_a_repeated_call_creates_nothing_more(kit: Kit) -> None:
+    kit.set_stock(kit.pool, 8 if kit.kind != "tpu" else 64)
+    before = kit.stock(kit.pool)
+    order = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    if kit.kind == "calendar":
+        kit.provider.reserve(order)
+        kit.provider.reserve(order)
+        kit.advance(HOUR)
+    kit.provider.provision(order)
+    kit.provider.provision(order)
+    kit.advance(LATENCY)
+    kit.provider.provision(order)
+    assert kit.phase(order) is ProvisionPhase.READY
+    assert kit.created(order.name) == 1
+    assert kit.stock(kit.pool) == before - order.request.units
+
+
+def test_too_little_stock_is_a_stockout_with_the_clouds_code(kit: Kit) -> None:
+    order = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
+    kit.set_stock(kit.pool, order.request.units - 1)
+    if kit.kind == "calendar":
+        kit.provider.reserve(order)  # the cloud refuses the reservation: nothing is made
+        assert kit.phase(order) is None
+        return
+    kit.provider.provision(order)
+    kit.advance(LATENCY)
+    seen = kit.provider.observe([kit.pool])[order.name]
+    assert (seen.phase, seen.error_code) == (ProvisionPhase.FAILED, STOCKOUT)
+    assert kit.stock(kit.pool) == order.request.units - 1
+
+
+@pytest.mark.parametrize("injected", ["stockout", "error"])
+def test_an_injected_failure_fails_the_order_even_with_stock(kit: Kit, injected: str) -> None:
+    if kit.kind == "calendar":
+        pytest.skip("a calendar block's VMs consume its own reservation: no stockout there")
+    kit.set_stock(kit.pool, 64)
+    kit.inject(kit.pool, injected)
+    order = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    kit.provider.provision(order)
+    kit.advance(LATENCY)
+    seen = kit.provider.observe([kit.pool])[order.name]
+    assert seen.phase is ProvisionPhase.FAILED
+    assert (seen.error_code == STOCKOUT) is (injected == "stockout")
+    assert seen.error_code
+
+
+def test_a_hung_order_stays_creating_until_released(kit: Kit) -> None:
+    if kit.kind == "calendar":
+        pytest.skip("a calendar block's capacity is reserved: it does not queue")
+    kit.set_stock(kit.pool, 64)
+    kit.inject(kit.pool, "hang")
+    order = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    kit.provider.provision(order)
+    # Within the queueing window (a queued TPU resource gives up by itself after it).
+    kit.advance(timedelta(minutes=10))
+    assert kit.phase(order) is ProvisionPhase.CREATING
+    kit.provider.release(order.name, kit.pool)
+    assert kit.phase(order) is None
+    assert kit.stock(kit.pool) == 64
+
+
+def test_release_gives_everything_back_and_is_safe_to_repeat(kit: Kit) -> None:
+    kit.set_stock(kit.pool, 64)
+    order = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    kit.start(order)
+    kit.advance(LATENCY)
+    assert kit.phase(order) is ProvisionPhase.READY
+    kit.provider.release(order.name, kit.pool)
+    assert kit.provider.observe([kit.pool]) == {}
+    assert kit.stock(kit.pool) == 64
+    kit.provider.release(order.name, kit.pool)
+    kit.provider.release("odws-never-made-0000000000-1", kit.pool)
+    assert kit.stock(kit.pool) == 64
+
+
+def test_observe_reports_only_the_given_pools(kit: Kit) -> None:
+    kit.set_stock(kit.pool, 64)
+    kit.set_stock(kit.other, 64)
+    here = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    there = Order(request=kit.request(), pool=kit.other, attempt=1)
+    kit.start(here)
+    if kit.kind == "calendar":
+        kit.provider.reserve(there)
+    kit.provider.provision(there)
+    kit.advance(LATENCY)
+    assert set(kit.provider.observe([kit.pool])) == {here.name}
+    assert set(kit.provider.observe([kit.other])) == {there.name}
+    assert kit.provider.observe([kit.pool])[here.name].pool_id == kit.pool.pool_id
+    assert set(kit.provider.observe([kit.pool, kit.other])) == {here.name, there.name}
+
+
+def test_the_end_of_a_run_or_block(kit: Kit) -> None:
+    """MIG flex-start VMs are deleted when their run time is up, and a calendar block's at
+    its end (ENDED, stock back); a TPU slice runs until it is released."""
+    kit.set_stock(kit.pool, 64)
+    order = Order(request=kit.request(hours=2), pool=kit.pool, attempt=1)
+    kit.start(order)
+    kit.advance(LATENCY)
+    assert kit.phase(order) is ProvisionPhase.READY
+    kit.advance(timedelta(days=1, hours=1))
+    if kit.kind == "tpu":
+        assert kit.phase(order) is ProvisionPhase.READY
+        return
+    assert kit.phase(order) is ProvisionPhase.ENDED
+    assert kit.stock(kit.pool) == 64
