@@ -15,6 +15,7 @@ from opendws.adapters.memory import MemoryRequestStore
 from opendws.domain import IllegalTransition, RequestState
 from opendws.ports import (
     CreateOutcome,
+    Fenced,
     RequestRecord,
     RequestStore,
     StaleWrite,
@@ -204,3 +205,101 @@ def test_announced_counts_published_events_and_never_moves_back(store: RequestSt
     assert store.get("r1").announced == 1  # type: ignore[union-attr]
     with pytest.raises(UnknownRequest):
         store.mark_announced("ghost", 1)
+
+
+def test_a_revision_keeps_the_state_and_its_since_but_records_an_event(
+    store: RequestStore,
+) -> None:
+    record = record_of()
+    store.create(record, event_of(record, S.PENDING, None))
+    admitted = event_of(record, S.PROVISIONING, S.PENDING)
+    first = store.change(
+        "r1", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=1, pool="p"
+    )
+    assert (first.since, first.attempt, first.events) == (admitted.at, 1, 2)
+    later = replace(admitted, at=admitted.at + timedelta(minutes=7), previous_state=S.PROVISIONING)
+    revised = store.change(
+        "r1", expected_version=2, state=S.PROVISIONING, event=later, reason="RETRY", pool="p",
+        eta=NOW, position=4,
+    )  # fmt: skip
+    assert (revised.state, revised.version, revised.since) == (S.PROVISIONING, 3, admitted.at)
+    assert (revised.attempt, revised.reason, revised.position, revised.events) == (
+        1, "RETRY", 4, 3,
+    )  # fmt: skip
+    assert store.get("r1") == revised
+    assert len(store.events("r1")) == 3
+
+
+def test_the_lease_goes_to_one_holder_at_a_time(store: RequestStore) -> None:
+    ttl = timedelta(minutes=2)
+    first = store.acquire_lease("a", NOW, ttl)
+    assert first is not None
+    assert (first.holder, first.token, first.expires_at) == ("a", 1, NOW + ttl)
+    assert store.acquire_lease("b", NOW + timedelta(minutes=1), ttl) is None
+    renewed = store.acquire_lease("a", NOW + timedelta(minutes=1), ttl)
+    assert renewed is not None
+    assert (renewed.token, renewed.expires_at) == (1, NOW + timedelta(minutes=3))
+    taken = store.acquire_lease("b", NOW + timedelta(minutes=4), ttl)
+    assert taken is not None
+    assert (taken.holder, taken.token) == ("b", 2)
+    store.release_lease(first)  # no longer a's: nothing happens
+    assert store.acquire_lease("a", NOW + timedelta(minutes=5), ttl) is None
+    store.release_lease(taken)
+    again = store.acquire_lease("a", NOW + timedelta(minutes=5), ttl)
+    assert again is not None
+    assert again.token == 3
+
+
+def test_a_fenced_write_is_refused_once_the_lease_changed_hands(store: RequestStore) -> None:
+    record = record_of()
+    store.create(record, event_of(record, S.PENDING, None))
+    old = store.acquire_lease("old", NOW, timedelta(minutes=2))
+    assert old is not None
+    changed = store.change(
+        "r1", expected_version=1, state=S.PROVISIONING, fence=old,
+        event=event_of(record, S.PROVISIONING, S.PENDING),
+    )  # fmt: skip
+    assert changed.version == 2
+    assert store.acquire_lease("new", NOW + timedelta(minutes=3), timedelta(minutes=2))
+    with pytest.raises(Fenced, match="held by new"):
+        store.change(
+            "r1", expected_version=2, state=S.ACTIVE, fence=old,
+            event=event_of(changed, S.ACTIVE, S.PROVISIONING),
+        )  # fmt: skip
+    with pytest.raises(Fenced):
+        store.mark_pool_short("p1", NOW + timedelta(hours=1), old)
+    assert store.get("r1") == changed
+    assert len(store.events("r1")) == 2
+    assert store.pool_shortages() == {}
+
+
+def test_a_pool_cool_down_only_ever_grows(store: RequestStore) -> None:
+    pool_id = "us-central1-a/a3-highgpu-8g"
+    store.mark_pool_short(pool_id, NOW + timedelta(minutes=10))
+    store.mark_pool_short(pool_id, NOW + timedelta(minutes=5))
+    store.mark_pool_short("europe-west4-b/tpu-v5e", NOW)
+    assert store.pool_shortages() == {
+        pool_id: NOW + timedelta(minutes=10),
+        "europe-west4-b/tpu-v5e": NOW,
+    }
+    store.mark_pool_short(pool_id, NOW + timedelta(minutes=20))
+    assert store.pool_shortages()[pool_id] == NOW + timedelta(minutes=20)
+
+
+def test_changes_wait_in_the_outbox_until_their_events_are_announced(
+    store: RequestStore,
+) -> None:
+    record = record_of()
+    store.create(record, event_of(record, S.PENDING, None))
+    other = record_of("r2")
+    store.create(other, event_of(other, S.PENDING, None))
+    assert store.unannounced() == []  # creations are announced by intake's redelivery
+    changed = store.change(
+        "r1", expected_version=1, state=S.CANCELLED,
+        event=event_of(record, S.CANCELLED, S.PENDING),
+    )  # fmt: skip
+    assert [r.request_id for r in store.unannounced()] == ["r1"]
+    store.mark_announced("r1", changed.events - 1)
+    assert [r.request_id for r in store.unannounced()] == ["r1"]
+    store.mark_announced("r1", changed.events)
+    assert store.unannounced() == []

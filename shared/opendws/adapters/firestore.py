@@ -195,12 +195,10 @@ class FirestoreRequestStore:
         @firestore.transactional
         def mark(transaction: firestore.Transaction) -> None:
             self._check_fence(transaction, fence)
-            # Never shortens a cool-down: a server-side maximum, no read needed.
-            transaction.set(
-                document,
-                {"pool_id": pool_id, "short_until": firestore.Maximum(until)},
-                merge=True,
-            )
+            snapshot = document.get(transaction=transaction)
+            current = (snapshot.to_dict() or {}).get("short_until") if snapshot.exists else None
+            if current is None or until > current:  # never shortens a cool-down
+                transaction.set(document, {"pool_id": pool_id, "short_until": until})
 
         mark(self._client.transaction())
 
