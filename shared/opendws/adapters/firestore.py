@@ -12,6 +12,8 @@ transaction, so a reconciler that lost the lease cannot write. Learned pool cool
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
@@ -122,7 +124,8 @@ class FirestoreRequestStore:
             )
             return _record({**data, **fields})
 
-        result: RequestRecord = apply(self._client.transaction())
+        with _contention(f"{request_id} was changed by another writer meanwhile"):
+            result: RequestRecord = apply(self._client.transaction())
         return result
 
     def events(self, request_id: str) -> list[StatusEvent]:
@@ -150,7 +153,8 @@ class FirestoreRequestStore:
             outbox = int(data.get("events", 1)) > announced
             transaction.update(document, {"announced": announced, "outbox": outbox})
 
-        mark(self._client.transaction())
+        with _contention(f"{request_id} was changed by another writer meanwhile"):
+            mark(self._client.transaction())
 
     def unannounced(self) -> list[RequestRecord]:
         query = self._requests.where(filter=FieldFilter("outbox", "==", True))
@@ -177,7 +181,11 @@ class FirestoreRequestStore:
             transaction.set(self._lease, _fence_fields(fence))
             return fence
 
-        result: Fence | None = take(self._client.transaction())
+        try:
+            with _contention("the lease is being taken by another reconciler"):
+                result: Fence | None = take(self._client.transaction())
+        except StaleWrite:
+            return None  # another reconciler is taking it right now
         return result
 
     def release_lease(self, fence: Fence) -> None:
@@ -187,7 +195,8 @@ class FirestoreRequestStore:
             if lease is not None and (lease.holder, lease.token) == (fence.holder, fence.token):
                 transaction.update(self._lease, {"expires_at": LEASE_FREE})
 
-        give_up(self._client.transaction())
+        with contextlib.suppress(StaleWrite), _contention("the lease changed hands meanwhile"):
+            give_up(self._client.transaction())
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
         document = self._pool_status.document(quote(pool_id, safe=""))
@@ -200,7 +209,8 @@ class FirestoreRequestStore:
             if current is None or until > current:  # never shortens a cool-down
                 transaction.set(document, {"pool_id": pool_id, "short_until": until})
 
-        mark(self._client.transaction())
+        with _contention(f"{pool_id}'s status was changed by another writer meanwhile"):
+            mark(self._client.transaction())
 
     def pool_shortages(self) -> dict[str, datetime]:
         shortages: dict[str, datetime] = {}
@@ -240,6 +250,18 @@ class FirestoreConfigStore:
 
     def save(self, configuration: Configuration) -> None:
         self._document.set(configuration_to_document(configuration))
+
+
+@contextlib.contextmanager
+def _contention(what: str) -> Iterator[None]:
+    """A transaction that kept colliding with other writers until the client gave up: the
+    writer's view is stale (StaleWrite), not a fault to crash on."""
+    try:
+        yield
+    except ValueError as error:
+        if "Failed to commit transaction" not in str(error):
+            raise
+        raise StaleWrite(f"{what} ({error})") from error
 
 
 def _fence(data: dict[str, Any] | None) -> Fence | None:

@@ -42,6 +42,7 @@ from opendws.ports import (
     ProvisionPhase,
     RequestRecord,
     RequestStore,
+    StaleWrite,
     StatusEvent,
 )
 
@@ -136,6 +137,7 @@ class PassReport:
 
     ran: bool = False  # False: another reconciler holds the lease
     fenced: bool = False  # True: the lease was lost mid-pass; the rest was left to the holder
+    stale: bool = False  # True: the pass stopped early on a stale view (fenced, or a conflict)
     transitions: Counter[str] = field(default_factory=Counter)  # "PENDING→PROVISIONING": n
     revisions: int = 0  # same-state updates (new ETA, reason, attempt)
     provisioned: list[str] = field(default_factory=list)  # order names whose creation was asked
@@ -171,9 +173,12 @@ class ReconcileService:
         cycle = _Cycle(self, fence, now, report)
         try:
             cycle.run()
-        except Fenced as error:
+        except StaleWrite as error:
+            # Fenced (another reconciler took over) or a record changed under us: this pass's
+            # view is stale. Stop; the next pass starts from a fresh one.
             log.warning("reconcile pass stopped: %s", error)
-            report.fenced = True
+            report.fenced = isinstance(error, Fenced)
+            report.stale = True
             return report
         self._store.release_lease(fence)
         return report
