@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import base64
+import json
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from opendws.bootstrap import intake_service
+from opendws.bootstrap import intake_service, reconcile_service
 from opendws.service.intake import Delivery
+
+log = logging.getLogger("opendws.functions")
 
 
 @functions_framework.cloud_event
@@ -18,6 +22,28 @@ def intake(event: CloudEvent) -> None:
     """``capacity-requests`` → Firestore: one Pub/Sub message (Eventarc's messagePublished
     CloudEvent). Bad input is answered with a REJECTED event; only transient faults raise."""
     intake_service().handle(delivery_of(event))
+
+
+@functions_framework.cloud_event
+def reconcile(event: CloudEvent) -> None:
+    """``reconcile-ticks`` → one reconcile pass (a tick from Cloud Scheduler or a nudge; the
+    message's content does not matter). A pass that finds the lease taken does nothing."""
+    report = reconcile_service().run_pass()
+    log.info(
+        json.dumps(
+            {
+                "message": "reconcile pass",
+                "trigger": event["id"],
+                "ran": report.ran,
+                "stale": report.stale,
+                "transitions": dict(report.transitions),
+                "provisioned": len(report.provisioned),
+                "released": len(report.released),
+                "leaks": len(report.leaks),
+                "published": report.published,
+            }
+        )
+    )
 
 
 def delivery_of(event: CloudEvent) -> Delivery:
@@ -37,4 +63,4 @@ def _instant(text: str) -> datetime:
     return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
-__all__ = ["delivery_of", "intake"]
+__all__ = ["delivery_of", "intake", "reconcile"]

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from opendws.service.intake import IntakeService
-from opendws.service.reconcile import Providers
+from opendws.service.reconcile import Providers, ReconcileService
 
 LOCAL_PROJECT = "demo-opendws"
 
@@ -68,6 +70,30 @@ def intake_service(settings: Settings | None = None) -> IntakeService:
     )
     bus = PubSubEventBus(publisher, settings.project, settings.events_topic)
     return IntakeService(store, bus, SystemClock())
+
+
+@functools.cache
+def reconcile_service(settings: Settings | None = None) -> ReconcileService:
+    """The reconciler on Firestore, Pub/Sub and the Compute Engine / Cloud TPU APIs (built once
+    per process; the lease holder's name is this process's own)."""
+    from google.cloud import firestore, pubsub_v1
+
+    from opendws.adapters.clock import SystemClock
+    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+    from opendws.adapters.pubsub import PubSubEventBus
+
+    settings = settings or Settings.from_environment()
+    credentials = _credentials()
+    client = firestore.Client(project=settings.project, credentials=credentials)
+    publisher = pubsub_v1.PublisherClient(credentials=credentials)
+    return ReconcileService(
+        FirestoreRequestStore(client),
+        FirestoreConfigStore(client),
+        capacity_providers(settings.project, endpoint=settings.compute_endpoint),
+        PubSubEventBus(publisher, settings.project, settings.events_topic),
+        SystemClock(),
+        holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    )
 
 
 def capacity_providers(

@@ -20,7 +20,9 @@ wants (released as a leak) — never a request lost, a resource created twice or
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
@@ -161,11 +163,19 @@ class ReconcileService:
         self._clock = clock
         self._holder = holder
         self._settings = settings or ReconcileSettings()
+        self._passes = itertools.count(1)
+        self._lock = threading.Lock()
 
     def run_pass(self) -> PassReport:
-        """One pass. Returns at once if another reconciler holds the lease."""
+        """One pass. Returns at once if another reconciler holds the lease.
+
+        Each pass holds the lease under a name of its own (the service's, plus a pass count),
+        so two passes of one process — concurrent requests on one instance — exclude each
+        other as two processes do."""
         now = self._clock.now()
-        fence = self._store.acquire_lease(self._holder, now, self._settings.lease_ttl)
+        with self._lock:
+            holder = f"{self._holder}#{next(self._passes)}"
+        fence = self._store.acquire_lease(holder, now, self._settings.lease_ttl)
         report = PassReport()
         if fence is None:
             return report

@@ -1,0 +1,98 @@
+"""The ``reconcile`` function in-process (functions-framework's test client), triggered by a
+saved Eventarc Pub/Sub envelope as a tick, on Firestore and Pub/Sub over the official
+emulators and the Compute Engine API over the project's emulator."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emulators import ComputeEmulator, Emulators
+from opendws.domain.states import RequestState
+from opendws.ports import Configuration, RequestStore
+from opendws.sim import SimClock, SimulatedCloud
+from tests.builders import A3, H100, flex, pool
+from tests.pubsub import pull
+from tests.world import submit, tenants_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVELOPE = json.loads((ROOT / "tests" / "data" / "pubsub_message_published.json").read_text())
+ZONE = "us-central1-a"
+
+
+@dataclass
+class Wired:
+    client: Any
+    store: RequestStore
+    subscriber: Any
+    subscription: str
+
+
+@pytest.fixture
+def wired(
+    official_emulators: Emulators, emulator_project: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Wired]:
+    del official_emulators
+    from functions_framework import create_app
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import firestore, pubsub_v1
+
+    from opendws import bootstrap
+    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+
+    cloud = SimulatedCloud(SimClock(), provisioning_latency=timedelta(0))
+    cloud.set_stock(ZONE, A3, 4)
+    with ComputeEmulator(cloud) as emulator:
+        monkeypatch.setenv("OPENDWS_PROJECT", emulator_project)
+        monkeypatch.setenv("OPENDWS_COMPUTE_ENDPOINT", emulator.endpoint)
+        bootstrap.reconcile_service.cache_clear()
+        publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())
+        subscriber = pubsub_v1.SubscriberClient(credentials=AnonymousCredentials())
+        topic = publisher.topic_path(emulator_project, "capacity-events")
+        subscription = subscriber.subscription_path(emulator_project, "events-check")
+        publisher.create_topic(name=topic)
+        subscriber.create_subscription(request={"name": subscription, "topic": topic})
+        db = firestore.Client(project=emulator_project, credentials=AnonymousCredentials())
+        FirestoreConfigStore(db).save(
+            Configuration(pools=(pool(zone=ZONE, capacity=4),), tenants=tenants_for(H100))
+        )
+        client = create_app(
+            "reconcile", str(ROOT / "functions" / "main.py"), "cloudevent"
+        ).test_client()
+        yield Wired(client, FirestoreRequestStore(db), subscriber, subscription)
+        bootstrap.reconcile_service.cache_clear()
+        subscriber.close()
+        db.close()
+
+
+def tick(client: Any, message_id: str) -> Any:
+    envelope = copy.deepcopy(ENVELOPE)
+    envelope["id"] = envelope["data"]["message"]["messageId"] = message_id
+    envelope["data"]["message"]["data"] = ""  # a tick carries nothing
+    return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
+
+
+def test_ticks_admit_provision_and_activate_a_request(wired: Wired) -> None:
+    now = datetime.now(UTC)
+    submit(wired.store, flex("train", vm_count=2, hours=1, locations=(ZONE,), submitted_at=now))
+    assert tick(wired.client, "tick-1").status_code == 200
+    record = wired.store.get("train")
+    assert record is not None
+    assert (record.state, record.pool) == (RequestState.PROVISIONING, f"{ZONE}/{A3}")
+    assert tick(wired.client, "tick-2").status_code == 200
+    record = wired.store.get("train")
+    assert record is not None
+    assert record.state is RequestState.ACTIVE
+    received = [json.loads(m.data) for m in pull(wired.subscriber, wired.subscription, 2)]
+    assert sorted((e["state"], e["reason"]) for e in received) == [
+        ("ACTIVE", "READY"),
+        ("PROVISIONING", "ADMITTED"),
+    ]
+    assert record.announced == record.events == 3
