@@ -7,78 +7,18 @@ reconcilers at once provision each admitted request exactly once."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
 
-from emulators import ComputeEmulator
-from opendws.adapters.memory import MemoryEventBus
-from opendws.bootstrap import capacity_providers
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, order_name
+from opendws.ports import order_name
 from opendws.service.reconcile import PassReport, ReconcileSettings
-from opendws.sim import SimClock, SimulatedCloud
-from tests.builders import A3, H100, MINUTE, NOW, V5E, calendar, flex, pool, tpu_pool
-from tests.world import ManualClock, World, submit, tenants_for
+from tests.builders import A3, MINUTE, NOW, calendar, flex
+from tests.integration.conftest import LATENCY, POOL_A, POOL_B, ZONE_A, ZONE_B, Stack
+from tests.world import submit
 
 S = RequestState
-ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
-POOL_A, POOL_B = f"{ZONE_A}/{A3}", f"{ZONE_B}/{A3}"
-LATENCY = timedelta(seconds=20)
-
-
-@dataclass
-class Stack:
-    """A world on the emulators, with the simulated cloud behind the Compute emulator."""
-
-    world: World
-    cloud: SimulatedCloud
-
-    def advance(self, delta: timedelta) -> None:
-        """Move the reconciler's clock and the cloud's together."""
-        self.world.clock.advance(delta)
-        self.cloud.advance(delta)
-
-    def run(self, holder: str = "reconciler-1") -> None:
-        self.world.run(holder)
-
-
-@pytest.fixture
-def stack(emulator_project: str) -> Iterator[Stack]:
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import firestore
-
-    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
-
-    cloud = SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=LATENCY)
-    for zone in (ZONE_A, ZONE_B):
-        cloud.set_stock(zone, A3, 4)
-    cloud.set_stock(ZONE_A, "V5LITE_POD", 16)
-    client = firestore.Client(project=emulator_project, credentials=AnonymousCredentials())
-    config = FirestoreConfigStore(client)
-    config.save(
-        Configuration(
-            pools=(
-                pool(zone=ZONE_A, capacity=4),
-                pool(zone=ZONE_B, capacity=4),
-                tpu_pool(zone=ZONE_A, capacity=16),
-            ),
-            tenants=tenants_for(H100, V5E),
-        )
-    )
-    with ComputeEmulator(cloud) as emulator:
-        world = World(
-            clock=ManualClock(),
-            store=FirestoreRequestStore(client),
-            config=config,
-            providers=capacity_providers(emulator_project, endpoint=emulator.endpoint),
-            bus=MemoryEventBus(),
-            settings=ReconcileSettings(provision_timeout=timedelta(minutes=15)),
-        )
-        yield Stack(world=world, cloud=cloud)
-    client.close()
 
 
 def test_admitted_requests_are_provisioned_and_become_active(stack: Stack) -> None:

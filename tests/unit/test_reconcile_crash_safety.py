@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
@@ -15,54 +14,12 @@ from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.states import RequestState
 from opendws.service.reconcile import Providers
 from tests.builders import A3, H100, MINUTE, NOW, calendar, flex, pool
+from tests.crashing import PROVIDER_CALLS, STORE_WRITES, Crash, Crashing, Steps
 from tests.world import World, memory_world, submit, tenants_for
 
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
 HORIZON = timedelta(hours=25)  # long enough for every run and the calendar block to end
 TICK = 5 * MINUTE  # a pass every TICK (longer than the lease, so a successor can take over)
-# Calls after which a crash is injected.
-STORE_WRITES = ("change", "mark_pool_short", "mark_announced")
-PROVIDER_CALLS = ("provision", "reserve", "release")
-
-
-class Crash(BaseException):
-    """The process died (a BaseException: nothing in the service may swallow it)."""
-
-
-class Steps:
-    """Counts side effects and crashes once, right after the ``crash_at``-th."""
-
-    def __init__(self, crash_at: int | None = None) -> None:
-        self.crash_at = crash_at
-        self.count = 0
-        self.crashed = False
-
-    def after(self, what: str) -> None:
-        self.count += 1
-        if self.count == self.crash_at:
-            self.crashed = True
-            raise Crash(f"crash after step {self.count} ({what})")
-
-
-class Crashing:
-    """Wraps a store or provider; each call named in ``methods`` is a step."""
-
-    def __init__(self, inner: Any, methods: tuple[str, ...], steps: Steps) -> None:
-        self._inner = inner
-        self._methods = methods
-        self._steps = steps
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._inner, name)
-        if name not in self._methods:
-            return attribute
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            result = attribute(*args, **kwargs)
-            self._steps.after(name)
-            return result
-
-        return call
 
 
 def scenario(steps: Steps) -> tuple[World, MemoryCapacityProvider]:

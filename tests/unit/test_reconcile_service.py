@@ -10,7 +10,7 @@ import pytest
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, Fenced, Order, StatusEvent, order_name
-from opendws.service.reconcile import ReconcileSettings
+from opendws.service.reconcile import Providers, ReconcileSettings
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
 
@@ -235,3 +235,48 @@ def test_settings_are_honoured() -> None:
     world.run()
     settle(world, timedelta(minutes=1))
     assert world.record("r1").pool == POOL_B
+
+
+class RefusingZone:
+    """A provider that refuses every creation in one zone (the API answers with an error)."""
+
+    def __init__(self, inner: MemoryCapacityProvider, zone: str) -> None:
+        self.inner = inner
+        self.zone = zone
+        self.refused = 0
+
+    def observe(self, pools):  # type: ignore[no-untyped-def]
+        return self.inner.observe(pools)
+
+    def reserve(self, order: Order) -> None:
+        self.inner.reserve(order)
+
+    def provision(self, order: Order) -> None:
+        if order.pool.zone == self.zone:
+            self.refused += 1
+            raise RuntimeError("400 Invalid value for field 'resource.instances'")
+        self.inner.provision(order)
+
+    def release(self, name: str, pool):  # type: ignore[no-untyped-def]
+        self.inner.release(name, pool)
+
+
+def test_a_failing_provider_call_holds_up_no_one_and_fails_over_after_the_timeout(
+    two_zones: Zones,
+) -> None:
+    world, cloud = two_zones
+    refusing = RefusingZone(cloud, ZONE_A)
+    world.providers = Providers(mig_flex=refusing, tpu=refusing, calendar=refusing)
+    submit(world.store, flex("stuck", vm_count=1, locations=(ZONE_A, ZONE_B)))
+    submit(world.store, flex("fine", vm_count=1, locations=(ZONE_B,), submitted_at=NOW + MINUTE))
+    report = world.run()
+    assert len(report.errors) == 1
+    assert "400 Invalid value" in report.errors[0]
+    settle(world)
+    assert (world.state("stuck"), world.state("fine")) == (S.PROVISIONING, S.ACTIVE)
+    assert refusing.refused == 2  # re-issued on the next pass
+    settle(world, timedelta(minutes=15))
+    record = world.record("stuck")
+    assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_B, 2)
+    settle(world)
+    assert world.state("stuck") is S.ACTIVE

@@ -24,7 +24,7 @@ import itertools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -146,6 +146,7 @@ class PassReport:
     reserved: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     leaks: list[str] = field(default_factory=list)  # owned resources no live request wanted
+    errors: list[str] = field(default_factory=list)  # provider calls that failed (retried later)
     published: int = 0
 
 
@@ -263,15 +264,13 @@ class _Cycle:
             self._release(order)
             seen = None
         if seen is None:
-            provider.reserve(order)
-            self.report.reserved.append(order.name)
+            self._call("reserve", order, provider.reserve)
         if self.now >= request.start_at:
             self._write(
                 record, S.PROVISIONING, ReconcileReason.BLOCK_STARTED,
                 f"block started; provisioning {request.units} units in {order.pool.pool_id}",
             )  # fmt: skip
-            provider.provision(order)
-            self.report.provisioned.append(order.name)
+            self._call("provision", order, provider.provision)
 
     def _sweep_provisioning(
         self, record: RequestRecord, order: Order, seen: Observed | None
@@ -311,10 +310,8 @@ class _Cycle:
             # Never created (a crash came between the write and the call, or the call
             # failed), or only the reservation exists: ask again under the same name.
             if request.mode is Mode.CALENDAR and seen is None:
-                provider.reserve(order)
-                self.report.reserved.append(order.name)
-            provider.provision(order)
-            self.report.provisioned.append(order.name)
+                self._call("reserve", order, provider.reserve)
+            self._call("provision", order, provider.provision)
 
     def _overdue(self, record: RequestRecord) -> bool:
         """True once provisioning has taken longer than the timeout."""
@@ -386,15 +383,36 @@ class _Cycle:
             self._write(record, S.EXPIRED, ReconcileReason.POOL_REMOVED, text + "; ended")
 
     def _release(self, order: Order) -> None:
-        self.providers.for_order(order.pool, order.request.mode).release(order.name, order.pool)
-        self.report.released.append(order.name)
+        provider = self.providers.for_order(order.pool, order.request.mode)
+        self._call("release", order, lambda o: provider.release(o.name, o.pool))
 
     def _release_leak(self, sighting: Sighting) -> None:
         leak = sighting.observed
         pool = self.pools[leak.pool_id]  # observed in a configured pool
         log.warning("releasing %s in %s: no live request wants it", leak.name, leak.pool_id)
-        sighting.provider.release(leak.name, pool)
-        self.report.leaks.append(leak.name)
+        try:
+            sighting.provider.release(leak.name, pool)
+        except Exception as error:  # the next pass sees it again and retries
+            self._provider_failed("release", leak.name, error)
+        else:
+            self.report.leaks.append(leak.name)
+
+    def _call(self, action: str, order: Order, call: Callable[[Order], None]) -> None:
+        """One provider call for one order. A failure is logged and left for the next pass —
+        which re-issues the call (it is safe to repeat), or, once the provisioning timeout has
+        passed, fails the order over — so one bad order never holds up the others."""
+        try:
+            call(order)
+        except Exception as error:
+            self._provider_failed(action, order.name, error)
+            return
+        {"provision": self.report.provisioned, "reserve": self.report.reserved}.get(
+            action, self.report.released
+        ).append(order.name)
+
+    def _provider_failed(self, action: str, name: str, error: Exception) -> None:
+        log.warning("%s %s failed; the next pass tries again: %s", action, name, error)
+        self.report.errors.append(f"{action} {name}: {error}")
 
     # Step 4: the snapshot ---------------------------------------------------------------
 
@@ -429,8 +447,8 @@ class _Cycle:
                     f"admitted in {pool.pool_id} (attempt {attempt}); provisioning",
                     pool=pool.pool_id, attempt=attempt, eta=self.now,
                 )  # fmt: skip
-                self.providers.for_order(pool, record.request.mode).provision(order)
-                self.report.provisioned.append(order.name)
+                provider = self.providers.for_order(pool, record.request.mode)
+                self._call("provision", order, provider.provision)
             case Outcome.CONFIRM:
                 assert decision.pool_id is not None
                 pool = self.pools[decision.pool_id]
@@ -439,8 +457,8 @@ class _Cycle:
                     record, S.BOOKED, ReconcileReason.BOOKED, decision.message,
                     pool=pool.pool_id, attempt=1, eta=decision.start_at,
                 )  # fmt: skip
-                self.providers.for_order(pool, record.request.mode).reserve(order)
-                self.report.reserved.append(order.name)
+                provider = self.providers.for_order(pool, record.request.mode)
+                self._call("reserve", order, provider.reserve)
             case Outcome.REFUSE | Outcome.REJECT:
                 self._write(record, S.REJECTED, decision.reason or "", _refusal(decision))
             case Outcome.TIME_OUT:
