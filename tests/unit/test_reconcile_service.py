@@ -280,3 +280,31 @@ def test_a_failing_provider_call_holds_up_no_one_and_fails_over_after_the_timeou
     assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_B, 2)
     settle(world)
     assert world.state("stuck") is S.ACTIVE
+
+
+def test_one_pass_applies_every_kind_of_decision(two_zones: Zones) -> None:
+    world, _ = two_zones
+    submit(world.store, flex("now", vm_count=2, locations=(ZONE_A,)))
+    submit(world.store, flex("held", vm_count=4, hours=5, locations=(ZONE_A,),
+                             submitted_at=NOW + MINUTE))  # fmt: skip
+    submit(world.store, flex("huge", vm_count=9, locations=(ZONE_A, ZONE_B)))
+    submit(world.store, calendar("block", vm_count=4, start_at=NOW + DAY, locations=(ZONE_B,)))
+    submit(world.store, calendar("clash", vm_count=1, start_at=NOW + DAY, locations=(ZONE_B,),
+                                 submitted_at=NOW + MINUTE))  # fmt: skip
+    report = world.run()
+    states = {name: world.state(name) for name in ("now", "held", "huge", "block", "clash")}
+    assert states == {
+        "now": S.PROVISIONING,
+        "held": S.PENDING,
+        "huge": S.REJECTED,
+        "block": S.BOOKED,
+        "clash": S.REJECTED,
+    }
+    assert world.record("huge").reason == "NEVER_FITS"
+    clash = world.record("clash")
+    assert clash.reason == "NO_CAPACITY"
+    assert "nearest starts that fit" in clash.message
+    assert report.transitions == {
+        "PENDING→PROVISIONING": 1, "PENDING→BOOKED": 1, "PENDING→REJECTED": 2,
+    }  # fmt: skip
+    assert report.revisions == 1  # held: its ETA announced

@@ -176,6 +176,8 @@ class MemoryEventBus:
             self.published.append(event)
 
 
+LONG_AGO = datetime.min.replace(tzinfo=UTC)
+NEVER = datetime.max.replace(tzinfo=UTC)
 # The error code a stockout carries, as Compute Engine reports it.
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
 FAILURE_KINDS = ("stockout", "hang", "error")
@@ -222,6 +224,7 @@ class MemoryCapacityProvider:
         self._injected: dict[tuple[str, str], list[str]] = {}
         self._orders: dict[str, _FakeOrder] = {}
         self._created: dict[str, int] = {}
+        self._next_due = LONG_AGO  # the earliest time an order changes by itself
         self._lock = threading.Lock()
 
     # Steering (the same methods the emulator's admin client has) ----------------------------
@@ -248,6 +251,7 @@ class MemoryCapacityProvider:
         """How long provisioning takes from now on."""
         with self._lock:
             self._latency = latency
+            self._next_due = LONG_AGO  # every due time moved: look again
 
     def advance(self, delta: timedelta) -> None:
         """Move the fake cloud's own time forward (on top of the injected clock)."""
@@ -301,6 +305,7 @@ class MemoryCapacityProvider:
             elif existing.phase is ProvisionPhase.RESERVED:
                 existing.phase = ProvisionPhase.CREATING
                 existing.created_at = self._now()
+                self._expect(existing)
 
     def release(self, name: str, pool: Pool) -> None:
         with self._lock:
@@ -330,6 +335,7 @@ class MemoryCapacityProvider:
         )
         self._orders[order.name] = fake
         self._created[order.name] = self._created.get(order.name, 0) + 1
+        self._expect(fake)
         return fake
 
     def _give_back(self, order: _FakeOrder) -> None:
@@ -337,9 +343,30 @@ class MemoryCapacityProvider:
         self._stock[key] = self._stock.get(key, 0) + order.units
         order.holds_stock = False
 
+    def _due(self, order: _FakeOrder) -> datetime | None:
+        """When ``order`` next changes by itself, if ever."""
+        if order.phase is ProvisionPhase.CREATING and not order.hung:
+            return order.created_at + self._latency
+        if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
+            if order.calendar_end is not None:
+                return order.calendar_end
+            if order.ready_at is not None and order.ends_by_itself:
+                return order.ready_at + order.run_duration
+        return None
+
+    def _expect(self, order: _FakeOrder) -> None:
+        """Note ``order``'s next change, so that settling can skip until something is due."""
+        due = self._due(order)
+        if due is not None and due < self._next_due:
+            self._next_due = due
+
     def _settle(self) -> None:
-        """Bring every order up to the current time (the lock is held)."""
+        """Bring every order up to the current time (the lock is held). Nothing to do until
+        the earliest change is due, so most calls return at once."""
         now = self._now()
+        if now < self._next_due:
+            return
+        self._next_due = NEVER
         for order in sorted(self._orders.values(), key=lambda o: (o.created_at, o.name)):
             due = order.created_at + self._latency
             if order.phase is ProvisionPhase.CREATING and not order.hung and now >= due:
@@ -352,6 +379,7 @@ class MemoryCapacityProvider:
                     order.phase = ProvisionPhase.ENDED
                     if order.holds_stock:
                         self._give_back(order)
+            self._expect(order)
 
     def _finish_creating(self, order: _FakeOrder) -> None:
         key = (order.pool.zone, order.pool.shape)

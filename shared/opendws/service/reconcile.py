@@ -234,7 +234,7 @@ class _Cycle:
         plan = admit(self._snapshot(), self.now)
         # 5. Apply: starts first, so capacity is asked for as early as possible.
         order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
-        for decision in sorted(plan.decisions, key=lambda d: (order.get(d.outcome, 2), d.rank)):
+        for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
             self._apply(decision)
 
     # Step 3: the sweep ------------------------------------------------------------------
@@ -540,6 +540,13 @@ _NOWHERE = Pool(
     pool_id="-", zone="nowhere-none0-a", shape="-", accelerator="-", provider=Provider.MIG,
     capacity=0,
 )  # fmt: skip
+
+
+def _apply_order(decision: Decision, first: dict[Outcome, int]) -> tuple[int, int, str]:
+    """Starts first, then confirmations, then the rest; within each, the plan's rank (calendar
+    and screened decisions have none), then the id."""
+    rank = decision.rank if decision.rank is not None else 0
+    return first.get(decision.outcome, 2), rank, decision.request_id
 
 
 def _with_shortage(pool: Pool, until: datetime | None) -> Pool:
