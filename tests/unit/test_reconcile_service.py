@@ -308,3 +308,48 @@ def test_one_pass_applies_every_kind_of_decision(two_zones: Zones) -> None:
         "PENDING→PROVISIONING": 1, "PENDING→BOOKED": 1, "PENDING→REJECTED": 2,
     }  # fmt: skip
     assert report.revisions == 1  # held: its ETA announced
+
+
+def test_an_eta_drifting_less_than_the_tolerance_is_not_announced(two_zones: Zones) -> None:
+    world, cloud = two_zones
+    cloud.inject(ZONE_A, A3, "hang")  # "first" stays provisioning: its end drifts with the clock
+    submit(world.store, flex("first", vm_count=4, hours=1, locations=(ZONE_A,)))
+    submit(world.store, flex("after", vm_count=4, hours=2, locations=(ZONE_A,),
+                             submitted_at=NOW + MINUTE))  # fmt: skip
+    world.run()
+    first_eta = world.record("after").eta
+    assert first_eta == NOW + HOUR
+    settle(world, 2 * MINUTE)
+    assert world.record("after").eta == first_eta  # moved 2 min: not news
+    settle(world, 6 * MINUTE)
+    assert world.record("after").eta == NOW + 8 * MINUTE + HOUR  # moved 8 min: announced
+    assert [e[0] for e in world.published("after")] == ["PENDING", "PENDING"]
+
+
+def test_a_long_pass_renews_its_lease_and_stops_when_it_was_taken(two_zones: Zones) -> None:
+    world, _ = two_zones
+    world.settings = ReconcileSettings(renew_every=2)
+    for index in range(6):
+        submit(world.store, flex(f"r{index}", vm_count=4, hours=1 + index, locations=(ZONE_A,)))
+    store = world.store
+
+    class Thief:
+        """Takes the lease over after the third write of the pass."""
+
+        def __init__(self) -> None:
+            self.writes = 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        def change(self, *args: object, **kwargs: object) -> object:
+            self.writes += 1
+            if self.writes == 3:
+                store.release_lease(kwargs["fence"])  # type: ignore[arg-type]
+                store.acquire_lease("thief", world.clock.now(), timedelta(minutes=2))
+            return store.change(*args, **kwargs)  # type: ignore[arg-type]
+
+    world.store = Thief()  # type: ignore[assignment]
+    report = world.run()
+    assert report.fenced
+    assert sum(report.transitions.values()) + report.revisions == 2

@@ -91,6 +91,8 @@ class ReconcileSettings:
     provision_timeout: timedelta = timedelta(minutes=15)  # then cancel and try elsewhere
     stockout_cooldown: timedelta = timedelta(minutes=10)  # a stocked-out pool rests this long
     overdue_grace: timedelta = timedelta(minutes=1)  # the sweep ends runs this long past due
+    eta_tolerance: timedelta = timedelta(minutes=5)  # smaller ETA moves are not announced
+    renew_every: int = 50  # writes between lease renewals within a long pass
 
 
 class Providers:
@@ -215,6 +217,8 @@ class _Cycle:
             for pool in self.config.pools
         }
         self.records: dict[str, RequestRecord] = {}
+        self.clock = service._clock
+        self.writes = 0
 
     def run(self) -> None:
         # 1. The lease is held (run_pass took it).
@@ -464,13 +468,22 @@ class _Cycle:
             case Outcome.TIME_OUT:
                 self._write(record, S.TIMED_OUT, decision.reason or "", decision.message)
             case Outcome.HOLD | Outcome.WAIT:
-                # Announce a new ETA, reason or pool; a mere shift in position is not news.
-                known = (record.eta, record.reason, record.pool)
-                if known != (decision.eta, decision.reason, decision.pool_id):
+                if self._news(record, decision):
                     self._write(
                         record, S.PENDING, decision.reason or "", decision.message,
                         pool=decision.pool_id, eta=decision.eta, position=decision.position,
                     )  # fmt: skip
+
+    def _news(self, record: RequestRecord, decision: Decision) -> bool:
+        """Whether a waiting request's new estimate is worth a write and an event: another
+        reason or pool, an ETA appearing or vanishing, or one that moved by more than the
+        tolerance (ETAs behind a provisioning grant drift with the clock; a shifted queue
+        position alone is not news)."""
+        if (record.reason, record.pool) != (decision.reason, decision.pool_id):
+            return True
+        if record.eta is None or decision.eta is None:
+            return record.eta != decision.eta
+        return abs(decision.eta - record.eta) > self.settings.eta_tolerance
 
     # Writes and events ------------------------------------------------------------------
 
@@ -499,6 +512,7 @@ class _Cycle:
             position=position,
             pool=keep_pool,
         )
+        self._renew_lease()
         changed = self.store.change(
             current.request_id, expected_version=current.version, state=state, event=event,
             reason=reason or None, message=message, pool=keep_pool, eta=eta, position=position,
@@ -511,6 +525,18 @@ class _Cycle:
             self.report.transitions[f"{current.state}→{state}"] += 1
         self._announce(changed, [event])
         return changed
+
+    def _renew_lease(self) -> None:
+        """Keep the lease through a long pass; stop (Fenced) if it was lost meanwhile."""
+        self.writes += 1
+        if self.writes % self.settings.renew_every:
+            return
+        fence = self.store.acquire_lease(
+            self.fence.holder, self.clock.now(), self.settings.lease_ttl
+        )
+        if fence is None or fence.token != self.fence.token:
+            raise Fenced(f"{self.fence.holder} lost the reconciler lease during its pass")
+        self.fence = fence
 
     def _announce(self, record: RequestRecord, events: list[StatusEvent]) -> None:
         for event in events:
