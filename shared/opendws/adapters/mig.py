@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
+from google.api_core.exceptions import NotFound
 from google.cloud import compute_v1
 
 from opendws.adapters.gce import (
@@ -88,14 +89,22 @@ class MigFlexProvider:
             ],
             requested_run_duration=_duration(request.run_duration),
         )
-        created(
-            lambda: self._resize_requests.insert(
+
+        def insert() -> None:
+            self._resize_requests.insert(
                 project=self._project,
                 zone=pool.zone,
                 instance_group_manager=group_name(pool),
                 instance_group_manager_resize_request_resource=resize,
             )
-        )
+
+        try:
+            created(insert)
+        except NotFound:
+            # The group went away since it was last seen (deleted by hand): make it again.
+            self._ready_groups.discard(pool.pool_id)
+            self._ensure_group(pool)
+            created(insert)
 
     def release(self, name: str, pool: Pool) -> None:
         project, zone, group = self._project, pool.zone, group_name(pool)
