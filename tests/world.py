@@ -12,7 +12,9 @@ from opendws.adapters.memory import (
     MemoryCapacityProvider,
     MemoryConfigStore,
     MemoryEventBus,
+    MemoryNudger,
     MemoryRequestStore,
+    MemoryTimerQueue,
 )
 from opendws.domain.model import CapacityRequest, Pool, Tenant
 from opendws.domain.states import RequestState
@@ -26,6 +28,7 @@ from opendws.ports import (
     content_digest,
 )
 from opendws.service.reconcile import PassReport, Providers, ReconcileService, ReconcileSettings
+from opendws.service.release import EndResult, EndService
 from tests.builders import NOW, quota, tenant
 
 
@@ -80,12 +83,27 @@ class World:
     providers: Providers
     bus: MemoryEventBus
     settings: ReconcileSettings = field(default_factory=ReconcileSettings)
+    timers: MemoryTimerQueue | None = None  # None: no timers, the sweep alone ends runs
+    nudger: MemoryNudger = field(default_factory=MemoryNudger)
 
     def reconciler(self, holder: str = "reconciler-1") -> ReconcileService:
         return ReconcileService(
             self.store, self.config, self.providers, self.bus, self.clock,
-            holder=holder, settings=self.settings,
+            holder=holder, settings=self.settings, timers=self.timers,
         )  # fmt: skip
+
+    def ending(self) -> EndService:
+        """The release/cancel/timer service on this world (it needs timers)."""
+        assert self.timers is not None, "build the world with timers=True"
+        return EndService(
+            self.store, self.config, self.providers, self.timers, self.bus, self.nudger,
+            self.clock,
+        )  # fmt: skip
+
+    def fire_due(self) -> list[EndResult]:
+        """Dispatch every timer due now, as Cloud Tasks would."""
+        assert self.timers is not None
+        return [self.ending().fire(timer) for timer in self.timers.take_due(self.clock.now())]
 
     def run(self, holder: str = "reconciler-1") -> PassReport:
         return self.reconciler(holder).run_pass()
@@ -115,6 +133,8 @@ def memory_world(
     *,
     latency: timedelta = timedelta(seconds=20),
     settings: ReconcileSettings | None = None,
+    timers: bool = False,
+    configuration: Configuration | None = None,
 ) -> tuple[World, MemoryCapacityProvider]:
     """A world in memory: one fake cloud serves all three provider kinds."""
     clock = ManualClock()
@@ -123,9 +143,12 @@ def memory_world(
     world = World(
         clock=clock,
         store=MemoryRequestStore(),
-        config=MemoryConfigStore(Configuration(pools=tuple(pools), tenants=tuple(tenants))),
+        config=MemoryConfigStore(
+            configuration or Configuration(pools=tuple(pools), tenants=tuple(tenants))
+        ),
         providers=Providers(mig_flex=provider, tpu=provider, calendar=provider),
         bus=MemoryEventBus(),
         settings=settings or ReconcileSettings(),
+        timers=MemoryTimerQueue() if timers else None,
     )
     return world, cloud

@@ -13,7 +13,7 @@ from pydantic import Field, ValidationError
 
 from opendws.domain.model import PolicySettings, Pool, Tenant
 from opendws.durations import format_duration
-from opendws.ports import Configuration
+from opendws.ports import Configuration, Price
 from opendws.scenario import (
     PolicySpec,
     PoolSpec,
@@ -26,10 +26,28 @@ from opendws.scenario import (
 )
 
 
+class PriceSpec(Spec):
+    """``prices[i]``: the on-demand price of one accelerator-hour and the modes' factors."""
+
+    accelerator: str
+    per_hour: float = Field(ge=0)
+    flex_factor: float = Field(default=1.0, ge=0)
+    calendar_factor: float = Field(default=1.0, ge=0)
+
+    def build(self) -> Price:
+        return Price(
+            accelerator=self.accelerator,
+            per_hour=self.per_hour,
+            flex_factor=self.flex_factor,
+            calendar_factor=self.calendar_factor,
+        )
+
+
 class ConfigSpec(Spec):
     """The whole configuration document."""
 
     policy: PolicySpec | None = None
+    prices: list[PriceSpec] = Field(default_factory=list)
     pools: list[PoolSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
 
@@ -50,7 +68,11 @@ def configuration_from_document(data: object, *, source: str) -> Configuration:
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ScenarioError(f"{source}: {section}: {duplicates[0]!r} appears twice")
-    return Configuration(pools=pools, tenants=tenants, policy=policy)
+    prices = tuple(price.build() for price in spec.prices)
+    accelerators = [price.accelerator for price in prices]
+    if len(set(accelerators)) != len(accelerators):
+        raise ScenarioError(f"{source}: prices: one price per accelerator")
+    return Configuration(pools=pools, tenants=tenants, policy=policy, prices=prices)
 
 
 def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
@@ -59,6 +81,15 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
         "policy": {"aging_half_life": format_duration(configuration.policy.aging_half_life)},
         "pools": [_pool(pool) for pool in configuration.pools],
         "tenants": [_tenant(tenant) for tenant in configuration.tenants],
+        "prices": [
+            {
+                "accelerator": price.accelerator,
+                "per_hour": price.per_hour,
+                "flex_factor": price.flex_factor,
+                "calendar_factor": price.calendar_factor,
+            }
+            for price in configuration.prices
+        ],
     }
 
 

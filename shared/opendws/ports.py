@@ -153,10 +153,11 @@ class RequestStore(Protocol):
         self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
         reason: str | None = None, message: str = "", pool: str | None = None,
         eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
-        fence: Fence | None = None,
+        fence: Fence | None = None, usage: UsageEntry | None = None,
     ) -> RequestRecord:  # fmt: skip
         """Move the request to ``state`` and append ``event``, in one atomic write guarded by
-        ``expected_version`` (and by ``fence``, when given). ``state`` equal to the current
+        ``expected_version`` (and by ``fence``, when given); ``usage``, for a final state, is
+        stored in the same write (under the request's id). ``state`` equal to the current
         state is a revision (a new ETA, reason or attempt), not a transition; ``since`` becomes
         ``event.at`` only when the state changes; ``attempt`` None keeps it. Raises StaleWrite
         if the stored version differs, Fenced if the fence's lease was taken over,
@@ -181,6 +182,10 @@ class RequestStore(Protocol):
         """Every request currently in one of ``states``, oldest submission first."""
         ...
 
+    def usage(self, tenant: str | None = None) -> list[UsageEntry]:
+        """Every usage entry (of one tenant, if given), oldest end first."""
+        ...
+
     def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
         """Take or renew the reconciler lease for ``ttl``: granted if it is free, expired, or
         already ``holder``'s (renewal keeps the token; a new holder gets the next token).
@@ -202,12 +207,51 @@ class RequestStore(Protocol):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Price:
+    """What one accelerator-hour of a type costs, and the discount factors of the two modes
+    (flex-start and calendar capacity are billed below on-demand)."""
+
+    accelerator: str
+    per_hour: float  # on-demand price of one accelerator for one hour
+    flex_factor: float = 1.0  # multiplier for flex_start runs
+    calendar_factor: float = 1.0  # multiplier for calendar blocks
+
+    def cost(self, mode: Mode, accelerator_hours: float) -> float:
+        """The estimated cost of ``accelerator_hours`` used in ``mode``."""
+        factor = self.calendar_factor if mode is Mode.CALENDAR else self.flex_factor
+        return accelerator_hours * self.per_hour * factor
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Configuration:
-    """What the operators configure: pools, tenants with their quotas, and policy knobs."""
+    """What the operators configure: pools, tenants with their quotas, policy knobs, and the
+    price table usage is costed with."""
 
     pools: tuple[Pool, ...] = ()
     tenants: tuple[Tenant, ...] = ()
     policy: PolicySettings = field(default_factory=PolicySettings)
+    prices: tuple[Price, ...] = ()
+
+    def price(self, accelerator: str) -> Price | None:
+        """The price of ``accelerator``, if configured."""
+        return next((p for p in self.prices if p.accelerator == accelerator), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageEntry:
+    """What one finished request used: written with its final state, in the same write, so
+    that usage is neither lost nor counted twice."""
+
+    request_id: str
+    tenant: str
+    accelerator: str
+    mode: Mode
+    outcome: RequestState  # the final state
+    granted_hours: float  # accelerator-hours granted: units × run_duration, if it ever ran
+    used_hours: float  # accelerator-hours actually held: units × (end - start)
+    started_at: datetime | None  # when it became ACTIVE (None: it never ran)
+    ended_at: datetime  # when it reached its final state
+    cost: float | None  # estimated, from the price table (None: no price configured)
 
 
 class ConfigStore(Protocol):
@@ -296,6 +340,84 @@ class CapacityProvider(Protocol):
     def release(self, name: str, pool: Pool) -> None:
         """Cancel and delete everything the order ``name`` created in ``pool``."""
         ...
+
+
+class TimerKind(StrEnum):
+    """What a timer ends or starts."""
+
+    RELEASE = "release"  # the run time of an ACTIVE request is up
+    EXPIRY = "expiry"  # a PENDING flex request's max_wait has passed
+    START = "start"  # a BOOKED calendar block starts
+
+
+# Cloud Tasks schedules at most 30 days ahead; a later timer is armed as a chain of hops.
+TIMER_HORIZON = timedelta(days=29)
+_TASK_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timer:
+    """A timer for one request: fires at ``fire_at`` (or, for one beyond the horizon, at an
+    intermediate ``hop`` that re-arms the next one)."""
+
+    request_id: str
+    kind: TimerKind
+    generation: int  # which run (the record's attempt) it belongs to: an older one is ignored
+    fire_at: datetime  # when the timer is meant to act
+    hop: int = 0  # 0 for the first task of a chain; each re-arm adds one
+
+    @property
+    def name(self) -> str:
+        """The deterministic task name: the same timer armed twice is one task."""
+        slug = _TASK_UNSAFE.sub("-", self.request_id)[:60]
+        digest = hashlib.sha256(self.request_id.encode()).hexdigest()[:12]
+        return f"{slug}-{digest}-{self.kind.value}-g{self.generation}-h{self.hop}"
+
+    def due_at(self, armed_at: datetime) -> datetime:
+        """When this hop's task is scheduled: ``fire_at``, or the horizon if that is sooner."""
+        return min(self.fire_at, armed_at + TIMER_HORIZON)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "kind": self.kind.value,
+            "generation": self.generation,
+            "fire_at": _iso(self.fire_at),
+            "hop": self.hop,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timer:
+        """Read back what :meth:`to_json` wrote; ValueError/KeyError/TypeError if malformed."""
+        fire_at = datetime.fromisoformat(str(data["fire_at"]))
+        if fire_at.tzinfo is None:
+            raise ValueError("fire_at: needs a time zone")
+        return cls(
+            request_id=str(data["request_id"]),
+            kind=TimerKind(data["kind"]),
+            generation=int(data["generation"]),
+            fire_at=fire_at,
+            hop=int(data.get("hop", 0)),
+        )
+
+
+class TimerQueue(Protocol):
+    """Where timers wait (Cloud Tasks): each calls the ``timer`` function when due."""
+
+    def arm(self, timer: Timer, now: datetime) -> None:
+        """Schedule ``timer`` (its hop, if it lies beyond the horizon). Arming the same timer
+        again changes nothing."""
+        ...
+
+    def disarm(self, timer: Timer) -> None:
+        """Delete ``timer``'s task so it never fires; nothing to do if it is gone."""
+        ...
+
+
+class Nudger(Protocol):
+    """Asks the reconciler for a pass now (a message on ``reconcile-ticks``)."""
+
+    def nudge(self, reason: str) -> None: ...
 
 
 class EventBus(Protocol):

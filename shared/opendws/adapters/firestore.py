@@ -23,6 +23,7 @@ from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from opendws.config import configuration_from_document, configuration_to_document
+from opendws.domain.model import Mode
 from opendws.domain.states import RequestState, transition
 from opendws.ports import (
     Configuration,
@@ -33,6 +34,7 @@ from opendws.ports import (
     StaleWrite,
     StatusEvent,
     UnknownRequest,
+    UsageEntry,
     request_from_document,
     request_to_document,
 )
@@ -42,6 +44,7 @@ EVENTS = "events"
 LEASES = "leases"
 RECONCILER_LEASE = "reconciler"
 POOL_STATUS = "pool_status"
+USAGE = "usage"
 CONFIG = "config"
 SCHEDULER_CONFIG = "scheduler"
 # A released lease expires at the beginning of time: anyone may take it at once.
@@ -60,6 +63,7 @@ class FirestoreRequestStore:
         self._requests = client.collection(collection)
         self._lease = client.collection(LEASES).document(RECONCILER_LEASE)
         self._pool_status = client.collection(POOL_STATUS)
+        self._usage = client.collection(USAGE)
 
     def create(self, record: RequestRecord, event: StatusEvent) -> CreateOutcome:
         document = self._requests.document(record.request_id)
@@ -84,7 +88,7 @@ class FirestoreRequestStore:
         self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
         reason: str | None = None, message: str = "", pool: str | None = None,
         eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
-        fence: Fence | None = None,
+        fence: Fence | None = None, usage: UsageEntry | None = None,
     ) -> RequestRecord:  # fmt: skip
         document = self._requests.document(request_id)
 
@@ -122,6 +126,8 @@ class FirestoreRequestStore:
             transaction.create(
                 document.collection(EVENTS).document(_event_id(seq)), _event_fields(event, seq)
             )
+            if usage is not None:
+                transaction.set(self._usage.document(request_id), _usage_fields(usage))
             return _record({**data, **fields})
 
         with _contention(f"{request_id} was changed by another writer meanwhile"):
@@ -169,6 +175,13 @@ class FirestoreRequestStore:
         records = [_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
         # Equal submission times come back in any order: settle them by id.
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
+
+    def usage(self, tenant: str | None = None) -> list[UsageEntry]:
+        query = self._usage
+        if tenant is not None:
+            query = query.where(filter=FieldFilter("tenant", "==", tenant))  # type: ignore[assignment]
+        entries = [_usage_entry(snapshot.to_dict() or {}) for snapshot in query.stream()]
+        return sorted(entries, key=lambda u: (u.ended_at, u.request_id))
 
     def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
         @firestore.transactional
@@ -262,6 +275,36 @@ def _contention(what: str) -> Iterator[None]:
         if "Failed to commit transaction" not in str(error):
             raise
         raise StaleWrite(f"{what} ({error})") from error
+
+
+def _usage_fields(usage: UsageEntry) -> dict[str, Any]:
+    return {
+        "request_id": usage.request_id,
+        "tenant": usage.tenant,
+        "accelerator": usage.accelerator,
+        "mode": usage.mode.value,
+        "outcome": usage.outcome.value,
+        "granted_hours": usage.granted_hours,
+        "used_hours": usage.used_hours,
+        "started_at": usage.started_at,
+        "ended_at": usage.ended_at,
+        "cost": usage.cost,
+    }
+
+
+def _usage_entry(data: dict[str, Any]) -> UsageEntry:
+    return UsageEntry(
+        request_id=data["request_id"],
+        tenant=data["tenant"],
+        accelerator=data["accelerator"],
+        mode=Mode(data["mode"]),
+        outcome=RequestState(data["outcome"]),
+        granted_hours=float(data["granted_hours"]),
+        used_hours=float(data["used_hours"]),
+        started_at=data.get("started_at"),
+        ended_at=data["ended_at"],
+        cost=None if data.get("cost") is None else float(data["cost"]),
+    )
 
 
 def _fence(data: dict[str, Any] | None) -> Fence | None:

@@ -22,7 +22,9 @@ from opendws.ports import (
     RequestRecord,
     StaleWrite,
     StatusEvent,
+    Timer,
     UnknownRequest,
+    UsageEntry,
 )
 
 # A released lease expires at the beginning of time: anyone may take it at once.
@@ -37,6 +39,7 @@ class MemoryRequestStore:
         self._events: dict[str, list[StatusEvent]] = {}
         self._lease: Fence | None = None
         self._shortages: dict[str, datetime] = {}
+        self._usage: dict[str, UsageEntry] = {}
         self._lock = threading.Lock()
 
     def create(self, record: RequestRecord, event: StatusEvent) -> CreateOutcome:
@@ -57,7 +60,7 @@ class MemoryRequestStore:
         self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
         reason: str | None = None, message: str = "", pool: str | None = None,
         eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
-        fence: Fence | None = None,
+        fence: Fence | None = None, usage: UsageEntry | None = None,
     ) -> RequestRecord:  # fmt: skip
         with self._lock:
             self._check_fence(fence)
@@ -85,6 +88,8 @@ class MemoryRequestStore:
             )
             self._records[request_id] = changed
             self._events[request_id].append(event)
+            if usage is not None:
+                self._usage[request_id] = usage
             return changed
 
     def events(self, request_id: str) -> list[StatusEvent]:
@@ -108,6 +113,11 @@ class MemoryRequestStore:
         with self._lock:
             found = [r for r in self._records.values() if r.events > r.announced and r.version > 1]
         return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
+
+    def usage(self, tenant: str | None = None) -> list[UsageEntry]:
+        with self._lock:
+            entries = [u for u in self._usage.values() if tenant is None or u.tenant == tenant]
+        return sorted(entries, key=lambda u: (u.ended_at, u.request_id))
 
     def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
         with self._lock:
@@ -404,3 +414,47 @@ class MemoryCapacityProvider:
             order.holds_stock = True
         order.phase = ProvisionPhase.READY
         order.ready_at = order.created_at + self._latency
+
+
+class MemoryTimerQueue:
+    """A TimerQueue in memory: what is armed, what was ever armed (a task name is never
+    reused), and a way for tests to take the timers that are due."""
+
+    def __init__(self) -> None:
+        self._armed: dict[str, tuple[Timer, datetime]] = {}  # name → (timer, scheduled at)
+        self.used: set[str] = set()
+        self._lock = threading.Lock()
+
+    def arm(self, timer: Timer, now: datetime) -> None:
+        with self._lock:
+            if timer.name in self.used:
+                return  # the same timer again: one task (Cloud Tasks: ALREADY_EXISTS)
+            self.used.add(timer.name)
+            self._armed[timer.name] = (timer, timer.due_at(now))
+
+    def disarm(self, timer: Timer) -> None:
+        with self._lock:
+            self._armed.pop(timer.name, None)
+
+    def armed(self) -> list[tuple[Timer, datetime]]:
+        """Every armed timer and when its task is scheduled, soonest first."""
+        with self._lock:
+            return sorted(self._armed.values(), key=lambda pair: (pair[1], pair[0].name))
+
+    def take_due(self, now: datetime) -> list[Timer]:
+        """Remove and return the timers whose tasks are due at ``now`` (as dispatching does)."""
+        with self._lock:
+            due = [(t, at) for t, at in self._armed.values() if at <= now]
+            for timer, _ in due:
+                del self._armed[timer.name]
+        return [timer for timer, _ in sorted(due, key=lambda pair: (pair[1], pair[0].name))]
+
+
+class MemoryNudger:
+    """A Nudger that counts."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def nudge(self, reason: str) -> None:
+        self.reasons.append(reason)

@@ -31,9 +31,12 @@ from opendws.ports import (
     RequestRecord,
     RequestStore,
     StatusEvent,
+    TimerQueue,
     content_digest,
 )
 from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
+from opendws.service.release import EndOutcome, EndService
+from opendws.service.timers import expiry_timer
 
 # How long a duplicate waits for the first delivery to announce before announcing itself.
 ANNOUNCE_GRACE = timedelta(seconds=30)
@@ -49,6 +52,7 @@ class IntakeOutcome(StrEnum):
     ACCEPTED = "ACCEPTED"  # stored as a new PENDING request and announced
     DUPLICATE = "DUPLICATE"  # the same request was already stored: nothing changed
     REFUSED = "REFUSED"  # bad input or a conflicting id: a REJECTED event says why
+    APPLIED = "APPLIED"  # a cancel or release was carried out (or had been, for a repeat)
 
 
 class AnnouncementPending(RuntimeError):
@@ -78,21 +82,35 @@ class IntakeResult:
 class IntakeService:
     """Turns request messages into stored requests and events (see the module docstring)."""
 
-    def __init__(self, store: RequestStore, bus: EventBus, clock: Clock) -> None:
+    def __init__(
+        self, store: RequestStore, bus: EventBus, clock: Clock, *,
+        ending: EndService | None = None, timers: TimerQueue | None = None,
+    ) -> None:  # fmt: skip
         self._store = store
         self._bus = bus
         self._clock = clock
+        self._ending = ending  # None: cancel and release are refused as unsupported here
+        self._timers = timers  # None: no expiry timers (the reconciler times requests out)
 
     def handle(self, delivery: Delivery) -> IntakeResult:
         """Take one delivery; raises only for transient faults (redelivery helps)."""
         try:
             message = parse_message(delivery.data)
             if not isinstance(message, Submit):
-                return self._refuse(
-                    delivery,
-                    UNSUPPORTED_ACTION,
-                    f"action: {message.action!r} is not taken by this intake yet; only submit is",
+                if self._ending is None:
+                    return self._refuse(
+                        delivery,
+                        UNSUPPORTED_ACTION,
+                        f"action: {message.action!r} is not taken by this intake; only submit is",
+                    )
+                act = self._ending.cancel if message.action == "cancel" else self._ending.release
+                ended = act(message.request_id, message.tenant)
+                applied = (
+                    IntakeOutcome.REFUSED
+                    if ended.outcome is EndOutcome.REFUSED
+                    else IntakeOutcome.APPLIED
                 )
+                return IntakeResult(applied, message.request_id, ended.message)
             request = to_capacity_request(
                 message,
                 default_request_id=delivery.message_id,
@@ -129,9 +147,16 @@ class IntakeService:
             )
         if outcome is CreateOutcome.CREATED:
             self._announce(request.request_id, event)
+            self._arm_expiry(record)
             return IntakeResult(IntakeOutcome.ACCEPTED, request.request_id, event.message)
         self._announce_if_abandoned(request.request_id)
+        self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _arm_expiry(self, record: RequestRecord) -> None:
+        """A flex request's max_wait timer (arming it again is harmless)."""
+        if self._timers is not None and record.request.deadline is not None:
+            self._timers.arm(expiry_timer(record), self._clock.now())
 
     def _announce(self, request_id: str, event: StatusEvent) -> None:
         self._bus.publish(event)

@@ -46,7 +46,10 @@ from opendws.ports import (
     RequestStore,
     StaleWrite,
     StatusEvent,
+    TimerQueue,
 )
+from opendws.service.timers import release_timer, start_timer, timers_to_disarm
+from opendws.service.usage import usage_of
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +161,7 @@ class ReconcileService:
     def __init__(
         self, store: RequestStore, config: ConfigStore, providers: Providers, bus: EventBus,
         clock: Clock, *, holder: str, settings: ReconcileSettings | None = None,
+        timers: TimerQueue | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._config = config
@@ -166,6 +170,7 @@ class ReconcileService:
         self._clock = clock
         self._holder = holder
         self._settings = settings or ReconcileSettings()
+        self._timers = timers  # None: no timers; the sweep alone ends runs and starts blocks
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -218,6 +223,7 @@ class _Cycle:
         }
         self.records: dict[str, RequestRecord] = {}
         self.clock = service._clock
+        self.timers = service._timers
         self.writes = 0
 
     def run(self) -> None:
@@ -332,7 +338,8 @@ class _Cycle:
         elif self.now >= end + self.settings.overdue_grace:
             self._finish(
                 record, order, S.EXPIRED, ReconcileReason.RUN_TIME_UP,
-                f"run time ended at {end.isoformat()}; released",
+                f"run time ended at {end.isoformat()} and no timer ended it; released by the "
+                "sweep",
             )  # fmt: skip
 
     def _failed(self, record: RequestRecord, order: Order, code: str, detail: str) -> None:
@@ -513,11 +520,15 @@ class _Cycle:
             pool=keep_pool,
         )
         self._renew_lease()
+        final = state.is_final
         changed = self.store.change(
             current.request_id, expected_version=current.version, state=state, event=event,
             reason=reason or None, message=message, pool=keep_pool, eta=eta, position=position,
             attempt=attempt, fence=self.fence,
+            usage=usage_of(current, state, self.now, self.config) if final else None,
         )  # fmt: skip
+        if state is not current.state:
+            self._set_timers(current, changed)
         self.records[current.request_id] = changed
         if state is current.state:
             self.report.revisions += 1
@@ -525,6 +536,23 @@ class _Cycle:
             self.report.transitions[f"{current.state}→{state}"] += 1
         self._announce(changed, [event])
         return changed
+
+    def _set_timers(self, before: RequestRecord, after: RequestRecord) -> None:
+        """Arm the timer of the new state (a run's end, a block's start); delete every timer
+        of a request that ended. A failure only costs promptness: the sweep is the net."""
+        if self.timers is None:
+            return
+        try:
+            if after.state.is_final:
+                for timer in timers_to_disarm(before):
+                    self.timers.disarm(timer)
+            elif after.state is S.ACTIVE and after.since is not None:
+                self.timers.arm(release_timer(after, after.since), self.now)
+            elif after.state is S.BOOKED:
+                self.timers.arm(start_timer(after), self.now)
+        except Exception as error:
+            log.warning("timers of %s not set; the sweep covers: %s", after.request_id, error)
+            self.report.errors.append(f"timers {after.request_id}: {error}")
 
     def _renew_lease(self) -> None:
         """Keep the lease through a long pass; stop (Fenced) if it was lost meanwhile."""

@@ -1,0 +1,232 @@
+"""The end of a request: release (early or on time), cancel, and the timers that end runs.
+
+- ``release``: the tenant is done. An ACTIVE run is released (RELEASED); one still
+  provisioning, pending or booked has not run, so it is cancelled (CANCELLED).
+- ``cancel``: withdraw a request that is not running yet (PENDING, BOOKED or PROVISIONING);
+  a running one is refused with a message saying to release it.
+- ``fire``: a timer is due. A release timer ends its run (EXPIRED); an expiry timer times out
+  a flex request still waiting (TIMED_OUT); a start timer asks the reconciler to start a
+  calendar block. A timer for a request already ended, or for an older run (generation), is
+  acknowledged and ignored; a hop of a long timer re-arms the next hop.
+
+Only the request's tenant (or an admin) may release or cancel it; anyone else gets a refusal
+event and nothing changes. Every ending is one version-guarded write with the request's usage
+entry, then the cloud resources are released, its timers deleted, its event published and the
+reconciler nudged so that the freed capacity is admitted at once. A crash after the write
+leaves resources no live request wants — the reconciler releases them — and an event in the
+outbox the reconciler drains; repeating a release or a timer changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from opendws.domain.states import RequestState
+from opendws.ports import (
+    Clock,
+    ConfigStore,
+    EventBus,
+    Nudger,
+    Order,
+    RequestRecord,
+    RequestStore,
+    StaleWrite,
+    StatusEvent,
+    Timer,
+    TimerKind,
+    TimerQueue,
+)
+from opendws.service.reconcile import Providers
+from opendws.service.timers import timers_to_disarm
+from opendws.service.usage import usage_of
+
+log = logging.getLogger(__name__)
+
+S = RequestState
+# A timer firing earlier than this before its time is a hop of a long timer, not the timer.
+EARLY = timedelta(minutes=1)
+# Version conflicts (the reconciler wrote meanwhile) are retried this many times.
+ATTEMPTS = 5
+
+
+class EndOutcome(StrEnum):
+    """What a release, cancel or timer did."""
+
+    ENDED = "ENDED"  # the request reached a final state now
+    ALREADY_ENDED = "ALREADY_ENDED"  # it had already ended: nothing changed (a repeat)
+    REFUSED = "REFUSED"  # not allowed (another tenant, unknown request, not cancellable)
+    IGNORED = "IGNORED"  # a timer that no longer applies
+    REARMED = "REARMED"  # a hop of a long timer: the next hop is armed
+    NUDGED = "NUDGED"  # a start timer: the reconciler was asked to start the block
+
+
+class EndReason(StrEnum):
+    """Reasons on the events of this service."""
+
+    RELEASED = "RELEASED"  # the tenant released it
+    CANCELLED = "CANCELLED"  # the tenant cancelled it
+    RUN_TIME_UP = "RUN_TIME_UP"  # its release timer fired
+    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # its expiry timer fired while it still waited
+    NOT_YOUR_REQUEST = "NOT_YOUR_REQUEST"  # refused: another tenant's request
+    UNKNOWN_REQUEST = "UNKNOWN_REQUEST"  # refused: no such request
+    NOT_CANCELLABLE = "NOT_CANCELLABLE"  # refused: it is running; release it instead
+
+
+@dataclass(frozen=True, slots=True)
+class EndResult:
+    """The outcome, and the state the request is in afterwards (None if unknown)."""
+
+    outcome: EndOutcome
+    state: RequestState | None
+    message: str
+
+
+class EndService:
+    """Release, cancel and timers (see the module docstring)."""
+
+    def __init__(
+        self, store: RequestStore, config: ConfigStore, providers: Providers, timers: TimerQueue,
+        bus: EventBus, nudger: Nudger, clock: Clock,
+    ) -> None:  # fmt: skip
+        self._store = store
+        self._config = config
+        self._providers = providers
+        self._timers = timers
+        self._bus = bus
+        self._nudger = nudger
+        self._clock = clock
+
+    # Release and cancel -----------------------------------------------------------------
+
+    def release(self, request_id: str, tenant: str, *, admin: bool = False) -> EndResult:
+        """The tenant is done with ``request_id``: give its capacity back now."""
+        return self._by_tenant(request_id, tenant, admin=admin, cancel=False)
+
+    def cancel(self, request_id: str, tenant: str, *, admin: bool = False) -> EndResult:
+        """Withdraw ``request_id`` before it runs."""
+        return self._by_tenant(request_id, tenant, admin=admin, cancel=True)
+
+    def _by_tenant(self, request_id: str, tenant: str, *, admin: bool, cancel: bool) -> EndResult:
+        action = "cancel" if cancel else "release"
+        for _ in range(ATTEMPTS):
+            record = self._store.get(request_id)
+            if record is None:
+                return self._refuse(
+                    request_id, tenant, None, EndReason.UNKNOWN_REQUEST,
+                    f"request_id: no request {request_id!r} to {action}",
+                )  # fmt: skip
+            if record.tenant != tenant and not admin:
+                return self._refuse(
+                    request_id, tenant, record.state, EndReason.NOT_YOUR_REQUEST,
+                    f"tenant: {request_id!r} belongs to another tenant; only its own tenant "
+                    f"(or an admin) may {action} it",
+                )  # fmt: skip
+            if record.state.is_final:
+                return EndResult(EndOutcome.ALREADY_ENDED, record.state, f"already {record.state}")
+            if cancel and record.state is S.ACTIVE:
+                return self._refuse(
+                    request_id, tenant, record.state, EndReason.NOT_CANCELLABLE,
+                    f"{request_id!r} is running; release it to give its capacity back",
+                )  # fmt: skip
+            running = record.state is S.ACTIVE
+            state = S.RELEASED if running else S.CANCELLED
+            reason = EndReason.RELEASED if running else EndReason.CANCELLED
+            who = "an admin" if admin and record.tenant != tenant else "its tenant"
+            message = f"{'released' if running else 'cancelled'} by {who}"
+            try:
+                return self._end(record, state, reason, message)
+            except StaleWrite:
+                continue  # the reconciler moved it meanwhile: look again
+        raise StaleWrite(f"{request_id} kept changing while being ended; try again")
+
+    # Timers -----------------------------------------------------------------------------
+
+    def fire(self, timer: Timer) -> EndResult:
+        """A timer is due (see the module docstring). Safe to repeat."""
+        now = self._clock.now()
+        if now < timer.fire_at - EARLY:
+            self._timers.arm(replace(timer, hop=timer.hop + 1), now)
+            return EndResult(EndOutcome.REARMED, None, f"re-armed for {timer.fire_at}")
+        for _ in range(ATTEMPTS):
+            record = self._store.get(timer.request_id)
+            if record is None:
+                return EndResult(EndOutcome.IGNORED, None, "no such request")
+            try:
+                return self._fire(timer, record, now)
+            except StaleWrite:
+                continue
+        raise StaleWrite(f"{timer.request_id} kept changing while its timer fired; try again")
+
+    def _fire(self, timer: Timer, record: RequestRecord, now: datetime) -> EndResult:
+        request = record.request
+        if timer.kind is TimerKind.RELEASE:
+            if record.state is S.ACTIVE and record.attempt == timer.generation:
+                return self._end(
+                    record, S.EXPIRED, EndReason.RUN_TIME_UP, "run time is up; released"
+                )
+        elif timer.kind is TimerKind.EXPIRY:
+            deadline = request.deadline
+            if record.state is S.PENDING and deadline is not None and now >= deadline:
+                return self._end(
+                    record, S.TIMED_OUT, EndReason.MAX_WAIT_PASSED,
+                    "max_wait passed before capacity could be admitted",
+                )  # fmt: skip
+        elif record.state is S.BOOKED:
+            self._nudger.nudge(f"block {record.request_id} starts")
+            return EndResult(EndOutcome.NUDGED, record.state, "the reconciler starts the block")
+        return EndResult(EndOutcome.IGNORED, record.state, f"{timer.kind} timer no longer applies")
+
+    # Ending -----------------------------------------------------------------------------
+
+    def _end(
+        self, record: RequestRecord, state: RequestState, reason: EndReason, message: str
+    ) -> EndResult:
+        """Write the final state with its usage; then release, disarm, announce, nudge."""
+        now = self._clock.now()
+        configuration = self._config.load()
+        event = StatusEvent(
+            request_id=record.request_id, tenant=record.tenant, state=state,
+            previous_state=record.state, at=now, reason=reason.value, message=message,
+            pool=record.pool,
+        )  # fmt: skip
+        changed = self._store.change(
+            record.request_id, expected_version=record.version, state=state, event=event,
+            reason=reason.value, message=message, pool=record.pool,
+            usage=usage_of(record, state, now, configuration),
+        )  # fmt: skip
+        pool = next((p for p in configuration.pools if p.pool_id == record.pool), None)
+        if pool is not None and record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED):
+            order = Order(request=record.request, pool=pool, attempt=record.attempt)
+            provider = self._providers.for_order(pool, record.request.mode)
+            try:
+                provider.release(order.name, pool)
+            except Exception as error:  # the reconciler releases it as a leak
+                log.warning("release of %s failed; the reconciler retries: %s", order.name, error)
+        for timer in timers_to_disarm(record):
+            self._timers.disarm(timer)
+        self._bus.publish(event)
+        self._store.mark_announced(record.request_id, changed.events)
+        self._nudger.nudge(f"{record.request_id} {state.lower()}")
+        return EndResult(EndOutcome.ENDED, state, message)
+
+    def _refuse(
+        self, request_id: str, tenant: str, state: RequestState | None, reason: EndReason,
+        message: str,
+    ) -> EndResult:  # fmt: skip
+        """Announce a refusal to the asking tenant; nothing is stored or changed."""
+        shown = state or S.REJECTED
+        self._bus.publish(
+            StatusEvent(
+                request_id=request_id,
+                tenant=tenant,
+                state=shown,
+                previous_state=state,
+                at=self._clock.now(),
+                reason=reason.value,
+                message=message,
+            )
+        )
+        return EndResult(EndOutcome.REFUSED, state, message)

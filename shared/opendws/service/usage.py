@@ -1,0 +1,90 @@
+"""Usage accounting: what each finished request was granted and used, and the totals per
+tenant and accelerator that the CLI and API show.
+
+An entry is made by whoever moves a request to a final state, from the record it ends and
+written in the same transaction (see ``RequestStore.change``), so a retried or repeated ending
+cannot count a request twice and a crash cannot lose it.
+
+- **granted** accelerator-hours: the gang's accelerators × its run duration, for a request
+  that ran (became ACTIVE); 0 otherwise.
+- **used** accelerator-hours: the gang's accelerators × (end − start of its run), start being
+  when it became ACTIVE; an early release uses less than it was granted.
+- **cost**: used hours × the configured price × the mode's factor (flex-start and calendar
+  capacity are discounted); None where no price is configured.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from opendws.domain.states import RequestState
+from opendws.ports import Configuration, RequestRecord, RequestStore, UsageEntry
+
+HOUR = timedelta(hours=1)
+
+
+def usage_of(
+    record: RequestRecord, outcome: RequestState, at: datetime, configuration: Configuration
+) -> UsageEntry:
+    """The entry for ``record`` ending in ``outcome`` at ``at``."""
+    request = record.request
+    started = record.since if record.state is RequestState.ACTIVE else None
+    used = granted = 0.0
+    if started is not None:
+        used = request.accelerator_units * max(at - started, timedelta(0)) / HOUR
+        granted = request.accelerator_units * request.run_duration / HOUR
+    price = configuration.price(request.gang.accelerator)
+    return UsageEntry(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        accelerator=request.gang.accelerator,
+        mode=request.mode,
+        outcome=outcome,
+        granted_hours=granted,
+        used_hours=used,
+        started_at=started,
+        ended_at=at,
+        cost=None if price is None else price.cost(request.mode, used),
+    )
+
+
+@dataclass(slots=True)
+class UsageRow:
+    """The totals of one tenant for one accelerator."""
+
+    tenant: str
+    accelerator: str
+    granted_hours: float = 0.0
+    used_hours: float = 0.0
+    cost: float | None = None  # None while no entry of the row has a price
+    outcomes: Counter[str] = field(default_factory=Counter)  # final state → requests
+
+
+class UsageService:
+    """Answers usage questions from the stored entries."""
+
+    def __init__(self, store: RequestStore) -> None:
+        self._store = store
+
+    def summary(
+        self, *, tenant: str | None = None, since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> list[UsageRow]:  # fmt: skip
+        """Totals per (tenant, accelerator) over requests that ended in ``[since, until)``,
+        sorted by tenant then accelerator."""
+        rows: dict[tuple[str, str], UsageRow] = {}
+        for entry in self._store.usage(tenant):
+            if since is not None and entry.ended_at < since:
+                continue
+            if until is not None and entry.ended_at >= until:
+                continue
+            key = (entry.tenant, entry.accelerator)
+            row = rows.setdefault(key, UsageRow(tenant=entry.tenant, accelerator=entry.accelerator))
+            row.granted_hours += entry.granted_hours
+            row.used_hours += entry.used_hours
+            row.outcomes[entry.outcome.value] += 1
+            if entry.cost is not None:
+                row.cost = (row.cost or 0.0) + entry.cost
+        return [rows[key] for key in sorted(rows)]
