@@ -8,10 +8,13 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+import flask
 import functions_framework
 from cloudevents.http import CloudEvent
 
-from opendws.bootstrap import intake_service, reconcile_service
+from opendws.adapters.oidc import Forbidden, Unauthorized
+from opendws.bootstrap import end_service, intake_service, reconcile_service, timer_verifier
+from opendws.ports import Timer
 from opendws.service.intake import Delivery
 
 log = logging.getLogger("opendws.functions")
@@ -46,6 +49,25 @@ def reconcile(event: CloudEvent) -> None:
     )
 
 
+@functions_framework.http
+def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
+    """A Cloud Tasks timer is due: verify the caller's OIDC token, then end (or start) what the
+    timer is for. 401/403 for a caller that is not the configured invoker, 400 for a body that
+    is not a timer; a timer that no longer applies is acknowledged (200) and ignored."""
+    try:
+        timer_verifier().verify(request.headers.get("Authorization"))
+    except Unauthorized as error:
+        return {"error": str(error)}, 401
+    except Forbidden as error:
+        return {"error": str(error)}, 403
+    try:
+        due = Timer.from_json(request.get_json(force=True, silent=False))
+    except (ValueError, KeyError, TypeError) as error:
+        return {"error": f"not a timer: {error}"}, 400
+    result = end_service().fire(due)
+    return {"outcome": result.outcome.value, "message": result.message}, 200
+
+
 def delivery_of(event: CloudEvent) -> Delivery:
     """The Pub/Sub message inside a ``google.cloud.pubsub.topic.v1.messagePublished`` event."""
     message: dict[str, Any] = (event.data or {}).get("message", {})
@@ -63,4 +85,4 @@ def _instant(text: str) -> datetime:
     return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
-__all__ = ["delivery_of", "intake", "reconcile"]
+__all__ = ["delivery_of", "intake", "reconcile", "timer"]

@@ -1,21 +1,37 @@
 """Settings → adapters → services: the one place that wires opendws together.
 
-Settings come from the environment: ``OPENDWS_PROJECT`` (else ``GOOGLE_CLOUD_PROJECT``, else
-the local stack's ``demo-opendws``); the Google clients find the emulators themselves through
-``FIRESTORE_EMULATOR_HOST`` and ``PUBSUB_EMULATOR_HOST`` when those are set.
+Settings come from the environment:
+
+- ``OPENDWS_PROJECT`` (else ``GOOGLE_CLOUD_PROJECT``, else the local stack's ``demo-opendws``);
+  the Google clients find the Firestore and Pub/Sub emulators themselves through
+  ``FIRESTORE_EMULATOR_HOST`` and ``PUBSUB_EMULATOR_HOST`` when those are set;
+- ``OPENDWS_COMPUTE_ENDPOINT``: the Compute Engine / Cloud TPU emulator's URL on one machine;
+- timers: ``OPENDWS_TIMER_URL`` (the ``timer`` function's URL; without it there are no timers
+  and the reconciler's sweep alone ends runs), ``OPENDWS_TIMER_SERVICE_ACCOUNT`` (the invoker
+  Cloud Tasks signs as), ``OPENDWS_TIMER_AUDIENCE`` (default: the URL),
+  ``OPENDWS_TASKS_LOCATION`` and ``OPENDWS_TASKS_QUEUE``; on one machine
+  ``CLOUD_TASKS_EMULATOR_HOST`` (the Cloud Tasks emulator) and ``OPENDWS_TIMER_CERTS`` (a JSON
+  file of the emulator's token certificates, which then replace Google's).
+
+Every builder is cached: one set of clients and services per process.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import socket
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from opendws.ports import TimerQueue
 from opendws.service.intake import IntakeService
 from opendws.service.reconcile import Providers, ReconcileService
+from opendws.service.release import EndService
+from opendws.service.usage import UsageService
 
 LOCAL_PROJECT = "demo-opendws"
 
@@ -26,18 +42,33 @@ class Settings:
 
     project: str
     events_topic: str = "capacity-events"
-    # The Compute Engine / Cloud TPU endpoint: None for Google's; the local emulator's URL
-    # (OPENDWS_COMPUTE_ENDPOINT) on one machine.
+    ticks_topic: str = "reconcile-ticks"
+    # The Compute Engine / Cloud TPU endpoint: None for Google's; the emulator's URL locally.
     compute_endpoint: str | None = None
+    tasks_location: str = "us-central1"
+    tasks_queue: str = "opendws-timers"
+    timer_url: str | None = None  # None: no timers
+    timer_service_account: str = ""
+    timer_audience: str = ""
+    tasks_emulator_host: str | None = None
+    timer_certs: str | None = None  # path of the emulator's certificates (JSON)
 
     @classmethod
     def from_environment(cls) -> Settings:
-        project = (
-            os.environ.get("OPENDWS_PROJECT")
-            or os.environ.get("GOOGLE_CLOUD_PROJECT")
-            or LOCAL_PROJECT
+        env = os.environ.get
+        project = env("OPENDWS_PROJECT") or env("GOOGLE_CLOUD_PROJECT") or LOCAL_PROJECT
+        return cls(
+            project=project,
+            compute_endpoint=env("OPENDWS_COMPUTE_ENDPOINT"),
+            tasks_location=env("OPENDWS_TASKS_LOCATION") or "us-central1",
+            tasks_queue=env("OPENDWS_TASKS_QUEUE") or "opendws-timers",
+            timer_url=env("OPENDWS_TIMER_URL"),
+            timer_service_account=env("OPENDWS_TIMER_SERVICE_ACCOUNT")
+            or f"opendws-tasks@{project}.iam.gserviceaccount.com",
+            timer_audience=env("OPENDWS_TIMER_AUDIENCE") or "",
+            tasks_emulator_host=env("CLOUD_TASKS_EMULATOR_HOST"),
+            timer_certs=env("OPENDWS_TIMER_CERTS"),
         )
-        return cls(project=project, compute_endpoint=os.environ.get("OPENDWS_COMPUTE_ENDPOINT"))
 
 
 def _credentials() -> object | None:
@@ -50,49 +81,128 @@ def _credentials() -> object | None:
     return None
 
 
+# Clients ------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _firestore(project: str) -> Any:
+    from google.cloud import firestore
+
+    return firestore.Client(project=project, credentials=_credentials())
+
+
+@functools.cache
+def _publisher() -> Any:
+    from google.cloud import pubsub_v1
+
+    # One message per call: send at once instead of waiting up to 10 ms to fill a batch.
+    return pubsub_v1.PublisherClient(
+        batch_settings=pubsub_v1.types.BatchSettings(max_messages=1), credentials=_credentials()
+    )
+
+
+def _parts(settings: Settings) -> tuple[Any, Any, Any, Any, Any]:
+    """Store, configuration, event bus, nudger and clock on the real adapters."""
+    from opendws.adapters.clock import SystemClock
+    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+    from opendws.adapters.pubsub import PubSubEventBus, PubSubNudger
+
+    client = _firestore(settings.project)
+    publisher = _publisher()
+    return (
+        FirestoreRequestStore(client),
+        FirestoreConfigStore(client),
+        PubSubEventBus(publisher, settings.project, settings.events_topic),
+        PubSubNudger(publisher, settings.project, settings.ticks_topic),
+        SystemClock(),
+    )
+
+
+# Services -----------------------------------------------------------------------------------
+
+
 @functools.cache
 def intake_service(settings: Settings | None = None) -> IntakeService:
-    """The intake service on Firestore and Pub/Sub (built once per process)."""
-    from google.cloud import firestore, pubsub_v1
-
-    from opendws.adapters.clock import SystemClock
-    from opendws.adapters.firestore import FirestoreRequestStore
-    from opendws.adapters.pubsub import PubSubEventBus
-
+    """The intake service: submissions, and cancel/release through the end service."""
     settings = settings or Settings.from_environment()
-    credentials = _credentials()
-    store = FirestoreRequestStore(
-        firestore.Client(project=settings.project, credentials=credentials)
+    store, _, bus, _, clock = _parts(settings)
+    return IntakeService(
+        store, bus, clock, ending=end_service(settings), timers=timer_queue(settings)
     )
-    # One event per invocation: send at once instead of waiting up to 10 ms to fill a batch.
-    publisher = pubsub_v1.PublisherClient(
-        batch_settings=pubsub_v1.types.BatchSettings(max_messages=1), credentials=credentials
-    )
-    bus = PubSubEventBus(publisher, settings.project, settings.events_topic)
-    return IntakeService(store, bus, SystemClock())
 
 
 @functools.cache
 def reconcile_service(settings: Settings | None = None) -> ReconcileService:
-    """The reconciler on Firestore, Pub/Sub and the Compute Engine / Cloud TPU APIs (built once
-    per process; the lease holder's name is this process's own)."""
-    from google.cloud import firestore, pubsub_v1
+    """The reconciler (the lease holder's name is this process's own)."""
+    settings = settings or Settings.from_environment()
+    store, config, bus, _, clock = _parts(settings)
+    return ReconcileService(
+        store, config, capacity_providers(settings.project, endpoint=settings.compute_endpoint),
+        bus, clock, holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        timers=timer_queue(settings),
+    )  # fmt: skip
 
-    from opendws.adapters.clock import SystemClock
-    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
-    from opendws.adapters.pubsub import PubSubEventBus
+
+@functools.cache
+def end_service(settings: Settings | None = None) -> EndService:
+    """Release, cancel and timers."""
+    settings = settings or Settings.from_environment()
+    store, config, bus, nudger, clock = _parts(settings)
+    providers = capacity_providers(settings.project, endpoint=settings.compute_endpoint)
+    return EndService(store, config, providers, timer_queue(settings), bus, nudger, clock)
+
+
+@functools.cache
+def usage_service(settings: Settings | None = None) -> UsageService:
+    """Usage totals."""
+    settings = settings or Settings.from_environment()
+    return UsageService(_parts(settings)[0])
+
+
+@functools.cache
+def timer_queue(settings: Settings | None = None) -> TimerQueue | None:
+    """Cloud Tasks timers, or None where no timer URL is configured."""
+    settings = settings or Settings.from_environment()
+    if not settings.timer_url:
+        return None
+    from google.cloud import tasks_v2
+
+    from opendws.adapters.cloud_tasks import CloudTasksTimerQueue, TimerSettings
+
+    if settings.tasks_emulator_host:
+        import grpc
+        from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
+
+        channel = grpc.insecure_channel(settings.tasks_emulator_host)
+        client = tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
+    else:
+        client = tasks_v2.CloudTasksClient()
+    return CloudTasksTimerQueue(
+        client,
+        TimerSettings(
+            project=settings.project,
+            location=settings.tasks_location,
+            queue=settings.tasks_queue,
+            url=settings.timer_url,
+            service_account=settings.timer_service_account,
+            audience=settings.timer_audience,
+        ),
+    )
+
+
+@functools.cache
+def timer_verifier(settings: Settings | None = None) -> Any:
+    """Who may call the timer function (Google's certificates, or the emulator's locally)."""
+    from opendws.adapters.oidc import OidcVerifier
 
     settings = settings or Settings.from_environment()
-    credentials = _credentials()
-    client = firestore.Client(project=settings.project, credentials=credentials)
-    publisher = pubsub_v1.PublisherClient(credentials=credentials)
-    return ReconcileService(
-        FirestoreRequestStore(client),
-        FirestoreConfigStore(client),
-        capacity_providers(settings.project, endpoint=settings.compute_endpoint),
-        PubSubEventBus(publisher, settings.project, settings.events_topic),
-        SystemClock(),
-        holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+    certs = None
+    if settings.timer_certs:
+        certs = json.loads(Path(settings.timer_certs).read_text())
+    return OidcVerifier(
+        audience=settings.timer_audience or settings.timer_url or "",
+        callers=frozenset({settings.timer_service_account}),
+        certs=certs,
     )
 
 

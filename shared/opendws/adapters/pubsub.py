@@ -29,3 +29,19 @@ class PubSubEventBus:
             state=event.state.value,
         )
         future.result(timeout=timeout)
+
+
+TICKS_TOPIC = "reconcile-ticks"
+
+
+class PubSubNudger:
+    """Nudger over a publisher client: a small JSON message on ``reconcile-ticks`` (the same
+    topic Cloud Scheduler ticks on; the reconciler does not read the content)."""
+
+    def __init__(self, publisher: PublisherClient, project: str, topic: str = TICKS_TOPIC) -> None:
+        self._publisher = publisher
+        self._topic = publisher.topic_path(project, topic)
+
+    def nudge(self, reason: str, timeout: float = 30.0) -> None:
+        data = json.dumps({"nudge": reason}, separators=(",", ":")).encode()
+        self._publisher.publish(self._topic, data, kind="nudge").result(timeout=timeout)
