@@ -303,3 +303,35 @@ def test_changes_wait_in_the_outbox_until_their_events_are_announced(
     assert [r.request_id for r in store.unannounced()] == ["r1"]
     store.mark_announced("r1", changed.events)
     assert store.unannounced() == []
+
+
+def test_a_final_change_stores_its_usage_in_the_same_write(store: RequestStore) -> None:
+    from opendws.domain.model import Mode
+    from opendws.ports import UsageEntry
+
+    for request_id, tenant, ended in (("r1", "vision", 6), ("r2", "speech", 3)):
+        request = flex(request_id, tenant=tenant, vm_count=2, hours=6)
+        record = record_of(request_id, request=request, digest=content_digest(request))
+        store.create(record, event_of(record, S.PENDING, None))
+        usage = UsageEntry(
+            request_id=request_id, tenant=tenant, accelerator="nvidia-h100-80gb",
+            mode=Mode.FLEX_START, outcome=S.CANCELLED, granted_hours=0.0, used_hours=0.0,
+            started_at=None, ended_at=NOW + timedelta(minutes=ended), cost=None,
+        )  # fmt: skip
+        store.change(
+            request_id, expected_version=1, state=S.CANCELLED, usage=usage,
+            event=event_of(record, S.CANCELLED, S.PENDING),
+        )  # fmt: skip
+    assert [u.request_id for u in store.usage()] == ["r2", "r1"]  # oldest end first
+    [vision] = store.usage("vision")
+    assert (vision.outcome, vision.mode, vision.started_at, vision.cost) == (
+        S.CANCELLED, Mode.FLEX_START, None, None,
+    )  # fmt: skip
+    assert vision.ended_at == NOW + timedelta(minutes=6)
+    # A refused write stores no usage either.
+    with pytest.raises(StaleWrite):
+        store.change(
+            "r1", expected_version=1, state=S.CANCELLED, usage=vision,
+            event=event_of(record_of("r1"), S.CANCELLED, S.PENDING),
+        )  # fmt: skip
+    assert len(store.usage()) == 2

@@ -143,8 +143,45 @@ def test_bad_input_is_answered_with_a_rejected_event_naming_the_field(
     assert event.message.startswith(f"{field}:") or f"; {field}:" in event.message, event.message
 
 
-def test_cancel_is_answered_clearly_until_intake_takes_it(parts: Parts) -> None:
+def test_cancel_is_refused_as_unsupported_by_an_intake_without_the_end_service(
+    parts: Parts,
+) -> None:
     service, _, bus, _ = parts
     message = {"schema": "opendws.request/v1", "action": "cancel", "request_id": "a", "tenant": "t"}
     assert service.handle(delivery(message)).outcome is IntakeOutcome.REFUSED
     assert bus.published[-1].reason == "UNSUPPORTED_ACTION"
+
+
+def test_intake_takes_cancel_and_release_through_the_end_service() -> None:
+    from opendws.ports import Configuration
+    from opendws.service.timers import expiry_timer
+    from tests.builders import H100, pool
+    from tests.world import memory_world, tenants_for
+
+    world, _ = memory_world(
+        (pool(capacity=4),), (), timers=True,
+        configuration=Configuration(pools=(pool(capacity=4),), tenants=tenants_for(H100)),
+    )  # fmt: skip
+    assert world.timers is not None
+    service = IntakeService(
+        world.store, world.bus, world.clock, ending=world.ending(), timers=world.timers
+    )
+    submit = {**DESIGN_EXAMPLE, "tenant": "t", "locations": ["us-central1-a"]}
+    assert service.handle(delivery(submit)).outcome is IntakeOutcome.ACCEPTED
+    record = world.record("train-42")
+    assert [t for t, _ in world.timers.armed()] == [expiry_timer(record)]
+    # The same message again arms nothing new (the timer's name is already used).
+    service.handle(delivery(submit, "m-2"))
+    assert len(world.timers.armed()) == 1
+    cancel = {"schema": "opendws.request/v1", "action": "cancel", "request_id": "train-42"}
+    refused = service.handle(delivery({**cancel, "tenant": "intruder"}, "m-3"))
+    assert refused.outcome is IntakeOutcome.REFUSED
+    assert world.state("train-42") is RequestState.PENDING
+    done = service.handle(delivery({**cancel, "tenant": "t"}, "m-4"))
+    assert done.outcome is IntakeOutcome.APPLIED
+    assert world.state("train-42") is RequestState.CANCELLED
+    assert world.timers.armed() == []
+    again = service.handle(delivery({**cancel, "tenant": "t"}, "m-4"))  # redelivered
+    assert (again.outcome, again.message) == (IntakeOutcome.APPLIED, "already CANCELLED")
+    release = {**cancel, "action": "release", "tenant": "t"}
+    assert service.handle(delivery(release, "m-5")).outcome is IntakeOutcome.APPLIED
