@@ -1,6 +1,7 @@
 """Emulators for local runs and tests: the official Firestore and Pub/Sub emulators (started as
-their Java processes), and, later, the project's own Cloud Tasks and Compute/TPU emulators."""
+their Java processes), and the project's own Cloud Tasks (gRPC) and Compute/TPU (REST) emulators."""
 
+from emulators.cloud_tasks import CloudTasksEmulator
 from emulators.compute import ComputeEmulator, EmulatorAdmin
 from emulators.official import (
     EmulatorError,
@@ -12,6 +13,7 @@ from emulators.official import (
 )
 
 __all__ = [
+    "CloudTasksEmulator",
     "ComputeEmulator",
     "EmulatorAdmin",
     "EmulatorError",

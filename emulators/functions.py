@@ -21,11 +21,13 @@ FUNCTIONS = Path(__file__).resolve().parents[1] / "functions" / "main.py"
 
 @contextlib.contextmanager
 def serving(
-    target: str, signature_type: str, environment: Mapping[str, str], timeout: float = 30.0
-) -> Iterator[str]:
+    target: str, signature_type: str, environment: Mapping[str, str], timeout: float = 30.0,
+    port: int | None = None,
+) -> Iterator[str]:  # fmt: skip
     """Run function ``target`` (``http`` or ``cloudevent``) with ``environment`` added to this
-    process's; yield its URL once it answers, stop its whole process group afterwards."""
-    port = free_port()
+    process's, on ``port`` (a free one if None — give one to tell the function its own URL);
+    yield its URL once it answers, stop its whole process group afterwards."""
+    port = port or free_port()
     command = [sys.executable, "-m", "functions_framework", "--target", target,
                "--source", str(FUNCTIONS), "--signature-type", signature_type,
                "--host", HOST, "--port", str(port)]  # fmt: skip
