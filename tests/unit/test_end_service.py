@@ -215,3 +215,33 @@ def test_usage_matches_the_scripted_intervals_to_the_second(world_and_cloud: Wor
     [entry] = world.store.usage("vision")
     assert entry.started_at == NOW + LATENCY
     assert entry.ended_at == NOW + LATENCY + timedelta(hours=1, minutes=30, seconds=7)
+
+
+def test_a_cancel_racing_a_pass_leaves_that_request_to_the_next_pass(
+    world_and_cloud: World_,
+) -> None:
+    world, _ = world_and_cloud
+    submit(world.store, flex("raced", tenant="vision", vm_count=1, hours=1))
+    submit(world.store, flex("other", tenant="speech", vm_count=1, hours=2,
+                             submitted_at=NOW + MINUTE))  # fmt: skip
+    store = world.store
+    ending = world.ending()
+
+    class Racing:
+        """Cancels "raced" just before the reconciler's write to it lands."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        def change(self, request_id: str, **kwargs: object) -> object:
+            if request_id == "raced" and store.get("raced").state is S.PENDING:  # type: ignore[union-attr]
+                ending.cancel("raced", "vision")
+            return store.change(request_id, **kwargs)  # type: ignore[arg-type]
+
+    world.store = Racing()  # type: ignore[assignment]
+    report = world.run()
+    assert report.skipped == ["raced"]
+    assert not report.stale
+    assert (store.get("raced").state, store.get("other").state) == (  # type: ignore[union-attr]
+        S.CANCELLED, S.PROVISIONING,
+    )  # fmt: skip

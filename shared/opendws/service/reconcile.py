@@ -20,11 +20,12 @@ wants (released as a leak) — never a request lost, a resource created twice or
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -152,6 +153,7 @@ class PassReport:
     released: list[str] = field(default_factory=list)
     leaks: list[str] = field(default_factory=list)  # owned resources no live request wanted
     errors: list[str] = field(default_factory=list)  # provider calls that failed (retried later)
+    skipped: list[str] = field(default_factory=list)  # changed by others meanwhile (next pass)
     published: int = 0
 
 
@@ -237,7 +239,8 @@ class _Cycle:
         # 3. Sweep the live requests against it; release what nobody wants.
         for record in live:
             sighting = observed.pop(self._order_name(record), None)
-            self._sweep(record, None if sighting is None else sighting.observed)
+            with self._one_request(record.request_id):
+                self._sweep(record, None if sighting is None else sighting.observed)
         for name in sorted(observed):
             self._release_leak(observed[name])
         # 4. Snapshot and admission.
@@ -245,7 +248,21 @@ class _Cycle:
         # 5. Apply: starts first, so capacity is asked for as early as possible.
         order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
         for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
-            self._apply(decision)
+            with self._one_request(decision.request_id):
+                self._apply(decision)
+
+    @contextlib.contextmanager
+    def _one_request(self, request_id: str) -> Iterator[None]:
+        """Work on one request. If someone else changed it meanwhile (a release, a cancel, a
+        timer: its version moved), leave it to the next pass, which sees the change; the rest
+        of this pass goes on. Losing the lease (Fenced) still stops the whole pass."""
+        try:
+            yield
+        except Fenced:
+            raise
+        except StaleWrite as error:
+            log.info("%s changed meanwhile; left to the next pass: %s", request_id, error)
+            self.report.skipped.append(request_id)
 
     # Step 3: the sweep ------------------------------------------------------------------
 
