@@ -127,7 +127,7 @@ def intake_service(settings: Settings | None = None) -> IntakeService:
     settings = settings or Settings.from_environment()
     store, _, bus, _, clock = _parts(settings)
     return IntakeService(
-        store, bus, clock, ending=end_service(settings), timers=timer_queue(settings)
+        store, bus, clock, ending=lambda: end_service(settings), timers=timer_queue(settings)
     )
 
 

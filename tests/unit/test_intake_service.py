@@ -164,7 +164,7 @@ def test_intake_takes_cancel_and_release_through_the_end_service() -> None:
     )  # fmt: skip
     assert world.timers is not None
     service = IntakeService(
-        world.store, world.bus, world.clock, ending=world.ending(), timers=world.timers
+        world.store, world.bus, world.clock, ending=world.ending, timers=world.timers
     )
     submit = {**DESIGN_EXAMPLE, "tenant": "t", "locations": ["us-central1-a"]}
     assert service.handle(delivery(submit)).outcome is IntakeOutcome.ACCEPTED

@@ -19,6 +19,7 @@ that Pub/Sub redelivers; a dead-letter topic catches what keeps failing.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -84,12 +85,13 @@ class IntakeService:
 
     def __init__(
         self, store: RequestStore, bus: EventBus, clock: Clock, *,
-        ending: EndService | None = None, timers: TimerQueue | None = None,
+        ending: Callable[[], EndService] | None = None, timers: TimerQueue | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._bus = bus
         self._clock = clock
-        self._ending = ending  # None: cancel and release are refused as unsupported here
+        # Built on first use (submissions never need it); None: cancel and release are refused.
+        self._ending = ending
         self._timers = timers  # None: no expiry timers (the reconciler times requests out)
 
     def handle(self, delivery: Delivery) -> IntakeResult:
@@ -103,7 +105,8 @@ class IntakeService:
                         UNSUPPORTED_ACTION,
                         f"action: {message.action!r} is not taken by this intake; only submit is",
                     )
-                act = self._ending.cancel if message.action == "cancel" else self._ending.release
+                ending = self._ending()
+                act = ending.cancel if message.action == "cancel" else ending.release
                 ended = act(message.request_id, message.tenant)
                 applied = (
                     IntakeOutcome.REFUSED
