@@ -125,10 +125,11 @@ def _parts(settings: Settings) -> tuple[Any, Any, Any, Any, Any]:
 def intake_service(settings: Settings | None = None) -> IntakeService:
     """The intake service: submissions, and cancel/release through the end service."""
     settings = settings or Settings.from_environment()
-    store, _, bus, _, clock = _parts(settings)
+    store, _, bus, nudger, clock = _parts(settings)
     return IntakeService(
-        store, bus, clock, ending=lambda: end_service(settings), timers=timer_queue(settings)
-    )
+        store, bus, clock, ending=lambda: end_service(settings), timers=timer_queue(settings),
+        nudger=nudger,
+    )  # fmt: skip
 
 
 @functools.cache

@@ -185,3 +185,24 @@ def test_intake_takes_cancel_and_release_through_the_end_service() -> None:
     assert (again.outcome, again.message) == (IntakeOutcome.APPLIED, "already CANCELLED")
     release = {**cancel, "action": "release", "tenant": "t"}
     assert service.handle(delivery(release, "m-5")).outcome is IntakeOutcome.APPLIED
+
+
+def test_an_accepted_request_nudges_the_reconciler_once() -> None:
+    from opendws.adapters.memory import MemoryNudger
+
+    store, bus, nudger = MemoryRequestStore(), MemoryEventBus(), MemoryNudger()
+    service = IntakeService(store, bus, FixedClock(), nudger=nudger)
+    service.handle(delivery(DESIGN_EXAMPLE))
+    service.handle(delivery(DESIGN_EXAMPLE, "m-2"))  # a redelivery: nothing new to admit
+    assert nudger.reasons == ["train-42 accepted"]
+
+
+def test_a_nudge_that_cannot_be_sent_loses_nothing() -> None:
+    class Down:
+        def nudge(self, reason: str) -> None:
+            raise RuntimeError("reconcile-ticks unavailable")
+
+    store, bus = MemoryRequestStore(), MemoryEventBus()
+    result = IntakeService(store, bus, FixedClock(), nudger=Down()).handle(delivery(DESIGN_EXAMPLE))
+    assert result.outcome is IntakeOutcome.ACCEPTED
+    assert store.get("train-42") is not None

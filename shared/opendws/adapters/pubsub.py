@@ -42,6 +42,8 @@ class PubSubNudger:
         self._publisher = publisher
         self._topic = publisher.topic_path(project, topic)
 
-    def nudge(self, reason: str, timeout: float = 30.0) -> None:
+    def nudge(self, reason: str) -> None:
+        """Send without waiting for the acknowledgement: a nudge is best effort (the tick is
+        the backstop), and waiting would add a round trip to every intake and release."""
         data = json.dumps({"nudge": reason}, separators=(",", ":")).encode()
-        self._publisher.publish(self._topic, data, kind="nudge").result(timeout=timeout)
+        self._publisher.publish(self._topic, data, kind="nudge")

@@ -19,6 +19,7 @@ that Pub/Sub redelivers; a dead-letter topic catches what keeps failing.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from opendws.ports import (
     Clock,
     CreateOutcome,
     EventBus,
+    Nudger,
     RequestRecord,
     RequestStore,
     StatusEvent,
@@ -38,6 +40,8 @@ from opendws.ports import (
 from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
 from opendws.service.release import EndOutcome, EndService
 from opendws.service.timers import expiry_timer
+
+log = logging.getLogger(__name__)
 
 # How long a duplicate waits for the first delivery to announce before announcing itself.
 ANNOUNCE_GRACE = timedelta(seconds=30)
@@ -86,6 +90,7 @@ class IntakeService:
     def __init__(
         self, store: RequestStore, bus: EventBus, clock: Clock, *,
         ending: Callable[[], EndService] | None = None, timers: TimerQueue | None = None,
+        nudger: Nudger | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._bus = bus
@@ -93,6 +98,7 @@ class IntakeService:
         # Built on first use (submissions never need it); None: cancel and release are refused.
         self._ending = ending
         self._timers = timers  # None: no expiry timers (the reconciler times requests out)
+        self._nudger = nudger  # None: admission waits for the reconciler's next tick
 
     def handle(self, delivery: Delivery) -> IntakeResult:
         """Take one delivery; raises only for transient faults (redelivery helps)."""
@@ -151,10 +157,21 @@ class IntakeService:
         if outcome is CreateOutcome.CREATED:
             self._announce(request.request_id, event)
             self._arm_expiry(record)
+            self._nudge(request.request_id)
             return IntakeResult(IntakeOutcome.ACCEPTED, request.request_id, event.message)
         self._announce_if_abandoned(request.request_id)
         self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _nudge(self, request_id: str) -> None:
+        """Ask for a reconcile pass now, so admission does not wait for the tick. Best effort:
+        a lost nudge only costs the wait until the next tick."""
+        if self._nudger is None:
+            return
+        try:
+            self._nudger.nudge(f"{request_id} accepted")
+        except Exception as error:
+            log.warning("nudge for %s not sent; the next tick admits it: %s", request_id, error)
 
     def _arm_expiry(self, record: RequestRecord) -> None:
         """A flex request's max_wait timer (arming it again is harmless)."""
