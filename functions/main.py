@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import flask
@@ -13,11 +14,20 @@ import functions_framework
 from cloudevents.http import CloudEvent
 
 from opendws.adapters.oidc import Forbidden, Unauthorized
-from opendws.bootstrap import end_service, intake_service, reconcile_service, timer_verifier
+from opendws.bootstrap import (
+    end_service,
+    intake_service,
+    reconcile_follow_up,
+    reconcile_service,
+    timer_verifier,
+)
 from opendws.ports import Timer
 from opendws.service.intake import Delivery
+from opendws.service.reconcile import PassReport
 
 log = logging.getLogger("opendws.functions")
+# Between the follow-up passes of one reconcile invocation.
+FOLLOW_UP_INTERVAL = timedelta(seconds=2)
 
 
 @functions_framework.cloud_event
@@ -29,24 +39,34 @@ def intake(event: CloudEvent) -> None:
 
 @functions_framework.cloud_event
 def reconcile(event: CloudEvent) -> None:
-    """``reconcile-ticks`` → one reconcile pass (a tick from Cloud Scheduler or a nudge; the
-    message's content does not matter). A pass that finds the lease taken does nothing."""
-    report = reconcile_service().run_pass()
-    log.info(
-        json.dumps(
-            {
-                "message": "reconcile pass",
-                "trigger": event["id"],
-                "ran": report.ran,
-                "stale": report.stale,
-                "transitions": dict(report.transitions),
-                "provisioned": len(report.provisioned),
-                "released": len(report.released),
-                "leaks": len(report.leaks),
-                "published": report.published,
-            }
+    """``reconcile-ticks`` → reconcile passes (a tick from Cloud Scheduler or a nudge; the
+    message's content does not matter). While requests are provisioning, it follows up with a
+    pass every few seconds for a while, so capacity becomes ACTIVE without waiting for the next
+    tick. A pass that finds the lease taken does nothing."""
+    follow_up = reconcile_follow_up()
+    deadline = time.monotonic() + follow_up.total_seconds()
+    while True:
+        report = reconcile_service().run_pass()
+        log.info(
+            json.dumps({"message": "reconcile pass", "trigger": event["id"], **summary(report)})
         )
-    )
+        if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
+            return
+        time.sleep(FOLLOW_UP_INTERVAL.total_seconds())
+
+
+def summary(report: PassReport) -> dict[str, Any]:
+    """A pass report as one structured log entry."""
+    return {
+        "ran": report.ran,
+        "stale": report.stale,
+        "transitions": dict(report.transitions),
+        "provisioned": len(report.provisioned),
+        "released": len(report.released),
+        "leaks": len(report.leaks),
+        "published": report.published,
+        "in_flight": report.in_flight,
+    }
 
 
 @functions_framework.http

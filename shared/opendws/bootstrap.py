@@ -11,7 +11,10 @@ Settings come from the environment:
   Cloud Tasks signs as), ``OPENDWS_TIMER_AUDIENCE`` (default: the URL),
   ``OPENDWS_TASKS_LOCATION`` and ``OPENDWS_TASKS_QUEUE``; on one machine
   ``CLOUD_TASKS_EMULATOR_HOST`` (the Cloud Tasks emulator) and ``OPENDWS_TIMER_CERTS`` (a JSON
-  file of the emulator's token certificates, which then replace Google's).
+  file of the emulator's token certificates, which then replace Google's);
+- ``OPENDWS_RECONCILE_FOLLOW_UP_SECONDS``: how long one reconcile invocation keeps passing
+  every few seconds while requests are provisioning (default 20; the function's timeout must
+  be longer).
 
 Every builder is cached: one set of clients and services per process.
 """
@@ -24,6 +27,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,8 @@ class Settings:
     timer_audience: str = ""
     tasks_emulator_host: str | None = None
     timer_certs: str | None = None  # path of the emulator's certificates (JSON)
+    # How long one reconcile invocation keeps following up on provisioning requests.
+    reconcile_follow_up: timedelta = timedelta(seconds=20)
 
     @classmethod
     def from_environment(cls) -> Settings:
@@ -68,6 +74,9 @@ class Settings:
             timer_audience=env("OPENDWS_TIMER_AUDIENCE") or "",
             tasks_emulator_host=env("CLOUD_TASKS_EMULATOR_HOST"),
             timer_certs=env("OPENDWS_TIMER_CERTS"),
+            reconcile_follow_up=timedelta(
+                seconds=float(env("OPENDWS_RECONCILE_FOLLOW_UP_SECONDS") or 20)
+            ),
         )
 
 
@@ -142,6 +151,11 @@ def reconcile_service(settings: Settings | None = None) -> ReconcileService:
         bus, clock, holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
         timers=timer_queue(settings),
     )  # fmt: skip
+
+
+def reconcile_follow_up(settings: Settings | None = None) -> timedelta:
+    """How long a reconcile invocation follows up on provisioning requests."""
+    return (settings or Settings.from_environment()).reconcile_follow_up
 
 
 @functools.cache
@@ -240,3 +254,24 @@ def capacity_providers(
             instances=compute_v1.InstancesClient(**common),
         ),
     )
+
+
+@functools.cache
+def request_publisher(settings: Settings | None = None) -> Any:
+    """What the CLI publishes request messages with."""
+    from opendws.adapters.pubsub import PubSubRequestPublisher
+
+    settings = settings or Settings.from_environment()
+    return PubSubRequestPublisher(_publisher(), settings.project)
+
+
+@functools.cache
+def request_store(settings: Settings | None = None) -> Any:
+    """The request store (for reading state and events)."""
+    return _parts(settings or Settings.from_environment())[0]
+
+
+@functools.cache
+def config_store(settings: Settings | None = None) -> Any:
+    """The configuration store."""
+    return _parts(settings or Settings.from_environment())[1]

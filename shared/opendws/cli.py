@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
 
 import click
 from rich import box
@@ -22,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opendws import __version__
+from opendws.cli_stack import UsageFailure, register
 from opendws.domain import Alternative, Decision, Outcome, Plan, admit
 from opendws.durations import format_duration
 from opendws.scenario import ScenarioError, load_scenario, parse_timestamp
@@ -43,17 +43,6 @@ _SELF_EXPLAINED = frozenset({Outcome.ADMIT, Outcome.HOLD, Outcome.CONFIRM})
 PIPED_WIDTH = 160
 # Below this width the table has no message column; the messages follow it as notes.
 WIDE_TABLE = 130
-
-
-class UsageFailure(click.ClickException):
-    """An error the user can fix: one red line on stderr and exit code 2, no traceback."""
-
-    exit_code = 2
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        """Print the message as one red line (on stderr unless ``file`` is given)."""
-        console = Console(stderr=True) if file is None else Console(file=file)
-        console.print(Text(f"error: {self.format_message()}", style="bold red"), soft_wrap=True)
 
 
 @click.group()
@@ -218,6 +207,8 @@ def _start_cell(start_at: datetime | None, now: datetime) -> str:
     sign = "+" if delta > timedelta(0) else ""  # format_duration writes the minus itself
     return f"{stamp}Z {sign}{format_duration(delta)}"
 
+
+register(main)
 
 if __name__ == "__main__":
     main()

@@ -79,20 +79,35 @@ def tick(client: Any, message_id: str) -> Any:
     return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
 
 
-def test_ticks_admit_provision_and_activate_a_request(wired: Wired) -> None:
+def test_one_tick_admits_and_follows_the_request_up_to_active(wired: Wired) -> None:
     now = datetime.now(UTC)
     submit(wired.store, flex("train", vm_count=2, hours=1, locations=(ZONE,), submitted_at=now))
     assert tick(wired.client, "tick-1").status_code == 200
+    # The pass admitted it; with the request provisioning, the same invocation followed up
+    # a couple of seconds later and saw it ready.
     record = wired.store.get("train")
     assert record is not None
-    assert (record.state, record.pool) == (RequestState.PROVISIONING, f"{ZONE}/{A3}")
-    assert tick(wired.client, "tick-2").status_code == 200
-    record = wired.store.get("train")
-    assert record is not None
-    assert record.state is RequestState.ACTIVE
+    assert (record.state, record.pool) == (RequestState.ACTIVE, f"{ZONE}/{A3}")
     received = [json.loads(m.data) for m in pull(wired.subscriber, wired.subscription, 2)]
     assert sorted((e["state"], e["reason"]) for e in received) == [
         ("ACTIVE", "READY"),
         ("PROVISIONING", "ADMITTED"),
     ]
     assert record.announced == record.events == 3
+    assert tick(wired.client, "tick-2").status_code == 200  # nothing left to do: one pass
+    again = wired.store.get("train")
+    assert again is not None
+    assert again.version == record.version
+
+
+def test_follow_up_ends_when_its_time_is_up(wired: Wired, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opendws import bootstrap
+
+    monkeypatch.setenv("OPENDWS_RECONCILE_FOLLOW_UP_SECONDS", "0")
+    bootstrap.reconcile_service.cache_clear()
+    now = datetime.now(UTC)
+    submit(wired.store, flex("train", vm_count=2, hours=1, locations=(ZONE,), submitted_at=now))
+    assert tick(wired.client, "tick-1").status_code == 200
+    record = wired.store.get("train")
+    assert record is not None
+    assert record.state is RequestState.PROVISIONING  # one pass, no follow-up

@@ -47,3 +47,23 @@ class PubSubNudger:
         the backstop), and waiting would add a round trip to every intake and release."""
         data = json.dumps({"nudge": reason}, separators=(",", ":")).encode()
         self._publisher.publish(self._topic, data, kind="nudge")
+
+
+REQUESTS_TOPIC = "capacity-requests"
+
+
+class PubSubRequestPublisher:
+    """Publishes request messages (submit, cancel, release) on ``capacity-requests``, as any
+    publisher — the CLI, a CI hook — does."""
+
+    def __init__(
+        self, publisher: PublisherClient, project: str, topic: str = REQUESTS_TOPIC
+    ) -> None:
+        self._publisher = publisher
+        self._topic = publisher.topic_path(project, topic)
+
+    def publish(self, message: dict[str, object], timeout: float = 30.0) -> str:
+        """Publish one message; returns the Pub/Sub message id once it is accepted."""
+        data = json.dumps(message, separators=(",", ":")).encode()
+        message_id: str = self._publisher.publish(self._topic, data).result(timeout=timeout)
+        return message_id

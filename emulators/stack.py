@@ -1,0 +1,205 @@
+"""The whole system on one machine: every emulator, every function, the topics and push
+subscriptions wired as in Google Cloud, a default configuration, and the reconcile ticker.
+
+- the official Firestore and Pub/Sub emulators;
+- the project's Compute/TPU emulator (a simulated cloud with a few zones and shapes of finite
+  stock, in wall-clock time) and Cloud Tasks emulator (its token certificates in a file the
+  ``timer`` function reads);
+- ``intake``, ``reconcile`` and ``timer`` under functions-framework, each its own HTTP server in
+  its own process group;
+- topics ``capacity-requests``, ``capacity-events``, ``reconcile-ticks`` and a dead-letter
+  topic per push subscription (``intake`` and ``reconcile``, 5 delivery attempts), the timers'
+  queue, and the configuration in ``config/scheduler``;
+- a ticker thread that publishes a tick on ``reconcile-ticks`` every ``tick`` seconds (intake
+  and release also nudge it, so admission does not wait for the tick).
+
+It uses the project id ``demo-opendws``. Leaving the ``with`` block stops everything, in
+reverse order, with no process left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from emulators.cloud_tasks import CloudTasksEmulator
+from emulators.compute import ComputeEmulator
+from emulators.functions import serving
+from emulators.official import free_port, running
+from opendws.sim import SimClock, SimulatedCloud
+
+PROJECT = "demo-opendws"
+TOPICS = ("capacity-requests", "capacity-events", "reconcile-ticks")
+INVOKER = f"opendws-tasks@{PROJECT}.iam.gserviceaccount.com"
+TIMER_AUDIENCE = "opendws-timer"
+DELIVERY_ATTEMPTS = 5
+# The default simulated cloud: (zone, shape as the cloud names it, free units).
+DEFAULT_STOCK = (
+    ("us-central1-a", "a3-highgpu-8g", 8),
+    ("us-central1-b", "a3-highgpu-8g", 4),
+    ("us-central1-a", "a2-ultragpu-8g", 4),
+    ("us-west4-a", "V5LITE_POD", 64),
+)
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "shared/opendws/examples/local-config.yaml"
+
+
+@dataclass
+class Stack:
+    """A running local stack: where everything is."""
+
+    project: str
+    environment: dict[str, str]  # what a process needs to use the stack (clients, functions)
+    urls: dict[str, str]  # function → URL
+    cloud: SimulatedCloud
+    tasks: CloudTasksEmulator
+    stop_ticker: threading.Event = field(default_factory=threading.Event)
+
+    def client_environment(self) -> dict[str, str]:
+        """The variables any real Google client needs to talk to the stack."""
+        keys = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "OPENDWS_PROJECT",
+                "OPENDWS_COMPUTE_ENDPOINT", "CLOUD_TASKS_EMULATOR_HOST")  # fmt: skip
+        return {key: self.environment[key] for key in keys}
+
+
+Progress = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def local_stack(
+    *, tick: timedelta = timedelta(minutes=1), config: Path = DEFAULT_CONFIG,
+    progress: Progress = lambda step: None, latency: timedelta = timedelta(seconds=5),
+) -> Iterator[Stack]:  # fmt: skip
+    """Start the stack (see the module docstring); stop it all when the block ends."""
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
+        progress("starting the Firestore and Pub/Sub emulators")
+        official = stack.enter_context(running())
+        progress("starting the Compute Engine / Cloud TPU emulator")
+        cloud = SimulatedCloud(SimClock(), provisioning_latency=latency)
+        for zone, shape, units in DEFAULT_STOCK:
+            cloud.set_stock(zone, shape, units)
+        compute = stack.enter_context(ComputeEmulator(cloud))
+        progress("starting the Cloud Tasks emulator")
+        certs = Path(scratch) / "tasks-certs.json"
+        tasks = stack.enter_context(CloudTasksEmulator(certs_path=certs))
+        ports = {name: free_port() for name in ("intake", "reconcile", "timer")}
+        urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
+        environment = {
+            **official.environment(),
+            "OPENDWS_PROJECT": PROJECT,
+            "OPENDWS_COMPUTE_ENDPOINT": compute.endpoint,
+            "CLOUD_TASKS_EMULATOR_HOST": tasks.address,
+            "OPENDWS_TIMER_URL": urls["timer"],
+            "OPENDWS_TIMER_AUDIENCE": TIMER_AUDIENCE,
+            "OPENDWS_TIMER_SERVICE_ACCOUNT": INVOKER,
+            "OPENDWS_TIMER_CERTS": str(certs),
+        }
+        # The stack is this process's business from here on: its clients find it by these.
+        stack.enter_context(_environment(environment))
+        progress("creating topics, subscriptions, the timers' queue and the configuration")
+        _wire_topics(urls)
+        _ensure_timer_queue()
+        _load_config(config)
+        for name, signature in (("intake", "cloudevent"), ("reconcile", "cloudevent"),
+                                ("timer", "http")):  # fmt: skip
+            progress(f"serving the {name} function on {urls[name]}")
+            stack.enter_context(serving(name, signature, environment, port=ports[name]))
+        running_stack = Stack(
+            project=PROJECT, environment=environment, urls=urls, cloud=cloud, tasks=tasks
+        )
+        ticker = threading.Thread(
+            target=_tick, args=(running_stack, tick), name="reconcile-ticker", daemon=True
+        )
+        ticker.start()
+        progress("ready")
+        try:
+            yield running_stack
+        finally:
+            running_stack.stop_ticker.set()
+            ticker.join(timeout=10)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _wire_topics(urls: dict[str, str]) -> None:
+    """Topics, dead-letter topics and the push subscriptions, as in Google Cloud."""
+    from google.api_core.exceptions import AlreadyExists
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+    from google.pubsub_v1.types import DeadLetterPolicy, PushConfig
+
+    credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    publisher = pubsub_v1.PublisherClient(credentials=credentials)
+    subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
+    names = [*TOPICS, "capacity-requests-dead-letter", "reconcile-ticks-dead-letter"]
+    for name in names:
+        with contextlib.suppress(AlreadyExists):
+            publisher.create_topic(name=publisher.topic_path(PROJECT, name))
+    for function, topic in (("intake", "capacity-requests"), ("reconcile", "reconcile-ticks")):
+        request: dict[str, Any] = {
+            "name": subscriber.subscription_path(PROJECT, function),
+            "topic": publisher.topic_path(PROJECT, topic),
+            "push_config": PushConfig(push_endpoint=urls[function]),
+            "ack_deadline_seconds": 60,
+            "dead_letter_policy": DeadLetterPolicy(
+                dead_letter_topic=publisher.topic_path(PROJECT, f"{topic}-dead-letter"),
+                max_delivery_attempts=DELIVERY_ATTEMPTS,
+            ),
+        }
+        with contextlib.suppress(AlreadyExists):
+            subscriber.create_subscription(request=request)
+    subscriber.close()
+
+
+def _ensure_timer_queue() -> None:
+    from opendws.bootstrap import Settings, timer_queue
+
+    queue = timer_queue(Settings.from_environment())
+    timer_queue.cache_clear()
+    if queue is not None:
+        queue.ensure_queue()  # type: ignore[attr-defined]
+
+
+def _load_config(path: Path) -> None:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import firestore
+
+    from opendws.adapters.firestore import FirestoreConfigStore
+    from opendws.config import configuration_from_document
+    from opendws.scenario import read_document
+
+    configuration = configuration_from_document(read_document(path), source=str(path))
+    client = firestore.Client(project=PROJECT, credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+    FirestoreConfigStore(client).save(configuration)
+    client.close()  # type: ignore[no-untyped-call]
+
+
+def _tick(stack: Stack, every: timedelta) -> None:
+    """Publish a reconcile tick every ``every`` until stopped (Cloud Scheduler's job)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+
+    publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
+    topic = publisher.topic_path(stack.project, "reconcile-ticks")
+    while not stack.stop_ticker.wait(every.total_seconds()):
+        with contextlib.suppress(Exception):  # a missed tick is made up by the next one
+            publisher.publish(topic, json.dumps({"tick": True}).encode()).result(30)

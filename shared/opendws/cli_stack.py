@@ -1,0 +1,309 @@
+"""``dws`` commands that work against a running system — the local stack (``dws up``) or a real
+project (``--project``, application default credentials):
+
+- ``dws up`` starts the whole system on this machine and runs until Ctrl-C;
+- ``dws submit`` publishes a request (from a YAML/JSON file or from flags), validated against
+  the ``opendws.request/v1`` schema first, so a bad request is refused here and never sent;
+- ``dws status ID``, ``dws wait ID`` (until ACTIVE or a final state; the exit code says which);
+- ``dws cancel ID`` and ``dws release ID``;
+- ``dws usage`` and ``dws config apply FILE``.
+
+Every error a user can fix is one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import IO, Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from opendws.domain.states import RequestState
+from opendws.scenario import ScenarioError, read_document
+from opendws.schema.request import MessageError, parse_message
+
+console = Console()
+S = RequestState
+# `dws wait` exit codes.
+WAIT_ACTIVE = 0  # the capacity is running
+WAIT_ENDED = 1  # it reached a final state without running (timed out, cancelled, rejected)
+WAIT_TIMEOUT = 3  # still waiting when --timeout passed
+
+
+class UsageFailure(click.ClickException):
+    """An error the user can fix: one red line on stderr and exit code 2, no traceback."""
+
+    exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print the message as one red line (on stderr unless ``file`` is given)."""
+        console = Console(stderr=True) if file is None else Console(file=file)
+        console.print(Text(f"error: {self.format_message()}", style="bold red"), soft_wrap=True)
+
+
+def project_option(function: Any) -> Any:
+    """``--project``: a real project (application default credentials) instead of the stack."""
+
+    def set_project(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+        if value:
+            os.environ["OPENDWS_PROJECT"] = value
+        return value
+
+    return click.option(
+        "--project",
+        help="Google Cloud project (default: OPENDWS_PROJECT, else the local stack's).",
+        callback=set_project,
+        expose_value=False,
+        is_eager=True,
+    )(function)
+
+
+def register(main: click.Group) -> None:
+    """Add the commands of this module to ``dws``."""
+    for command in (up, submit, status, wait, cancel, release, usage, config):
+        main.add_command(command)
+
+
+# dws up ---------------------------------------------------------------------------------------
+
+
+@click.command(short_help="Run the whole system on this machine until Ctrl-C.")
+@click.option("--tick", default=60.0, show_default=True, help="Seconds between reconcile ticks.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="Configuration to load (default: the example local configuration).")  # fmt: skip
+def up(tick: float, config_path: Path | None) -> None:
+    """Start the emulators, every function, the topics and subscriptions, the configuration
+    and the reconcile ticker; print what clients need; stop everything on Ctrl-C."""
+    try:
+        from emulators import EmulatorError, missing_reason
+        from emulators.stack import DEFAULT_CONFIG, local_stack
+    except ImportError as error:  # pragma: no cover - the package ships them
+        raise UsageFailure(f"the local stack is not installed with this package: {error}") from None
+    reason = missing_reason()
+    if reason is not None:
+        raise UsageFailure(f"cannot start the local stack: {reason}")
+    try:
+        with local_stack(
+            tick=timedelta(seconds=tick),
+            config=config_path or DEFAULT_CONFIG,
+            progress=lambda step: console.print(f"[dim]·[/dim] {step}"),
+        ) as stack:
+            console.print("[bold green]opendws is up.[/bold green] Point clients at it with:")
+            for name, value in stack.client_environment().items():
+                click.echo(f"export {name}={value}")
+            for name, url in stack.urls.items():
+                console.print(f"[dim]{name} function: {url}[/dim]")
+            console.print("Ctrl-C stops everything.")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopped")
+    except (EmulatorError, ScenarioError) as error:
+        raise UsageFailure(str(error)) from None
+
+
+# dws submit -----------------------------------------------------------------------------------
+
+
+@click.command(short_help="Ask for capacity (from a file or flags).")
+@click.argument("file", type=click.Path(path_type=Path), required=False)
+@click.option("--id", "request_id", help="request_id (default: the Pub/Sub message id).")
+@click.option("--tenant", help="Your team.")
+@click.option("--mode", type=click.Choice(["flex_start", "calendar"]), default="flex_start",
+              show_default=True)  # fmt: skip
+@click.option("--vm-count", type=int, help="VMs (or TPU slices) in the gang.")
+@click.option("--machine-type", help="GPU machine type, e.g. a3-highgpu-8g.")
+@click.option("--accelerator", help="e.g. nvidia-h100-80gb or tpu-v5e.")
+@click.option("--accelerators-per-vm", type=int)
+@click.option("--topology", help="TPU slice topology, e.g. 4x4.")
+@click.option("--location", "locations", multiple=True, help="Zone or region; repeat, best first.")
+@click.option("--run", "run_duration", help="Run duration, e.g. 6h.")
+@click.option("--max-wait", help="flex_start: how long to wait at most, e.g. 2d.")
+@click.option("--start-at", help="calendar: the block's start (ISO 8601 with a zone).")
+@click.option("--priority", type=int)
+@project_option
+def submit(file: Path | None, **flags: Any) -> None:
+    """Validate a request and publish it on capacity-requests; print its id."""
+    message = _message_from(file, flags)
+    try:
+        parse_message(json.dumps(message).encode())
+    except MessageError as error:
+        raise UsageFailure(f"the request is not valid: {error}") from None
+    from opendws.bootstrap import request_publisher
+
+    message_id = request_publisher().publish(message)
+    request_id = message.get("request_id") or message_id
+    console.print(f"submitted [bold]{request_id}[/bold]; follow it with: dws wait {request_id}")
+
+
+def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
+    if file is not None:
+        try:
+            document = read_document(file)
+        except ScenarioError as error:
+            raise UsageFailure(str(error)) from None
+        if not isinstance(document, dict):
+            raise UsageFailure(f"{file}: a request is a mapping of fields")
+        return {"schema": "opendws.request/v1", "action": "submit", **document}
+    gang = {
+        key: flags[flag]
+        for key, flag in (
+            ("vm_count", "vm_count"),
+            ("machine_type", "machine_type"),
+            ("accelerator", "accelerator"),
+            ("accelerators_per_vm", "accelerators_per_vm"),
+            ("topology", "topology"),
+        )
+        if flags.get(flag) is not None
+    }
+    message: dict[str, Any] = {"schema": "opendws.request/v1", "action": "submit",
+                               "tenant": flags.get("tenant"), "mode": flags["mode"],
+                               "gang": gang, "locations": list(flags["locations"]),
+                               "run_duration": flags.get("run_duration")}  # fmt: skip
+    for key in ("request_id", "max_wait", "start_at", "priority"):
+        if flags.get(key) is not None:
+            message[key] = flags[key]
+    return message
+
+
+# dws status / wait ------------------------------------------------------------------------------
+
+
+@click.command(short_help="Show a request: state, ETA, position, reason, events.")
+@click.argument("request_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@project_option
+def status(request_id: str, as_json: bool) -> None:
+    """Show where a request is."""
+    from opendws.bootstrap import request_store
+
+    store = request_store()
+    record = store.get(request_id)
+    if record is None:
+        raise UsageFailure(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
+    events = store.events(request_id)
+    if as_json:
+        click.echo(json.dumps({"request_id": request_id, "state": record.state.value,
+                               "events": [e.to_json() for e in events]}, indent=2))  # fmt: skip
+        return
+    console.print(
+        f"[bold]{request_id}[/bold] ({record.tenant}): [bold]{record.state}[/bold]"
+        + (f" in {record.pool}" if record.pool else "")
+        + (f", ETA {record.eta.isoformat()}" if record.eta else "")
+        + (f", position {record.position}" if record.position else "")
+    )
+    table = Table("at", "state", "reason", "message")
+    for event in events:
+        table.add_row(event.at.isoformat(), event.state.value, event.reason or "", event.message)
+    console.print(table)
+
+
+@click.command(short_help="Wait until a request is ACTIVE or ends; the exit code says which.")
+@click.argument("request_id")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait at most.")
+@project_option
+def wait(request_id: str, timeout: float) -> None:
+    """Follow a request: exit 0 once ACTIVE (or released/expired after running), 1 if it ended
+    without running, 3 if still waiting after --timeout."""
+    from opendws.bootstrap import request_store
+
+    store = request_store()
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while True:
+        events = store.events(request_id)
+        for event in events[seen:]:
+            console.print(f"{event.at.isoformat()}  {event.state:<12} {event.message}")
+        seen = len(events)
+        record = store.get(request_id)
+        if record is not None and record.state is S.ACTIVE:
+            raise SystemExit(WAIT_ACTIVE)
+        if record is not None and record.state.is_final:
+            ran = any(event.state is S.ACTIVE for event in events)
+            raise SystemExit(WAIT_ACTIVE if ran else WAIT_ENDED)
+        if time.monotonic() >= deadline:
+            console.print(f"still {record.state if record else 'not stored'} after {timeout:.0f} s")
+            raise SystemExit(WAIT_TIMEOUT)
+        time.sleep(0.5)
+
+
+# dws cancel / release ---------------------------------------------------------------------------
+
+
+def _end_command(action: str) -> click.Command:
+    @click.command(name=action, short_help=f"{action.capitalize()} a request.")
+    @click.argument("request_id")
+    @click.option("--tenant", required=True, help="The request's tenant (yours).")
+    @project_option
+    def command(request_id: str, tenant: str) -> None:
+        from opendws.bootstrap import request_publisher
+
+        request_publisher().publish({"schema": "opendws.request/v1", "action": action,
+                                     "request_id": request_id, "tenant": tenant})  # fmt: skip
+        console.print(f"{action} of {request_id} sent; see it with: dws status {request_id}")
+
+    command.__doc__ = f"Publish a {action} for a request (only its tenant may)."
+    return command
+
+
+cancel = _end_command("cancel")
+release = _end_command("release")
+
+
+# dws usage / config -----------------------------------------------------------------------------
+
+
+@click.command(short_help="Accelerator-hours granted and used, cost, outcomes per tenant.")
+@click.option("--tenant", help="Only this tenant.")
+@click.option("--json", "as_json", is_flag=True)
+@project_option
+def usage(tenant: str | None, as_json: bool) -> None:
+    """Usage totals per tenant and accelerator."""
+    from opendws.bootstrap import usage_service
+
+    rows = usage_service().summary(tenant=tenant)
+    if as_json:
+        click.echo(json.dumps([{"tenant": r.tenant, "accelerator": r.accelerator,
+                                "granted_hours": r.granted_hours, "used_hours": r.used_hours,
+                                "cost": r.cost, "outcomes": dict(r.outcomes)}
+                               for r in rows], indent=2))  # fmt: skip
+        return
+    table = Table("tenant", "accelerator", "granted h", "used h", "cost", "outcomes")
+    for row in rows:
+        cost = "" if row.cost is None else f"{row.cost:,.2f}"
+        outcomes = ", ".join(f"{k.lower()} {v}" for k, v in sorted(row.outcomes.items()))
+        table.add_row(row.tenant, row.accelerator, f"{row.granted_hours:,.2f}",
+                      f"{row.used_hours:,.2f}", cost, outcomes)  # fmt: skip
+    console.print(table)
+
+
+@click.group(short_help="Show or replace the configuration.")
+def config() -> None:
+    """The configuration: pools, tenants and quotas, prices."""
+
+
+@config.command("apply", short_help="Validate FILE and make it the configuration.")
+@click.argument("file", type=click.Path(path_type=Path))
+@project_option
+def config_apply(file: Path) -> None:
+    """Replace the configuration with FILE (YAML or JSON), after validating all of it."""
+    from opendws.config import configuration_from_document
+
+    try:
+        configuration = configuration_from_document(read_document(file), source=str(file))
+    except ScenarioError as error:
+        raise UsageFailure(str(error)) from None
+    from opendws.bootstrap import config_store
+
+    config_store().save(configuration)
+    console.print(
+        f"applied {file}: {len(configuration.pools)} pools, {len(configuration.tenants)} "
+        f"tenants, {len(configuration.prices)} prices"
+    )
