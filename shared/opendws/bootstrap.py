@@ -33,6 +33,7 @@ from typing import Any
 
 from opendws.ports import TimerQueue
 from opendws.service.intake import IntakeService
+from opendws.service.queries import QueryService
 from opendws.service.reconcile import Providers, ReconcileService
 from opendws.service.release import EndService
 from opendws.service.usage import UsageService
@@ -275,3 +276,9 @@ def request_store(settings: Settings | None = None) -> Any:
 def config_store(settings: Settings | None = None) -> Any:
     """The configuration store."""
     return _parts(settings or Settings.from_environment())[1]
+
+
+@functools.cache
+def query_service(settings: Settings | None = None) -> QueryService:
+    """Queue and timeline views."""
+    return QueryService(_parts(settings or Settings.from_environment())[0])

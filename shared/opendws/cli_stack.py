@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import timedelta
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opendws.domain.states import RequestState
+from opendws.durations import format_duration
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import MessageError, parse_message
 
@@ -67,7 +69,7 @@ def project_option(function: Any) -> Any:
 
 def register(main: click.Group) -> None:
     """Add the commands of this module to ``dws``."""
-    for command in (up, submit, status, wait, cancel, release, usage, config):
+    for command in (up, submit, status, wait, cancel, release, queue, timeline, usage, config):
         main.add_command(command)
 
 
@@ -255,6 +257,58 @@ def _end_command(action: str) -> click.Command:
 
 cancel = _end_command("cancel")
 release = _end_command("release")
+
+
+# dws queue / timeline ----------------------------------------------------------------------------
+
+
+@click.command(short_help="Pending requests: positions, ETAs and reasons per pool.")
+@click.option("--tenant", help="Only this tenant's requests.")
+@click.option("--json", "as_json", is_flag=True)
+@project_option
+def queue(tenant: str | None, as_json: bool) -> None:
+    """The queue as the last reconcile pass left it."""
+    from opendws.bootstrap import query_service
+
+    entries = query_service().queue(datetime.now(UTC), tenant=tenant)
+    if as_json:
+        click.echo(json.dumps([{**asdict(e), "eta": _iso(e.eta),
+                                "waited_s": e.waited.total_seconds()} for e in entries],
+                              default=str, indent=2))  # fmt: skip
+        return
+    table = Table("request", "tenant", "units", "pool", "position", "ETA", "reason", "waited")
+    for e in entries:
+        table.add_row(e.request_id, e.tenant, f"{e.units} × {e.accelerator}", e.pool or "",
+                      str(e.position or ""), _iso(e.eta) or "", e.reason or "",
+                      format_duration(e.waited))  # fmt: skip
+    console.print(table)
+
+
+@click.command(short_help="What holds each pool when: runs, blocks, planned starts.")
+@click.option("--pool", help="Only this pool.")
+@click.option("--json", "as_json", is_flag=True)
+@project_option
+def timeline(pool: str | None, as_json: bool) -> None:
+    """Per pool: running and provisioning grants, booked blocks, planned starts."""
+    from opendws.bootstrap import query_service
+
+    pools = query_service().timeline(datetime.now(UTC), pool=pool)
+    if as_json:
+        click.echo(json.dumps({name: [asdict(s) for s in spans] for name, spans in pools.items()},
+                              default=str, indent=2))  # fmt: skip
+        return
+    for name, spans in pools.items():
+        table = Table("request", "tenant", "state", "units", "from", "until", title=name)
+        for s in spans:
+            table.add_row(s.request_id, s.tenant, s.state, str(s.units), _iso(s.start) or "",
+                          _iso(s.end) or "")  # fmt: skip
+        console.print(table)
+    if not pools:
+        console.print("no pool holds or plans anything")
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.astimezone(UTC).isoformat(timespec="seconds")
 
 
 # dws usage / config -----------------------------------------------------------------------------

@@ -233,3 +233,18 @@ def test_the_end_of_a_run_or_block(kit: Kit) -> None:
         return
     assert kit.phase(order) is ProvisionPhase.ENDED
     assert kit.stock(kit.pool) == 64
+
+
+def test_a_block_promises_its_units_and_takes_them_at_its_start(kit: Kit) -> None:
+    if kit.kind != "calendar":
+        pytest.skip("only calendar blocks are reserved ahead")
+    kit.set_stock(kit.pool, 5)
+    first = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
+    second = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
+    kit.provider.reserve(first)
+    assert kit.stock(kit.pool) == 5  # promised, not taken before the start
+    kit.provider.reserve(second)  # overlaps: 3 + 3 > 5, so the cloud refuses it
+    assert kit.phase(second) is None
+    assert kit.phase(first) is ProvisionPhase.RESERVED
+    kit.advance(HOUR)
+    assert kit.stock(kit.pool) == 2

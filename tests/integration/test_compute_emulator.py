@@ -430,7 +430,7 @@ def test_future_reservation_is_fulfilled_at_start_and_its_vms_end_with_it(
         zone=ZONE,
         future_reservation_resource=future_reservation(name, 2, start, 3),
     ).result()
-    assert emu.cloud.stock(ZONE, SHAPE) == 3
+    assert emu.cloud.stock(ZONE, SHAPE) == 5  # promised; taken at the start
     got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=name)
     assert got.status.procurement_status == "APPROVED"
     with pytest.raises(exceptions.BadRequest, match="does not exist"):

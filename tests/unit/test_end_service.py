@@ -104,7 +104,7 @@ def test_cancel_withdraws_a_waiting_request_or_a_booked_block(world_and_cloud: W
     submit(world.store, calendar("block", tenant="vision", vm_count=2, start_at=NOW + DAY))
     world.run()
     assert world.state("block") is S.BOOKED
-    assert cloud.stock(ZONE, A3) == 2  # the block's 2 VMs reserved
+    assert cloud.stock(ZONE, A3) == 4  # the block's 2 VMs are promised, taken at its start
     assert world.ending().cancel("block", "vision").state is S.CANCELLED
     assert world.timers is not None
     armed = {(t.request_id, t.kind) for t, _ in world.timers.armed()}

@@ -134,9 +134,10 @@ def test_a_calendar_block_is_reserved_started_and_ended(two_zones: Zones) -> Non
     world.run()
     record = world.record("block")
     assert (record.state, record.pool) == (S.BOOKED, POOL_A)
-    assert cloud.stock(ZONE_A, A3) == 2  # reserved at booking
+    assert cloud.stock(ZONE_A, A3) == 4  # promised at booking, taken at the start
     settle(world, HOUR)
     assert world.state("block") is S.PROVISIONING
+    assert cloud.stock(ZONE_A, A3) == 2
     settle(world)
     assert world.state("block") is S.ACTIVE
     settle(world, DAY)

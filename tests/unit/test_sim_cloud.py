@@ -245,9 +245,14 @@ def test_future_reservation_holds_its_units_for_its_window(cloud: SimulatedCloud
         "specificSkuProperties": {"totalCount": "3", "instanceProperties": {"machineType": SHAPE}},
     }
     cloud.insert_future_reservation(P, Z, body)
-    assert cloud.stock(Z, SHAPE) == 1
+    assert cloud.stock(Z, SHAPE) == 4  # promised, not taken: the block has not started
     assert cloud.list_reservations(P, Z) == []
+    overlapping = {**body, "name": "second", "specificSkuProperties": {
+        "totalCount": "2", "instanceProperties": {"machineType": SHAPE}}}  # fmt: skip
+    operation = cloud.insert_future_reservation(P, Z, overlapping)
+    assert operation["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
     cloud.advance(timedelta(hours=1))
+    assert cloud.stock(Z, SHAPE) == 1  # taken at the start
     assert cloud.get_future_reservation(P, Z, "block")["status"]["procurementStatus"] == "FULFILLED"
     affinity = {"consumeReservationType": "SPECIFIC_RESERVATION", "values": ["block"]}
     cloud.insert_instance(
@@ -297,3 +302,19 @@ def test_the_simulated_cloud_imports_neither_google_nor_the_adapters() -> None:
                 imported.add(node.module)
     forbidden = [m for m in imported if m.split(".")[0] == "google" or "adapters" in m]
     assert forbidden == []
+
+
+def test_a_block_whose_units_are_gone_by_its_start_fails(cloud: SimulatedCloud) -> None:
+    cloud.set_stock(Z, SHAPE, 2)
+    start = START + timedelta(hours=1)
+    cloud.insert_future_reservation(P, Z, {
+        "name": "late",
+        "timeWindow": {"startTime": start.isoformat(), "duration": {"seconds": "7200"}},
+        "specificSkuProperties": {"totalCount": "2", "instanceProperties": {"machineType": SHAPE}},
+    })  # fmt: skip
+    cloud.set_stock(Z, SHAPE, 1)  # taken by someone else meanwhile
+    cloud.advance(timedelta(hours=1))
+    status = cloud.get_future_reservation(P, Z, "late")["status"]
+    assert status["procurementStatus"] == "FAILED"
+    assert cloud.list_reservations(P, Z) == []
+    assert cloud.stock(Z, SHAPE) == 1

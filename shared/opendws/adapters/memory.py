@@ -206,6 +206,7 @@ class _FakeOrder:
     created_at: datetime
     holds_stock: bool = False
     ends_by_itself: bool = False  # flex-start VMs are deleted when their run time is up
+    starts_at: datetime | None = None  # a calendar block takes its units at its start
     hung: bool = False  # a "hang" injection: it never leaves CREATING
     ready_at: datetime | None = None
     error_code: str | None = None
@@ -221,9 +222,10 @@ class MemoryCapacityProvider:
     it — or FAILED with ZONE_RESOURCE_POOL_EXHAUSTED if not; a "hang" injection keeps it
     CREATING for ever, an "error" injection fails it with another code. A MIG flex run ENDS
     by itself after its run duration (flex-start VMs are deleted); a TPU one runs until
-    released; a calendar order is RESERVED — its units taken — from :meth:`reserve` (which
-    creates nothing when the stock is short, as the cloud refuses the reservation) until
-    :meth:`provision`, and ENDS at the block's end.
+    released; a calendar order is RESERVED from :meth:`reserve` — which creates nothing, as
+    the cloud refuses the reservation, when the units are not free beyond those promised to
+    overlapping blocks — takes its units at the block's start (or FAILS if they are gone),
+    and ENDS at the block's end.
     """
 
     def __init__(self, clock: Clock, *, latency: timedelta = timedelta(seconds=20)) -> None:
@@ -300,11 +302,24 @@ class MemoryCapacityProvider:
             if order.name in self._orders:
                 return
             key = (order.pool.zone, order.pool.shape)
-            if self._stock.get(key, 0) < order.request.units:
+            request = order.request
+            assert request.start_at is not None  # a calendar block
+            end = request.start_at + request.run_duration
+            promised = sum(
+                other.units
+                for other in self._orders.values()
+                if other.phase is ProvisionPhase.RESERVED and not other.holds_stock
+                and (other.pool.zone, other.pool.shape) == key
+                and other.starts_at is not None and other.calendar_end is not None
+                and other.starts_at < end and request.start_at < other.calendar_end
+            )  # fmt: skip
+            if self._stock.get(key, 0) - promised < request.units:
                 return  # refused, as the cloud refuses the reservation: nothing is created
             fake = self._new(order, ProvisionPhase.RESERVED)
-            self._stock[key] = self._stock.get(key, 0) - fake.units
-            fake.holds_stock = True
+            fake.starts_at = request.start_at
+            self._expect(fake)
+            if request.start_at <= self._now():
+                self._take_block(fake)
 
     def provision(self, order: Order) -> None:
         with self._lock:
@@ -357,6 +372,8 @@ class MemoryCapacityProvider:
         """When ``order`` next changes by itself, if ever."""
         if order.phase is ProvisionPhase.CREATING and not order.hung:
             return order.created_at + self._latency
+        if order.phase is ProvisionPhase.RESERVED and not order.holds_stock:
+            return order.starts_at
         if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
             if order.calendar_end is not None:
                 return order.calendar_end
@@ -381,6 +398,10 @@ class MemoryCapacityProvider:
             due = order.created_at + self._latency
             if order.phase is ProvisionPhase.CREATING and not order.hung and now >= due:
                 self._finish_creating(order)
+            starts = order.starts_at
+            waiting = order.phase is ProvisionPhase.RESERVED and not order.holds_stock
+            if waiting and starts is not None and now >= starts:
+                self._take_block(order)
             if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
                 end = order.calendar_end
                 if end is None and order.ready_at is not None and order.ends_by_itself:
@@ -390,6 +411,16 @@ class MemoryCapacityProvider:
                     if order.holds_stock:
                         self._give_back(order)
             self._expect(order)
+
+    def _take_block(self, order: _FakeOrder) -> None:
+        """A block's start: take its units, or fail if they are gone."""
+        key = (order.pool.zone, order.pool.shape)
+        if self._stock.get(key, 0) < order.units:
+            order.phase, order.error_code = ProvisionPhase.FAILED, STOCKOUT
+            order.message = "the block's units were gone at its start"
+            return
+        self._stock[key] = self._stock.get(key, 0) - order.units
+        order.holds_stock = True
 
     def _finish_creating(self, order: _FakeOrder) -> None:
         key = (order.pool.zone, order.pool.shape)

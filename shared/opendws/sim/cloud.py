@@ -945,10 +945,12 @@ class SimulatedCloud:
 
     @_settled
     def insert_future_reservation(self, project: str, zone: str, body: JSON) -> JSON:
-        """Book a calendar block: its units are taken from stock now and held until its end (or
-        its deletion); when they are not free the operation fails with
-        ``ZONE_RESOURCE_POOL_EXHAUSTED`` and nothing is created. From ``startTime`` a
-        reservation of the same name exists for instances to consume."""
+        """Book a calendar block. It is approved when its units are free now, counting those
+        promised to other approved blocks whose windows overlap its own; otherwise the
+        operation fails with ``ZONE_RESOURCE_POOL_EXHAUSTED`` and nothing is created. Its units
+        are taken from stock at ``startTime`` (at once if that has come) and held until its end
+        or its deletion; from then a reservation of the same name exists for instances to
+        consume. A block whose units are gone by its start fails (procurement ``FAILED``)."""
         name = _name(body.get("name"), "future reservation name")
         state = self._project(project)
         if (zone, name) in state.future_reservations:
@@ -976,7 +978,9 @@ class SimulatedCloud:
             auto_delete=_get(body, "autoDeleteAutoCreatedReservations") is not False,
         )
         target = f"{COMPUTE_BASE}/{self._path(project, zone, 'futureReservations', name)}"
-        outcome = self._provision(zone, record.shape, count)
+        outcome = (
+            self._approve(record) if start > now else self._provision(zone, record.shape, count)
+        )
         if outcome in ("stockout", "error"):
             code, message = _compute_failure(outcome, project, zone)
             return self._operation(record, "insert", target, error=(503, code, message))
@@ -985,7 +989,7 @@ class SimulatedCloud:
         if outcome == "hang":
             record.procurement = "PENDING_APPROVAL"
         else:
-            record.holds_stock = True
+            record.holds_stock = start <= now  # a future block takes its units at its start
             self._at(start, functools.partial(self._begin_block, record))
             self._at(end, functools.partial(self._end_block, record))
         return self._operation(record, "insert", target)
@@ -1032,8 +1036,35 @@ class SimulatedCloud:
         ]
         return [self._reservation_view(f) for f in sorted(records, key=_by_name)]
 
+    def _approve(self, record: _FutureReservation) -> str:
+        """Decide a future block: ``ok`` if its units are free now beyond what overlapping
+        approved blocks were promised (nothing is taken yet), else a failure kind."""
+        pending = self._injections.get((record.zone, record.shape))
+        if pending:
+            outcome = pending.popleft()
+        else:
+            promised = sum(
+                other.count
+                for state in self._projects.values()
+                for other in state.future_reservations.values()
+                if other.alive and not other.holds_stock and other.procurement == "APPROVED"
+                and (other.zone, other.shape) == (record.zone, record.shape)
+                and other.start < record.end and record.start < other.end
+            )  # fmt: skip
+            free = self._stock.get((record.zone, record.shape), 0) - promised
+            outcome = "ok" if free >= record.count else "stockout"
+        self._counters[{"ok": "provisioned"}.get(outcome, outcome)] += 1
+        return outcome
+
     def _begin_block(self, record: _FutureReservation, when: datetime) -> None:
         if record.alive and record.procurement == "APPROVED":
+            if not record.holds_stock:
+                key = (record.zone, record.shape)
+                if self._stock.get(key, 0) < record.count:
+                    record.procurement = "FAILED"  # its units were taken meanwhile
+                    return
+                self._stock[key] = self._stock.get(key, 0) - record.count
+                record.holds_stock = True
             record.procurement = "FULFILLED"
             record.reservation_id = self._new_id()
 
