@@ -69,7 +69,8 @@ def project_option(function: Any) -> Any:
 
 def register(main: click.Group) -> None:
     """Add the commands of this module to ``dws``."""
-    for command in (up, submit, status, wait, cancel, release, queue, timeline, usage, config):
+    commands = (up, demo, submit, status, wait, cancel, release, queue, timeline, usage, config)
+    for command in commands:
         main.add_command(command)
 
 
@@ -109,6 +110,38 @@ def up(tick: float, config_path: Path | None) -> None:
         console.print("stopped")
     except (EmulatorError, ScenarioError) as error:
         raise UsageFailure(str(error)) from None
+
+
+@click.command(short_help="Run a scripted mixed workload on a fresh local stack.")
+@click.option("--json", "as_json_flag", is_flag=True, help="Print the summary as JSON.")
+def demo(as_json_flag: bool) -> None:
+    """Start the local stack, drive flex requests, a CI job, a TPU slice, a calendar block, a
+    cancel, an early release and a stockout with failover through it, then summarise."""
+    from emulators import EmulatorError, missing_reason
+    from emulators.demo import as_json, run_demo
+    from emulators.stack import local_stack
+
+    reason = missing_reason()
+    if reason is not None:
+        raise UsageFailure(f"cannot start the local stack: {reason}")
+    try:
+        with local_stack(
+            tick=timedelta(seconds=5),
+            latency=timedelta(seconds=3),
+            progress=lambda step: console.print(f"[dim]· {step}[/dim]"),
+        ) as stack:
+            outcomes = run_demo(stack, lambda line: console.print(f"[bold]›[/bold] {line}"))
+    except (EmulatorError, TimeoutError) as error:
+        raise click.ClickException(f"demo failed: {error}") from None
+    if as_json_flag:
+        click.echo(as_json(outcomes))
+        return
+    table = Table("request", "tenant", "state", "pool", "attempts", "events", "story",
+                  title="opendws demo")  # fmt: skip
+    for o in outcomes:
+        table.add_row(o.request_id, o.tenant, o.state, o.pool or "", str(o.attempts),
+                      str(o.events), o.story)  # fmt: skip
+    console.print(table)
 
 
 # dws submit -----------------------------------------------------------------------------------

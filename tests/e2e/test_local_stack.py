@@ -89,3 +89,21 @@ def test_a_request_runs_and_is_released_through_the_cli(
     bad = dws(stack, "submit", "--tenant", "vision", "--vm-count", "0", "--run", "1h")
     assert bad.returncode == 2
     assert "vm_count" in bad.stderr
+
+
+def test_the_demo_drives_every_path_and_summarises_it() -> None:
+    if missing_reason() is not None:
+        pytest.skip(f"official emulators unavailable: {missing_reason()}")
+    result = subprocess.run(
+        [*DWS, "demo", "--json"], capture_output=True, text=True, timeout=300, check=False,
+        start_new_session=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    outcomes = {o["request_id"]: o for o in json.loads(result.stdout.strip().splitlines()[-1])}
+    assert {name: o["state"] for name, o in outcomes.items()} == {
+        "train": "ACTIVE", "nightly": "RELEASED", "slice": "ACTIVE", "block": "BOOKED",
+        "oops": "CANCELLED",
+    }  # fmt: skip
+    train = outcomes["train"]
+    assert (train["attempts"], train["pool"]) == (2, "us-central1-b/a3-highgpu-8g")
+    assert train["story"] == "PENDING → PROVISIONING → PENDING → PROVISIONING → ACTIVE"

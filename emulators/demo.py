@@ -1,0 +1,114 @@
+"""``dws demo``: a scripted mixed workload on the local stack, as its users would drive it —
+every step a message on ``capacity-requests`` — ending with a summary table.
+
+1. ``train`` (vision, 2 H100 VMs, us-central1-a then -b): the simulated cloud stocks out in
+   us-central1-a, so the pool cools down and the request fails over to us-central1-b.
+2. ``nightly`` (ci, strict FIFO, 1 A100 VM): a CI job, released early once it runs.
+3. ``slice`` (vision, a v5e 4x4 TPU slice): provisioned as a queued resource.
+4. ``block`` (speech, calendar, 1 A100 VM for a day from tomorrow): confirmed and booked.
+5. ``oops`` (speech, 8 H100 VMs): cancelled while it waits.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from emulators.stack import Stack
+
+STEP_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Where one demo request ended up."""
+
+    request_id: str
+    tenant: str
+    state: str
+    pool: str | None
+    attempts: int
+    events: int
+    story: str  # its states, in order
+
+
+def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
+    """Drive the workload on ``stack`` (whose variables are in this process's environment)."""
+    from opendws.bootstrap import request_publisher, request_store
+
+    publisher, store = request_publisher(), request_store()
+
+    def send(message: dict[str, Any]) -> None:
+        publisher.publish({"schema": "opendws.request/v1", **message})
+
+    def until(request_id: str, *states: str) -> str:
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while time.monotonic() < deadline:
+            record = store.get(request_id)
+            if record is not None and record.state.value in states:
+                return str(record.state.value)
+            time.sleep(0.3)
+        raise TimeoutError(f"{request_id} did not reach {' or '.join(states)} in time")
+
+    def submit(request_id: str, tenant: str, gang: dict[str, Any], **fields: Any) -> None:
+        send({"action": "submit", "request_id": request_id, "tenant": tenant, "gang": gang,
+              "mode": "flex_start", "run_duration": "1h", "max_wait": "1h", **fields})  # fmt: skip
+
+    h100 = {"machine_type": "a3-highgpu-8g", "accelerator": "nvidia-h100-80gb",
+            "accelerators_per_vm": 8}  # fmt: skip
+    a100 = {"machine_type": "a2-ultragpu-8g", "accelerator": "nvidia-a100-80gb",
+            "accelerators_per_vm": 8}  # fmt: skip
+
+    say("the cloud will stock out of a3-highgpu-8g in us-central1-a once")
+    stack.cloud.inject("us-central1-a", "a3-highgpu-8g", "stockout")
+    say("submit train: 2 × H100 VMs, us-central1-a preferred, us-central1-b allowed")
+    submit("train", "vision", {"vm_count": 2, **h100},
+           locations=["us-central1-a", "us-central1-b"])  # fmt: skip
+    say("submit nightly: a CI job, 1 × A100 VM")
+    submit("nightly", "ci", {"vm_count": 1, **a100}, locations=["us-central1"],
+           labels={"ci": "github"})  # fmt: skip
+    say("submit slice: a v5e 4x4 TPU slice")
+    submit("slice", "vision", {"vm_count": 1, "accelerator": "tpu-v5e", "topology": "4x4"},
+           locations=["us-west4-a"])  # fmt: skip
+    start = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+    say(f"book block: 1 × A100 VM for a day from {start.isoformat()}")
+    send({"action": "submit", "request_id": "block", "tenant": "speech", "mode": "calendar",
+          "gang": {"vm_count": 1, **a100}, "locations": ["us-central1-a"],
+          "run_duration": "1d", "start_at": start.isoformat()})  # fmt: skip
+    say("submit oops: 8 × H100 VMs (more than is free), then cancel it")
+    submit("oops", "speech", {"vm_count": 8, **h100}, locations=["us-central1-a"])
+    until("oops", "PENDING")
+    send({"action": "cancel", "request_id": "oops", "tenant": "speech"})
+    say(f"oops: {until('oops', 'CANCELLED')}")
+    say(f"block: {until('block', 'BOOKED')}")
+    say(f"nightly: {until('nightly', 'ACTIVE')}; the job is done early: release it")
+    send({"action": "release", "request_id": "nightly", "tenant": "ci"})
+    say(f"nightly: {until('nightly', 'RELEASED')}")
+    say(f"slice: {until('slice', 'ACTIVE')}")
+    say(f"train: {until('train', 'ACTIVE')} (after failing over)")
+    outcomes = []
+    for request_id in ("train", "nightly", "slice", "block", "oops"):
+        record = store.get(request_id)
+        assert record is not None
+        events = store.events(request_id)
+        outcomes.append(
+            Outcome(
+                request_id=request_id,
+                tenant=record.tenant,
+                state=record.state.value,
+                pool=record.pool,
+                attempts=record.attempt,
+                events=len(events),
+                story=" → ".join(event.state.value for event in events),
+            )
+        )
+    return outcomes
+
+
+def as_json(outcomes: list[Outcome]) -> str:
+    """The outcomes as a JSON list."""
+    return json.dumps([asdict(outcome) for outcome in outcomes])
