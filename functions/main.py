@@ -16,6 +16,7 @@ from cloudevents.http import CloudEvent
 from opendws.adapters.oidc import Forbidden, Unauthorized
 from opendws.bootstrap import (
     end_service,
+    hook_service,
     intake_service,
     reconcile_follow_up,
     reconcile_service,
@@ -88,6 +89,14 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
     return {"outcome": result.outcome.value, "message": result.message}, 200
 
 
+@functions_framework.http
+def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
+    """A CI system's webhook (GitHub workflow_job, GitLab job events, or the generic signed
+    hook) → a submit or release on capacity-requests. 401 for a bad signature."""
+    result = hook_service().handle(dict(request.headers), request.get_data())
+    return {"message": result.message, "request_id": result.request_id}, result.status
+
+
 def delivery_of(event: CloudEvent) -> Delivery:
     """The Pub/Sub message inside a ``google.cloud.pubsub.topic.v1.messagePublished`` event."""
     message: dict[str, Any] = (event.data or {}).get("message", {})
@@ -105,4 +114,4 @@ def _instant(text: str) -> datetime:
     return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
-__all__ = ["delivery_of", "intake", "reconcile", "timer"]
+__all__ = ["ci_hook", "delivery_of", "intake", "reconcile", "timer"]

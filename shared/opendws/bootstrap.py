@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from opendws.ports import TimerQueue
+from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
 from opendws.service.queries import QueryService
 from opendws.service.reconcile import Providers, ReconcileService
@@ -282,3 +283,16 @@ def config_store(settings: Settings | None = None) -> Any:
 def query_service(settings: Settings | None = None) -> QueryService:
     """Queue and timeline views."""
     return QueryService(_parts(settings or Settings.from_environment())[0])
+
+
+@functools.cache
+def hook_service(settings: Settings | None = None) -> HookService:
+    """CI webhooks, with the secrets from the environment (in Google Cloud, Secret Manager
+    values mounted as these variables)."""
+    settings = settings or Settings.from_environment()
+    secrets = HookSecrets(
+        github=os.environ.get("OPENDWS_GITHUB_WEBHOOK_SECRET") or None,
+        gitlab=os.environ.get("OPENDWS_GITLAB_WEBHOOK_TOKEN") or None,
+        generic=os.environ.get("OPENDWS_HOOK_SECRET") or None,
+    )
+    return HookService(_parts(settings)[1], request_publisher(settings), secrets)

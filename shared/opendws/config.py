@@ -7,13 +7,15 @@ loads is a valid one and a bad one is refused with a message that says where and
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
 from opendws.domain.model import PolicySettings, Pool, Tenant
 from opendws.durations import format_duration
-from opendws.ports import Configuration, Price
+from opendws.ports import CiMapping, Configuration, Price
 from opendws.scenario import (
     PolicySpec,
     PoolSpec,
@@ -24,6 +26,7 @@ from opendws.scenario import (
     build_policy,
     describe_validation,
 )
+from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
 
 
 class PriceSpec(Spec):
@@ -43,11 +46,25 @@ class PriceSpec(Spec):
         )
 
 
+class CiSpec(Spec):
+    """``ci[i]``: CI jobs that get capacity and the request they make."""
+
+    provider: Literal["github", "gitlab", "generic"]
+    labels: list[str] = Field(min_length=1)
+    request: dict[str, Any]
+
+    def build(self) -> CiMapping:
+        return CiMapping(
+            provider=self.provider, labels=frozenset(self.labels), template=dict(self.request)
+        )
+
+
 class ConfigSpec(Spec):
     """The whole configuration document."""
 
     policy: PolicySpec | None = None
     prices: list[PriceSpec] = Field(default_factory=list)
+    ci: list[CiSpec] = Field(default_factory=list)
     pools: list[PoolSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
 
@@ -72,7 +89,25 @@ def configuration_from_document(data: object, *, source: str) -> Configuration:
     accelerators = [price.accelerator for price in prices]
     if len(set(accelerators)) != len(accelerators):
         raise ScenarioError(f"{source}: prices: one price per accelerator")
-    return Configuration(pools=pools, tenants=tenants, policy=policy, prices=prices)
+    ci = tuple(mapping.build() for mapping in spec.ci)
+    for index, mapping in enumerate(ci):
+        problem = template_problem(mapping.template)
+        if problem is not None:
+            raise ScenarioError(f"{source}: ci[{index}].request: {problem}")
+    return Configuration(pools=pools, tenants=tenants, policy=policy, prices=prices, ci=ci)
+
+
+def template_problem(template: dict[str, Any]) -> str | None:
+    """What is wrong with a CI request template (None: a job's message will be valid)."""
+    message = {"schema": "opendws.request/v1", "action": "submit", **template,
+               "request_id": "ci-template-check"}  # fmt: skip
+    try:
+        submit = parse_message(json.dumps(message).encode())
+        assert isinstance(submit, Submit)
+        to_capacity_request(submit, default_request_id="ci", submitted_at=datetime.now(UTC))
+    except MessageError as error:
+        return str(error)
+    return None
 
 
 def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
@@ -81,6 +116,10 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
         "policy": {"aging_half_life": format_duration(configuration.policy.aging_half_life)},
         "pools": [_pool(pool) for pool in configuration.pools],
         "tenants": [_tenant(tenant) for tenant in configuration.tenants],
+        "ci": [
+            {"provider": m.provider, "labels": sorted(m.labels), "request": m.template}
+            for m in configuration.ci
+        ],
         "prices": [
             {
                 "accelerator": price.accelerator,

@@ -223,6 +223,17 @@ class Price:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CiMapping:
+    """Which CI jobs get capacity, and what they ask for: a job of ``provider`` whose labels
+    (GitHub ``runs-on``, GitLab tags) include every one of ``labels`` is submitted as
+    ``template`` (the fields of a submit message but its id, which comes from the job)."""
+
+    provider: str  # github, gitlab or generic
+    labels: frozenset[str]
+    template: dict[str, Any] = field(hash=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Configuration:
     """What the operators configure: pools, tenants with their quotas, policy knobs, and the
     price table usage is costed with."""
@@ -231,6 +242,7 @@ class Configuration:
     tenants: tuple[Tenant, ...] = ()
     policy: PolicySettings = field(default_factory=PolicySettings)
     prices: tuple[Price, ...] = ()
+    ci: tuple[CiMapping, ...] = ()  # CI jobs that get capacity
 
     def price(self, accelerator: str) -> Price | None:
         """The price of ``accelerator``, if configured."""
@@ -411,6 +423,14 @@ class TimerQueue(Protocol):
 
     def disarm(self, timer: Timer) -> None:
         """Delete ``timer``'s task so it never fires; nothing to do if it is gone."""
+        ...
+
+
+class RequestPublisher(Protocol):
+    """Where request messages go (Pub/Sub ``capacity-requests``), as any publisher sends them."""
+
+    def publish(self, message: dict[str, object]) -> str:
+        """Publish one ``opendws.request/v1`` message; returns its message id."""
         ...
 
 

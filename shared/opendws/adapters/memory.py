@@ -489,3 +489,16 @@ class MemoryNudger:
 
     def nudge(self, reason: str) -> None:
         self.reasons.append(reason)
+
+
+class MemoryRequestPublisher:
+    """A RequestPublisher that keeps what was published; ids count up."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, object]] = []
+        self._lock = threading.Lock()
+
+    def publish(self, message: dict[str, object]) -> str:
+        with self._lock:
+            self.messages.append(message)
+            return str(len(self.messages))
