@@ -41,6 +41,20 @@ TOPICS = ("capacity-requests", "capacity-events", "reconcile-ticks")
 INVOKER = f"opendws-tasks@{PROJECT}.iam.gserviceaccount.com"
 TIMER_AUDIENCE = "opendws-timer"
 DELIVERY_ATTEMPTS = 5
+# Every function of functions/main.py and how it is triggered.
+FUNCTIONS = (
+    ("intake", "cloudevent"),
+    ("reconcile", "cloudevent"),
+    ("timer", "http"),
+    ("ci_hook", "http"),
+    ("api", "http"),
+)
+# Local-only credentials (the stack listens on 127.0.0.1): the admin's API key and one per
+# example tenant, and the CI hooks' shared secret.
+LOCAL_API_KEYS = (
+    "admin:local-admin-key,vision:local-vision-key,speech:local-speech-key,ci:local-ci-key"
+)
+LOCAL_HOOK_SECRET = "local-hook-secret"
 # The default simulated cloud: (zone, shape as the cloud names it, free units).
 DEFAULT_STOCK = (
     ("us-central1-a", "a3-highgpu-8g", 8),
@@ -89,7 +103,7 @@ def local_stack(
         progress("starting the Cloud Tasks emulator")
         certs = Path(scratch) / "tasks-certs.json"
         tasks = stack.enter_context(CloudTasksEmulator(certs_path=certs))
-        ports = {name: free_port() for name in ("intake", "reconcile", "timer")}
+        ports = {name: free_port() for name in ("intake", "reconcile", "timer", "ci_hook", "api")}
         urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
         environment = {
             **official.environment(),
@@ -100,6 +114,10 @@ def local_stack(
             "OPENDWS_TIMER_AUDIENCE": TIMER_AUDIENCE,
             "OPENDWS_TIMER_SERVICE_ACCOUNT": INVOKER,
             "OPENDWS_TIMER_CERTS": str(certs),
+            "OPENDWS_API_KEYS": LOCAL_API_KEYS,
+            "OPENDWS_GITHUB_WEBHOOK_SECRET": LOCAL_HOOK_SECRET,
+            "OPENDWS_GITLAB_WEBHOOK_TOKEN": LOCAL_HOOK_SECRET,
+            "OPENDWS_HOOK_SECRET": LOCAL_HOOK_SECRET,
         }
         # The stack is this process's business from here on: its clients find it by these.
         stack.enter_context(_environment(environment))
@@ -107,8 +125,7 @@ def local_stack(
         _wire_topics(urls)
         _ensure_timer_queue()
         _load_config(config)
-        for name, signature in (("intake", "cloudevent"), ("reconcile", "cloudevent"),
-                                ("timer", "http")):  # fmt: skip
+        for name, signature in FUNCTIONS:
             progress(f"serving the {name} function on {urls[name]}")
             stack.enter_context(serving(name, signature, environment, port=ports[name]))
         running_stack = Stack(

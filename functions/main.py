@@ -15,6 +15,7 @@ from cloudevents.http import CloudEvent
 
 from opendws.adapters.oidc import Forbidden, Unauthorized
 from opendws.bootstrap import (
+    api_service,
     end_service,
     hook_service,
     intake_service,
@@ -97,6 +98,17 @@ def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
     return {"message": result.message, "request_id": result.request_id}, result.status
 
 
+@functions_framework.http
+def api(request: flask.Request) -> flask.Response:
+    """The HTTP API and the dashboard (see opendws.service.api)."""
+    answer = api_service().handle(request.method, request.path, dict(request.headers))
+    if isinstance(answer.body, str):
+        return flask.Response(answer.body, status=answer.status, mimetype="text/html")
+    return flask.Response(
+        json.dumps(answer.body), status=answer.status, mimetype="application/json"
+    )
+
+
 def delivery_of(event: CloudEvent) -> Delivery:
     """The Pub/Sub message inside a ``google.cloud.pubsub.topic.v1.messagePublished`` event."""
     message: dict[str, Any] = (event.data or {}).get("message", {})
@@ -114,4 +126,4 @@ def _instant(text: str) -> datetime:
     return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
-__all__ = ["ci_hook", "delivery_of", "intake", "reconcile", "timer"]
+__all__ = ["api", "ci_hook", "delivery_of", "intake", "reconcile", "timer"]

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from opendws.ports import TimerQueue
+from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
 from opendws.service.queries import QueryService
@@ -296,3 +297,20 @@ def hook_service(settings: Settings | None = None) -> HookService:
         generic=os.environ.get("OPENDWS_HOOK_SECRET") or None,
     )
     return HookService(_parts(settings)[1], request_publisher(settings), secrets)
+
+
+@functools.cache
+def api_service(settings: Settings | None = None) -> ApiService:
+    """The HTTP API; keys from ``OPENDWS_API_KEYS`` (``tenant:key,admin:key``; in Google
+    Cloud, a Secret Manager value mounted as that variable)."""
+    settings = settings or Settings.from_environment()
+    store = _parts(settings)[0]
+    keys: dict[str, str] = {}
+    for pair in (os.environ.get("OPENDWS_API_KEYS") or "").split(","):
+        tenant, _, key = pair.strip().partition(":")
+        if tenant and key:
+            keys[key] = tenant
+    return ApiService(
+        store, QueryService(store), UsageService(store), lambda: end_service(settings),
+        _parts(settings)[4], keys,
+    )  # fmt: skip

@@ -1,0 +1,153 @@
+"""The HTTP API behind the ``api`` function and the dashboard, as plain routing over the
+services: method + path + headers → status + JSON.
+
+    GET  /requests/{id}            a request: state, pool, ETA, position, reason, its events
+    POST /requests/{id}/cancel     cancel it (its tenant, or an admin)
+    POST /requests/{id}/release    release it (its tenant, or an admin)
+    GET  /queue                    pending requests with positions, ETAs, reasons
+    GET  /timeline                 per pool: runs, blocks and planned starts
+    GET  /usage                    accelerator-hours granted and used, cost, outcomes
+    GET  /                         the dashboard page (it calls the routes above)
+
+Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a tenant or to
+the admins (compared in constant time). A tenant sees and changes only its own requests (other
+tenants' holds on the timeline are shown as ``other``, without names); an admin sees all.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from opendws.ports import Clock, RequestStore
+from opendws.service.queries import QueryService
+from opendws.service.release import EndOutcome, EndService
+from opendws.service.usage import UsageService
+
+ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """What to answer: a status, and JSON (or the dashboard's HTML)."""
+
+    status: int
+    body: dict[str, Any] | list[Any] | str
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    tenant: str  # or ADMIN
+    admin: bool
+
+
+class ApiService:
+    """Routes API calls (see the module docstring)."""
+
+    def __init__(
+        self, store: RequestStore, queries: QueryService, usage: UsageService,
+        ending: Callable[[], EndService], clock: Clock, keys: Mapping[str, str],
+    ) -> None:  # fmt: skip
+        self._store = store
+        self._queries = queries
+        self._usage = usage
+        self._ending = ending  # built on first use: reading needs no cloud clients
+        self._clock = clock
+        self._keys = dict(keys)  # key → tenant (or "admin")
+
+    def handle(self, method: str, path: str, headers: Mapping[str, str]) -> Response:
+        parts = [part for part in path.split("/") if part]
+        if method == "GET" and parts in ([], ["dashboard"]):
+            return Response(200, dashboard_html())
+        caller = self._caller(headers)
+        if caller is None:
+            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        match method, parts:
+            case "GET", ["requests", request_id]:
+                return self._request(caller, request_id)
+            case "POST", ["requests", request_id, ("cancel" | "release") as action]:
+                return self._end(caller, request_id, action)
+            case "GET", ["queue"]:
+                return self._queue(caller)
+            case "GET", ["timeline"]:
+                return self._timeline(caller)
+            case "GET", ["usage"]:
+                return self._usage_rows(caller)
+        return Response(404, {"error": f"no route {method} /{'/'.join(parts)}"})
+
+    def _caller(self, headers: Mapping[str, str]) -> Caller | None:
+        lowered = {key.lower(): value for key, value in headers.items()}
+        scheme, _, key = lowered.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not key:
+            return None
+        for known, tenant in self._keys.items():
+            if hmac.compare_digest(known.encode(), key.strip().encode()):
+                return Caller(tenant=tenant, admin=tenant == ADMIN)
+        return None
+
+    def _request(self, caller: Caller, request_id: str) -> Response:
+        record = self._store.get(request_id)
+        if record is None or not (caller.admin or record.tenant == caller.tenant):
+            # Another tenant's request is answered as absent: ids of others are not revealed.
+            return Response(404, {"error": f"no request {request_id!r}"})
+        return Response(200, {
+            "request_id": request_id, "tenant": record.tenant, "state": record.state.value,
+            "pool": record.pool, "eta": _iso(record.eta), "position": record.position,
+            "reason": record.reason, "message": record.message,
+            "events": [event.to_json() for event in self._store.events(request_id)],
+        })  # fmt: skip
+
+    def _end(self, caller: Caller, request_id: str, action: str) -> Response:
+        ending = self._ending()
+        act = ending.cancel if action == "cancel" else ending.release
+        result = act(request_id, caller.tenant, admin=caller.admin)
+        status = 403 if result.outcome is EndOutcome.REFUSED else 200
+        if result.outcome is EndOutcome.REFUSED and result.state is None:
+            status = 404
+        state = None if result.state is None else result.state.value
+        return Response(status, {"outcome": result.outcome.value, "state": state,
+                                 "message": result.message})  # fmt: skip
+
+    def _queue(self, caller: Caller) -> Response:
+        tenant = None if caller.admin else caller.tenant
+        entries = self._queries.queue(self._clock.now(), tenant=tenant)
+        return Response(200, [
+            {**asdict(entry), "eta": _iso(entry.eta), "waited": entry.waited.total_seconds()}
+            for entry in entries
+        ])  # fmt: skip
+
+    def _timeline(self, caller: Caller) -> Response:
+        pools = self._queries.timeline(self._clock.now())
+        shown: dict[str, list[dict[str, Any]]] = {}
+        for pool, spans in pools.items():
+            shown[pool] = []
+            for span in spans:
+                mine = caller.admin or span.tenant == caller.tenant
+                shown[pool].append({
+                    "request_id": span.request_id if mine else "other",
+                    "tenant": span.tenant if mine else "other",
+                    "state": span.state, "units": span.units,
+                    "start": _iso(span.start), "end": _iso(span.end),
+                })  # fmt: skip
+        return Response(200, {"now": _iso(self._clock.now()), "pools": shown})
+
+    def _usage_rows(self, caller: Caller) -> Response:
+        rows = self._usage.summary(tenant=None if caller.admin else caller.tenant)
+        return Response(200, [
+            {"tenant": r.tenant, "accelerator": r.accelerator, "granted_hours": r.granted_hours,
+             "used_hours": r.used_hours, "cost": r.cost, "outcomes": dict(r.outcomes)}
+            for r in rows
+        ])  # fmt: skip
+
+
+def _iso(at: datetime | None) -> str | None:
+    return None if at is None else at.isoformat()
+
+
+def dashboard_html() -> str:
+    """The dashboard page (shipped with the package)."""
+    return resources.files("opendws").joinpath("dashboard.html").read_text(encoding="utf-8")
