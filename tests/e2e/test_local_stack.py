@@ -4,6 +4,8 @@ the CLI and shows in ``dws usage``; Ctrl-C stops everything with nothing left li
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -11,6 +13,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +23,9 @@ import pytest
 from emulators import missing_reason
 
 DWS = [sys.executable, "-m", "opendws.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "hooks"
+CI_CONFIG = ROOT / "tests" / "data" / "local-config-with-ci.yaml"
 
 
 @pytest.fixture
@@ -37,6 +44,9 @@ def stack() -> Iterator[dict[str, str]]:
         if line.startswith("export "):
             name, _, value = line.removeprefix("export ").strip().partition("=")
             environment[name] = value
+        if " function: http" in line:
+            name, _, url = line.strip().partition(" function: ")
+            environment[f"url:{name}"] = url
         if "Ctrl-C stops everything" in line or time.monotonic() > deadline:
             break
     assert "OPENDWS_COMPUTE_ENDPOINT" in environment, "dws up did not come up"
@@ -47,14 +57,16 @@ def stack() -> Iterator[dict[str, str]]:
         assert process.wait(60) == 0
         for name in ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST",
                      "CLOUD_TASKS_EMULATOR_HOST"):  # fmt: skip
+            # (the functions' servers stop with the stack's process group too)
             host, _, port = environment[name].partition(":")
             with socket.socket() as probe:
                 assert probe.connect_ex((host, int(port))) != 0, f"{name} still listening"
 
 
 def dws(environment: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    variables = {k: v for k, v in environment.items() if not k.startswith("url:")}
     return subprocess.run(
-        [*DWS, *args], env={**os.environ, **environment}, capture_output=True, text=True,
+        [*DWS, *args], env={**os.environ, **variables}, capture_output=True, text=True,
         timeout=120, check=False,
     )  # fmt: skip
 
@@ -107,3 +119,56 @@ def test_the_demo_drives_every_path_and_summarises_it() -> None:
     train = outcomes["train"]
     assert (train["attempts"], train["pool"]) == (2, "us-central1-b/a3-highgpu-8g")
     assert train["story"] == "PENDING → PROVISIONING → PENDING → PROVISIONING → ACTIVE"
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(url, body, {**headers, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status), json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+def api_get(stack: dict[str, str], path: str) -> object:
+    request = urllib.request.Request(
+        stack["url:api"].rstrip("/") + path, headers={"Authorization": "Bearer local-admin-key"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_a_github_hook_round_trip_shows_on_the_api(stack: dict[str, str]) -> None:
+    from emulators.stack import LOCAL_HOOK_SECRET
+
+    dws(stack, "config", "apply", str(CI_CONFIG))
+    queued = (DATA / "github_workflow_job_queued.json").read_bytes()
+    completed = (DATA / "github_workflow_job_completed.json").read_bytes()
+
+    def github(body: bytes, secret: str = LOCAL_HOOK_SECRET) -> dict[str, str]:
+        digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        return {"X-GitHub-Event": "workflow_job", "X-Hub-Signature-256": f"sha256={digest}"}
+
+    assert post(stack["url:ci_hook"], queued, github(queued, "forged"))[0] == 401
+    status, answer = post(stack["url:ci_hook"], queued, github(queued))
+    assert status == 202, answer
+    request_id = str(answer["request_id"])
+    assert post(stack["url:ci_hook"], queued, github(queued))[0] == 202  # redelivered
+    assert dws(stack, "wait", request_id, "--timeout", "40").returncode == 0
+    shown = api_get(stack, f"/requests/{request_id}")
+    assert isinstance(shown, dict)
+    assert (shown["tenant"], shown["state"]) == ("ci", "ACTIVE")
+    assert [e["state"] for e in shown["events"]] == ["PENDING", "PROVISIONING", "ACTIVE"]
+    timeline = api_get(stack, "/timeline")
+    assert isinstance(timeline, dict)
+    assert any(s["request_id"] == request_id for spans in timeline["pools"].values()
+               for s in spans)  # fmt: skip
+    assert post(stack["url:ci_hook"], completed, github(completed))[0] == 202
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        shown = api_get(stack, f"/requests/{request_id}")
+        if isinstance(shown, dict) and shown["state"] == "RELEASED":
+            break
+        time.sleep(0.5)
+    assert isinstance(shown, dict)
+    assert shown["state"] == "RELEASED"
