@@ -66,11 +66,14 @@ def test_a_tenant_sees_only_its_own_requests(world_api: tuple[World, ApiService]
 def test_cancel_and_release_through_the_api(world_api: tuple[World, ApiService]) -> None:
     world, api = world_api
     refused = api.handle("POST", "/requests/theirs/cancel", auth("k-vision"))
-    assert refused.status == 403
+    assert refused.status == 404  # another tenant's request is not revealed
     assert world.state("theirs") is RequestState.PENDING
     assert api.handle("POST", "/requests/ghost/cancel", auth("k-vision")).status == 404
     done = api.handle("POST", "/requests/theirs/cancel", auth("k-speech"))
     assert (done.status, done.body["state"]) == (200, "CANCELLED")  # type: ignore[index]
+    running = api.handle("POST", "/requests/theirs/release", auth("k-speech"))
+    assert running.status == 200  # already cancelled: nothing more to do
+    assert running.body["outcome"] == "ALREADY_ENDED"  # type: ignore[index]
     released = api.handle("POST", "/requests/mine/release", auth("k-admin"))
     assert released.status == 200
     assert world.state("mine") is RequestState.CANCELLED  # it was still provisioning
@@ -78,3 +81,13 @@ def test_cancel_and_release_through_the_api(world_api: tuple[World, ApiService])
     assert [(u["tenant"], u["outcomes"]) for u in usage] == [  # type: ignore[index, union-attr]
         ("speech", {"CANCELLED": 1})
     ]
+
+
+def test_cancelling_a_running_request_is_a_conflict(world_api: tuple[World, ApiService]) -> None:
+    world, api = world_api
+    world.clock.advance(world.settings.lease_ttl)
+    world.run()  # "mine" is ready: ACTIVE
+    assert world.state("mine") is RequestState.ACTIVE
+    answer = api.handle("POST", "/requests/mine/cancel", auth("k-vision"))
+    assert answer.status == 409
+    assert "release it" in answer.body["message"]  # type: ignore[index]

@@ -102,12 +102,16 @@ class ApiService:
         })  # fmt: skip
 
     def _end(self, caller: Caller, request_id: str, action: str) -> Response:
+        record = self._store.get(request_id)
+        if record is None or not (caller.admin or record.tenant == caller.tenant):
+            # As for reading: another tenant's request is answered as absent.
+            return Response(404, {"error": f"no request {request_id!r}"})
         ending = self._ending()
         act = ending.cancel if action == "cancel" else ending.release
         result = act(request_id, caller.tenant, admin=caller.admin)
-        status = 403 if result.outcome is EndOutcome.REFUSED else 200
-        if result.outcome is EndOutcome.REFUSED and result.state is None:
-            status = 404
+        # Ownership was checked above: a refusal here is about the state (a running request
+        # cannot be cancelled, only released).
+        status = 409 if result.outcome is EndOutcome.REFUSED else 200
         state = None if result.state is None else result.state.value
         return Response(status, {"outcome": result.outcome.value, "state": state,
                                  "message": result.message})  # fmt: skip
