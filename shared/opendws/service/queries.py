@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, RequestStore
+from opendws.service.reconcile import hold_end
 
 S = RequestState
 
@@ -108,9 +109,11 @@ def _span(record: RequestRecord, now: datetime) -> Span | None:
             return None  # no slot held: nothing planned yet
         start = record.eta
     else:
-        start = record.since or record.updated_at
-        if record.state is S.PROVISIONING:
-            start = max(start, now)  # it runs its whole duration once ready
+        end = hold_end(record, now)
+        return Span(
+            request_id=request.request_id, tenant=request.tenant, state=record.state.value,
+            units=request.units, start=end - request.run_duration, end=end,
+        )  # fmt: skip
     return Span(
         request_id=request.request_id,
         tenant=request.tenant,

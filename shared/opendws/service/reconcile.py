@@ -48,6 +48,7 @@ from opendws.ports import (
     StaleWrite,
     StatusEvent,
     TimerQueue,
+    order_name,
 )
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
@@ -239,7 +240,7 @@ class _Cycle:
         observed = self.providers.observe(self.pools.values())
         # 3. Sweep the live requests against it; release what nobody wants.
         for record in live:
-            sighting = observed.pop(self._order_name(record), None)
+            sighting = observed.pop(order_name(record.request_id, record.attempt), None)
             with self._one_request(record.request_id):
                 self._sweep(record, None if sighting is None else sighting.observed)
         for name in sorted(observed):
@@ -348,7 +349,7 @@ class _Cycle:
         return self.now - since >= self.settings.provision_timeout
 
     def _sweep_active(self, record: RequestRecord, order: Order, seen: Observed | None) -> None:
-        end = _grant_end(record, self.now)
+        end = hold_end(record, self.now)
         if seen is None or seen.phase in (ProvisionPhase.ENDED, ProvisionPhase.FAILED):
             self._finish(
                 record, order, S.EXPIRED, ReconcileReason.CAPACITY_ENDED,
@@ -600,20 +601,6 @@ class _Cycle:
                 missing = self.store.events(record.request_id)[record.announced :]
                 self._announce(record, missing)
 
-    def _order_name(self, record: RequestRecord) -> str:
-        return Order(
-            request=record.request,
-            pool=self.pools.get(record.pool or "") or _NOWHERE,
-            attempt=record.attempt,
-        ).name
-
-
-# A placeholder pool for naming an order whose pool is gone (names do not depend on the pool).
-_NOWHERE = Pool(
-    pool_id="-", zone="nowhere-none0-a", shape="-", accelerator="-", provider=Provider.MIG,
-    capacity=0,
-)  # fmt: skip
-
 
 def _apply_order(decision: Decision, first: dict[Outcome, int]) -> tuple[int, int, str]:
     """Starts first, then confirmations, then the rest; within each, the plan's rank (calendar
@@ -628,8 +615,9 @@ def _with_shortage(pool: Pool, until: datetime | None) -> Pool:
     return replace(pool, short_until=until)
 
 
-def _grant_end(record: RequestRecord, now: datetime) -> datetime:
-    """When the request's hold on its pool ends."""
+def hold_end(record: RequestRecord, now: datetime) -> datetime:
+    """When a live request's hold on its pool ends: a block at its end; a flex run its run
+    duration after it became ACTIVE, or after now while still being created."""
     request = record.request
     if request.start_at is not None:
         return request.start_at + request.run_duration
@@ -647,7 +635,7 @@ def _grant(record: RequestRecord, now: datetime) -> Grant:
     assert record.pool is not None
     start = request.start_at if request.start_at is not None else record.since or now
     grant = Grant.of(request, record.pool, start)
-    return replace(grant, end_at=_grant_end(record, now))
+    return replace(grant, end_at=hold_end(record, now))
 
 
 def _refusal(decision: Decision) -> str:
