@@ -12,6 +12,8 @@ Settings come from the environment:
   ``OPENDWS_TASKS_LOCATION`` and ``OPENDWS_TASKS_QUEUE``; on one machine
   ``CLOUD_TASKS_EMULATOR_HOST`` (the Cloud Tasks emulator) and ``OPENDWS_TIMER_CERTS`` (a JSON
   file of the emulator's token certificates, which then replace Google's);
+- how capacity is created: ``OPENDWS_BOOT_IMAGE``, ``OPENDWS_NETWORK`` (the VMs' image and
+  network), ``OPENDWS_TPU_RUNTIME_VERSION`` and ``OPENDWS_TPU_TIER`` (``guaranteed`` or ``spot``);
 - ``OPENDWS_RECONCILE_FOLLOW_UP_SECONDS``: how long one reconcile invocation keeps passing
   every few seconds while requests are provisioning (default 20; the function's timeout must
   be longer).
@@ -231,7 +233,6 @@ def capacity_providers(
     ``endpoint`` (an emulator) when given, with anonymous credentials there."""
     from google.cloud import compute_v1, tpu_v2
 
-    from opendws.adapters.gce import CloudSettings
     from opendws.adapters.mig import MigFlexProvider
     from opendws.adapters.reservations import CalendarReservationProvider
     from opendws.adapters.tpu import TpuQueuedProvider
@@ -242,7 +243,7 @@ def capacity_providers(
         credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
     options = {"api_endpoint": endpoint} if endpoint is not None else None
     common: dict[str, Any] = {"client_options": options, "credentials": credentials}
-    settings = CloudSettings(project=project)
+    settings = cloud_settings(project)
     return Providers(
         mig_flex=MigFlexProvider(
             settings,
@@ -256,6 +257,37 @@ def capacity_providers(
             future_reservations=compute_v1.FutureReservationsClient(**common),
             instances=compute_v1.InstancesClient(**common),
         ),
+    )
+
+
+# The environment variables that say how capacity is created (Terraform sets them from its
+# ``vm_*`` and ``tpu_*`` variables).
+CLOUD_SETTINGS_ENVIRONMENT = (
+    "OPENDWS_BOOT_IMAGE",
+    "OPENDWS_NETWORK",
+    "OPENDWS_TPU_RUNTIME_VERSION",
+    "OPENDWS_TPU_TIER",
+)
+TPU_TIERS = ("guaranteed", "spot")
+
+
+def cloud_settings(project: str) -> Any:
+    """How capacity is created: CloudSettings' defaults, except where the environment says
+    otherwise. Raises ValueError for a TPU tier that is neither ``guaranteed`` nor ``spot``."""
+    from opendws.adapters.gce import CloudSettings
+
+    env = os.environ.get
+    defaults = CloudSettings(project=project)
+    tier = env("OPENDWS_TPU_TIER") or defaults.tpu_tier
+    if tier not in TPU_TIERS:
+        raise ValueError(f"OPENDWS_TPU_TIER is {tier!r}; it must be one of {', '.join(TPU_TIERS)}")
+    return CloudSettings(
+        project=project,
+        boot_image=env("OPENDWS_BOOT_IMAGE") or defaults.boot_image,
+        network=env("OPENDWS_NETWORK") or defaults.network,
+        tpu_runtime_version=env("OPENDWS_TPU_RUNTIME_VERSION") or defaults.tpu_runtime_version,
+        tpu_tier=tier,
+        tpu_valid_for=defaults.tpu_valid_for,
     )
 
 

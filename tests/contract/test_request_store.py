@@ -13,6 +13,7 @@ import pytest
 from emulators import Emulators
 from opendws.adapters.memory import MemoryRequestStore
 from opendws.domain import IllegalTransition, RequestState
+from opendws.domain.model import CALENDAR_MAX_LEAD, CALENDAR_MAX_RUN
 from opendws.ports import (
     CreateOutcome,
     Fenced,
@@ -335,3 +336,35 @@ def test_a_final_change_stores_its_usage_in_the_same_write(store: RequestStore) 
             event=event_of(record_of("r1"), S.CANCELLED, S.PENDING),
         )  # fmt: skip
     assert len(store.usage()) == 2
+
+
+def test_firestore_event_records_carry_their_ttl_timestamp(
+    official_emulators: Emulators, emulator_project: str
+) -> None:
+    """Each event document has ``expire_at``, a timestamp (TTL policies ignore text) that lies
+    past any request's life: infra/modules/firestore's TTL policy deletes events after it."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import firestore
+
+    from opendws.adapters.firestore import (
+        EVENT_EXPIRY_FIELD,
+        EVENT_RETENTION,
+        EVENTS,
+        REQUESTS,
+        FirestoreRequestStore,
+    )
+
+    del official_emulators
+    client = firestore.Client(project=emulator_project, credentials=AnonymousCredentials())
+    store = FirestoreRequestStore(client)
+    record = record_of()
+    first = event_of(record, S.PENDING, None)
+    store.create(record, first)
+    second = event_of(replace(record, version=2), S.PROVISIONING, S.PENDING)
+    store.change("r1", expected_version=1, state=S.PROVISIONING, event=second, pool=second.pool)
+    documents = client.collection(REQUESTS).document("r1").collection(EVENTS).order_by("seq")
+    expiries = [snapshot.get(EVENT_EXPIRY_FIELD) for snapshot in documents.stream()]
+    assert expiries == [first.at + EVENT_RETENTION, second.at + EVENT_RETENTION]
+    assert CALENDAR_MAX_LEAD + CALENDAR_MAX_RUN < EVENT_RETENTION  # a block's whole life
+    assert store.events("r1") == [first, second]
+    client.close()

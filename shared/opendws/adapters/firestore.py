@@ -1,9 +1,10 @@
 """The RequestStore on Cloud Firestore (google-cloud-firestore).
 
-Layout: ``requests/{request_id}`` holds the request, its state and a version;
-its queries' composite indexes are in ``infra/firestore.indexes.json``;
-``requests/{request_id}/events/{seq}`` holds one event per state change, ``seq`` a zero-padded
-counter so that document order is event order. Creation is one batch with create-if-absent
+Layout: ``requests/{request_id}`` holds the request, its state and a version; its queries'
+composite indexes are declared in ``infra/modules/firestore``. ``requests/{request_id}/events/
+{seq}`` holds one event per state change, ``seq`` a zero-padded counter so that document order
+is event order, and ``expire_at`` the time after which Firestore's TTL policy (on the
+``events`` collection group) may delete it. Creation is one batch with create-if-absent
 preconditions; every change is one transaction that checks the version it read — and, for the
 reconciler's writes, the fencing token of the lease in ``leases/reconciler``, read in the same
 transaction, so a reconciler that lost the lease cannot write. Learned pool cool-downs live in
@@ -49,6 +50,11 @@ CONFIG = "config"
 SCHEDULER_CONFIG = "scheduler"
 # A released lease expires at the beginning of time: anyone may take it at once.
 LEASE_FREE = datetime.min.replace(tzinfo=UTC)
+# How long an event record is kept: longer than any request lives (a calendar block may start
+# 120 days ahead and run 90), so a live request never loses its history.
+EVENT_RETENTION = timedelta(days=400)
+# The event record's TTL field (infra/modules/firestore sets the TTL policy on it).
+EVENT_EXPIRY_FIELD = "expire_at"
 
 
 def _event_id(seq: int) -> str:
@@ -168,7 +174,7 @@ class FirestoreRequestStore:
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
-        # Needs the composite index (state, submitted_at) of infra/firestore.indexes.json.
+        # Needs the composite index (state, submitted_at) declared in infra/modules/firestore.
         query = self._requests.where(
             filter=FieldFilter("state", "in", [s.value for s in states])
         ).order_by("submitted_at")
@@ -358,8 +364,10 @@ def _record(data: dict[str, Any]) -> RequestRecord:
 
 
 def _event_fields(event: StatusEvent, seq: int) -> dict[str, Any]:
-    return {**event.to_json(), "seq": seq}
+    # A timestamp (not the ISO text of ``at``): TTL policies act on timestamp fields only.
+    return {**event.to_json(), "seq": seq, EVENT_EXPIRY_FIELD: event.at + EVENT_RETENTION}
 
 
 def _event(data: dict[str, Any]) -> StatusEvent:
-    return StatusEvent.from_json({key: value for key, value in data.items() if key != "seq"})
+    stored = {"seq", EVENT_EXPIRY_FIELD}
+    return StatusEvent.from_json({key: value for key, value in data.items() if key not in stored})

@@ -1,0 +1,355 @@
+# opendws on Google Cloud: the root wires the modules together. Each function has its own
+# service account holding only what its code calls (see `local.project_roles` and the grants
+# on single resources below); nothing holds a basic role.
+
+data "google_project" "this" {
+  project_id = var.project
+}
+
+locals {
+  archive              = coalesce(var.source_archive, "${path.module}/build/opendws-functions.zip")
+  pubsub_service_agent = "service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+
+  # The functions of functions/main.py: entry point => deployed name.
+  names = {
+    intake    = "opendws-intake"
+    reconcile = "opendws-reconcile"
+    timer     = "opendws-timer"
+    ci_hook   = "opendws-ci-hook"
+    api       = "opendws-api"
+  }
+  # A gen2 function's URL is known before it exists; the timer's is needed by the functions
+  # that arm timers, the timer function among them (it re-arms the hops of far timers).
+  timer_url = "https://${var.region}-${var.project}.cloudfunctions.net/${local.names.timer}"
+
+  # Ending a run (release, cancel, a timer, the reconciler's sweep) deletes resize requests,
+  # VMs, queued resources and future reservations; starting one creates them.
+  capacity_roles = [
+    "roles/compute.instanceAdmin.v1",
+    "roles/compute.futureReservationAdmin",
+    "roles/tpu.admin",
+  ]
+  project_roles = {
+    intake    = concat(["roles/datastore.user"], local.capacity_roles) # cancel and release messages end runs
+    reconcile = concat(["roles/datastore.user"], local.capacity_roles)
+    timer     = concat(["roles/datastore.user"], local.capacity_roles)
+    api       = concat(["roles/datastore.user"], local.capacity_roles) # cancel and release
+    ci_hook   = ["roles/datastore.viewer"]                             # reads the CI mappings in config/scheduler
+  }
+
+  member = module.identities.members
+
+  common_environment = {
+    OPENDWS_PROJECT               = var.project
+    OPENDWS_TASKS_LOCATION        = var.region
+    OPENDWS_TASKS_QUEUE           = module.tasks.queue
+    OPENDWS_TIMER_URL             = local.timer_url
+    OPENDWS_TIMER_AUDIENCE        = local.timer_url
+    OPENDWS_TIMER_SERVICE_ACCOUNT = module.identities.emails.tasks
+    OPENDWS_BOOT_IMAGE            = var.vm_boot_image
+    OPENDWS_NETWORK               = var.vm_network
+    OPENDWS_TPU_RUNTIME_VERSION   = var.tpu_runtime_version
+    OPENDWS_TPU_TIER              = var.tpu_tier
+    LOG_EXECUTION_ID              = "true"
+  }
+}
+
+module "apis" {
+  source = "./modules/apis"
+  count  = var.enable_apis ? 1 : 0
+
+  project = var.project
+}
+
+module "identities" {
+  source = "./modules/identities"
+
+  project = var.project
+  accounts = merge(
+    {
+      for key, name in local.names : key => {
+        account_id    = name
+        display_name  = "opendws ${key} function"
+        description   = "The identity of the ${name} function."
+        project_roles = local.project_roles[key]
+      }
+    },
+    {
+      tasks = {
+        account_id    = "opendws-tasks"
+        display_name  = "opendws timers"
+        description   = "Cloud Tasks calls the timer function with this account's OIDC token."
+        project_roles = []
+      }
+      trigger = {
+        account_id    = "opendws-trigger"
+        display_name  = "opendws Pub/Sub triggers"
+        description   = "Eventarc invokes intake and reconcile as this account."
+        project_roles = []
+      }
+    },
+  )
+  firestore_database = module.firestore.database
+
+  depends_on = [module.apis]
+}
+
+module "pubsub" {
+  source = "./modules/pubsub"
+
+  project              = var.project
+  labels               = var.labels
+  pubsub_service_agent = local.pubsub_service_agent
+  request_publishers   = concat([local.member.ci_hook], var.request_publishers)
+  event_publishers     = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api]
+  tick_publishers      = [local.member.intake, local.member.timer, local.member.api]
+  event_subscribers    = var.event_subscribers
+  dead_letter_readers  = var.operators
+
+  depends_on = [module.apis]
+}
+
+module "firestore" {
+  source = "./modules/firestore"
+
+  project             = var.project
+  location            = var.firestore_location
+  deletion_protection = var.deletion_protection
+
+  depends_on = [module.apis]
+}
+
+module "secrets" {
+  source = "./modules/secrets"
+
+  project         = var.project
+  labels          = var.labels
+  api_tenants     = var.api_tenants
+  hook_readers    = [local.member.ci_hook]
+  api_key_readers = [local.member.api]
+
+  depends_on = [module.apis]
+}
+
+module "tasks" {
+  source = "./modules/tasks"
+
+  project                   = var.project
+  region                    = var.region
+  name                      = var.timer_queue.name
+  max_dispatches_per_second = var.timer_queue.max_dispatches_per_second
+  max_concurrent_dispatches = var.timer_queue.max_concurrent_dispatches
+  timer_setters             = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api]
+  invoker_account_name      = module.identities.names.tasks
+
+  depends_on = [module.apis]
+}
+
+module "source" {
+  source = "./modules/source"
+
+  project     = var.project
+  bucket_name = "${var.project}-opendws-source"
+  location    = var.region
+  archive     = local.archive
+  labels      = var.labels
+
+  depends_on = [module.apis]
+}
+
+module "compute_pools" {
+  source = "./modules/compute_pools"
+
+  project    = var.project
+  boot_image = var.vm_boot_image
+  flex_pools = var.flex_pools
+  labels     = var.labels
+
+  depends_on = [module.apis]
+}
+
+# VMs that run as a service account are created by functions that must act as it.
+resource "google_service_account_iam_member" "act_as_vm_account" {
+  for_each = {
+    for pair in setproduct(
+      distinct(compact([for pool in var.flex_pools : pool.service_account])),
+      ["intake", "reconcile", "timer", "api"],
+    ) : "${pair[0]}/${pair[1]}" => pair
+  }
+
+  service_account_id = "projects/${var.project}/serviceAccounts/${each.value[0]}"
+  role               = "roles/iam.serviceAccountUser"
+  member             = local.member[each.value[1]]
+}
+
+# Functions ----------------------------------------------------------------------------------
+
+module "intake" {
+  source = "./modules/function"
+
+  project               = var.project
+  region                = var.region
+  name                  = local.names.intake
+  entry_point           = "intake"
+  description           = "capacity-requests -> Firestore: accepts, refuses, cancels and releases requests."
+  runtime               = var.runtime
+  build_service_account = var.build_service_account
+  source_bucket         = module.source.bucket
+  source_object         = module.source.object
+  service_account_email = module.identities.emails.intake
+  environment           = local.common_environment
+  timeout_seconds       = 60
+  concurrency           = 1
+  min_instances         = var.min_instances.intake
+  max_instances         = var.max_instances.intake
+  labels                = var.labels
+  invokers              = [local.member.trigger]
+
+  # Intake raises only on transient faults (bad input is answered with a REJECTED event), so a
+  # retried message is worth retrying; one that keeps failing goes to the dead-letter topic.
+  pubsub_trigger = {
+    topic                 = module.pubsub.topic_ids.requests
+    service_account_email = module.identities.emails.trigger
+    retry                 = true
+  }
+  dead_letter = var.dead_letter_max_delivery_attempts == null ? null : {
+    topic                 = module.pubsub.requests_dead_letter_topic
+    max_delivery_attempts = var.dead_letter_max_delivery_attempts
+    pubsub_service_agent  = local.pubsub_service_agent
+  }
+}
+
+module "reconcile" {
+  source = "./modules/function"
+
+  project               = var.project
+  region                = var.region
+  name                  = local.names.reconcile
+  entry_point           = "reconcile"
+  description           = "reconcile-ticks -> one reconcile pass (and follow-ups while capacity is provisioning)."
+  runtime               = var.runtime
+  build_service_account = var.build_service_account
+  source_bucket         = module.source.bucket
+  source_object         = module.source.object
+  service_account_email = module.identities.emails.reconcile
+  environment = merge(local.common_environment, {
+    OPENDWS_RECONCILE_FOLLOW_UP_SECONDS = tostring(var.reconcile_follow_up_seconds)
+  })
+  memory          = "1Gi"
+  timeout_seconds = var.reconcile_timeout_seconds
+  concurrency     = 1
+  min_instances   = var.min_instances.reconcile
+  max_instances   = var.max_instances.reconcile
+  labels          = var.labels
+  invokers        = [local.member.trigger]
+
+  # A tick is not worth retrying: the next tick or nudge starts a fresh pass.
+  pubsub_trigger = {
+    topic                 = module.pubsub.topic_ids.ticks
+    service_account_email = module.identities.emails.trigger
+    retry                 = false
+  }
+}
+
+module "timer" {
+  source = "./modules/function"
+
+  project               = var.project
+  region                = var.region
+  name                  = local.names.timer
+  entry_point           = "timer"
+  description           = "Cloud Tasks timers: release, start and expiry (OIDC from the opendws-tasks account only)."
+  runtime               = var.runtime
+  build_service_account = var.build_service_account
+  source_bucket         = module.source.bucket
+  source_object         = module.source.object
+  service_account_email = module.identities.emails.timer
+  environment           = local.common_environment
+  timeout_seconds       = 60
+  concurrency           = 1
+  min_instances         = var.min_instances.timer
+  max_instances         = var.max_instances.timer
+  labels                = var.labels
+  invokers              = [local.member.tasks]
+}
+
+module "ci_hook" {
+  source = "./modules/function"
+
+  project               = var.project
+  region                = var.region
+  name                  = local.names.ci_hook
+  entry_point           = "ci_hook"
+  description           = "CI webhooks (GitHub, GitLab, generic) -> request messages; callers prove themselves with the shared secrets."
+  runtime               = var.runtime
+  build_service_account = var.build_service_account
+  source_bucket         = module.source.bucket
+  source_object         = module.source.object
+  service_account_email = module.identities.emails.ci_hook
+  environment           = local.common_environment
+  secrets = {
+    OPENDWS_GITHUB_WEBHOOK_SECRET = module.secrets.hook_secret_ids.github
+    OPENDWS_GITLAB_WEBHOOK_TOKEN  = module.secrets.hook_secret_ids.gitlab
+    OPENDWS_HOOK_SECRET           = module.secrets.hook_secret_ids.generic
+  }
+  timeout_seconds = 30
+  concurrency     = 8
+  min_instances   = var.min_instances.ci_hook
+  max_instances   = var.max_instances.ci_hook
+  labels          = var.labels
+  # GitHub and GitLab call from the internet; the function checks each call's signature.
+  ingress  = "ALLOW_ALL"
+  invokers = ["allUsers"]
+
+  depends_on = [module.secrets]
+}
+
+module "api" {
+  source = "./modules/function"
+
+  project               = var.project
+  region                = var.region
+  name                  = local.names.api
+  entry_point           = "api"
+  description           = "The HTTP API and dashboard; callers present an API key."
+  runtime               = var.runtime
+  build_service_account = var.build_service_account
+  source_bucket         = module.source.bucket
+  source_object         = module.source.object
+  service_account_email = module.identities.emails.api
+  environment           = local.common_environment
+  secrets = {
+    OPENDWS_API_KEYS = module.secrets.api_keys_secret_id
+  }
+  timeout_seconds = 30
+  concurrency     = 8
+  min_instances   = var.min_instances.api
+  max_instances   = var.max_instances.api
+  labels          = var.labels
+  # Users' browsers and scripts call it; the function checks each call's API key.
+  ingress  = "ALLOW_ALL"
+  invokers = ["allUsers"]
+
+  depends_on = [module.secrets]
+}
+
+module "scheduler" {
+  source = "./modules/scheduler"
+
+  project   = var.project
+  region    = var.region
+  schedule  = var.schedule
+  time_zone = var.schedule_time_zone
+  topic_id  = module.pubsub.topic_ids.ticks
+
+  depends_on = [module.apis]
+}
+
+# A pass that outlives its invocation is cut off mid-write (safe, but wasted): the function's
+# timeout must hold the follow-up window and a full pass after it.
+check "reconcile_timeout_holds_follow_up" {
+  assert {
+    condition     = var.reconcile_timeout_seconds >= var.reconcile_follow_up_seconds + 30
+    error_message = "reconcile_timeout_seconds (${var.reconcile_timeout_seconds}) must be at least reconcile_follow_up_seconds (${var.reconcile_follow_up_seconds}) + 30 s for the last pass."
+  }
+}

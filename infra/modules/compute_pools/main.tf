@@ -1,0 +1,77 @@
+# Optional: the flex-start instance templates of MIG pools, made by Terraform rather than by
+# the reconciler on first use, so that a team can choose the VMs' image, disk, network and
+# service account. The name is the one the MIG provider uses
+# (opendws.adapters.mig.template_name): `odws-{shape}-flex`, so the reconciler finds it and
+# uses it as it is.
+#
+# The pools' managed instance groups (`odws-{shape}` in each zone, target_size_policy BULK) are
+# made by the reconciler on first use (opendws.adapters.mig), from this template: the Google
+# provider (checked up to 6.50) cannot set a group's target_size_policy, and a group made
+# without BULK would create a resize request's VMs one by one instead of all at once.
+
+locals {
+  pools = { for pool in var.flex_pools : pool.shape => pool }
+}
+
+resource "google_compute_instance_template" "flex" {
+  for_each = local.pools
+
+  project      = var.project
+  name         = "odws-${each.key}-flex"
+  description  = "opendws flex-start VMs of ${each.key}"
+  machine_type = each.key
+  labels       = merge(var.labels, { "managed-by" = "opendws" })
+
+  scheduling {
+    provisioning_model          = "FLEX_START"
+    instance_termination_action = "DELETE"
+    on_host_maintenance         = "TERMINATE"
+    automatic_restart           = false
+
+    # The ceiling (7 days); each resize request asks for its own run duration.
+    max_run_duration {
+      seconds = 604800
+    }
+  }
+
+  disk {
+    boot         = true
+    auto_delete  = true
+    source_image = coalesce(each.value.boot_image, var.boot_image)
+    disk_size_gb = each.value.disk_size_gb
+    disk_type    = "pd-balanced"
+  }
+
+  network_interface {
+    network    = each.value.subnetwork == null ? each.value.network : null
+    subnetwork = each.value.subnetwork
+  }
+
+  dynamic "guest_accelerator" {
+    # A3, A4 and G2 machine types carry their GPUs; N1 types name theirs here.
+    for_each = each.value.accelerator == null ? [] : [each.value.accelerator]
+    content {
+      type  = guest_accelerator.value.type
+      count = guest_accelerator.value.count
+    }
+  }
+
+  dynamic "service_account" {
+    for_each = each.value.service_account == null ? [] : [each.value.service_account]
+    content {
+      email  = service_account.value
+      scopes = ["cloud-platform"]
+    }
+  }
+
+  metadata = {
+    block-project-ssh-keys = "true"
+    enable-oslogin         = "TRUE"
+  }
+
+  shielded_instance_config {
+    enable_secure_boot          = each.value.secure_boot
+    enable_vtpm                 = true
+    enable_integrity_monitoring = true
+  }
+}

@@ -1,0 +1,52 @@
+# The Firestore database opendws keeps its state in, the composite indexes its queries need,
+# and the TTL policy that ages out event records.
+#
+# Queries (opendws.adapters.firestore):
+#   requests where state in [...] order by submitted_at   -> composite index below
+#   requests where outbox == true                          -> automatic single-field index
+#   usage where tenant == T                                -> automatic single-field index
+#   requests/{id}/events order by seq                      -> automatic single-field index
+
+resource "google_firestore_database" "this" {
+  project                           = var.project
+  name                              = "(default)" # the Firestore client's default database
+  location_id                       = var.location
+  type                              = "FIRESTORE_NATIVE"
+  concurrency_mode                  = "PESSIMISTIC" # the reconciler's fenced transactions
+  app_engine_integration_mode       = "DISABLED"
+  point_in_time_recovery_enablement = "POINT_IN_TIME_RECOVERY_ENABLED"
+  delete_protection_state           = var.deletion_protection ? "DELETE_PROTECTION_ENABLED" : "DELETE_PROTECTION_DISABLED"
+  deletion_policy                   = var.deletion_protection ? "ABANDON" : "DELETE"
+}
+
+# RequestStore.in_states: the pending, booked and running requests in submission order.
+resource "google_firestore_index" "requests_by_state_and_submission" {
+  project     = var.project
+  database    = google_firestore_database.this.name
+  collection  = "requests"
+  query_scope = "COLLECTION"
+
+  fields {
+    field_path = "state"
+    order      = "ASCENDING"
+  }
+
+  fields {
+    field_path = "submitted_at"
+    order      = "ASCENDING"
+  }
+}
+
+# Event records (requests/{id}/events/{seq}) carry expire_at = their time + 400 days, longer
+# than any request lives; Firestore deletes them some time after that. The field is never
+# queried, so it is also exempt from indexing (a monotonic timestamp index is a write hotspot).
+resource "google_firestore_field" "event_expiry" {
+  project    = var.project
+  database   = google_firestore_database.this.name
+  collection = "events"
+  field      = "expire_at"
+
+  ttl_config {}
+
+  index_config {}
+}

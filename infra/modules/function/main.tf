@@ -1,0 +1,106 @@
+# One opendws function (Cloud Functions gen2) from the packaged source: its runtime settings,
+# its trigger (a Pub/Sub topic through Eventarc, or HTTP), and who may invoke it.
+
+resource "google_cloudfunctions2_function" "this" {
+  # checkov:skip=CKV_GCP_124:ingress is the caller's choice (default ALLOW_INTERNAL_ONLY). Only ci_hook and api take ALLOW_ALL: GitHub, GitLab and users' browsers call them from the internet, and each call is authenticated by the function (HMAC signature, shared token or API key).
+  project     = var.project
+  name        = var.name
+  location    = var.region
+  description = var.description
+  labels      = var.labels
+
+  build_config {
+    runtime         = var.runtime
+    entry_point     = var.entry_point
+    service_account = var.build_service_account
+
+    source {
+      storage_source {
+        bucket = var.source_bucket
+        object = var.source_object
+      }
+    }
+  }
+
+  service_config {
+    service_account_email            = var.service_account_email
+    available_memory                 = var.memory
+    available_cpu                    = var.cpu
+    timeout_seconds                  = var.timeout_seconds
+    min_instance_count               = var.min_instances
+    max_instance_count               = var.max_instances
+    max_instance_request_concurrency = var.concurrency
+    ingress_settings                 = var.ingress
+    all_traffic_on_latest_revision   = true
+    environment_variables            = var.environment
+
+    dynamic "secret_environment_variables" {
+      for_each = var.secrets
+      content {
+        key        = secret_environment_variables.key
+        project_id = var.project
+        secret     = secret_environment_variables.value
+        version    = "latest"
+      }
+    }
+  }
+
+  dynamic "event_trigger" {
+    for_each = var.pubsub_trigger == null ? [] : [var.pubsub_trigger]
+    content {
+      trigger_region        = var.region
+      event_type            = "google.cloud.pubsub.topic.v1.messagePublished"
+      pubsub_topic          = event_trigger.value.topic
+      service_account_email = event_trigger.value.service_account_email
+      retry_policy          = event_trigger.value.retry ? "RETRY_POLICY_RETRY" : "RETRY_POLICY_DO_NOT_RETRY"
+    }
+  }
+}
+
+# Who may call the function's service: the Eventarc trigger's account, the Cloud Tasks
+# invoker, or allUsers for an HTTP function that authenticates its callers itself.
+resource "google_cloud_run_service_iam_member" "invoker" {
+  # checkov:skip=CKV_GCP_102:allUsers is granted only by ci_hook and api, whose callers (webhooks, browsers) carry no Google identity; the functions authenticate every call themselves and answer 401 otherwise.
+  for_each = toset(var.invokers)
+
+  project  = var.project
+  location = var.region
+  service  = google_cloudfunctions2_function.this.service_config[0].service
+  role     = "roles/run.invoker"
+  member   = each.value
+}
+
+# Eventarc creates and owns the trigger's Pub/Sub subscription, and neither it nor the provider
+# can give that subscription a dead-letter policy; this sets one on it after each (re)creation
+# of the trigger, with gcloud, and lets Pub/Sub's service agent acknowledge what it forwards.
+resource "terraform_data" "dead_letter" {
+  count = var.pubsub_trigger != null && var.dead_letter != null ? 1 : 0
+
+  triggers_replace = [
+    google_cloudfunctions2_function.this.event_trigger[0].trigger,
+    var.dead_letter.topic,
+    var.dead_letter.max_delivery_attempts,
+  ]
+
+  provisioner "local-exec" {
+    interpreter = ["/bin/bash", "-c"]
+    command     = <<-EOT
+      set -euo pipefail
+      subscription=$(gcloud eventarc triggers describe "$TRIGGER" --project="$PROJECT" \
+        --location="$REGION" --format='value(transport.pubsub.subscription)')
+      gcloud pubsub subscriptions update "$subscription" --project="$PROJECT" \
+        --dead-letter-topic="$DEAD_LETTER_TOPIC" --max-delivery-attempts="$ATTEMPTS" \
+        --min-retry-delay=10s --max-retry-delay=600s
+      gcloud pubsub subscriptions add-iam-policy-binding "$subscription" --project="$PROJECT" \
+        --member="serviceAccount:$PUBSUB_AGENT" --role=roles/pubsub.subscriber >/dev/null
+    EOT
+    environment = {
+      PROJECT           = var.project
+      REGION            = var.region
+      TRIGGER           = element(split("/", google_cloudfunctions2_function.this.event_trigger[0].trigger), 5)
+      DEAD_LETTER_TOPIC = var.dead_letter.topic
+      ATTEMPTS          = tostring(var.dead_letter.max_delivery_attempts)
+      PUBSUB_AGENT      = var.dead_letter.pubsub_service_agent
+    }
+  }
+}

@@ -1,0 +1,192 @@
+variable "project" {
+  description = "The Google Cloud project to deploy opendws into."
+  type        = string
+}
+
+variable "region" {
+  description = "The region of the functions, the timer queue, the tick and the source bucket."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "firestore_location" {
+  description = "The Firestore database's location: a region or a multi-region (nam5, eur3)."
+  type        = string
+  default     = "nam5"
+}
+
+variable "labels" {
+  description = "Labels on every labelled resource."
+  type        = map(string)
+  default     = { app = "opendws" }
+}
+
+variable "enable_apis" {
+  description = "Enable the Google APIs opendws uses (turn off where a platform team does this)."
+  type        = bool
+  default     = true
+}
+
+variable "deletion_protection" {
+  description = "Protect the Firestore database from deletion (and leave it behind on destroy)."
+  type        = bool
+  default     = true
+}
+
+variable "source_archive" {
+  description = "The packaged functions (null: infra/build/opendws-functions.zip, which `make -C infra package` writes)."
+  type        = string
+  default     = null
+}
+
+variable "runtime" {
+  description = "The functions' Python runtime."
+  type        = string
+  default     = "python312"
+}
+
+variable "build_service_account" {
+  description = "The account Cloud Build builds the functions as (projects/P/serviceAccounts/EMAIL); null: the project's default."
+  type        = string
+  default     = null
+}
+
+variable "schedule" {
+  description = "When the reconcile tick fires (cron, in schedule_time_zone). Nudges start passes between ticks."
+  type        = string
+  default     = "* * * * *"
+}
+
+variable "schedule_time_zone" {
+  description = "The tick schedule's time zone."
+  type        = string
+  default     = "Etc/UTC"
+}
+
+variable "reconcile_follow_up_seconds" {
+  description = "How long one reconcile invocation keeps passing (every 2 s) while requests are provisioning (OPENDWS_RECONCILE_FOLLOW_UP_SECONDS)."
+  type        = number
+  default     = 20
+}
+
+variable "reconcile_timeout_seconds" {
+  description = "The reconcile function's timeout: a full pass plus the follow-up must fit in it."
+  type        = number
+  default     = 120
+}
+
+variable "max_instances" {
+  description = "The most instances of each function (the reconciler's lease makes extra reconcile instances wait their turn)."
+  type = object({
+    intake    = optional(number, 20)
+    reconcile = optional(number, 2)
+    timer     = optional(number, 10)
+    ci_hook   = optional(number, 10)
+    api       = optional(number, 10)
+  })
+  default = {}
+}
+
+variable "min_instances" {
+  description = "Instances kept warm per function (0 scales to zero; a cold start costs a few seconds of latency)."
+  type = object({
+    intake    = optional(number, 0)
+    reconcile = optional(number, 0)
+    timer     = optional(number, 0)
+    ci_hook   = optional(number, 0)
+    api       = optional(number, 0)
+  })
+  default = {}
+}
+
+variable "timer_queue" {
+  description = "The Cloud Tasks queue of the timers: its name and dispatch limits."
+  type = object({
+    name                      = optional(string, "opendws-timers")
+    max_dispatches_per_second = optional(number, 50)
+    max_concurrent_dispatches = optional(number, 50)
+  })
+  default = {}
+}
+
+variable "dead_letter_max_delivery_attempts" {
+  description = "Deliveries of a request message intake failed on before it goes to capacity-requests-dead-letter (5 to 100); null: no dead-letter policy (and no gcloud needed at apply)."
+  type        = number
+  default     = 10
+
+  validation {
+    condition     = var.dead_letter_max_delivery_attempts == null ? true : (var.dead_letter_max_delivery_attempts >= 5 && var.dead_letter_max_delivery_attempts <= 100)
+    error_message = "Pub/Sub allows 5 to 100 delivery attempts."
+  }
+}
+
+variable "request_publishers" {
+  description = "Members (user:, group:, serviceAccount:) that may publish request messages on capacity-requests: the teams, and their CI identities."
+  type        = list(string)
+  default     = []
+}
+
+variable "event_subscribers" {
+  description = "Members that may attach subscriptions to capacity-events."
+  type        = list(string)
+  default     = []
+}
+
+variable "operators" {
+  description = "Members that may read and replay dead-lettered request messages."
+  type        = list(string)
+  default     = []
+}
+
+variable "api_tenants" {
+  description = "Tenants that get a key for the HTTP API (an admin key is always made)."
+  type        = list(string)
+  default     = []
+}
+
+variable "vm_boot_image" {
+  description = "The VMs' boot image (OPENDWS_BOOT_IMAGE)."
+  type        = string
+  default     = "projects/debian-cloud/global/images/family/debian-12"
+}
+
+variable "vm_network" {
+  description = "The network of the VMs the reconciler creates (OPENDWS_NETWORK)."
+  type        = string
+  default     = "global/networks/default"
+}
+
+variable "tpu_runtime_version" {
+  description = "The TPU software version of queued resources (OPENDWS_TPU_RUNTIME_VERSION)."
+  type        = string
+  default     = "v2-alpha-tpuv5-lite"
+}
+
+variable "tpu_tier" {
+  description = "The TPU tier of queued resources: guaranteed or spot (OPENDWS_TPU_TIER)."
+  type        = string
+  default     = "guaranteed"
+
+  validation {
+    condition     = contains(["guaranteed", "spot"], var.tpu_tier)
+    error_message = "tpu_tier is guaranteed or spot."
+  }
+}
+
+variable "flex_pools" {
+  description = "Machine types whose flex-start instance templates Terraform makes (see modules/compute_pools); [] leaves them to the reconciler."
+  type = list(object({
+    shape           = string
+    boot_image      = optional(string)
+    disk_size_gb    = optional(number, 200)
+    network         = optional(string, "global/networks/default")
+    subnetwork      = optional(string)
+    service_account = optional(string)
+    secure_boot     = optional(bool, false)
+    accelerator = optional(object({
+      type  = string
+      count = number
+    }))
+  }))
+  default = []
+}
