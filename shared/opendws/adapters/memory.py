@@ -32,11 +32,15 @@ LEASE_FREE = datetime.min.replace(tzinfo=UTC)
 
 
 class MemoryRequestStore:
-    """A RequestStore in a dict, safe to share between threads."""
+    """A RequestStore in a dict, safe to share between threads. Ids are also indexed by state
+    and by unpublished events, so that the reconciler's queries cost what they return rather
+    than every request ever stored (a trace replay stores tens of thousands)."""
 
     def __init__(self) -> None:
         self._records: dict[str, RequestRecord] = {}
         self._events: dict[str, list[StatusEvent]] = {}
+        self._by_state: dict[RequestState, set[str]] = {state: set() for state in RequestState}
+        self._outbox: set[str] = set()  # ids with unpublished events after their first
         self._lease: Fence | None = None
         self._shortages: dict[str, datetime] = {}
         self._usage: dict[str, UsageEntry] = {}
@@ -48,7 +52,7 @@ class MemoryRequestStore:
             if existing is not None:
                 same = existing.digest == record.digest
                 return CreateOutcome.DUPLICATE if same else CreateOutcome.CONFLICT
-            self._records[record.request_id] = record
+            self._put(record)
             self._events[record.request_id] = [event]
             return CreateOutcome.CREATED
 
@@ -86,7 +90,7 @@ class MemoryRequestStore:
                 since=record.since if revision else event.at,
                 events=record.events + 1,
             )
-            self._records[request_id] = changed
+            self._put(changed)
             self._events[request_id].append(event)
             if usage is not None:
                 self._usage[request_id] = usage
@@ -102,17 +106,30 @@ class MemoryRequestStore:
             if record is None:
                 raise UnknownRequest(request_id)
             if count > record.announced:
-                self._records[request_id] = replace(record, announced=count)
+                self._put(replace(record, announced=count))
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         with self._lock:
-            found = [record for record in self._records.values() if record.state in states]
+            found = [self._records[i] for state in set(states) for i in self._by_state[state]]
         return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
 
     def unannounced(self) -> list[RequestRecord]:
         with self._lock:
-            found = [r for r in self._records.values() if r.events > r.announced and r.version > 1]
+            found = [self._records[request_id] for request_id in self._outbox]
         return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
+
+    def _put(self, record: RequestRecord) -> None:
+        """Store ``record`` and keep the indexes true (the lock is held)."""
+        request_id = record.request_id
+        previous = self._records.get(request_id)
+        if previous is not None:
+            self._by_state[previous.state].discard(request_id)
+        self._records[request_id] = record
+        self._by_state[record.state].add(request_id)
+        if record.events > record.announced and record.version > 1:
+            self._outbox.add(request_id)
+        else:
+            self._outbox.discard(request_id)
 
     def usage(self, tenant: str | None = None) -> list[UsageEntry]:
         with self._lock:
