@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from opendws import __version__
+from opendws.cli_replay import register as register_replay
 from opendws.cli_stack import UsageFailure, register
 from opendws.domain import Alternative, Decision, Outcome, Plan, admit
 from opendws.durations import format_duration
@@ -209,6 +210,7 @@ def _start_cell(start_at: datetime | None, now: datetime) -> str:
 
 
 register(main)
+register_replay(main)
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ Every record is a frozen value; timestamps are timezone-aware UTC.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -294,6 +295,7 @@ _NAME_UNSAFE = re.compile(r"[^a-z0-9]+")
 ORDER_PREFIX = "odws-"
 
 
+@functools.lru_cache(maxsize=65_536)  # a pure function, asked every pass for every live request
 def order_name(request_id: str, attempt: int) -> str:
     """The deterministic name of ``request_id``'s ``attempt``-th provisioning: a retried call
     always names the same resource, so the cloud refuses a second creation. A readable slug of

@@ -337,8 +337,15 @@ class Grant:
             raise InvalidModel("units", "must not be negative")
 
     @classmethod
-    def of(cls, request: CapacityRequest, pool_id: str, start_at: datetime) -> Grant:
-        """The grant that placing ``request`` in ``pool_id`` from ``start_at`` commits."""
+    def of(
+        cls,
+        request: CapacityRequest,
+        pool_id: str,
+        start_at: datetime,
+        end_at: datetime | None = None,
+    ) -> Grant:
+        """The grant that placing ``request`` in ``pool_id`` from ``start_at`` commits, until
+        ``end_at`` (default: its run duration later)."""
         return cls(
             request_id=request.request_id,
             tenant=request.tenant,
@@ -347,7 +354,7 @@ class Grant:
             units=request.units,
             accelerator_units=request.accelerator_units,
             start_at=start_at,
-            end_at=start_at + request.run_duration,
+            end_at=start_at + request.run_duration if end_at is None else end_at,
         )
 
 

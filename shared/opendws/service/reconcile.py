@@ -177,6 +177,8 @@ class ReconcileService:
         self._timers = timers  # None: no timers; the sweep alone ends runs and starts blocks
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
+        # request id → (record version, grant) of live runs and blocks, across passes.
+        self._grants: dict[str, tuple[int, Grant]] = {}
 
     def run_pass(self) -> PassReport:
         """One pass. Returns at once if another reconciler holds the lease.
@@ -229,6 +231,8 @@ class _Cycle:
         self.clock = service._clock
         self.timers = service._timers
         self.writes = 0
+        self.grant_cache = service._grants
+        self.grants_lock = service._lock
 
     def run(self) -> None:
         # 1. The lease is held (run_pass took it).
@@ -454,7 +458,10 @@ class _Cycle:
             if record.state is S.PENDING:
                 pending.append(record.request)
             elif record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) and record.pool:
-                grants.append(_grant(record, self.now))
+                grants.append(self._grant_of(record))
+        with self.grants_lock:  # drop what no live request needs any more
+            for request_id in [i for i in self.grant_cache if i not in self.records]:
+                del self.grant_cache[request_id]
         return Snapshot(
             pools=tuple(self.pools.values()),
             tenants=self.config.tenants,
@@ -462,6 +469,22 @@ class _Cycle:
             pending=tuple(pending),
             policy=self.config.policy,
         )
+
+    def _grant_of(self, record: RequestRecord) -> Grant:
+        """The record's grant. A running run's or a booked block's grant depends only on the
+        record, so it is kept per version across passes: with hundreds of runs, rebuilding
+        every one every pass would be most of a quiet pass's work."""
+        if record.state is S.PROVISIONING or (
+            record.since is None and record.request.start_at is None
+        ):
+            return _grant(record, self.now)  # held from now on: it moves with the clock
+        with self.grants_lock:
+            cached = self.grant_cache.get(record.request_id)
+            if cached is not None and cached[0] == record.version:
+                return cached[1]
+            grant = _grant(record, self.now)
+            self.grant_cache[record.request_id] = (record.version, grant)
+            return grant
 
     # Step 5: apply ----------------------------------------------------------------------
 
@@ -634,8 +657,7 @@ def _grant(record: RequestRecord, now: datetime) -> Grant:
     request = record.request
     assert record.pool is not None
     start = request.start_at if request.start_at is not None else record.since or now
-    grant = Grant.of(request, record.pool, start)
-    return replace(grant, end_at=hold_end(record, now))
+    return Grant.of(request, record.pool, start, end_at=hold_end(record, now))
 
 
 def _refusal(decision: Decision) -> str:

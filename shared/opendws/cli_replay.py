@@ -1,0 +1,313 @@
+"""``dws`` commands that replay a workload trace on a virtual clock, through the real scheduler
+and beside the baselines (see :mod:`opendws.replay`):
+
+- ``dws simulate --trace FILE --pools FILE`` compares the policies on one trace; ``--add`` and
+  ``--quota`` answer "what if this pool had more GPUs, or this team another quota";
+- ``dws trace convert PHILLY_CSV --nodes NODES_CSV`` writes the Philly trace in the canonical
+  form, with a pools file of its virtual clusters.
+
+Every error a user can fix is one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from opendws.cli_stack import UsageFailure
+from opendws.durations import format_duration
+from opendws.replay import replay_many
+from opendws.sim.baselines import Policy
+from opendws.sim.metrics import PolicyReport
+from opendws.sim.philly import HELIOS_END, HELIOS_START, convert, largest_gangs
+from opendws.sim.trace import (
+    PoolsFile,
+    PoolSpec,
+    TenantSpec,
+    TraceError,
+    check_jobs_fit,
+    read_pools,
+    read_trace,
+    write_pools,
+    write_trace,
+)
+
+# Table width when stdout is not a terminal (a pipe or a file) and COLUMNS is unset.
+PIPED_WIDTH = 160
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+
+
+def register(main: click.Group) -> None:
+    """Add the commands of this module to ``dws``."""
+    main.add_command(simulate)
+    main.add_command(trace)
+
+
+# dws simulate ---------------------------------------------------------------------------------
+
+
+@click.command(short_help="Replay a trace through opendws and the baselines; compare them.")
+@click.option(
+    "--trace",
+    "trace_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The jobs, in the canonical CSV form (dws trace convert writes it).",
+)
+@click.option(
+    "--pools",
+    "pools_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The pools (and optional tenant quotas), YAML or JSON.",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    type=click.Choice([policy.value for policy in Policy]),
+    help="A policy to replay; repeat for several (default: all four).",
+)
+@click.option(
+    "--scale",
+    type=float,
+    default=None,
+    help="Multiply every pool's capacity (at least its largest gang).",
+)
+@click.option(
+    "--add",
+    "additions",
+    multiple=True,
+    metavar="POOL=GPUS",
+    help="What if POOL had GPUS more (or fewer, if negative); repeatable.",
+)
+@click.option(
+    "--quota",
+    "quotas",
+    multiple=True,
+    metavar="TENANT=GPUS",
+    help="What if TENANT's quota were GPUS; repeatable.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 16),
+    default=1,
+    show_default=True,
+    help="Replay the policies in this many processes.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")  # fmt: skip
+def simulate(
+    trace_path: Path,
+    pools_path: Path,
+    policies: Sequence[str],
+    scale: float | None,
+    additions: Sequence[str],
+    quotas: Sequence[str],
+    workers: int,
+    as_json: bool,
+) -> None:
+    """Replay the jobs of a trace on its pools under each policy, on a virtual clock, and show
+    queueing delays, completion times, utilization and time-outs side by side."""
+    try:
+        jobs = read_trace(trace_path)
+        pools = read_pools(pools_path)
+        if scale is not None:
+            if scale <= 0:
+                raise TraceError(f"--scale must be positive, not {scale}")
+            pools = pools.scaled(scale, at_least=largest_gangs(jobs))
+        pools = with_changes(pools, additions, quotas)
+        check_jobs_fit(jobs, pools)
+    except TraceError as error:
+        raise UsageFailure(str(error)) from None
+    chosen = [Policy(name) for name in policies] or list(Policy)
+    results = replay_many(jobs, pools, chosen, workers=workers)
+    capacity = sum(pool.capacity for pool in pools.pools)
+    reports = [results[policy].report(capacity) for policy in chosen]
+    if as_json:
+        click.echo(json.dumps(comparison_document(reports), indent=2))
+        return
+    console.print(
+        f"{len(jobs):,} jobs from {jobs[0].submitted_at:%Y-%m-%d} to "
+        f"{jobs[-1].submitted_at:%Y-%m-%d} on {len(pools.pools)} pools, {capacity:,} GPUs"
+    )
+    console.print(comparison_table(reports))
+
+
+def with_changes(pools: PoolsFile, additions: Sequence[str], quotas: Sequence[str]) -> PoolsFile:
+    """``pools`` with ``POOL=GPUS`` added to pools and ``TENANT=GPUS`` quotas set."""
+    capacity = pools.capacity()
+    for addition in additions:
+        name, gpus = _pair(addition, "--add", "POOL=GPUS")
+        if name not in capacity:
+            raise TraceError(f"--add {addition}: there is no pool {name!r}")
+        capacity[name] += gpus
+        if capacity[name] < 1:
+            raise TraceError(f"--add {addition}: pool {name} would have {capacity[name]} GPUs")
+    tenants = {tenant.name: tenant for tenant in pools.tenants}
+    for quota in quotas:
+        name, gpus = _pair(quota, "--quota", "TENANT=GPUS")
+        if gpus < 0:
+            raise TraceError(f"--quota {quota}: a quota cannot be negative")
+        previous = tenants.get(name)
+        tenants[name] = (
+            TenantSpec(name=name, quota=gpus) if previous is None
+            else previous.model_copy(update={"quota": gpus})
+        )  # fmt: skip
+    return PoolsFile(
+        pools=tuple(PoolSpec(name=pool.name, capacity=capacity[pool.name]) for pool in pools.pools),
+        tenants=tuple(tenants.values()),
+    )
+
+
+def _pair(text: str, option: str, form: str) -> tuple[str, int]:
+    name, _, number = text.partition("=")
+    try:
+        return name.strip(), int(number)
+    except ValueError:
+        raise TraceError(f"{option} {text!r}: expected {form}, e.g. {option} a=16") from None
+
+
+def comparison_document(reports: Sequence[PolicyReport]) -> dict[str, object]:
+    """``{"policies": {name: figures}, "wall_s": total}``."""
+    return {
+        "policies": {
+            report.policy: {
+                key: value
+                for key, value in report.to_json().items()
+                if key not in ("policy", "wall_s")
+            }
+            | {"wall_s": report.wall_s}
+            for report in reports
+        },
+        "wall_s": sum(report.wall_s for report in reports),
+    }
+
+
+def comparison_table(reports: Sequence[PolicyReport]) -> Table:
+    table = Table(title="queueing delay (start − submission) and completion, per policy")
+    for heading in ("policy", "mean", "p50", "p95", "p99", "max", "mean JCT", "util",
+                    "timed out", "replay"):  # fmt: skip
+        table.add_column(heading, justify="left" if heading == "policy" else "right")
+    for report in reports:
+        table.add_row(
+            report.policy,
+            *(
+                _seconds(value)
+                for value in (
+                    report.mean_wait_s,
+                    report.p50_wait_s,
+                    report.p95_wait_s,
+                    report.p99_wait_s,
+                    report.max_wait_s,
+                    report.mean_jct_s,
+                )
+            ),
+            f"{report.utilization:.1%}",
+            f"{report.timed_out:,}",
+            f"{report.wall_s:.1f} s",
+        )
+    return table
+
+
+def _seconds(value: float) -> str:
+    if value < 60:
+        return f"{value:.0f}s"
+    return format_duration(timedelta(seconds=round(value / 60) * 60))
+
+
+# dws trace convert ----------------------------------------------------------------------------
+
+
+@click.group(short_help="Workload traces: convert them to the canonical form.")
+def trace() -> None:
+    """Workload traces for `dws simulate`."""
+
+
+@trace.command("convert", short_help="The Philly trace → canonical CSV and a pools file.")
+@click.argument("philly", type=click.Path(path_type=Path))
+@click.option(
+    "--nodes",
+    "nodes_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Virtual cluster node counts (vc,node num), 8 GPUs per node.",
+)
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where to write the canonical trace (CSV).",
+)
+@click.option(
+    "--pools-out",
+    "pools_out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where to write the pools file (JSON).",
+)
+@click.option(
+    "--start",
+    "start_text",
+    default=HELIOS_START.date().isoformat(),
+    show_default=True,
+    help="First submission day (UTC).",
+)
+@click.option(
+    "--end",
+    "end_text",
+    default=(HELIOS_END - timedelta(days=1)).date().isoformat(),
+    show_default=True,
+    help="Last submission day (UTC), included.",
+)
+@click.option("--scale", type=float, default=1.0, show_default=True,
+              help="Multiply every pool's capacity (at least its largest gang).")  # fmt: skip
+def convert_command(
+    philly: Path,
+    nodes_path: Path,
+    out_path: Path,
+    pools_out: Path,
+    start_text: str,
+    end_text: str,
+    scale: float,
+) -> None:
+    """Write the jobs of the Philly trace PHILLY submitted from --start to --end as a canonical
+    trace (tenant and pool = virtual cluster), and one pool per virtual cluster."""
+    try:
+        start = _day(start_text, "--start")
+        end = _day(end_text, "--end") + timedelta(days=1)
+        if end <= start:
+            raise TraceError(f"--end {end_text} is before --start {start_text}")
+        if scale <= 0:
+            raise TraceError(f"--scale must be positive, not {scale}")
+        converted = convert(philly, nodes_path, start=start, end=end)
+        if not converted.jobs:
+            raise TraceError(f"{philly}: no jobs submitted from {start_text} to {end_text}")
+    except TraceError as error:
+        raise UsageFailure(str(error)) from None
+    pools = converted.pools
+    if scale != 1.0:
+        pools = pools.scaled(scale, at_least=largest_gangs(converted.jobs))
+    write_trace(converted.jobs, out_path)
+    write_pools(pools, pools_out)
+    console.print(
+        f"{len(converted.jobs):,} jobs → {out_path}; {len(pools.pools)} pools, "
+        f"{sum(pool.capacity for pool in pools.pools):,} GPUs → {pools_out}"
+    )
+    for reason, count in sorted(converted.skipped.items()):
+        console.print(f"[dim]left out {count:,} jobs: {reason}[/dim]")
+
+
+def _day(text: str, option: str) -> datetime:
+    try:
+        return datetime.fromisoformat(text).replace(tzinfo=UTC)
+    except ValueError:
+        raise TraceError(f"{option} {text!r} is not a date such as 2017-10-01") from None

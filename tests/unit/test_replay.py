@@ -1,0 +1,200 @@
+"""Trace replay: the baselines' list scheduling on hand-checked cases, and the opendws policy —
+the real reconciler over in-memory adapters on a virtual clock — on the same cases."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from opendws.replay import HeapTimerQueue, components, replay, replay_opendws
+from opendws.sim.baselines import Policy, list_schedule
+from opendws.sim.metrics import summarize, utilization_series
+from opendws.sim.trace import TRACE_EPOCH, PoolsFile, PoolSpec, TenantSpec, TraceJob
+
+T0 = TRACE_EPOCH
+MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+
+def job(
+    job_id: str, at: timedelta, gpus: int, runs: timedelta, *, tenant: str = "t",
+    pools: tuple[str, ...] = (),
+) -> TraceJob:  # fmt: skip
+    return TraceJob(
+        job_id=job_id, submitted_at=T0 + at, gpus=gpus, duration=runs, tenant=tenant, pools=pools
+    )
+
+
+def pools(*capacities: int, tenants: tuple[TenantSpec, ...] = ()) -> PoolsFile:
+    names = "abcdefgh"
+    return PoolsFile(
+        pools=tuple(PoolSpec(name=names[i], capacity=c) for i, c in enumerate(capacities)),
+        tenants=tenants,
+    )
+
+
+def starts(policy: Policy, jobs: list[TraceJob], on: PoolsFile) -> dict[str, timedelta | None]:
+    """Each job's start, as an offset from T0 (None: never started)."""
+    outcomes = replay(jobs, on, policy).outcomes
+    return {o.job.job_id: None if o.started_at is None else o.started_at - T0 for o in outcomes}
+
+
+# A full pool, a big job and a short one queued behind it.
+QUEUE = [
+    job("a", timedelta(0), 4, 2 * HOUR),
+    job("b", MINUTE, 4, HOUR),
+    job("c", 2 * MINUTE, 1, 10 * MINUTE),
+]
+
+
+def test_fifo_starts_in_arrival_order_as_capacity_frees() -> None:
+    assert starts(Policy.FIFO, QUEUE, pools(4)) == {"a": timedelta(0), "b": 2 * HOUR, "c": 3 * HOUR}
+
+
+def test_sjf_lets_the_shortest_go_first() -> None:
+    assert starts(Policy.SJF, QUEUE, pools(4)) == {
+        "a": timedelta(0), "c": 2 * HOUR, "b": 2 * HOUR + 10 * MINUTE,
+    }  # fmt: skip
+
+
+def test_opendws_orders_by_asked_size_and_holds_the_rest() -> None:
+    # c asks 1 GPU for an hour (its 10 minutes rounded up); b 4 GPUs for an hour: c goes
+    # first when a ends, and b is held from c's (real) end, when c releases early.
+    assert starts(Policy.OPENDWS, QUEUE, pools(4)) == {
+        "a": timedelta(0), "c": 2 * HOUR, "b": 2 * HOUR + 10 * MINUTE,
+    }  # fmt: skip
+
+
+def test_best_effort_fifo_passes_over_what_does_not_fit_and_strict_fifo_does_not() -> None:
+    jobs = [
+        job("a", timedelta(0), 3, HOUR),
+        job("b", MINUTE, 4, HOUR),
+        job("c", 2 * MINUTE, 1, HOUR),
+    ]
+    assert starts(Policy.FIFO, jobs, pools(4))["c"] == 2 * MINUTE
+    assert starts(Policy.STRICT_FIFO, jobs, pools(4)) == {
+        "a": timedelta(0), "b": HOUR, "c": 2 * HOUR,
+    }  # fmt: skip
+
+
+def test_strict_fifo_blocks_only_the_pools_of_the_job_that_waits() -> None:
+    jobs = [
+        job("a", timedelta(0), 4, HOUR, pools=("a",)),
+        job("b", MINUTE, 4, HOUR, pools=("a",)),
+        job("c", 2 * MINUTE, 1, HOUR, pools=("b",)),
+    ]
+    assert starts(Policy.STRICT_FIFO, jobs, pools(4, 4))["c"] == 2 * MINUTE
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_job_still_waiting_after_seven_days_times_out(policy: Policy) -> None:
+    jobs = [
+        job("a", timedelta(0), 2, 7 * DAY),
+        job("b", timedelta(seconds=60), 2, 7 * DAY),
+        job("c", timedelta(seconds=120), 2, HOUR),
+    ]
+    outcomes = {o.job.job_id: o for o in replay(jobs, pools(2), policy).outcomes}
+    assert outcomes["a"].started_at == T0
+    if policy is Policy.SJF or policy is Policy.OPENDWS:
+        # The short job goes first when a ends; b's week is up before c's hour is.
+        assert outcomes["c"].started_at == T0 + 7 * DAY
+        assert outcomes["b"].timed_out
+        assert outcomes["b"].started_at is None
+    else:
+        assert outcomes["b"].started_at == T0 + 7 * DAY
+        assert outcomes["c"].timed_out
+        assert outcomes["c"].started_at is None
+
+
+def test_a_job_longer_than_seven_days_runs_seven_days() -> None:
+    jobs = [job("a", timedelta(0), 2, 30 * DAY), job("b", MINUTE, 2, HOUR)]
+    for policy in Policy:
+        outcomes = {o.job.job_id: o for o in replay(jobs, pools(2), policy).outcomes}
+        assert outcomes["a"].finished_at == T0 + 7 * DAY, policy
+        assert outcomes["b"].started_at == T0 + 7 * DAY, policy
+
+
+@pytest.mark.parametrize("policy", list(Policy))
+def test_a_tenant_quota_caps_what_it_holds_at_once(policy: Policy) -> None:
+    jobs = [
+        job("a", timedelta(0), 2, HOUR, tenant="v"),
+        job("b", MINUTE, 2, HOUR, tenant="v"),
+        job("c", 2 * MINUTE, 2, HOUR, tenant="s"),
+    ]
+    on = pools(8, tenants=(TenantSpec(name="v", quota=2),))
+    # Strict FIFO's head of line is b, waiting for its tenant's quota: c waits behind it.
+    c_starts = HOUR if policy is Policy.STRICT_FIFO else 2 * MINUTE
+    assert starts(policy, jobs, on) == {"a": timedelta(0), "b": HOUR, "c": c_starts}
+
+
+def test_list_scheduling_leaves_opendws_to_the_real_reconciler() -> None:
+    with pytest.raises(ValueError, match=r"opendws is replayed by opendws\.replay"):
+        list_schedule(QUEUE, pools(4), Policy.OPENDWS)
+
+
+def test_independent_pools_replay_apart_and_joined_ones_together() -> None:
+    jobs = [
+        job("x", timedelta(0), 1, HOUR, pools=("a",)),
+        job("y", timedelta(0), 1, HOUR, pools=("b",)),
+        job("z", timedelta(0), 1, HOUR, pools=("c",)),
+    ]
+    assert [[j.job_id for j in part] for part, _ in components(jobs, pools(1, 1, 1))] == [
+        ["x"], ["y"], ["z"],
+    ]  # fmt: skip
+    joined = [*jobs, job("w", MINUTE, 1, HOUR, pools=("a", "b"))]
+    parts = components(joined, pools(1, 1, 1))
+    assert sorted(sorted(p.capacity()) for _, p in parts) == [["a", "b"], ["c"]]
+    # A tenant whose quota spans pools joins them as well.
+    quota = pools(1, 1, 1, tenants=(TenantSpec(name="q", quota=1),))
+    spanning = [*jobs, job("v", MINUTE, 1, HOUR, pools=("b",), tenant="q"),
+                job("u", MINUTE, 1, HOUR, pools=("c",), tenant="q")]  # fmt: skip
+    parts = components(spanning, quota)
+    assert sorted(sorted(p.capacity()) for _, p in parts) == [["a"], ["b", "c"]]
+    assert [t.name for _, p in parts for t in p.tenants] == ["q"]
+
+
+def test_the_opendws_replay_is_the_same_in_one_process_or_several() -> None:
+    jobs = [
+        job(f"j{i}", i * 7 * MINUTE, 1 + i % 3, (1 + i % 5) * 37 * MINUTE, pools=("ab"[i % 2],))
+        for i in range(24)
+    ]
+    alone = replay_opendws(jobs, pools(3, 4))
+    shared = replay_opendws(jobs, pools(3, 4), workers=2)
+    assert alone == shared
+    assert all(o.started_at is not None for o in alone)
+
+
+def test_the_heap_timer_queue_fires_each_armed_timer_once_in_time_order() -> None:
+    from opendws.ports import Timer, TimerKind
+
+    queue = HeapTimerQueue()
+    late = Timer(request_id="r1", kind=TimerKind.RELEASE, fire_at=T0 + HOUR, generation=1)
+    early = Timer(request_id="r2", kind=TimerKind.RELEASE, fire_at=T0 + MINUTE, generation=1)
+    gone = Timer(request_id="r3", kind=TimerKind.RELEASE, fire_at=T0 + 2 * MINUTE, generation=1)
+    for timer in (late, early, gone, early):
+        queue.arm(timer, T0)
+    queue.disarm(gone)
+    assert queue.next_due() == T0 + MINUTE
+    assert queue.take_due(T0 + 30 * MINUTE) == [early]
+    assert queue.next_due() == T0 + HOUR
+    assert queue.take_due(T0 + DAY) == [late]
+    assert queue.next_due() is None
+
+
+def test_metrics_count_a_timed_out_job_with_the_week_it_waited() -> None:
+    jobs = [
+        job("a", timedelta(0), 2, 7 * DAY),
+        job("b", timedelta(seconds=60), 2, 7 * DAY),
+        job("c", timedelta(seconds=120), 2, HOUR),
+    ]
+    result = replay(jobs, pools(2), Policy.FIFO)
+    report = summarize("fifo", result.outcomes, 2, result.wall_s)
+    assert report.timed_out == 1
+    assert report.max_wait_s == 7 * 86_400
+    assert report.mean_wait_s == pytest.approx((0 + (7 * 86_400 - 60) + 7 * 86_400) / 3)
+    # Over the arrival window (two minutes) a's 2 GPUs were busy all along.
+    assert report.utilization == pytest.approx(1.0)
+    series = utilization_series(result.outcomes, 2, step=MINUTE)
+    assert [round(fraction, 6) for _, fraction in series] == [1.0, 1.0, 1.0]
