@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from opendws.cli_stack import UsageFailure
+from opendws.cli_stack import UsageFailure, project_option
 from opendws.durations import format_duration
 from opendws.replay import replay_many
 from opendws.sim.baselines import Policy
@@ -304,6 +304,61 @@ def convert_command(
     )
     for reason, count in sorted(converted.skipped.items()):
         console.print(f"[dim]left out {count:,} jobs: {reason}[/dim]")
+
+
+@trace.command("export", short_help="Your own history → canonical CSV and a pools file.")
+@click.option(
+    "--accelerator",
+    required=True,
+    help="Which accelerator's pools and requests (e.g. nvidia-h100-80gb).",
+)
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where to write the trace (CSV).",
+)
+@click.option(
+    "--pools-out",
+    "pools_out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Where to write the pools and quotas (JSON).",
+)
+@click.option(
+    "--since", "since_text", default=None, help="Only requests submitted from this day (UTC) on."
+)
+@project_option  # fmt: skip
+def export_command(
+    accelerator: str, out_path: Path, pools_out: Path, since_text: str | None
+) -> None:
+    """Write the flex requests that ran (or timed out) on ACCELERATOR as a trace, with the
+    configured pools (in accelerators) and quotas, for `dws simulate` to ask what if."""
+    from opendws.bootstrap import config_store, request_store
+    from opendws.domain.states import RequestState
+    from opendws.sim.history import history_trace
+
+    try:
+        since = None if since_text is None else _day(since_text, "--since")
+        store = request_store()
+        ended = (RequestState.RELEASED, RequestState.EXPIRED, RequestState.TIMED_OUT)
+        history = history_trace(
+            store.in_states(*ended), store.usage(), config_store().load(),
+            accelerator=accelerator, since=since,
+        )  # fmt: skip
+        if not history.jobs:
+            raise TraceError(f"no ended flex request on {accelerator} to export")
+    except TraceError as error:
+        raise UsageFailure(str(error)) from None
+    write_trace(history.jobs, out_path)
+    write_pools(history.pools, pools_out)
+    console.print(
+        f"{len(history.jobs):,} jobs → {out_path}; {len(history.pools.pools)} pools, "
+        f"{len(history.pools.tenants)} tenant quotas → {pools_out}"
+    )
+    for reason, count in sorted(history.skipped.items()):
+        console.print(f"[dim]left out {count:,}: {reason}[/dim]")
 
 
 def _day(text: str, option: str) -> datetime:
