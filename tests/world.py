@@ -24,8 +24,7 @@ from opendws.ports import (
     Configuration,
     RequestRecord,
     RequestStore,
-    StatusEvent,
-    content_digest,
+    accepted,
 )
 from opendws.service.reconcile import PassReport, Providers, ReconcileService, ReconcileSettings
 from opendws.service.release import EndResult, EndService
@@ -47,22 +46,7 @@ class ManualClock:
 
 def submit(store: RequestStore, request: CapacityRequest) -> RequestRecord:
     """Store ``request`` as intake would: PENDING, with its first event."""
-    record = RequestRecord(
-        request=request,
-        state=RequestState.PENDING,
-        version=1,
-        digest=content_digest(request),
-        updated_at=request.submitted_at,
-        message="accepted; waiting for admission",
-    )
-    event = StatusEvent(
-        request_id=request.request_id,
-        tenant=request.tenant,
-        state=RequestState.PENDING,
-        previous_state=None,
-        at=request.submitted_at,
-        message=record.message,
-    )
+    record, event = accepted(request, request.submitted_at)
     store.create(record, event)
     store.mark_announced(request.request_id, 1)
     return record

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from opendws.sim.trace import (
     PoolSpec,
     TenantSpec,
     TraceError,
+    TraceJob,
     check_jobs_fit,
     read_pools,
     read_trace,
@@ -296,14 +297,7 @@ def convert_command(
     pools = converted.pools
     if scale != 1.0:
         pools = pools.scaled(scale, at_least=largest_gangs(converted.jobs))
-    write_trace(converted.jobs, out_path)
-    write_pools(pools, pools_out)
-    console.print(
-        f"{len(converted.jobs):,} jobs → {out_path}; {len(pools.pools)} pools, "
-        f"{sum(pool.capacity for pool in pools.pools):,} GPUs → {pools_out}"
-    )
-    for reason, count in sorted(converted.skipped.items()):
-        console.print(f"[dim]left out {count:,} jobs: {reason}[/dim]")
+    _write(converted.jobs, pools, converted.skipped, out_path, pools_out)
 
 
 @trace.command("export", short_help="Your own history → canonical CSV and a pools file.")
@@ -351,14 +345,26 @@ def export_command(
             raise TraceError(f"no ended flex request on {accelerator} to export")
     except TraceError as error:
         raise UsageFailure(str(error)) from None
-    write_trace(history.jobs, out_path)
-    write_pools(history.pools, pools_out)
+    _write(history.jobs, history.pools, history.skipped, out_path, pools_out)
+
+
+def _write(
+    jobs: Sequence[TraceJob],
+    pools: PoolsFile,
+    skipped: Mapping[str, int],
+    out_path: Path,
+    pools_out: Path,
+) -> None:
+    """Write a trace and its pools file, and say what they hold and what was left out."""
+    write_trace(jobs, out_path)
+    write_pools(pools, pools_out)
     console.print(
-        f"{len(history.jobs):,} jobs → {out_path}; {len(history.pools.pools)} pools, "
-        f"{len(history.pools.tenants)} tenant quotas → {pools_out}"
+        f"{len(jobs):,} jobs → {out_path}; {len(pools.pools)} pools, "
+        f"{sum(pool.capacity for pool in pools.pools):,} GPUs, "
+        f"{len(pools.tenants)} tenant quotas → {pools_out}"
     )
-    for reason, count in sorted(history.skipped.items()):
-        console.print(f"[dim]left out {count:,}: {reason}[/dim]")
+    for reason, count in sorted(skipped.items()):
+        console.print(f"[dim]left out {count:,} jobs: {reason}[/dim]")
 
 
 def _day(text: str, option: str) -> datetime:

@@ -509,6 +509,28 @@ def request_from_document(data: dict[str, Any]) -> CapacityRequest:
     )
 
 
+def accepted(request: CapacityRequest, at: datetime) -> tuple[RequestRecord, StatusEvent]:
+    """A request as intake stores it when it accepts it at ``at``: PENDING, version 1, with its
+    first event."""
+    event = StatusEvent(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        state=RequestState.PENDING,
+        previous_state=None,
+        at=at,
+        message="accepted; waiting for admission",
+    )
+    record = RequestRecord(
+        request=request,
+        state=RequestState.PENDING,
+        version=1,
+        digest=content_digest(request),
+        updated_at=at,
+        message=event.message,
+    )
+    return record, event
+
+
 def content_digest(request: CapacityRequest) -> str:
     """A fingerprint of what the request asks for — not of when it arrived — so that the same
     message delivered twice matches and a different request reusing the id does not."""

@@ -42,7 +42,7 @@ from opendws.domain.model import (
     Tenant,
 )
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, RequestRecord, StatusEvent, Timer, content_digest
+from opendws.ports import Configuration, StatusEvent, Timer, accepted
 from opendws.service.reconcile import Providers, ReconcileService
 from opendws.service.release import EndService
 from opendws.sim.baselines import JobOutcome, Policy, list_schedule
@@ -303,20 +303,8 @@ def _next_held_start(store: MemoryRequestStore, now: datetime) -> datetime | Non
 
 
 def _submit(store: MemoryRequestStore, request: CapacityRequest) -> None:
-    """Store ``request`` as intake does: PENDING, with its first event, announced."""
-    record = RequestRecord(
-        request=request,
-        state=S.PENDING,
-        version=1,
-        digest=content_digest(request),
-        updated_at=request.submitted_at,
-        message="accepted; waiting for admission",
-    )
-    event = StatusEvent(
-        request_id=request.request_id, tenant=request.tenant, state=S.PENDING,
-        previous_state=None, at=request.submitted_at, message=record.message,
-    )  # fmt: skip
-    store.create(record, event)
+    """Store ``request`` as intake does, its first event announced."""
+    store.create(*accepted(request, request.submitted_at))
     store.mark_announced(request.request_id, 1)
 
 

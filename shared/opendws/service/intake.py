@@ -35,7 +35,7 @@ from opendws.ports import (
     RequestStore,
     StatusEvent,
     TimerQueue,
-    content_digest,
+    accepted,
 )
 from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
 from opendws.service.release import EndOutcome, EndService
@@ -127,23 +127,7 @@ class IntakeService:
             )
         except MessageError as error:
             return self._refuse(delivery, INVALID_REQUEST, str(error))
-        event = StatusEvent(
-            request_id=request.request_id,
-            tenant=request.tenant,
-            state=RequestState.PENDING,
-            previous_state=None,
-            at=delivery.published_at,
-            reason=None,
-            message="accepted; waiting for admission",
-        )
-        record = RequestRecord(
-            request=request,
-            state=RequestState.PENDING,
-            version=1,
-            digest=content_digest(request),
-            updated_at=delivery.published_at,
-            message=event.message,
-        )
+        record, event = accepted(request, delivery.published_at)
         outcome = self._store.create(record, event)
         if outcome is CreateOutcome.CONFLICT:
             return self._refuse(

@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 # Where a trace given in seconds from its start begins (any fixed instant would do).
 TRACE_EPOCH = datetime(2017, 1, 1, tzinfo=UTC)
@@ -99,21 +106,16 @@ class PoolsFile(BaseModel):
     pools: tuple[PoolSpec, ...] = Field(min_length=1)
     tenants: tuple[TenantSpec, ...] = ()
 
-    @field_validator("pools")
+    @field_validator("pools", "tenants")
     @classmethod
-    def _unique_pools(cls, pools: tuple[PoolSpec, ...]) -> tuple[PoolSpec, ...]:
-        names = [pool.name for pool in pools]
+    def _unique_names(
+        cls, items: tuple[PoolSpec | TenantSpec, ...], info: ValidationInfo
+    ) -> tuple[PoolSpec | TenantSpec, ...]:
+        names = [item.name for item in items]
         if duplicated := sorted({name for name in names if names.count(name) > 1}):
-            raise ValueError(f"pool names must be unique: {', '.join(duplicated)} repeated")
-        return pools
-
-    @field_validator("tenants")
-    @classmethod
-    def _unique_tenants(cls, tenants: tuple[TenantSpec, ...]) -> tuple[TenantSpec, ...]:
-        names = [tenant.name for tenant in tenants]
-        if duplicated := sorted({name for name in names if names.count(name) > 1}):
-            raise ValueError(f"tenant names must be unique: {', '.join(duplicated)} repeated")
-        return tenants
+            what = "pool" if info.field_name == "pools" else "tenant"
+            raise ValueError(f"{what} names must be unique: {', '.join(duplicated)} repeated")
+        return items
 
     def capacity(self) -> dict[str, int]:
         return {pool.name: pool.capacity for pool in self.pools}
