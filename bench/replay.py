@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from opendws.domain.model import PolicySettings  # noqa: E402
 from opendws.replay import Replayed, replay_many  # noqa: E402
 from opendws.sim.baselines import Policy  # noqa: E402
 from opendws.sim.metrics import PolicyReport, utilization_series, waits  # noqa: E402
@@ -54,9 +55,9 @@ ORDER = [Policy.OPENDWS, Policy.FIFO, Policy.STRICT_FIFO, Policy.SJF]
 
 
 def regime(
-    jobs: list[TraceJob], pools: PoolsFile, workers: int
+    jobs: list[TraceJob], pools: PoolsFile, workers: int, settings: PolicySettings | None
 ) -> tuple[dict[Policy, Replayed], dict[Policy, PolicyReport]]:
-    results = replay_many(jobs, pools, ORDER, workers=workers)
+    results = replay_many(jobs, pools, ORDER, workers=workers, settings=settings)
     capacity = sum(pool.capacity for pool in pools.pools)
     return results, {policy: results[policy].report(capacity) for policy in ORDER}
 
@@ -172,6 +173,10 @@ def main() -> int:
     parser.add_argument("--traces", type=Path, default=TRACES, help="the Philly trace folder")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out", help="plots")
+    parser.add_argument(
+        "--aging-half-life", type=float, default=None, metavar="HOURS",
+        help="opendws's aging half-life in hours (default: the admission order's own)",
+    )  # fmt: skip
     arguments = parser.parse_args()
 
     philly = arguments.traces / "philly.csv"
@@ -190,8 +195,12 @@ def main() -> int:
         f"{(end - timedelta(days=1)):%Y-%m-%d}, {len(full.pools)} virtual clusters; "
         f"left out: {dict(converted.skipped)}; workers: {arguments.workers}"
     )
+    settings = None
+    if arguments.aging_half_life is not None:
+        settings = PolicySettings(aging_half_life=timedelta(hours=arguments.aging_half_life))
+        print(f"opendws aging half-life: {arguments.aging_half_life:g} h")
     started = time.perf_counter()
-    results, reports = regime(jobs, contended, arguments.workers)
+    results, reports = regime(jobs, contended, arguments.workers, settings)
     capacity = sum(pool.capacity for pool in contended.pools)
     show(f"contended: pools at {CONTENDED:.0%} of Helios capacity, {capacity:,} GPUs", reports)
     targets = judge(reports, results)
@@ -205,7 +214,7 @@ def main() -> int:
     }
     plots = plot(results, capacity, arguments.out, "quick" if arguments.quick else "contended")
     if not arguments.quick:
-        full_results, full_reports = regime(jobs, full, arguments.workers)
+        full_results, full_reports = regime(jobs, full, arguments.workers, settings)
         full_capacity = sum(pool.capacity for pool in full.pools)
         show(f"full: Helios capacities, {full_capacity:,} GPUs", full_reports)
         document["full_capacity"] = {

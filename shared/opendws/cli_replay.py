@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from opendws.cli_stack import UsageFailure, project_option
-from opendws.durations import format_duration
+from opendws.domain.model import InvalidModel, PolicySettings
+from opendws.durations import format_duration, parse_duration
 from opendws.replay import replay_many
 from opendws.sim.baselines import Policy
 from opendws.sim.metrics import PolicyReport
@@ -98,11 +99,18 @@ def register(main: click.Group) -> None:
     help="What if TENANT's quota were GPUS; repeatable.",
 )
 @click.option(
+    "--aging-half-life",
+    "half_life_text",
+    default=None,
+    metavar="DURATION",
+    help="opendws's aging half-life, e.g. 48h (default: the admission order's own, 6h).",
+)
+@click.option(
     "--workers",
     type=click.IntRange(1, 16),
     default=1,
     show_default=True,
-    help="Replay the policies in this many processes.",
+    help="Replay opendws's independent pools in this many processes.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")  # fmt: skip
 def simulate(
@@ -112,6 +120,7 @@ def simulate(
     scale: float | None,
     additions: Sequence[str],
     quotas: Sequence[str],
+    half_life_text: str | None,
     workers: int,
     as_json: bool,
 ) -> None:
@@ -126,10 +135,11 @@ def simulate(
             pools = pools.scaled(scale, at_least=largest_gangs(jobs))
         pools = with_changes(pools, additions, quotas)
         check_jobs_fit(jobs, pools)
+        settings = None if half_life_text is None else _policy(half_life_text)
     except TraceError as error:
         raise UsageFailure(str(error)) from None
     chosen = [Policy(name) for name in policies] or list(Policy)
-    results = replay_many(jobs, pools, chosen, workers=workers)
+    results = replay_many(jobs, pools, chosen, workers=workers, settings=settings)
     capacity = sum(pool.capacity for pool in pools.pools)
     reports = [results[policy].report(capacity) for policy in chosen]
     if as_json:
@@ -166,6 +176,13 @@ def with_changes(pools: PoolsFile, additions: Sequence[str], quotas: Sequence[st
         pools=tuple(PoolSpec(name=pool.name, capacity=capacity[pool.name]) for pool in pools.pools),
         tenants=tuple(tenants.values()),
     )
+
+
+def _policy(half_life: str) -> PolicySettings:
+    try:
+        return PolicySettings(aging_half_life=parse_duration(half_life))
+    except (ValueError, InvalidModel) as error:
+        raise TraceError(f"--aging-half-life {half_life!r}: {error}") from None
 
 
 def _pair(text: str, option: str, form: str) -> tuple[str, int]:

@@ -35,6 +35,7 @@ from opendws.domain.model import (
     CapacityRequest,
     GangShape,
     Mode,
+    PolicySettings,
     Pool,
     Provider,
     QueueingStrategy,
@@ -125,9 +126,12 @@ def zones_of(pools: PoolsFile) -> dict[str, str]:
     return {pool.name: f"replay-pool{index}-a" for index, pool in enumerate(pools.pools, 1)}
 
 
-def configuration(pools: PoolsFile, tenants: Sequence[str]) -> Configuration:
+def configuration(
+    pools: PoolsFile, tenants: Sequence[str], policy: PolicySettings | None = None
+) -> Configuration:
     """The scheduler's configuration for a replay: one MIG pool per pool, and every tenant —
-    with its quota from the pools file, else room for all the GPUs there are."""
+    with its quota from the pools file, else room for all the GPUs there are; ``policy``, or
+    the default admission order."""
     zones = zones_of(pools)
     domain_pools = tuple(
         Pool(
@@ -160,7 +164,9 @@ def configuration(pools: PoolsFile, tenants: Sequence[str]) -> Configuration:
                 else QueueingStrategy.BEST_EFFORT,
             )
         )
-    return Configuration(pools=domain_pools, tenants=tuple(domain_tenants))
+    return Configuration(
+        pools=domain_pools, tenants=tuple(domain_tenants), policy=policy or PolicySettings()
+    )
 
 
 def as_request(job: TraceJob, zones: dict[str, str]) -> CapacityRequest:
@@ -184,28 +190,35 @@ def as_request(job: TraceJob, zones: dict[str, str]) -> CapacityRequest:
 
 
 def replay_opendws(
-    jobs: Sequence[TraceJob], pools: PoolsFile, *, workers: int = 1
+    jobs: Sequence[TraceJob],
+    pools: PoolsFile,
+    *,
+    workers: int = 1,
+    policy: PolicySettings | None = None,
 ) -> list[JobOutcome]:
-    """Replay ``jobs`` through the real reconciler (see the module docstring); with
-    ``workers`` > 1, independent parts run in that many processes, largest first."""
+    """Replay ``jobs`` through the real reconciler (see the module docstring), under
+    ``policy`` (default: the default admission order); with ``workers`` > 1, independent
+    parts run in that many processes, largest first."""
     parts = sorted(components(jobs, pools), key=lambda part: -len(part[0]))
     outcomes: dict[str, JobOutcome] = {}
     if workers <= 1 or len(parts) == 1:
         for part_jobs, part_pools in parts:
-            outcomes.update(_replay_component(part_jobs, part_pools))
+            outcomes.update(_replay_component(part_jobs, part_pools, policy))
     else:
         with ProcessPoolExecutor(max_workers=workers) as executor:
-            futures = [executor.submit(_replay_component, *part) for part in parts]
+            futures = [executor.submit(_replay_component, *part, policy) for part in parts]
             for future in futures:
                 outcomes.update(future.result())
     return [outcomes[job.job_id] for job in jobs]
 
 
-def _replay_component(jobs: Sequence[TraceJob], pools: PoolsFile) -> dict[str, JobOutcome]:
+def _replay_component(
+    jobs: Sequence[TraceJob], pools: PoolsFile, policy: PolicySettings | None
+) -> dict[str, JobOutcome]:
     ordered = sorted(jobs, key=lambda job: (job.submitted_at, job.job_id))
     clock = VirtualClock(ordered[0].submitted_at)
     store = MemoryRequestStore()
-    config = MemoryConfigStore(configuration(pools, [job.tenant for job in ordered]))
+    config = MemoryConfigStore(configuration(pools, [job.tenant for job in ordered], policy))
     cloud = MemoryCapacityProvider(clock, latency=timedelta(0))
     zones = zones_of(pools)
     for pool in pools.pools:
@@ -356,14 +369,19 @@ def components(
 
 
 def replay(
-    jobs: Sequence[TraceJob], pools: PoolsFile, policy: Policy, *, workers: int = 1
+    jobs: Sequence[TraceJob],
+    pools: PoolsFile,
+    policy: Policy,
+    *,
+    workers: int = 1,
+    settings: PolicySettings | None = None,
 ) -> Replayed:
     """Replay ``jobs`` on ``pools`` under ``policy``, timed (``workers``: processes for the
-    opendws replay's independent parts)."""
+    opendws replay's independent parts; ``settings``: opendws's admission order)."""
     check_jobs_fit(jobs, pools)
     started = time.perf_counter()
     if policy is Policy.OPENDWS:
-        outcomes = replay_opendws(jobs, pools, workers=workers)
+        outcomes = replay_opendws(jobs, pools, workers=workers, policy=settings)
     else:
         outcomes = list_schedule(jobs, pools, policy)
     return Replayed(policy=policy, outcomes=outcomes, wall_s=time.perf_counter() - started)
@@ -375,8 +393,13 @@ def replay_many(
     policies: Sequence[Policy],
     *,
     workers: int = 1,
+    settings: PolicySettings | None = None,
 ) -> dict[Policy, Replayed]:
     """Replay under each policy, one after the other; ``workers`` processes share the opendws
-    replay's independent parts (the baselines take seconds)."""
+    replay's independent parts (the baselines take seconds); ``settings``: opendws's
+    admission order (default: the default one)."""
     check_jobs_fit(jobs, pools)
-    return {policy: replay(jobs, pools, policy, workers=workers) for policy in policies}
+    return {
+        policy: replay(jobs, pools, policy, workers=workers, settings=settings)
+        for policy in policies
+    }

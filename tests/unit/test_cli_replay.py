@@ -98,6 +98,9 @@ def test_simulate_answers_what_if_with_more_gpus_and_another_quota(
         (("--quota", "vcA=-1"), "a quota cannot be negative"),
         (("--scale", "0"), "--scale must be positive"),
         (("--scale", "0.01"), None),
+        (("--aging-half-life", "0s"), "--aging-half-life '0s': aging_half_life: must be positive"),
+        (("--aging-half-life", "soon"), "--aging-half-life 'soon'"),
+        (("--policy", "opendws", "--aging-half-life", "48h"), None),
     ],
 )
 def test_simulate_refuses_what_it_cannot_do_in_one_line(
