@@ -46,6 +46,7 @@ from opendws.domain.states import RequestState
 from opendws.ports import Configuration, StatusEvent, Timer, accepted
 from opendws.service.reconcile import Providers, ReconcileService
 from opendws.service.release import EndService
+from opendws.service.timers import expiry_timer
 from opendws.sim.baselines import JobOutcome, Policy, list_schedule
 from opendws.sim.metrics import PolicyReport, summarize
 from opendws.sim.trace import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
@@ -254,7 +255,7 @@ def _replay_component(
         clock.current = max(min(candidates), clock.current)
         now = clock.current
         while upcoming is not None and upcoming.submitted_at <= now:
-            _submit(store, as_request(upcoming, zones))
+            _submit(store, timers, as_request(upcoming, zones))
             live += 1
             upcoming = next(arrivals, None)
         while finishes and finishes[0][0] <= now:
@@ -315,10 +316,13 @@ def _next_held_start(store: MemoryRequestStore, now: datetime) -> datetime | Non
     return min(ahead) if ahead else None
 
 
-def _submit(store: MemoryRequestStore, request: CapacityRequest) -> None:
-    """Store ``request`` as intake does, its first event announced."""
-    store.create(*accepted(request, request.submitted_at))
+def _submit(store: MemoryRequestStore, timers: HeapTimerQueue, request: CapacityRequest) -> None:
+    """Store ``request`` as intake does, its first event announced and its expiry timer armed
+    (which wakes the replay at its deadline even when nothing else happens)."""
+    record, event = accepted(request, request.submitted_at)
+    store.create(record, event)
     store.mark_announced(request.request_id, 1)
+    timers.arm(expiry_timer(record), request.submitted_at)
 
 
 # Partitions and the comparison -----------------------------------------------------------------
