@@ -103,7 +103,7 @@ def register(main: click.Group) -> None:
     "half_life_text",
     default=None,
     metavar="DURATION",
-    help="opendws's aging half-life, e.g. 48h (default: the admission order's own, 6h).",
+    help="opendws's aging half-life, e.g. 48h (default: the admission order's own, 24h).",
 )
 @click.option(
     "--workers",

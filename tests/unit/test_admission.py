@@ -197,7 +197,7 @@ CASES = [
             pools=[pool(capacity=4)],
             pending=[
                 flex(
-                    "old-big", vm_count=4, hours=16, submitted_at=NOW - 30 * HOUR, max_wait=2 * DAY
+                    "old-big", vm_count=4, hours=16, submitted_at=NOW - 120 * HOUR, max_wait=7 * DAY
                 ),
                 flex("new-small", vm_count=4, hours=1),
             ],
