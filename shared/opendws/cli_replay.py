@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -249,6 +249,18 @@ def trace() -> None:
     """Workload traces for `dws simulate`."""
 
 
+def trace_outputs(command: Callable[..., None]) -> Callable[..., None]:
+    """``--out`` (the trace, CSV) and ``--pools-out`` (its pools and quotas, JSON)."""
+    command = click.option(
+        "--pools-out", "pools_out", required=True, type=click.Path(path_type=Path),
+        help="Where to write the pools and quotas (JSON).",
+    )(command)  # fmt: skip
+    return click.option(
+        "--out", "out_path", required=True, type=click.Path(path_type=Path),
+        help="Where to write the trace in the canonical form (CSV).",
+    )(command)  # fmt: skip
+
+
 @trace.command("convert", short_help="The Philly trace → canonical CSV and a pools file.")
 @click.argument("philly", type=click.Path(path_type=Path))
 @click.option(
@@ -258,20 +270,7 @@ def trace() -> None:
     type=click.Path(path_type=Path),
     help="Virtual cluster node counts (vc,node num), 8 GPUs per node.",
 )
-@click.option(
-    "--out",
-    "out_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Where to write the canonical trace (CSV).",
-)
-@click.option(
-    "--pools-out",
-    "pools_out",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Where to write the pools file (JSON).",
-)
+@trace_outputs
 @click.option(
     "--start",
     "start_text",
@@ -323,20 +322,7 @@ def convert_command(
     required=True,
     help="Which accelerator's pools and requests (e.g. nvidia-h100-80gb).",
 )
-@click.option(
-    "--out",
-    "out_path",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Where to write the trace (CSV).",
-)
-@click.option(
-    "--pools-out",
-    "pools_out",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Where to write the pools and quotas (JSON).",
-)
+@trace_outputs
 @click.option(
     "--since", "since_text", default=None, help="Only requests submitted from this day (UTC) on."
 )
