@@ -19,7 +19,10 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from opendws.domain.model import CapacityRequest, GangShape, Mode, PolicySettings, Pool, Tenant
+from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.states import RequestState
+
+__all__ = ["Lane", "ProvisionPhase"]  # re-exported: adapters and services name them here
 
 EVENT_SCHEMA = "opendws.event/v1"
 
@@ -126,14 +129,47 @@ class RequestRecord:
     attempt: int = 0  # provisioning attempts so far; the current one names its cloud resources
     since: datetime | None = None  # when it entered its current state (None: at creation)
     position: int | None = None  # PENDING: place in line for its pool, as last announced
+    # PROVISIONING: every order open at once (one per raced pool; ``pool`` is the first);
+    # ACTIVE: the order that won. Empty: the single order (pool, attempt), if any.
+    lanes: tuple[Lane, ...] = ()
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
     @property
+    def orders(self) -> tuple[Lane, ...]:
+        """The orders this record stands for: its lanes, or its one order (pool, attempt)."""
+        if self.lanes:
+            return self.lanes
+        if self.pool is not None and self.attempt > 0:
+            return (Lane(self.pool, self.attempt),)
+        return ()
+
+    @property
     def tenant(self) -> str:
         return self.request.tenant
+
+
+def lanes_after(
+    current: tuple[Lane, ...], state: RequestState, lanes: tuple[Lane, ...] | None
+) -> tuple[Lane, ...]:
+    """The lanes a change leaves on a record (the rule of :meth:`RequestStore.change`, kept
+    here once so that every adapter applies it alike): back in line (PENDING) a request has
+    none; otherwise ``lanes`` replaces them, and None keeps the current ones."""
+    if state is RequestState.PENDING:
+        return ()
+    return current if lanes is None else tuple(lanes)
+
+
+def lanes_to_document(lanes: tuple[Lane, ...]) -> list[dict[str, Any]]:
+    return [{"pool": lane.pool, "attempt": lane.attempt} for lane in lanes]
+
+
+def lanes_from_document(data: object) -> tuple[Lane, ...]:
+    if not isinstance(data, list):
+        return ()
+    return tuple(Lane(str(item["pool"]), int(item["attempt"])) for item in data)
 
 
 class RequestStore(Protocol):
@@ -155,12 +191,14 @@ class RequestStore(Protocol):
         reason: str | None = None, message: str = "", pool: str | None = None,
         eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
         fence: Fence | None = None, usage: UsageEntry | None = None,
+        lanes: tuple[Lane, ...] | None = None,
     ) -> RequestRecord:  # fmt: skip
         """Move the request to ``state`` and append ``event``, in one atomic write guarded by
         ``expected_version`` (and by ``fence``, when given); ``usage``, for a final state, is
         stored in the same write (under the request's id). ``state`` equal to the current
         state is a revision (a new ETA, reason or attempt), not a transition; ``since`` becomes
-        ``event.at`` only when the state changes; ``attempt`` None keeps it. Raises StaleWrite
+        ``event.at`` only when the state changes; ``attempt`` None keeps it; ``lanes`` None
+        keeps them, except back in line (PENDING), where a request has no orders. Raises StaleWrite
         if the stored version differs, Fenced if the fence's lease was taken over,
         UnknownRequest if there is none, and IllegalTransition if the life cycle forbids it."""
         ...
@@ -279,16 +317,6 @@ class ConfigStore(Protocol):
         ...
 
 
-class ProvisionPhase(StrEnum):
-    """Where one order's cloud resources are, as the provider observes them."""
-
-    RESERVED = "RESERVED"  # calendar: the block's capacity is reserved; nothing runs yet
-    CREATING = "CREATING"  # the cloud is obtaining or creating the capacity
-    READY = "READY"  # every unit of the gang is running
-    FAILED = "FAILED"  # the cloud gave up (stockout or error); the order must be released
-    ENDED = "ENDED"  # it ran and is gone (its run duration elapsed, or it was deleted)
-
-
 # Order names are cloud resource names: RFC 1035, at most 63 characters, and each VM of the
 # gang is named after its order plus ``-{index}``.
 _NAME_UNSAFE = re.compile(r"[^a-z0-9]+")
@@ -321,13 +349,18 @@ class Order:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Observed:
-    """One order's resources as a provider sees them now."""
+    """One order's resources as a provider sees them now. Providers report every owned
+    resource they find by name — a request, or VMs and queued resources left without one — so
+    that nothing opendws made can run unseen."""
 
     name: str  # the order name
     pool_id: str
     phase: ProvisionPhase
-    error_code: str | None = None  # FAILED: the cloud's code, e.g. ZONE_RESOURCE_POOL_EXHAUSTED
+    error_code: str | None = None  # FAILED: the cloud's final code (status.error)
     message: str = ""  # what the cloud said, for events
+    # WAITING: the temporary error of Google's latest attempt (status.lastAttempt), e.g.
+    # ZONE_RESOURCE_POOL_EXHAUSTED; None while no attempt failed yet.
+    last_attempt: str | None = None
 
 
 class CapacityProvider(Protocol):

@@ -17,6 +17,7 @@ from opendws.domain.model import CALENDAR_MAX_LEAD, CALENDAR_MAX_RUN
 from opendws.ports import (
     CreateOutcome,
     Fenced,
+    Lane,
     RequestRecord,
     RequestStore,
     StaleWrite,
@@ -229,6 +230,41 @@ def test_a_revision_keeps_the_state_and_its_since_but_records_an_event(
     )  # fmt: skip
     assert store.get("r1") == revised
     assert len(store.events("r1")) == 3
+
+
+def test_lanes_are_stored_kept_by_a_revision_and_cleared_back_in_line(
+    store: RequestStore,
+) -> None:
+    """A request racing several pools has one open order (lane) per pool: they survive a
+    revision that does not name them, are replaced when given, and a request back in line
+    (PENDING) has none."""
+    record = record_of()
+    store.create(record, event_of(record, S.PENDING, None))
+    racing = (Lane("us-a", 1), Lane("us-b", 2))
+    admitted = event_of(record, S.PROVISIONING, S.PENDING)
+    first = store.change(
+        "r1", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=2,
+        pool="us-a", lanes=racing,
+    )  # fmt: skip
+    assert first.lanes == racing and first.orders == racing
+    revised = store.change(
+        "r1", expected_version=2, state=S.PROVISIONING, event=admitted, pool="us-a"
+    )
+    assert store.get("r1") == revised and revised.lanes == racing
+    won = store.change(
+        "r1", expected_version=3, state=S.ACTIVE, event=admitted, pool="us-b",
+        lanes=(Lane("us-b", 2),),
+    )  # fmt: skip
+    assert store.get("r1") == won and won.orders == (Lane("us-b", 2),)
+    back = event_of(record, S.PENDING, S.PROVISIONING)
+    fresh = store.create(record_of("r2"), event_of(record_of("r2"), S.PENDING, None))
+    assert fresh is CreateOutcome.CREATED
+    store.change(
+        "r2", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=2, pool="us-a",
+        lanes=racing,
+    )  # fmt: skip
+    pending = store.change("r2", expected_version=2, state=S.PENDING, event=back, attempt=2)
+    assert pending.lanes == () and store.get("r2") == pending
 
 
 def test_the_lease_goes_to_one_holder_at_a_time(store: RequestStore) -> None:

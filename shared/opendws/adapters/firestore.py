@@ -31,11 +31,15 @@ from opendws.ports import (
     CreateOutcome,
     Fence,
     Fenced,
+    Lane,
     RequestRecord,
     StaleWrite,
     StatusEvent,
     UnknownRequest,
     UsageEntry,
+    lanes_after,
+    lanes_from_document,
+    lanes_to_document,
     request_from_document,
     request_to_document,
 )
@@ -95,6 +99,7 @@ class FirestoreRequestStore:
         reason: str | None = None, message: str = "", pool: str | None = None,
         eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
         fence: Fence | None = None, usage: UsageEntry | None = None,
+        lanes: tuple[Lane, ...] | None = None,
     ) -> RequestRecord:  # fmt: skip
         document = self._requests.document(request_id)
 
@@ -124,6 +129,9 @@ class FirestoreRequestStore:
                 "eta": eta,
                 "position": position,
                 "attempt": int(data.get("attempt", 0)) if attempt is None else attempt,
+                "lanes": lanes_to_document(
+                    lanes_after(lanes_from_document(data.get("lanes")), state, lanes)
+                ),
                 "since": data.get("since") if revision else event.at,
                 "events": seq,
                 "outbox": True,  # until its event is marked published
@@ -339,6 +347,7 @@ def _record_fields(record: RequestRecord) -> dict[str, Any]:
         "announced": record.announced,
         "events": record.events,
         "attempt": record.attempt,
+        "lanes": lanes_to_document(record.lanes),
         "since": record.since,
         "position": record.position,
     }
@@ -358,6 +367,7 @@ def _record(data: dict[str, Any]) -> RequestRecord:
         announced=int(data.get("announced", 0)),
         events=int(data.get("events", 1)),
         attempt=int(data.get("attempt", 0)),
+        lanes=lanes_from_document(data.get("lanes")),
         since=data.get("since"),
         position=data.get("position"),
     )

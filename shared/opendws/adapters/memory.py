@@ -16,6 +16,7 @@ from opendws.ports import (
     CreateOutcome,
     Fence,
     Fenced,
+    Lane,
     Observed,
     Order,
     ProvisionPhase,
@@ -25,6 +26,7 @@ from opendws.ports import (
     Timer,
     UnknownRequest,
     UsageEntry,
+    lanes_after,
 )
 
 # A released lease expires at the beginning of time: anyone may take it at once.
@@ -65,6 +67,7 @@ class MemoryRequestStore:
         reason: str | None = None, message: str = "", pool: str | None = None,
         eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
         fence: Fence | None = None, usage: UsageEntry | None = None,
+        lanes: tuple[Lane, ...] | None = None,
     ) -> RequestRecord:  # fmt: skip
         with self._lock:
             self._check_fence(fence)
@@ -87,6 +90,7 @@ class MemoryRequestStore:
                 eta=eta,
                 position=position,
                 attempt=record.attempt if attempt is None else attempt,
+                lanes=lanes_after(record.lanes, state, lanes),
                 since=record.since if revision else event.at,
                 events=record.events + 1,
             )
