@@ -113,7 +113,10 @@ def template_problem(template: dict[str, Any]) -> str | None:
 def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
     """The configuration as plain values that :func:`configuration_from_document` reads back."""
     return {
-        "policy": {"aging_half_life": format_duration(configuration.policy.aging_half_life)},
+        "policy": {
+            "aging_half_life": format_duration(configuration.policy.aging_half_life),
+            "race_width": configuration.policy.race_width,
+        },
         "pools": [_pool(pool) for pool in configuration.pools],
         "tenants": [_tenant(tenant) for tenant in configuration.tenants],
         "ci": [

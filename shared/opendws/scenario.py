@@ -146,6 +146,7 @@ class PolicySpec(Spec):
     """``policy``: knobs of the admission order."""
 
     aging_half_life: Duration | None = None  # None: the domain's default
+    race_width: int | None = None  # None: the domain's default (pools raced at once)
 
 
 class PoolSpec(Spec):
@@ -353,10 +354,15 @@ def _build_snapshot(spec: ScenarioSpec, source: str) -> Snapshot:
 
 def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
     """The policy the file sets, the domain's defaults where it is silent."""
-    if spec is None or spec.aging_half_life is None:
+    if spec is None:
         return PolicySettings()
+    given: dict[str, Any] = {}
+    if spec.aging_half_life is not None:
+        given["aging_half_life"] = spec.aging_half_life
+    if spec.race_width is not None:
+        given["race_width"] = spec.race_width
     try:
-        return PolicySettings(aging_half_life=spec.aging_half_life)
+        return PolicySettings(**given)
     except InvalidModel as error:
         raise ScenarioError(f"{source}: policy: {error.field}: {error.rule}") from None
 

@@ -30,6 +30,7 @@ from opendws.domain import (
     Tenant,
     admit,
 )
+from opendws.domain.model import PolicySettings
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 ZONES = ("us-central1-a", "us-central1-b", "europe-west4-a")
@@ -272,9 +273,12 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     pending = [
         draw(request_strategy(index, names, pools)) for index in range(draw(st.integers(0, 14)))
     ]
+    # Racing on or off: every property must hold with one lane per request and with several.
+    policy = PolicySettings(race_width=draw(st.sampled_from([1, 2, 3])))
     return Snapshot(
-        pools=tuple(pools), tenants=tuple(tenants), grants=tuple(grants), pending=tuple(pending)
-    )
+        pools=tuple(pools), tenants=tuple(tenants), grants=tuple(grants), pending=tuple(pending),
+        policy=policy,
+    )  # fmt: skip
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -292,7 +296,9 @@ def planned_grants(snapshot: Snapshot, plan: Plan) -> list[Grant]:
         assert decision.pool_id is not None
         assert decision.start_at is not None
         request = requests[decision.request_id]
-        held.append(Grant.of(request, decision.pool_id, decision.start_at))
+        # A racing request holds a full grant in every pool it is offered to.
+        for pool_id in (decision.pool_id, *decision.lanes):
+            held.append(Grant.of(request, pool_id, decision.start_at))
     return held
 
 
@@ -303,9 +309,8 @@ def applied(snapshot: Snapshot, plan: Plan) -> Snapshot:
     for decision in plan.having(Outcome.ADMIT, Outcome.CONFIRM):
         assert decision.pool_id is not None
         assert decision.start_at is not None
-        new_grants.append(
-            Grant.of(requests[decision.request_id], decision.pool_id, decision.start_at)
-        )
+        for pool_id in (decision.pool_id, *decision.lanes):
+            new_grants.append(Grant.of(requests[decision.request_id], pool_id, decision.start_at))
     still_pending = tuple(
         request
         for request in snapshot.pending
@@ -353,6 +358,36 @@ def test_gangs_are_whole_in_one_allowed_pool_within_their_window(snapshot: Snaps
         assert (decision.start_at == NOW) == (decision.outcome is Outcome.ADMIT)
         if pool.short_until is not None and pool.short_until > NOW:
             assert decision.start_at >= pool.short_until
+
+
+@given(snapshots())
+def test_racing_lanes_are_other_allowed_pools_of_an_admission_within_the_width(
+    snapshot: Snapshot,
+) -> None:
+    """Extra lanes go only with an admission now, to distinct allowed pools other than the
+    chosen one, never to a pool cooling down after a stockout, at most race_width in all."""
+    plan = admit(snapshot, NOW)
+    pools = {pool.pool_id: pool for pool in snapshot.pools}
+    requests = requests_by_id(snapshot)
+    for decision in plan.decisions:
+        if not decision.lanes:
+            continue
+        assert decision.outcome is Outcome.ADMIT
+        raced = (decision.pool_id, *decision.lanes)
+        assert len(set(raced)) == len(raced) <= snapshot.policy.race_width
+        for pool_id in decision.lanes:
+            pool = pools[pool_id]
+            assert pool.serves(requests[decision.request_id])
+            assert pool.short_until is None or pool.short_until <= NOW
+
+
+@given(snapshots())
+def test_racing_never_delays_anyone(snapshot: Snapshot) -> None:
+    """Lanes take only what the plan left free: every decision but the lanes themselves is
+    the same with racing off."""
+    raced = admit(snapshot, NOW)
+    single = admit(replace(snapshot, policy=PolicySettings(race_width=1)), NOW)
+    assert [replace(d, lanes=()) for d in raced.decisions] == list(single.decisions)
 
 
 @given(snapshots(), st.randoms(use_true_random=False))

@@ -13,6 +13,11 @@ order gives the same plan. One pass reads as numbered steps:
    respecting pool capacity and tenant/cohort quota. A start of "now" is an admission; a later
    start is held in the grid (conservative backfill), so no one behind it can delay it, and it
    becomes the request's ETA and queue position.
+4. Racing: each request admitted now that may use other pools too is offered to up to
+   ``policy.race_width`` pools at once — more lanes only where it fits now in what every
+   decision above left free, so a lane never delays anyone. Each lane holds a full grant
+   (pool capacity and quota) while it races: whichever lanes Google serves, no pool and no
+   tenant goes over its limit.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ class Decision:
     rank: int | None = None  # flex: 1-based place in policy order this pass
     position: int | None = None  # HOLD: 1-based place in line for its pool, by ETA
     alternatives: tuple[Alternative, ...] = ()  # REFUSE: nearest starts that would fit
+    lanes: tuple[str, ...] = ()  # ADMIT: more pools raced at once besides pool_id, preferred first
     detail: str = ""  # what exactly was wrong, for REJECT, REFUSE and TIME_OUT
 
     @property
@@ -406,10 +412,50 @@ class _Pass:
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
-        self._record_placements(grid, placed)
+        lanes = self._race(grid, placed, binding, limit_row, short)
+        self._record_placements(grid, placed, lanes)
 
-    @staticmethod
+    def _race(
+        self,
+        grid: MinuteGrid,
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]],
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> dict[str, tuple[int, ...]]:
+        """Step 4: extra lanes for the requests admitted now, in policy order, each in a pool
+        where the whole gang and its quota fit now in what the plan left free (pools cooling
+        down after a stockout are not raced)."""
+        width = self.snapshot.policy.race_width
+        lanes: dict[str, tuple[int, ...]] = {}
+        if width <= 1:
+            return lanes
+        for row, start, _, candidate, _ in sorted(placed, key=lambda entry: entry[2]):
+            if start != 0 or len(candidate.pools) < 2:
+                continue
+            request = candidate.request
+            length = ceil_cells(request.run_duration)
+            quota = tuple(
+                (limit_row[limit.key], request.gang.accelerator_units)
+                for limit in candidate.limits
+                if binding[limit_row[limit.key]]
+            )
+            extra: list[int] = []
+            for other in candidate.pools:
+                if len(extra) == width - 1:
+                    break
+                if other == row or short[other] > 0:
+                    continue
+                needs = ((other, request.gang.units), *quota) if binding[other] else quota
+                if all(grid.fits(need_row, amount, 0, length) for need_row, amount in needs):
+                    grid.take(needs, 0, length)
+                    extra.append(other)
+            if extra:
+                lanes[request.request_id] = tuple(extra)
+        return lanes
+
     def _binding_rows(
+        self,
         grid: MinuteGrid,
         limits: Sequence[int],
         limit_row: dict[LimitKey, int],
@@ -419,16 +465,22 @@ class _Pass:
         plus every pending request that could land on it stays within its limit never blocks
         anyone, so it is neither searched nor updated (an exact shortcut, not a heuristic)."""
         demand = [0] * len(limits)
+        width = self.snapshot.policy.race_width
         for candidate in flex:
             gang = candidate.request.gang
             for row in candidate.pools:
                 demand[row] += gang.units
+            # A request may hold one lane per raced pool: its quota counts that many times.
+            lanes = min(width, len(candidate.pools))
             for limit in candidate.limits:
-                demand[limit_row[limit.key]] += gang.accelerator_units
+                demand[limit_row[limit.key]] += gang.accelerator_units * lanes
         return [demand[row] > 0 and grid.lowest(row) < demand[row] for row in range(len(limits))]
 
     def _record_placements(
-        self, grid: MinuteGrid, placed: list[tuple[int, int, int, _Candidate, Reason | None]]
+        self,
+        grid: MinuteGrid,
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]],
+        lanes: dict[str, tuple[int, ...]],
     ) -> None:
         """Admissions and held slots as decisions; held slots are numbered per pool by ETA,
         then policy rank (position 1 is next in line)."""
@@ -450,6 +502,7 @@ class _Pass:
                 end_at=start_at + request.run_duration,
                 rank=rank,
                 position=position if start else None,
+                lanes=tuple(self.pools[lane].pool_id for lane in lanes.get(request.request_id, ())),
             )
 
     def _commitments(

@@ -358,6 +358,9 @@ class Grant:
         )
 
 
+MAX_RACE_WIDTH = 8  # more lanes than this only queue the same gang in more of Google's zones
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicySettings:
     """Knobs of the admission order."""
@@ -368,10 +371,17 @@ class PolicySettings:
     # 4,486 s and p99 58,566 s instead of 131,301 s (FIFO's: 113,535 s), for 10 jobs timed out
     # instead of 9 (FIFO 14, SJF 34); longer half-lives buy little more and time out more.
     aging_half_life: timedelta = timedelta(hours=24)
+    # Multi-zone racing: a flex request allowed in several pools is offered to up to this many
+    # of them at once; the first that Google serves wins and the others are cancelled. Each
+    # lane holds its own grant (pool capacity and tenant quota) while it races, so even two
+    # lanes served together never put a pool or a tenant over its limit. 1 turns racing off.
+    race_width: int = 2
 
     def __post_init__(self) -> None:
         if self.aging_half_life <= timedelta(0):
             raise InvalidModel("aging_half_life", "must be positive")
+        if isinstance(self.race_width, bool) or not 1 <= self.race_width <= MAX_RACE_WIDTH:
+            raise InvalidModel("race_width", f"must be a whole number from 1 to {MAX_RACE_WIDTH}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
