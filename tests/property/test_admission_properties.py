@@ -274,7 +274,9 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         draw(request_strategy(index, names, pools)) for index in range(draw(st.integers(0, 14)))
     ]
     # Racing on or off: every property must hold with one lane per request and with several.
-    policy = PolicySettings(race_width=draw(st.sampled_from([1, 2, 3])))
+    policy = PolicySettings(
+        race_width=draw(st.sampled_from([1, 2, 3])), race_eagerly=draw(st.booleans())
+    )
     return Snapshot(
         pools=tuple(pools), tenants=tuple(tenants), grants=tuple(grants), pending=tuple(pending),
         policy=policy,
@@ -386,7 +388,7 @@ def test_racing_never_delays_anyone(snapshot: Snapshot) -> None:
     """Lanes take only what the plan left free: every decision but the lanes themselves is
     the same with racing off."""
     raced = admit(snapshot, NOW)
-    single = admit(replace(snapshot, policy=PolicySettings(race_width=1)), NOW)
+    single = admit(replace(snapshot, policy=replace(snapshot.policy, race_width=1)), NOW)
     assert [replace(d, lanes=()) for d in raced.decisions] == list(single.decisions)
 
 

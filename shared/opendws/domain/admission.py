@@ -13,9 +13,10 @@ order gives the same plan. One pass reads as numbered steps:
    respecting pool capacity and tenant/cohort quota. A start of "now" is an admission; a later
    start is held in the grid (conservative backfill), so no one behind it can delay it, and it
    becomes the request's ETA and queue position.
-4. Racing: each request admitted now that may use other pools too is offered to up to
-   ``policy.race_width`` pools at once — more lanes only where it fits now in what every
-   decision above left free, so a lane never delays anyone. Each lane holds a full grant
+4. Racing: a request waiting at Google in pools that are all short (``snapshot.racing``) —
+   and, with ``policy.race_eagerly``, each request admitted now — is offered to more of its
+   pools, up to ``policy.race_width`` in all: more lanes only where the gang fits now in what
+   every decision above left free, so a lane never delays anyone. Each lane holds a full grant
    (pool capacity and quota) while it races: whichever lanes Google serves, no pool and no
    tenant goes over its limit.
 """
@@ -131,12 +132,22 @@ class Decision:
                 return f"waiting ({self.reason}); no slot opens before max_wait passes yet"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Race:
+    """More pools a request already waiting at Google is offered to, preferred first."""
+
+    request_id: str
+    pools: tuple[str, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """Everything one admission pass decided: one decision per pending request."""
+    """Everything one admission pass decided: one decision per pending request, and the
+    races that grow (requests already admitted, offered to more pools)."""
 
     now: datetime
     decisions: tuple[Decision, ...]  # sorted by request_id
+    races: tuple[Race, ...] = ()  # sorted by request_id
 
     @cached_property
     def _index(self) -> dict[str, Decision]:
@@ -195,6 +206,7 @@ class _Pass:
         self.quotas = QuotaBook(sorted(snapshot.tenants, key=lambda t: t.name))
         self.grants: list[Grant] = sorted(snapshot.grants, key=_grant_key)
         self.decisions: dict[str, Decision] = {}
+        self.races: dict[str, tuple[str, ...]] = {}
         # (provider, shape, accelerator) → location (zone or region) → pool rows, ascending.
         self._pools_by_location: dict[tuple[str, str, str], dict[str, list[int]]] = {}
         for row, pool in enumerate(self.pools):
@@ -209,9 +221,27 @@ class _Pass:
         pending = sorted(self.snapshot.pending, key=lambda r: r.request_id)
         calendar, flex = self._screen(pending)  # 1
         self._decide_calendar(calendar)  # 2
-        self._decide_flex(flex)  # 3
+        self._decide_flex(flex, self._racers())  # 3 and 4
         decisions = tuple(self.decisions[key] for key in sorted(self.decisions))
-        return Plan(now=self.now, decisions=decisions)
+        races = tuple(Race(request_id=key, pools=self.races[key]) for key in sorted(self.races))
+        return Plan(now=self.now, decisions=decisions, races=races)
+
+    def _racers(self) -> list[tuple[_Candidate, tuple[int, ...]]]:
+        """The racing requests that may take more lanes: each with the rows it waits in."""
+        if self.snapshot.policy.race_width <= 1:
+            return []
+        racers = []
+        for racer in sorted(self.snapshot.racing, key=lambda r: r.request.request_id):
+            request = racer.request
+            if request.mode is not Mode.FLEX_START or not self.quotas.knows(request.tenant):
+                continue
+            waiting = tuple(self.pool_row[p] for p in racer.pools if p in self.pool_row)
+            allowed = self._allowed_pools(request).pools
+            if len(waiting) >= self.snapshot.policy.race_width or len(allowed) <= len(waiting):
+                continue
+            limits = self.quotas.limits(request.tenant, request.gang.accelerator)
+            racers.append((_Candidate(request, allowed, limits, False), waiting))
+        return racers
 
     # 1. Screening ---------------------------------------------------------------------------
 
@@ -346,13 +376,15 @@ class _Pass:
 
     # 3. Flex requests -----------------------------------------------------------------------
 
-    def _decide_flex(self, flex: list[_Candidate]) -> None:
-        if not flex:
+    def _decide_flex(
+        self, flex: list[_Candidate], racers: list[tuple[_Candidate, tuple[int, ...]]]
+    ) -> None:
+        if not flex and not racers:
             return
         now = self.now
         limits = [pool.capacity for pool in self.pools]
         limit_row: dict[LimitKey, int] = {}
-        for candidate in flex:
+        for candidate in (*flex, *(racer for racer, _ in racers)):
             for limit in candidate.limits:
                 if limit.key not in limit_row:
                     limit_row[limit.key] = len(limits)
@@ -369,9 +401,16 @@ class _Pass:
             )
             for c in flex
         )
-        cells = 1 + max(length + last for _, _, length, last in queue)
+        cells = 1 + max(
+            (
+                *(length + last for _, _, length, last in queue),
+                *(ceil_cells(racer.request.run_duration) for racer, _ in racers),
+            )
+        )
         grid = MinuteGrid(now, cells, limits, self._commitments(limit_row))
-        binding = self._binding_rows(grid, limits, limit_row, flex)
+        binding = self._binding_rows(
+            grid, limits, limit_row, [*flex, *(racer for racer, _ in racers)]
+        )
         short = [_short_cell(pool, now) for pool in self.pools]
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
@@ -412,47 +451,73 @@ class _Pass:
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
-        lanes = self._race(grid, placed, binding, limit_row, short)
+        lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
 
     def _race(
         self,
         grid: MinuteGrid,
         placed: list[tuple[int, int, int, _Candidate, Reason | None]],
+        racers: list[tuple[_Candidate, tuple[int, ...]]],
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
     ) -> dict[str, tuple[int, ...]]:
-        """Step 4: extra lanes for the requests admitted now, in policy order, each in a pool
-        where the whole gang and its quota fit now in what the plan left free (pools cooling
-        down after a stockout are not raced)."""
+        """Step 4: more lanes — first for requests already waiting at Google in short pools
+        (they were admitted before anyone pending), then, when racing eagerly, for the
+        requests admitted now in policy order — each in a pool where the whole gang and its
+        quota fit now in what the plan left free. Pools cooling down after a stockout are
+        never raced. Returns the new lanes of this pass's admissions; those of the racing
+        requests go to ``self.races``."""
         width = self.snapshot.policy.race_width
         lanes: dict[str, tuple[int, ...]] = {}
         if width <= 1:
             return lanes
-        for row, start, _, candidate, _ in sorted(placed, key=lambda entry: entry[2]):
-            if start != 0 or len(candidate.pools) < 2:
-                continue
-            request = candidate.request
-            length = ceil_cells(request.run_duration)
-            quota = tuple(
-                (limit_row[limit.key], request.gang.accelerator_units)
-                for limit in candidate.limits
-                if binding[limit_row[limit.key]]
-            )
-            extra: list[int] = []
-            for other in candidate.pools:
-                if len(extra) == width - 1:
-                    break
-                if other == row or short[other] > 0:
-                    continue
-                needs = ((other, request.gang.units), *quota) if binding[other] else quota
-                if all(grid.fits(need_row, amount, 0, length) for need_row, amount in needs):
-                    grid.take(needs, 0, length)
-                    extra.append(other)
+        for candidate, waiting in racers:
+            extra = self._lanes(grid, candidate, waiting, width, binding, limit_row, short)
             if extra:
-                lanes[request.request_id] = tuple(extra)
+                self.races[candidate.request.request_id] = tuple(
+                    self.pools[row].pool_id for row in extra
+                )
+        if not self.snapshot.policy.race_eagerly:
+            return lanes
+        for row, start, _, candidate, _ in sorted(placed, key=lambda entry: entry[2]):
+            if start == 0 and len(candidate.pools) > 1:
+                extra = self._lanes(grid, candidate, (row,), width, binding, limit_row, short)
+                if extra:
+                    lanes[candidate.request.request_id] = extra
         return lanes
+
+    @staticmethod
+    def _lanes(
+        grid: MinuteGrid,
+        candidate: _Candidate,
+        taken: tuple[int, ...],
+        width: int,
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> tuple[int, ...]:
+        """Up to ``width - len(taken)`` more pool rows for ``candidate``, most preferred
+        first, each committed in the grid (the gang in the pool, its amount in every quota)."""
+        request = candidate.request
+        length = ceil_cells(request.run_duration)
+        quota = tuple(
+            (limit_row[limit.key], request.gang.accelerator_units)
+            for limit in candidate.limits
+            if binding[limit_row[limit.key]]
+        )
+        extra: list[int] = []
+        for other in candidate.pools:
+            if len(taken) + len(extra) >= width:
+                break
+            if other in taken or short[other] > 0:
+                continue
+            needs = ((other, request.gang.units), *quota) if binding[other] else quota
+            if all(grid.fits(need_row, amount, 0, length) for need_row, amount in needs):
+                grid.take(needs, 0, length)
+                extra.append(other)
+        return tuple(extra)
 
     def _binding_rows(
         self,

@@ -376,12 +376,26 @@ class PolicySettings:
     # lane holds its own grant (pool capacity and tenant quota) while it races, so even two
     # lanes served together never put a pool or a tenant over its limit. 1 turns racing off.
     race_width: int = 2
+    # Race at admission already (True), or only once Google has said the first pool is short
+    # (False: a request's orders all wait with a stockout; see Snapshot.racing). Racing at
+    # once wins a little time when stock is short and pays for a second gang whenever it is
+    # not — both served together, one released at once (bench/obtain.py measures both).
+    race_eagerly: bool = False
 
     def __post_init__(self) -> None:
         if self.aging_half_life <= timedelta(0):
             raise InvalidModel("aging_half_life", "must be positive")
         if isinstance(self.race_width, bool) or not 1 <= self.race_width <= MAX_RACE_WIDTH:
             raise InvalidModel("race_width", f"must be a whole number from 1 to {MAX_RACE_WIDTH}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Racer:
+    """An admitted flex request waiting at Google in ``pools`` (one order each), every one of
+    them short: a candidate for more lanes (see :attr:`PolicySettings.race_width`)."""
+
+    request: CapacityRequest
+    pools: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -398,6 +412,9 @@ class Snapshot:
     grants: tuple[Grant, ...] = ()
     pending: tuple[CapacityRequest, ...] = ()
     policy: PolicySettings = field(default_factory=PolicySettings)
+    # Admitted flex requests whose every order waits in a pool Google reported short: they
+    # may be offered to more of their pools (their current orders are among ``grants``).
+    racing: tuple[Racer, ...] = ()
 
     def __post_init__(self) -> None:
         _require_unique("pools", [pool.pool_id for pool in self.pools])

@@ -4,10 +4,12 @@ concurrent runs. One pass reads as the numbered cycle of the design:
 1. Take the reconciler lease (holder, expiry, fencing token). Without it, do nothing; with it,
    every write of this pass carries the token and is refused once another reconciler takes over.
 2. Observe the providers: every resource opendws owns in every configured pool.
-3. Sweep the live requests against what was observed: provisioning that finished (ACTIVE),
-   failed or timed out (cancel, cool the pool down, fail over to the request's next pool until
-   max_wait), runs past their end, calendar blocks that start or end; re-issue provider calls a
-   crash interrupted, and release anything owned that no live request wants (a leak).
+3. Sweep the live requests against what was observed, through the pure table of
+   ``opendws.domain.sweep``: provisioning that Google served (ACTIVE; a race's other orders
+   cancelled), that waits in Google's queue (kept there until max_wait, its pool marked short),
+   that failed for good (back in line for its other pools); runs past their end; calendar
+   blocks that start or end; provider calls a crash interrupted, issued again; and anything
+   owned that no live request wants, released (a leak).
 4. Build an immutable snapshot and call the pure admission core.
 5. Apply the plan: each transition in one short fenced write, then the provider call with the
    order's deterministic name (a repeat finds the resource already there), then its event.
@@ -21,6 +23,7 @@ wants (released as a leak) — never a request lost, a resource created twice or
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import threading
@@ -30,9 +33,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from opendws.domain.admission import Decision, Outcome, admit
-from opendws.domain.model import Grant, Mode, Pool, Provider, Snapshot
+from opendws.domain.admission import Decision, Outcome, Race, admit
+from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
+from opendws.domain.provisioning import Lane
 from opendws.domain.states import RequestState
+from opendws.domain.sweep import Call, LaneView, Step, SweepView, sweep
 from opendws.ports import (
     CapacityProvider,
     Clock,
@@ -42,7 +47,6 @@ from opendws.ports import (
     Fenced,
     Observed,
     Order,
-    ProvisionPhase,
     RequestRecord,
     RequestStore,
     StaleWrite,
@@ -66,35 +70,26 @@ KEEP = _Keep()
 
 
 class ReconcileReason(StrEnum):
-    """Why the reconciler moved a request (the admission core's reasons cover the rest)."""
+    """Why the reconciler moved a request when it applied a plan (the admission core's and
+    the sweep's reasons cover the rest: :class:`opendws.domain.admission.Reason`,
+    :class:`opendws.domain.sweep.SweepReason`)."""
 
     ADMITTED = "ADMITTED"  # the plan admitted it; provisioning starts
     BOOKED = "BOOKED"  # the plan confirmed the calendar block
-    READY = "READY"  # the provider reports the whole gang running
-    STOCKOUT = "STOCKOUT"  # the cloud had no capacity; the pool cools down, the next is tried
-    PROVISIONING_TIMEOUT = "PROVISIONING_TIMEOUT"  # the cloud took too long; cancelled
-    PROVISIONING_FAILED = "PROVISIONING_FAILED"  # the cloud failed otherwise; retried
-    RUN_TIME_UP = "RUN_TIME_UP"  # its run time passed; released by the sweep
-    CAPACITY_ENDED = "CAPACITY_ENDED"  # the cloud ended the run by itself
-    BLOCK_STARTED = "BLOCK_STARTED"  # a calendar block's start was reached
-    BLOCK_ENDED = "BLOCK_ENDED"  # a calendar block's end was reached
-    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # failed after its max_wait passed: no retry
-    POOL_REMOVED = "POOL_REMOVED"  # its pool is no longer configured
-
-
-# Error codes that mean "no capacity there now" (the pool is marked short and cools down).
-STOCKOUT_CODES = frozenset(
-    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT"}
-)
+    RACING = "RACING"  # waiting at Google in short pools: offered to more pools at once
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReconcileSettings:
-    """Knobs of the reconciler."""
+    """Knobs of the reconciler. There is no provisioning timeout: an order waits in Google's
+    queue until the request's own max_wait, since cancelling it to ask elsewhere would give up
+    its place (Google serves first come first served); racing several pools is the way to
+    take whichever Google serves first."""
 
     lease_ttl: timedelta = timedelta(minutes=2)  # a crashed holder blocks others this long
-    provision_timeout: timedelta = timedelta(minutes=15)  # then cancel and try elsewhere
-    stockout_cooldown: timedelta = timedelta(minutes=10)  # a stocked-out pool rests this long
+    # A pool whose orders wait with a stockout in Google's last attempt is short: nothing new
+    # starts there until this long after the last pass that saw it so.
+    stockout_cooldown: timedelta = timedelta(minutes=10)
     overdue_grace: timedelta = timedelta(minutes=1)  # the sweep ends runs this long past due
     eta_tolerance: timedelta = timedelta(minutes=5)  # smaller ETA moves are not announced
     renew_every: int = 50  # writes between lease renewals within a long pass
@@ -148,6 +143,7 @@ class PassReport:
     fenced: bool = False  # True: the lease was lost mid-pass; the rest was left to the holder
     stale: bool = False  # True: the pass stopped early on a stale view (fenced, or a conflict)
     transitions: Counter[str] = field(default_factory=Counter)  # "PENDING→PROVISIONING": n
+    double_wins: list[str] = field(default_factory=list)  # orders served beside a race's winner
     revisions: int = 0  # same-state updates (new ETA, reason, attempt)
     provisioned: list[str] = field(default_factory=list)  # order names whose creation was asked
     reserved: list[str] = field(default_factory=list)
@@ -244,15 +240,21 @@ class _Cycle:
         observed = self.providers.observe(self.pools.values())
         # 3. Sweep the live requests against it; release what nobody wants.
         for record in live:
-            sighting = observed.pop(order_name(record.request_id, record.attempt), None)
+            seen = {
+                lane: observed.pop(order_name(record.request_id, lane.attempt), None)
+                for lane in record.orders
+            }
             with self._one_request(record.request_id):
-                self._sweep(record, None if sighting is None else sighting.observed)
+                self._sweep(record, seen)
         for name in sorted(observed):
             self._release_leak(observed[name])
         # 4. Snapshot and admission.
         plan = admit(self._snapshot(), self.now)
         # 5. Apply: starts first, so capacity is asked for as early as possible.
         order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
+        for race in plan.races:
+            with self._one_request(race.request_id):
+                self._grow_race(race)
         for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
@@ -273,153 +275,71 @@ class _Cycle:
 
     # Step 3: the sweep ------------------------------------------------------------------
 
-    def _sweep(self, record: RequestRecord, seen: Observed | None) -> None:
-        pool = self.pools.get(record.pool or "")
-        if pool is None:
-            self._end_without_pool(record)
-            return
-        order = Order(request=record.request, pool=pool, attempt=record.attempt)
-        if record.state is S.BOOKED:
-            self._sweep_booked(record, order, seen)
-        elif record.state is S.PROVISIONING:
-            self._sweep_provisioning(record, order, seen)
-        else:
-            self._sweep_active(record, order, seen)
-
-    def _sweep_booked(self, record: RequestRecord, order: Order, seen: Observed | None) -> None:
+    def _sweep(self, record: RequestRecord, seen: dict[Lane, Sighting | None]) -> None:
+        """Compute the record's step from the table (pure), then carry it out."""
         request = record.request
-        assert request.start_at is not None  # a booked request is a calendar block
-        provider = self.providers.for_order(order.pool, request.mode)
-        if self.now >= request.start_at + request.run_duration:
-            self._finish(record, order, S.EXPIRED, ReconcileReason.BLOCK_ENDED, "block ended")
-            return
-        if seen is not None and seen.phase is ProvisionPhase.FAILED:
-            # The reservation could not be made: drop the failed one and ask again.
-            self._release(order)
-            seen = None
-        if seen is None:
-            self._call("reserve", order, provider.reserve)
-        if self.now >= request.start_at:
-            self._write(
-                record, S.PROVISIONING, ReconcileReason.BLOCK_STARTED,
-                f"block started; provisioning {request.units} units in {order.pool.pool_id}",
-            )  # fmt: skip
-            self._call("provision", order, provider.provision)
-
-    def _sweep_provisioning(
-        self, record: RequestRecord, order: Order, seen: Observed | None
-    ) -> None:
-        request = record.request
-        provider = self.providers.for_order(order.pool, request.mode)
-        if request.mode is Mode.CALENDAR:
-            assert request.start_at is not None
-            if self.now >= request.start_at + request.run_duration:
-                self._finish(record, order, S.EXPIRED, ReconcileReason.BLOCK_ENDED, "block ended")
-                return
-        phase = None if seen is None else seen.phase
-        if phase is ProvisionPhase.READY:
-            self._write(
-                record, S.ACTIVE, ReconcileReason.READY,
-                f"all {request.units} units running in {order.pool.pool_id}",
-            )  # fmt: skip
-        elif phase is ProvisionPhase.FAILED and seen is not None:
-            self._failed(record, order, seen.error_code or "UNKNOWN", seen.message)
-        elif phase is ProvisionPhase.ENDED:
-            self._finish(
-                record, order, S.EXPIRED, ReconcileReason.CAPACITY_ENDED,
-                "the cloud ended the capacity before it was seen running",
-            )  # fmt: skip
-        elif phase is ProvisionPhase.CREATING:
-            if request.mode is Mode.FLEX_START and self._overdue(record):
-                self._failed(
-                    record, order, ReconcileReason.PROVISIONING_TIMEOUT,
-                    f"not ready after {self.settings.provision_timeout}; cancelled",
-                )  # fmt: skip
-        elif request.mode is Mode.FLEX_START and self._overdue(record):
-            self._failed(
-                record, order, ReconcileReason.PROVISIONING_TIMEOUT,
-                f"the cloud did not take the order within {self.settings.provision_timeout}",
-            )  # fmt: skip
-        else:
-            # Never created (a crash came between the write and the call, or the call
-            # failed), or only the reservation exists: ask again under the same name.
-            if request.mode is Mode.CALENDAR and seen is None:
-                self._call("reserve", order, provider.reserve)
-            self._call("provision", order, provider.provision)
-
-    def _overdue(self, record: RequestRecord) -> bool:
-        """True once provisioning has taken longer than the timeout."""
-        since = record.since or record.updated_at
-        return self.now - since >= self.settings.provision_timeout
-
-    def _sweep_active(self, record: RequestRecord, order: Order, seen: Observed | None) -> None:
-        end = hold_end(record, self.now)
-        if seen is None or seen.phase in (ProvisionPhase.ENDED, ProvisionPhase.FAILED):
-            self._finish(
-                record, order, S.EXPIRED, ReconcileReason.CAPACITY_ENDED,
-                "the cloud ended the run" + (f": {seen.message}" if seen and seen.message else ""),
-            )  # fmt: skip
-        elif self.now >= end + self.settings.overdue_grace:
-            self._finish(
-                record, order, S.EXPIRED, ReconcileReason.RUN_TIME_UP,
-                f"run time ended at {end.isoformat()} and no timer ended it; released by the "
-                "sweep",
-            )  # fmt: skip
-
-    def _failed(self, record: RequestRecord, order: Order, code: str, detail: str) -> None:
-        """Provisioning failed or timed out: cool the pool down if the cloud was out of
-        capacity, then go back to PENDING for the next pool (or time out), then cancel."""
-        request = record.request
-        pool = order.pool
-        stockout = code in STOCKOUT_CODES or code == ReconcileReason.PROVISIONING_TIMEOUT
-        what = f"attempt {order.attempt} in {pool.pool_id} failed: {code}"
-        if detail:
-            what += f" ({detail})"
-        if stockout:
-            until = self.now + self.settings.stockout_cooldown
-            self.store.mark_pool_short(pool.pool_id, until, self.fence)
-            self.pools[pool.pool_id] = _with_shortage(pool, until)
-            what += f"; {pool.pool_id} cools down until {until.isoformat()}"
-        reason = (
-            ReconcileReason.PROVISIONING_TIMEOUT
-            if code == ReconcileReason.PROVISIONING_TIMEOUT
-            else ReconcileReason.STOCKOUT
-            if stockout
-            else ReconcileReason.PROVISIONING_FAILED
+        lanes = record.orders or (Lane(record.pool or "", record.attempt),)
+        views = []
+        for lane in lanes:
+            sighting = seen.get(lane)
+            observed = None if sighting is None else sighting.observed
+            views.append(
+                LaneView(
+                    lane=lane,
+                    configured=lane.pool in self.pools,
+                    phase=None if observed is None else observed.phase,
+                    error_code=None if observed is None else observed.error_code,
+                    last_attempt=None if observed is None else observed.last_attempt,
+                    message="" if observed is None else observed.message,
+                )
+            )
+        block_start = request.start_at
+        view = SweepView(
+            state=record.state,
+            mode=request.mode,
+            lanes=tuple(views),
+            units=request.units,
+            since=record.since or record.updated_at,
+            reason=record.reason,
+            deadline=request.deadline,
+            run_end=hold_end(record, self.now) if record.state is S.ACTIVE else None,
+            block_start=block_start,
+            block_end=None if block_start is None else block_start + request.run_duration,
         )
-        if request.mode is Mode.CALENDAR:
-            # A block keeps its pool: drop the failed VMs and ask again next pass.
-            self._release(order)
-            self._write(record, S.PROVISIONING, reason, what + "; retrying")
-            return
-        deadline = request.deadline
-        if deadline is not None and self.now >= deadline:
-            self._finish(
-                record, order, S.TIMED_OUT, ReconcileReason.MAX_WAIT_PASSED,
-                what + "; max_wait has passed, so no other pool is tried",
+        self._carry_out(record, sweep(view, self.now, self.settings.overdue_grace))
+
+    def _carry_out(self, record: RequestRecord, step: Step) -> None:
+        """The one writer of the sweep: pools marked short, the record's write (before the
+        calls it licenses, so a crash between them leaves a record the next pass completes or
+        a resource nobody wants, released as a leak), then the provider calls in order."""
+        for pool_id in step.short:
+            until = self.now + self.settings.stockout_cooldown
+            self.store.mark_pool_short(pool_id, until, self.fence)
+            self.pools[pool_id] = _with_shortage(self.pools[pool_id], until)
+        if step.double_wins:
+            self.report.double_wins.extend(
+                order_name(record.request_id, lane.attempt) for lane in step.double_wins
+            )
+        if step.writes:
+            state = step.target or record.state
+            primary = step.lanes[0].pool if step.lanes else None
+            self._write(
+                record, state, step.reason or "", step.message or record.message,
+                pool=primary if step.lanes else KEEP, lanes=step.lanes,
             )  # fmt: skip
-            return
-        self._write(record, S.PENDING, reason, what + "; trying the request's other pools")
-        self._release(order)
-
-    def _finish(
-        self, record: RequestRecord, order: Order, state: RequestState, reason: str, text: str
-    ) -> None:
-        """Write the final state, then release the order's resources (a crash in between
-        leaves a resource nobody wants, which the next pass releases as a leak)."""
-        self._write(record, state, reason, text)
-        self._release(order)
-
-    def _end_without_pool(self, record: RequestRecord) -> None:
-        text = f"pool {record.pool} is no longer configured"
-        if record.state is S.PROVISIONING and record.request.mode is Mode.FLEX_START:
-            self._write(record, S.PENDING, ReconcileReason.POOL_REMOVED, text + "; waiting again")
-        else:
-            self._write(record, S.EXPIRED, ReconcileReason.POOL_REMOVED, text + "; ended")
-
-    def _release(self, order: Order) -> None:
-        provider = self.providers.for_order(order.pool, order.request.mode)
-        self._call("release", order, lambda o: provider.release(o.name, o.pool))
+        for call, lane in step.calls:
+            pool = self.pools.get(lane.pool)
+            if pool is None:
+                continue  # a pool no longer configured: nothing of it can be reached
+            order = Order(request=record.request, pool=pool, attempt=lane.attempt)
+            provider = self.providers.for_order(pool, record.request.mode)
+            match call:
+                case Call.RELEASE:
+                    self._call("release", order, functools.partial(_release, provider))
+                case Call.RESERVE:
+                    self._call("reserve", order, provider.reserve)
+                case Call.PROVISION:
+                    self._call("provision", order, provider.provision)
 
     def _release_leak(self, sighting: Sighting) -> None:
         leak = sighting.observed
@@ -433,9 +353,9 @@ class _Cycle:
             self.report.leaks.append(leak.name)
 
     def _call(self, action: str, order: Order, call: Callable[[Order], None]) -> None:
-        """One provider call for one order. A failure is logged and left for the next pass —
-        which re-issues the call (it is safe to repeat), or, once the provisioning timeout has
-        passed, fails the order over — so one bad order never holds up the others."""
+        """One provider call for one order. A failure is logged and left for the next pass,
+        which issues the call again (it is safe to repeat), so one bad order never holds up
+        the others."""
         try:
             call(order)
         except Exception as error:
@@ -457,6 +377,11 @@ class _Cycle:
         for record in self.records.values():
             if record.state is S.PENDING:
                 pending.append(record.request)
+            elif record.state is S.PROVISIONING and len(record.lanes) > 1:
+                # Racing: every lane holds its own grant until one wins (see PolicySettings).
+                grants.extend(
+                    replace(_grant(record, self.now), pool_id=lane.pool) for lane in record.lanes
+                )
             elif record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) and record.pool:
                 grants.append(self._grant_of(record))
         with self.grants_lock:  # drop what no live request needs any more
@@ -468,7 +393,21 @@ class _Cycle:
             grants=tuple(grants),
             pending=tuple(pending),
             policy=self.config.policy,
+            racing=tuple(self._racers()),
         )
+
+    def _racers(self) -> Iterator[Racer]:
+        """Flex requests whose every order waits in a pool Google reported short."""
+        for record in self.records.values():
+            if record.state is not S.PROVISIONING or record.request.mode is not Mode.FLEX_START:
+                continue
+            pools = tuple(lane.pool for lane in record.orders)
+            if pools and all(self._short(pool_id) for pool_id in pools):
+                yield Racer(request=record.request, pools=pools)
+
+    def _short(self, pool_id: str) -> bool:
+        pool = self.pools.get(pool_id)
+        return pool is not None and pool.short_until is not None and pool.short_until > self.now
 
     def _grant_of(self, record: RequestRecord) -> Grant:
         """The record's grant. A running run's or a booked block's grant depends only on the
@@ -493,16 +432,29 @@ class _Cycle:
         match decision.outcome:
             case Outcome.ADMIT:
                 assert decision.pool_id is not None
-                pool = self.pools[decision.pool_id]
-                attempt = record.attempt + 1
-                order = Order(request=record.request, pool=pool, attempt=attempt)
+                # One order per raced pool, each under an attempt number of its own.
+                raced = (decision.pool_id, *decision.lanes)
+                lanes = tuple(
+                    Lane(pool_id, record.attempt + index)
+                    for index, pool_id in enumerate(raced, start=1)
+                )
+                first = lanes[0]
+                text = f"admitted in {first.pool} (attempt {first.attempt}); provisioning"
+                if len(lanes) > 1:
+                    text = (
+                        f"admitted; racing {', '.join(raced)} (attempts {first.attempt}.."
+                        f"{lanes[-1].attempt}): the first Google serves wins"
+                    )
                 self._write(
-                    record, S.PROVISIONING, ReconcileReason.ADMITTED,
-                    f"admitted in {pool.pool_id} (attempt {attempt}); provisioning",
-                    pool=pool.pool_id, attempt=attempt, eta=self.now,
+                    record, S.PROVISIONING, ReconcileReason.ADMITTED, text, pool=first.pool,
+                    attempt=lanes[-1].attempt, eta=self.now,
+                    lanes=lanes if len(lanes) > 1 else (),
                 )  # fmt: skip
-                provider = self.providers.for_order(pool, record.request.mode)
-                self._call("provision", order, provider.provision)
+                for lane in lanes:
+                    pool = self.pools[lane.pool]
+                    order = Order(request=record.request, pool=pool, attempt=lane.attempt)
+                    provider = self.providers.for_order(pool, record.request.mode)
+                    self._call("provision", order, provider.provision)
             case Outcome.CONFIRM:
                 assert decision.pool_id is not None
                 pool = self.pools[decision.pool_id]
@@ -524,6 +476,28 @@ class _Cycle:
                         pool=decision.pool_id, eta=decision.eta, position=decision.position,
                     )  # fmt: skip
 
+    def _grow_race(self, race: Race) -> None:
+        """Offer a request waiting at Google in short pools to more of its pools: the new
+        orders are written first (each under an attempt number of its own), then created."""
+        record = self.records[race.request_id]
+        kept = record.orders
+        added = tuple(
+            Lane(pool_id, record.attempt + index) for index, pool_id in enumerate(race.pools, 1)
+        )
+        lanes = (*kept, *added)
+        self._write(
+            record, S.PROVISIONING, ReconcileReason.RACING,
+            f"Google Cloud is short in {', '.join(lane.pool for lane in kept)}; also offered "
+            f"to {', '.join(race.pools)}: the first Google serves wins",
+            pool=kept[0].pool, attempt=added[-1].attempt, eta=record.eta, lanes=lanes,
+        )  # fmt: skip
+        for lane in added:
+            pool = self.pools[lane.pool]
+            order = Order(request=record.request, pool=pool, attempt=lane.attempt)
+            self._call(
+                "provision", order, self.providers.for_order(pool, Mode.FLEX_START).provision
+            )
+
     def _news(self, record: RequestRecord, decision: Decision) -> bool:
         """Whether a waiting request's new estimate is worth a write and an event: another
         reason or pool, an ETA appearing or vanishing, or one that moved by more than the
@@ -541,6 +515,7 @@ class _Cycle:
         self, record: RequestRecord, state: RequestState, reason: str, message: str, *,
         pool: str | _Keep | None = KEEP, attempt: int | None = None,
         eta: datetime | None = None, position: int | None = None,
+        lanes: tuple[Lane, ...] | None = None,
     ) -> RequestRecord:  # fmt: skip
         """One fenced write, then its event on the bus (and the outbox cursor moved).
         ``pool`` defaults to the record's own, except back in line (PENDING), where a request
@@ -567,7 +542,7 @@ class _Cycle:
         changed = self.store.change(
             current.request_id, expected_version=current.version, state=state, event=event,
             reason=reason or None, message=message, pool=keep_pool, eta=eta, position=position,
-            attempt=attempt, fence=self.fence,
+            attempt=attempt, fence=self.fence, lanes=lanes,
             usage=usage_of(current, state, self.now, self.config) if final else None,
         )  # fmt: skip
         if state is not current.state:
@@ -630,6 +605,10 @@ def _apply_order(decision: Decision, first: dict[Outcome, int]) -> tuple[int, in
     and screened decisions have none), then the id."""
     rank = decision.rank if decision.rank is not None else 0
     return first.get(decision.outcome, 2), rank, decision.request_id
+
+
+def _release(provider: CapacityProvider, order: Order) -> None:
+    provider.release(order.name, order.pool)
 
 
 def _with_shortage(pool: Pool, until: datetime | None) -> Pool:

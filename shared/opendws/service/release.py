@@ -199,14 +199,21 @@ class EndService:
             reason=reason.value, message=message, pool=record.pool,
             usage=usage_of(record, state, now, configuration),
         )  # fmt: skip
-        pool = next((p for p in configuration.pools if p.pool_id == record.pool), None)
-        if pool is not None and record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED):
-            order = Order(request=record.request, pool=pool, attempt=record.attempt)
-            provider = self._providers.for_order(pool, record.request.mode)
-            try:
-                provider.release(order.name, pool)
-            except Exception as error:  # the reconciler releases it as a leak
-                log.warning("release of %s failed; the reconciler retries: %s", order.name, error)
+        pools = {p.pool_id: p for p in configuration.pools}
+        if record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED):
+            # Every order it has open: one per raced pool while it provisions.
+            for lane in record.orders:
+                pool = pools.get(lane.pool)
+                if pool is None:
+                    continue
+                order = Order(request=record.request, pool=pool, attempt=lane.attempt)
+                provider = self._providers.for_order(pool, record.request.mode)
+                try:
+                    provider.release(order.name, pool)
+                except Exception as error:  # the reconciler releases it as a leak
+                    log.warning(
+                        "release of %s failed; the reconciler retries: %s", order.name, error
+                    )
         self._disarm(record)
         self._bus.publish(event)
         self._store.mark_announced(record.request_id, changed.events)

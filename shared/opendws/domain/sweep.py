@@ -1,0 +1,358 @@
+"""The sweep, as a pure table: what the reconciler does with one live request, given what the
+providers observed of its orders and the time.
+
+``sweep(view, now, grace) -> Step`` — no I/O, no clock. The reconciler observes, calls this for
+every live request, then carries the step out through one writer: the write first (guarded by
+the record's version and the lease's fence), then the provider calls it licenses, in order.
+
+Rows are keyed by (state, observed phase of one order) and marked by what caused them:
+``PASSIVE`` — the cloud did it and we record it; ``ACTIVE`` — a deadline of ours passed and we
+act; ``REPAIR`` — a call a crash or a failed call left undone is issued again (safe: every call
+is idempotent under the order's name). Deadline rows are looked at before the table.
+
+A request racing several pools has one order (lane) per pool. Its lanes are swept one by one
+through the table and combined: the first lane Google served wins (ACTIVE, the others are
+released in the same step; a second lane served too is a double win, reported so its cost is
+counted); a lane that failed for good is dropped; a request left with no lane goes back in
+line. While lanes wait in Google's queue nothing is cancelled: giving up a place in Google's
+queue only to ask again elsewhere would lose it (Google serves first come first served). Only
+the request's own max_wait ends the wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from opendws.domain.model import Mode
+from opendws.domain.provisioning import Lane, ProvisionPhase
+from opendws.domain.states import RequestState
+
+S = RequestState
+P = ProvisionPhase
+
+# Error codes that mean "no capacity there now": a pool whose orders wait with one of these in
+# Google's last attempt is short, and admission starts nothing new there while it is.
+STOCKOUT_CODES = frozenset(
+    {"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "STOCKOUT"}
+)
+
+
+class SweepReason(StrEnum):
+    """Why the sweep moved or revised a request."""
+
+    READY = "READY"  # the provider reports the whole gang running
+    WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"  # queued at Google, capacity not there yet
+    PROVISIONING_FAILED = "PROVISIONING_FAILED"  # the cloud failed the order for good
+    RUN_TIME_UP = "RUN_TIME_UP"  # its run time passed and no timer ended it
+    CAPACITY_ENDED = "CAPACITY_ENDED"  # the cloud ended the run by itself
+    BLOCK_STARTED = "BLOCK_STARTED"  # a calendar block's start was reached
+    BLOCK_ENDED = "BLOCK_ENDED"  # a calendar block's end was reached
+    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # max_wait passed while it waited at Google
+    POOL_REMOVED = "POOL_REMOVED"  # its pool is no longer configured
+
+
+class Trigger(StrEnum):
+    """What caused a row: see the module docstring."""
+
+    PASSIVE = "passive"
+    ACTIVE = "active"
+    REPAIR = "repair"
+
+
+class Call(StrEnum):
+    """A provider call the step asks for, on one lane's order."""
+
+    RESERVE = "reserve"
+    PROVISION = "provision"
+    RELEASE = "release"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the table: where the request goes (None: it stays), why, which calls on the
+    lane's order follow, and what caused it."""
+
+    target: RequestState | None
+    reason: SweepReason | None
+    calls: tuple[Call, ...]
+    trigger: Trigger
+
+
+_NOTHING = Row(None, None, (), Trigger.PASSIVE)
+
+# (state, mode, observed phase of the order; None = nothing found under its name) → row.
+# A flex request is racing when it has several lanes; the rows are per lane.
+TABLE: dict[tuple[RequestState, Mode, ProvisionPhase | None], Row] = {
+    # --- provisioning a flex gang ------------------------------------------------------------
+    # Google served it: the whole gang runs.
+    (S.PROVISIONING, Mode.FLEX_START, P.READY): Row(
+        S.ACTIVE, SweepReason.READY, (), Trigger.PASSIVE
+    ),
+    # Queued at Google without capacity yet: keep its place; say so once.
+    (S.PROVISIONING, Mode.FLEX_START, P.WAITING): Row(
+        None, SweepReason.WAITING_FOR_CAPACITY, (), Trigger.PASSIVE
+    ),
+    # Accepted and being created: nothing to do.
+    (S.PROVISIONING, Mode.FLEX_START, P.CREATING): _NOTHING,
+    # Failed for good (status.error): drop this lane; with none left, back in line.
+    (S.PROVISIONING, Mode.FLEX_START, P.FAILED): Row(
+        S.PENDING, SweepReason.PROVISIONING_FAILED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    # It ran and is gone before a pass saw it running: the run is over.
+    (S.PROVISIONING, Mode.FLEX_START, P.ENDED): Row(
+        S.EXPIRED, SweepReason.CAPACITY_ENDED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    # Nothing under its name: the call after the write never happened (a crash, an error).
+    (S.PROVISIONING, Mode.FLEX_START, None): Row(None, None, (Call.PROVISION,), Trigger.REPAIR),
+    (S.PROVISIONING, Mode.FLEX_START, P.RESERVED): Row(
+        None, None, (Call.PROVISION,), Trigger.REPAIR
+    ),
+    # --- provisioning a calendar block's VMs (the block keeps its pool) ----------------------
+    (S.PROVISIONING, Mode.CALENDAR, P.READY): Row(S.ACTIVE, SweepReason.READY, (), Trigger.PASSIVE),
+    (S.PROVISIONING, Mode.CALENDAR, P.WAITING): _NOTHING,
+    (S.PROVISIONING, Mode.CALENDAR, P.CREATING): _NOTHING,
+    # The reservation exists but its VMs were not asked for yet.
+    (S.PROVISIONING, Mode.CALENDAR, P.RESERVED): Row(None, None, (Call.PROVISION,), Trigger.REPAIR),
+    # The VMs failed: drop them; the next pass asks again (row None below).
+    (S.PROVISIONING, Mode.CALENDAR, P.FAILED): Row(
+        S.PROVISIONING, SweepReason.PROVISIONING_FAILED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    (S.PROVISIONING, Mode.CALENDAR, P.ENDED): Row(
+        S.EXPIRED, SweepReason.CAPACITY_ENDED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    (S.PROVISIONING, Mode.CALENDAR, None): Row(
+        None, None, (Call.RESERVE, Call.PROVISION), Trigger.REPAIR
+    ),
+    # --- a booked block before its start ------------------------------------------------------
+    (S.BOOKED, Mode.CALENDAR, P.RESERVED): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.CREATING): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.WAITING): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.READY): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.ENDED): _NOTHING,
+    # The reservation could not be made: drop the failed one and ask again.
+    (S.BOOKED, Mode.CALENDAR, P.FAILED): Row(
+        None, None, (Call.RELEASE, Call.RESERVE), Trigger.PASSIVE
+    ),
+    (S.BOOKED, Mode.CALENDAR, None): Row(None, None, (Call.RESERVE,), Trigger.REPAIR),
+}
+# --- a running gang (flex or calendar alike) ---------------------------------------------------
+for _mode in Mode:
+    TABLE[(S.ACTIVE, _mode, P.READY)] = _NOTHING
+    TABLE[(S.ACTIVE, _mode, P.RESERVED)] = _NOTHING
+    TABLE[(S.ACTIVE, _mode, P.CREATING)] = _NOTHING
+    TABLE[(S.ACTIVE, _mode, P.WAITING)] = _NOTHING
+    # The cloud ended it (run duration reached, deleted by hand) or it is gone.
+    for _gone in (P.ENDED, P.FAILED, None):
+        TABLE[(S.ACTIVE, _mode, _gone)] = Row(
+            S.EXPIRED, SweepReason.CAPACITY_ENDED, (Call.RELEASE,), Trigger.PASSIVE
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaneView:
+    """One lane of a live request and what the providers saw under its order's name."""
+
+    lane: Lane
+    configured: bool  # its pool is still configured
+    phase: ProvisionPhase | None  # None: nothing found under its name
+    error_code: str | None = None
+    last_attempt: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepView:
+    """What the sweep needs to know of one live request."""
+
+    state: RequestState
+    mode: Mode
+    lanes: tuple[LaneView, ...]  # at least one
+    units: int
+    since: datetime  # when it entered its state
+    reason: str | None  # its current reason (a revision is written only when it changes)
+    deadline: datetime | None  # flex: submitted_at + max_wait
+    run_end: datetime | None  # ACTIVE flex: when its run time is up
+    block_start: datetime | None  # calendar
+    block_end: datetime | None  # calendar
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What to do with one live request: the write (``target`` None and ``reason`` None:
+    none; ``target`` None with a reason: a revision in the same state), then ``calls`` in
+    order. ``lanes`` are the orders the record keeps afterwards."""
+
+    target: RequestState | None
+    reason: SweepReason | None
+    trigger: Trigger | None
+    lanes: tuple[Lane, ...]
+    calls: tuple[tuple[Call, Lane], ...] = ()
+    message: str = ""
+    short: tuple[str, ...] = ()  # pools where an order waits with a stockout in Google's queue
+    double_wins: tuple[Lane, ...] = ()  # extra lanes served together with the winner
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def writes(self) -> bool:
+        return self.target is not None or self.reason is not None
+
+
+def sweep(view: SweepView, now: datetime, grace: timedelta) -> Step:
+    """The step for one live request (see the module docstring)."""
+    lanes = tuple(seen.lane for seen in view.lanes)
+    releases = tuple((Call.RELEASE, lane) for lane in lanes)
+    # Deadline rows (ACTIVE): looked at before the table.
+    if view.mode is Mode.CALENDAR and view.block_end is not None and now >= view.block_end:
+        return Step(S.EXPIRED, SweepReason.BLOCK_ENDED, Trigger.ACTIVE, lanes, releases,
+                    "block ended")  # fmt: skip
+    if view.state is S.ACTIVE and view.run_end is not None and now >= view.run_end + grace:
+        return Step(
+            S.EXPIRED, SweepReason.RUN_TIME_UP, Trigger.ACTIVE, lanes, releases,
+            f"run time ended at {view.run_end.isoformat()} and no timer ended it; released by "
+            "the sweep",
+        )  # fmt: skip
+    configured = tuple(seen for seen in view.lanes if seen.configured)
+    if not configured:
+        return _pool_removed(view, lanes)
+    if view.state is S.PROVISIONING and view.mode is Mode.FLEX_START:
+        return _provisioning_flex(view, configured, now)
+    seen = configured[0]
+    row = TABLE[(view.state, view.mode, seen.phase)]
+    calls = tuple((call, seen.lane) for call in row.calls)
+    if view.state is S.BOOKED:
+        assert view.block_start is not None  # a booked request is a calendar block
+        if now >= view.block_start:
+            # The block's start: provision its VMs into the reservation (made again first if
+            # it failed or is missing).
+            return Step(
+                S.PROVISIONING, SweepReason.BLOCK_STARTED, Trigger.ACTIVE, lanes,
+                (*calls, (Call.PROVISION, seen.lane)),
+                f"block started; provisioning {view.units} units in {seen.lane.pool}",
+            )  # fmt: skip
+        return Step(None, None, row.trigger if calls else None, lanes, calls)
+    # A row that keeps the state is a revision (a calendar block retrying its VMs).
+    target = None if row.target is view.state else row.target
+    acts = target is not None or row.reason is not None or bool(calls)
+    return Step(
+        target, row.reason, row.trigger if acts else None, lanes, calls,
+        _message(view, seen, row),
+    )  # fmt: skip
+
+
+def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: datetime) -> Step:
+    """A flex request's lanes combined: the first served wins; failed ones are dropped;
+    max_wait ends the wait; otherwise every lane keeps its place in Google's queue."""
+    every = tuple(seen.lane for seen in view.lanes)
+    rows = [(seen, TABLE[(S.PROVISIONING, Mode.FLEX_START, seen.phase)]) for seen in configured]
+    short = tuple(
+        dict.fromkeys(
+            seen.lane.pool
+            for seen in configured
+            if (seen.phase is P.WAITING and seen.last_attempt in STOCKOUT_CODES)
+            or (seen.phase is P.FAILED and seen.error_code in STOCKOUT_CODES)
+        )
+    )
+    served = [seen for seen, row in rows if row.target is S.ACTIVE]
+    if served:
+        winner = served[0]  # lanes are kept in preference order: the most preferred wins a tie
+        losers = tuple(lane for lane in every if lane != winner.lane)
+        doubles = tuple(seen.lane for seen in served[1:])
+        text = f"all {view.units} units running in {winner.lane.pool}"
+        if losers:
+            text += (
+                "; the race's other orders are cancelled ("
+                + ", ".join(lane.pool for lane in losers)
+                + ")"
+            )
+        if doubles:
+            text += (
+                "; served in " + ", ".join(lane.pool for lane in doubles) + " too: that gang is "
+                "released at once, and its minutes are paid for nothing"
+            )
+        return Step(
+            S.ACTIVE, SweepReason.READY, Trigger.PASSIVE, (winner.lane,),
+            tuple((Call.RELEASE, lane) for lane in losers), text, short, doubles,
+        )  # fmt: skip
+    ended = [seen for seen, row in rows if row.target is S.EXPIRED]
+    if ended:
+        return Step(
+            S.EXPIRED, SweepReason.CAPACITY_ENDED, Trigger.PASSIVE, every,
+            tuple((Call.RELEASE, lane) for lane in every),
+            "the cloud ended the capacity before it was seen running", short,
+        )  # fmt: skip
+    if view.deadline is not None and now >= view.deadline:
+        return Step(
+            S.TIMED_OUT, SweepReason.MAX_WAIT_PASSED, Trigger.ACTIVE, every,
+            tuple((Call.RELEASE, lane) for lane in every),
+            f"max_wait passed at {view.deadline.isoformat()} while waiting for Google Cloud "
+            f"in {_pools(every)}; every order it had queued is cancelled", short,
+        )  # fmt: skip
+    failed = [seen for seen, row in rows if row.target is S.PENDING]
+    failed_lanes = {seen.lane for seen in failed}
+    kept = tuple(seen for seen in configured if seen.lane not in failed_lanes)
+    dropped = tuple((Call.RELEASE, seen.lane) for seen in failed)
+    failure = "; ".join(_failure(seen) for seen in failed)
+    if not kept:
+        return Step(
+            S.PENDING, SweepReason.PROVISIONING_FAILED, Trigger.PASSIVE, (), dropped,
+            failure + "; trying the request's other pools", short,
+        )  # fmt: skip
+    repairs = tuple(
+        (call, seen.lane)
+        for seen, row in rows
+        if seen.lane not in failed_lanes
+        for call in row.calls
+    )
+    waiting = [seen for seen in kept if seen.phase is P.WAITING and seen.last_attempt]
+    reason: SweepReason | None = None
+    message = ""
+    if failed:
+        reason, message = (
+            SweepReason.PROVISIONING_FAILED,
+            failure + "; still racing in " + (_pools(tuple(seen.lane for seen in kept))),
+        )
+    elif waiting and view.reason != SweepReason.WAITING_FOR_CAPACITY:
+        reason = SweepReason.WAITING_FOR_CAPACITY
+        message = "; ".join(
+            f"waiting for Google Cloud in {seen.lane.pool} since {view.since.isoformat()}, "
+            f"last attempt: {seen.last_attempt}"
+            for seen in waiting
+        )
+    trigger = Trigger.PASSIVE if reason is not None else Trigger.REPAIR if repairs else None
+    return Step(
+        None, reason, trigger, tuple(seen.lane for seen in kept), (*dropped, *repairs), message,
+        short,
+    )  # fmt: skip
+
+
+def _pool_removed(view: SweepView, lanes: tuple[Lane, ...]) -> Step:
+    text = f"pool {_pools(lanes)} is no longer configured"
+    if view.state is S.PROVISIONING and view.mode is Mode.FLEX_START:
+        return Step(S.PENDING, SweepReason.POOL_REMOVED, Trigger.PASSIVE, (), (),
+                    text + "; waiting again")  # fmt: skip
+    return Step(S.EXPIRED, SweepReason.POOL_REMOVED, Trigger.PASSIVE, lanes, (), text + "; ended")
+
+
+def _message(view: SweepView, seen: LaneView, row: Row) -> str:
+    match row.reason:
+        case SweepReason.READY:
+            return f"all {view.units} units running in {seen.lane.pool}"
+        case SweepReason.CAPACITY_ENDED:
+            if view.state is S.ACTIVE:
+                return "the cloud ended the run" + (f": {seen.message}" if seen.message else "")
+            return "the cloud ended the capacity before it was seen running"
+        case SweepReason.PROVISIONING_FAILED:
+            return _failure(seen) + "; retrying"
+        case _:
+            return ""
+
+
+def _failure(seen: LaneView) -> str:
+    text = f"attempt {seen.lane.attempt} in {seen.lane.pool} failed: {seen.error_code or 'UNKNOWN'}"
+    return text + (f" ({seen.message})" if seen.message else "")
+
+
+def _pools(lanes: tuple[Lane, ...]) -> str:
+    return ", ".join(lane.pool for lane in lanes)
