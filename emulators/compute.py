@@ -1,4 +1,5 @@
-"""A Compute Engine v1 and Cloud TPU v2 REST emulator over ``opendws.sim.SimulatedCloud``.
+"""A Compute Engine v1 and Cloud TPU v2 / v2alpha1 REST emulator over
+``opendws.sim.SimulatedCloud``.
 
 It serves the URL paths the real ``google-cloud-compute`` and ``google-cloud-tpu`` (REST
 transport) clients call, so they can point at it with
@@ -7,11 +8,20 @@ JSON shaped like the real API's: resources, Operations (Compute: finished, with 
 the mutation failed; TPU: finished google.longrunning Operations) and errors
 (``{"error": {"code", "message", "errors": [{"reason"}], "status"}}``).
 
-An admin API under ``/admin`` steers the simulated cloud (stock, failure injection, latency, the
-clock) for tests and the local stack; ``EmulatorAdmin`` is its client.
+Every served call is one row of ``_ROUTES``: (method, path pattern, a one-line call into the
+cloud). The TPU ``v2alpha1`` paths (flex-start queued resources, which the google-cloud-tpu
+types lack) are plain REST JSON beside the ``v2`` ones.
 
-``python -m emulators.compute [--port N] [--stock ZONE/SHAPE=UNITS ...] [--latency SECONDS]``
-serves it standalone until SIGINT/SIGTERM.
+An admin API under ``/admin`` steers the simulated cloud for tests and the local stack:
+``POST /admin/stock`` (an explicit stock, which stays as set), ``GET /admin/stock``,
+``POST /admin/stock-process`` (other customers moving the free units: ``zone``, ``shape``,
+``low``, ``high``, optional ``step``, ``every_seconds``, ``seed``), ``POST /admin/inject``,
+``POST /admin/latency``, ``POST /admin/advance``, ``POST /admin/reset``, ``GET /admin/state``
+(resources, stock, processes and Google's queues). ``EmulatorAdmin`` is its client.
+
+``python -m emulators.compute [--port N] [--stock ZONE/SHAPE=UNITS ...]
+[--stock-process ZONE/SHAPE=LOW:HIGH ...] [--seed N] [--stock-every SECONDS]
+[--latency SECONDS]`` serves it standalone until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -43,9 +53,9 @@ JSON = dict[str, Any]
 Handler = Callable[[SimulatedCloud, Request, dict[str, str]], object]
 
 _COMPUTE = "/compute/v1/projects/<project>"
+_GLOBAL = _COMPUTE + "/global"
 _ZONE = _COMPUTE + "/zones/<zone>"
 _MIG = _ZONE + "/instanceGroupManagers/<igm>"
-_TPU = "/v2/projects/<project>/locations/<zone>"
 _STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
     404: "NOT_FOUND",
@@ -118,160 +128,21 @@ def _true(value: str | None) -> bool:
     return (value or "").lower() in ("true", "1")
 
 
-# ---------------------------------------------------------------------- Compute handlers
+# ---------------------------------------------------------------------- list answers
 
 
-def _template_insert(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.insert_instance_template(a["project"], _body(request))
-
-
-def _template_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_instance_template(a["project"], a["name"])
-
-
-def _template_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_instance_templates(a["project"])
-    return _compute_list("compute#instanceTemplateList", request, items)
-
-
-def _template_delete(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.delete_instance_template(a["project"], a["name"])
-
-
-def _mig_insert(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.insert_instance_group_manager(a["project"], a["zone"], _body(request))
-
-
-def _mig_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_instance_group_manager(a["project"], a["zone"], a["igm"])
-
-
-def _mig_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_instance_group_managers(a["project"], a["zone"])
-    return _compute_list("compute#instanceGroupManagerList", request, items)
-
-
-def _mig_delete(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.delete_instance_group_manager(a["project"], a["zone"], a["igm"])
-
-
-def _mig_managed(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_managed_instances(a["project"], a["zone"], a["igm"])
+def _managed(request: Request, items: list[JSON]) -> JSON:
     page, token = _page(request, items, size_param="maxResults")
-    answer: JSON = {"managedInstances": page}
-    if token:
-        answer["nextPageToken"] = token
-    return answer
+    return {"managedInstances": page, **({"nextPageToken": token} if token else {})}
 
 
-def _mig_delete_instances(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.delete_managed_instances(a["project"], a["zone"], a["igm"], _body(request))
-
-
-def _resize_insert(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.insert_resize_request(a["project"], a["zone"], a["igm"], _body(request))
-
-
-def _resize_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_resize_request(a["project"], a["zone"], a["igm"], a["name"])
-
-
-def _resize_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_resize_requests(a["project"], a["zone"], a["igm"])
-    return _compute_list("compute#instanceGroupManagerResizeRequestList", request, items)
-
-
-def _resize_delete(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.delete_resize_request(a["project"], a["zone"], a["igm"], a["name"])
-
-
-def _resize_cancel(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.cancel_resize_request(a["project"], a["zone"], a["igm"], a["name"])
-
-
-def _instance_insert(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.insert_instance(a["project"], a["zone"], _body(request))
-
-
-def _instance_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_instance(a["project"], a["zone"], a["name"])
-
-
-def _instance_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_instances(a["project"], a["zone"])
-    return _compute_list("compute#instanceList", request, items)
-
-
-def _instance_delete(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.delete_instance(a["project"], a["zone"], a["name"])
-
-
-def _future_insert(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.insert_future_reservation(a["project"], a["zone"], _body(request))
-
-
-def _future_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_future_reservation(a["project"], a["zone"], a["name"])
-
-
-def _future_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_future_reservations(a["project"], a["zone"])
-    return _compute_list("compute#futureReservationsListResponse", request, items)
-
-
-def _future_delete(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.delete_future_reservation(a["project"], a["zone"], a["name"])
-
-
-def _future_cancel(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.cancel_future_reservation(a["project"], a["zone"], a["name"])
-
-
-def _reservation_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_reservation(a["project"], a["zone"], a["name"])
-
-
-def _reservation_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_reservations(a["project"], a["zone"])
-    return _compute_list("compute#reservationList", request, items)
-
-
-def _zone_operation(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_operation(a["project"], a["zone"], a["name"])
-
-
-def _global_operation(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_operation(a["project"], "global", a["name"])
-
-
-# ---------------------------------------------------------------------- TPU handlers
-
-
-def _queued_create(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    name = request.args.get("queuedResourceId") or request.args.get("queued_resource_id") or ""
-    return cloud.create_queued_resource(a["project"], a["zone"], name, _body(request))
-
-
-def _queued_get(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_queued_resource(a["project"], a["zone"], a["name"])
-
-
-def _queued_list(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    items = cloud.list_queued_resources(a["project"], a["zone"])
+def _queued_page(request: Request, items: list[JSON]) -> JSON:
     page, token = _page(request, items, size_param="pageSize")
-    answer: JSON = {"queuedResources": page}
-    if token:
-        answer["nextPageToken"] = token
-    return answer
+    return {"queuedResources": page, **({"nextPageToken": token} if token else {})}
 
 
-def _queued_delete(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    force = _true(request.args.get("force"))
-    return cloud.delete_queued_resource(a["project"], a["zone"], a["name"], force)
-
-
-def _tpu_operation(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.get_tpu_operation(a["project"], a["zone"], a["name"])
+def _queued_id(request: Request) -> str:
+    return request.args.get("queuedResourceId") or request.args.get("queued_resource_id") or ""
 
 
 # ---------------------------------------------------------------------- admin handlers
@@ -320,6 +191,19 @@ def _admin_stock(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> 
     return {"zone": zone, "shape": shape, "units": cloud.stock(zone, shape)}
 
 
+def _admin_stock_process(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
+    body = _admin_body(request)
+    every = body.get("every_seconds", 300)
+    if isinstance(every, bool) or not isinstance(every, int | float) or every <= 0:
+        raise _AdminInputError(f"'every_seconds' must be a number > 0, got {every!r}")
+    zone, shape = _text(body, "zone"), _text(body, "shape")
+    cloud.set_stock_process(
+        zone, shape, low=_whole(body, "low"), high=_whole(body, "high"),
+        step=_whole(body, "step", 1), every=timedelta(seconds=every), seed=_whole(body, "seed", 0),
+    )  # fmt: skip
+    return {"zone": zone, "shape": shape, "units": cloud.stock(zone, shape)}
+
+
 def _admin_inject(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
     body = _admin_body(request)
     kind = _text(body, "kind")
@@ -344,56 +228,116 @@ def _admin_reset(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> 
     return {}
 
 
-def _admin_state(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    return cloud.state()
-
-
 # ---------------------------------------------------------------------- routing
 
+
+def _tpu_routes(version: str) -> list[tuple[str, str, Handler]]:
+    """The queuedResources rows of one TPU API version (``v2``, or ``v2alpha1`` for flex-start;
+    the same resources behind both)."""
+    base = f"/{version}/projects/<project>/locations/<zone>"
+    return [
+        ("POST", base + "/queuedResources",
+         lambda c, r, a: c.create_queued_resource(a["project"], a["zone"], _queued_id(r),
+                                                  _body(r), version)),
+        ("GET", base + "/queuedResources",
+         lambda c, r, a: _queued_page(r, c.list_queued_resources(a["project"], a["zone"]))),
+        ("GET", base + "/queuedResources/<name>",
+         lambda c, r, a: c.get_queued_resource(a["project"], a["zone"], a["name"])),
+        ("DELETE", base + "/queuedResources/<name>",
+         lambda c, r, a: c.delete_queued_resource(a["project"], a["zone"], a["name"],
+                                                  _true(r.args.get("force")), version)),
+        ("GET", base + "/operations/<name>",
+         lambda c, r, a: c.get_tpu_operation(a["project"], a["zone"], a["name"])),
+    ]  # fmt: skip
+
+
 _ROUTES: list[tuple[str, str, Handler]] = [
-    ("POST", _COMPUTE + "/global/instanceTemplates", _template_insert),
-    ("GET", _COMPUTE + "/global/instanceTemplates", _template_list),
-    ("GET", _COMPUTE + "/global/instanceTemplates/<name>", _template_get),
-    ("DELETE", _COMPUTE + "/global/instanceTemplates/<name>", _template_delete),
-    ("GET", _COMPUTE + "/global/operations/<name>", _global_operation),
-    ("POST", _COMPUTE + "/global/operations/<name>/wait", _global_operation),
-    ("POST", _ZONE + "/instanceGroupManagers", _mig_insert),
-    ("GET", _ZONE + "/instanceGroupManagers", _mig_list),
-    ("GET", _MIG, _mig_get),
-    ("DELETE", _MIG, _mig_delete),
-    ("POST", _MIG + "/listManagedInstances", _mig_managed),
-    ("POST", _MIG + "/deleteInstances", _mig_delete_instances),
-    ("POST", _MIG + "/resizeRequests", _resize_insert),
-    ("GET", _MIG + "/resizeRequests", _resize_list),
-    ("GET", _MIG + "/resizeRequests/<name>", _resize_get),
-    ("DELETE", _MIG + "/resizeRequests/<name>", _resize_delete),
-    ("POST", _MIG + "/resizeRequests/<name>/cancel", _resize_cancel),
-    ("POST", _ZONE + "/instances", _instance_insert),
-    ("GET", _ZONE + "/instances", _instance_list),
-    ("GET", _ZONE + "/instances/<name>", _instance_get),
-    ("DELETE", _ZONE + "/instances/<name>", _instance_delete),
-    ("POST", _ZONE + "/futureReservations", _future_insert),
-    ("GET", _ZONE + "/futureReservations", _future_list),
-    ("GET", _ZONE + "/futureReservations/<name>", _future_get),
-    ("DELETE", _ZONE + "/futureReservations/<name>", _future_delete),
-    ("POST", _ZONE + "/futureReservations/<name>/cancel", _future_cancel),
-    ("GET", _ZONE + "/reservations", _reservation_list),
-    ("GET", _ZONE + "/reservations/<name>", _reservation_get),
-    ("GET", _ZONE + "/operations/<name>", _zone_operation),
-    ("POST", _ZONE + "/operations/<name>/wait", _zone_operation),
-    ("POST", _TPU + "/queuedResources", _queued_create),
-    ("GET", _TPU + "/queuedResources", _queued_list),
-    ("GET", _TPU + "/queuedResources/<name>", _queued_get),
-    ("DELETE", _TPU + "/queuedResources/<name>", _queued_delete),
-    ("GET", _TPU + "/operations/<name>", _tpu_operation),
+    # Compute: instance templates and global operations
+    ("POST", _GLOBAL + "/instanceTemplates",
+     lambda c, r, a: c.insert_instance_template(a["project"], _body(r))),
+    ("GET", _GLOBAL + "/instanceTemplates",
+     lambda c, r, a: _compute_list("compute#instanceTemplateList", r,
+                                   c.list_instance_templates(a["project"]))),
+    ("GET", _GLOBAL + "/instanceTemplates/<name>",
+     lambda c, r, a: c.get_instance_template(a["project"], a["name"])),
+    ("DELETE", _GLOBAL + "/instanceTemplates/<name>",
+     lambda c, r, a: c.delete_instance_template(a["project"], a["name"])),
+    ("GET", _GLOBAL + "/operations/<name>",
+     lambda c, r, a: c.get_operation(a["project"], "global", a["name"])),
+    ("POST", _GLOBAL + "/operations/<name>/wait",
+     lambda c, r, a: c.get_operation(a["project"], "global", a["name"])),
+    # Compute: managed instance groups and their resize requests
+    ("POST", _ZONE + "/instanceGroupManagers",
+     lambda c, r, a: c.insert_instance_group_manager(a["project"], a["zone"], _body(r))),
+    ("GET", _ZONE + "/instanceGroupManagers",
+     lambda c, r, a: _compute_list("compute#instanceGroupManagerList", r,
+                                   c.list_instance_group_managers(a["project"], a["zone"]))),
+    ("GET", _MIG, lambda c, r, a: c.get_instance_group_manager(a["project"], a["zone"], a["igm"])),
+    ("PATCH", _MIG,
+     lambda c, r, a: c.patch_instance_group_manager(a["project"], a["zone"], a["igm"], _body(r))),
+    ("DELETE", _MIG,
+     lambda c, r, a: c.delete_instance_group_manager(a["project"], a["zone"], a["igm"])),
+    ("POST", _MIG + "/listManagedInstances",
+     lambda c, r, a: _managed(r, c.list_managed_instances(a["project"], a["zone"], a["igm"]))),
+    ("POST", _MIG + "/deleteInstances",
+     lambda c, r, a: c.delete_managed_instances(a["project"], a["zone"], a["igm"], _body(r))),
+    ("POST", _MIG + "/resizeRequests",
+     lambda c, r, a: c.insert_resize_request(a["project"], a["zone"], a["igm"], _body(r))),
+    ("GET", _MIG + "/resizeRequests",
+     lambda c, r, a: _compute_list("compute#instanceGroupManagerResizeRequestList", r,
+                                   c.list_resize_requests(a["project"], a["zone"], a["igm"]))),
+    ("GET", _MIG + "/resizeRequests/<name>",
+     lambda c, r, a: c.get_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+    ("DELETE", _MIG + "/resizeRequests/<name>",
+     lambda c, r, a: c.delete_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+    ("POST", _MIG + "/resizeRequests/<name>/cancel",
+     lambda c, r, a: c.cancel_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+    # Compute: instances, future reservations, reservations, zonal operations
+    ("POST", _ZONE + "/instances",
+     lambda c, r, a: c.insert_instance(a["project"], a["zone"], _body(r))),
+    ("GET", _ZONE + "/instances",
+     lambda c, r, a: _compute_list("compute#instanceList", r,
+                                   c.list_instances(a["project"], a["zone"]))),
+    ("GET", _ZONE + "/instances/<name>",
+     lambda c, r, a: c.get_instance(a["project"], a["zone"], a["name"])),
+    ("DELETE", _ZONE + "/instances/<name>",
+     lambda c, r, a: c.delete_instance(a["project"], a["zone"], a["name"])),
+    ("POST", _ZONE + "/futureReservations",
+     lambda c, r, a: c.insert_future_reservation(a["project"], a["zone"], _body(r))),
+    ("GET", _ZONE + "/futureReservations",
+     lambda c, r, a: _compute_list("compute#futureReservationsListResponse", r,
+                                   c.list_future_reservations(a["project"], a["zone"]))),
+    ("GET", _ZONE + "/futureReservations/<name>",
+     lambda c, r, a: c.get_future_reservation(a["project"], a["zone"], a["name"])),
+    ("DELETE", _ZONE + "/futureReservations/<name>",
+     lambda c, r, a: c.delete_future_reservation(a["project"], a["zone"], a["name"])),
+    ("POST", _ZONE + "/futureReservations/<name>/cancel",
+     lambda c, r, a: c.cancel_future_reservation(a["project"], a["zone"], a["name"])),
+    ("GET", _ZONE + "/reservations",
+     lambda c, r, a: _compute_list("compute#reservationList", r,
+                                   c.list_reservations(a["project"], a["zone"]))),
+    ("GET", _ZONE + "/reservations/<name>",
+     lambda c, r, a: c.get_reservation(a["project"], a["zone"], a["name"])),
+    ("GET", _ZONE + "/operations/<name>",
+     lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
+    ("POST", _ZONE + "/operations/<name>/wait",
+     lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
+    # Cloud TPU v2 and v2alpha1 (flex-start) queued resources
+    *[
+        row
+        for version in ("v2", "v2alpha1")
+        for row in _tpu_routes(version)
+    ],
+    # Admin
     ("POST", "/admin/stock", _admin_stock),
     ("GET", "/admin/stock", _admin_stock),
+    ("POST", "/admin/stock-process", _admin_stock_process),
     ("POST", "/admin/inject", _admin_inject),
     ("POST", "/admin/latency", _admin_latency),
     ("POST", "/admin/advance", _admin_advance),
     ("POST", "/admin/reset", _admin_reset),
-    ("GET", "/admin/state", _admin_state),
-]
+    ("GET", "/admin/state", lambda c, r, a: c.state()),
+]  # fmt: skip
 
 
 def _url_map() -> Map:
@@ -531,6 +475,24 @@ class EmulatorAdmin:
         assert isinstance(units, int)
         return units
 
+    def set_stock_process(
+        self,
+        zone: str,
+        shape: str,
+        *,
+        low: int,
+        high: int,
+        step: int = 1,
+        every: timedelta = timedelta(minutes=5),
+        seed: int = 0,
+    ) -> None:
+        """``SimulatedCloud.set_stock_process`` over ``POST /admin/stock-process``."""
+        body = {
+            "zone": zone, "shape": shape, "low": low, "high": high, "step": step,
+            "every_seconds": every.total_seconds(), "seed": seed,
+        }  # fmt: skip
+        self._call("POST", "/admin/stock-process", body)
+
     def inject(self, zone: str, shape: str, kind: str, count: int = 1) -> None:
         body = {"zone": zone, "shape": shape, "kind": kind, "count": count}
         self._call("POST", "/admin/inject", body)
@@ -592,10 +554,20 @@ def _stock_entry(text: str) -> tuple[str, str, int]:
     return zone, shape, int(units)
 
 
+def _process_entry(text: str) -> tuple[str, str, int, int]:
+    zone_shape, _, bounds = text.partition("=")
+    zone, _, shape = zone_shape.partition("/")
+    low, _, high = bounds.partition(":")
+    if not zone or not shape or not low.isdigit() or not high.isdigit() or int(low) > int(high):
+        raise argparse.ArgumentTypeError(f"expected ZONE/SHAPE=LOW:HIGH (LOW ≤ HIGH), got {text!r}")
+    return zone, shape, int(low), int(high)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m emulators.compute",
-        description="Serve the Compute Engine v1 / Cloud TPU v2 emulator until interrupted.",
+        description="Serve the Compute Engine v1 / Cloud TPU v2 and v2alpha1 emulator until "
+        "interrupted.",
     )
     parser.add_argument("--host", default=HOST)
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
@@ -607,13 +579,34 @@ def main(argv: list[str]) -> int:
         metavar="ZONE/SHAPE=UNITS",
         help="free units of a shape in a zone (repeatable)",
     )
+    parser.add_argument(
+        "--stock-process",
+        type=_process_entry,
+        action="append",
+        default=[],
+        metavar="ZONE/SHAPE=LOW:HIGH",
+        help="let other customers move the free units of a shape in a zone within LOW..HIGH "
+        "(a seeded random walk, one unit at a time; repeatable)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the stock processes")
+    parser.add_argument(
+        "--stock-every", type=float, default=300.0, help="seconds between stock process steps"
+    )
     parser.add_argument("--latency", type=float, default=20.0, help="provisioning latency, s")
     options = parser.parse_args(argv)
     if options.latency < 0:
         parser.error("--latency cannot be negative")
+    if options.stock_every <= 0:
+        parser.error("--stock-every must be positive")
     cloud = SimulatedCloud(provisioning_latency=timedelta(seconds=options.latency))
+    for zone, shape, low, high in options.stock_process:
+        cloud.set_stock(zone, shape, low)
+        cloud.set_stock_process(
+            zone, shape, low=low, high=high, every=timedelta(seconds=options.stock_every),
+            seed=options.seed,
+        )  # fmt: skip
     for zone, shape, units in options.stock:
-        cloud.set_stock(zone, shape, units)
+        cloud.set_stock(zone, shape, units)  # an explicit stock stays as set
     stopped = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:

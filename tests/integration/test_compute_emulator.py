@@ -261,17 +261,13 @@ def test_resize_request_by_count_names_vms_after_the_base_name(
     assert all(n.startswith(f"{mig}-") and len(n) == len(mig) + 5 for n in names)
 
 
-@pytest.mark.parametrize(
-    ("stock", "injected", "code"),
-    [
-        (1, None, "ZONE_RESOURCE_POOL_EXHAUSTED"),
-        (10, "stockout", "ZONE_RESOURCE_POOL_EXHAUSTED"),
-        (10, "error", "RESOURCE_OPERATION_RATE_EXCEEDED"),
-    ],
-)
-def test_resize_request_fails_on_a_stockout_or_an_error(
-    emu: ComputeEmulator, clients: Clients, stock: int, injected: str | None, code: str
+@pytest.mark.parametrize(("stock", "injected"), [(1, None), (10, "stockout")])
+def test_resize_request_waits_on_a_stockout(
+    emu: ComputeEmulator, clients: Clients, stock: int, injected: str | None
 ) -> None:
+    """Changed: a stockout used to FAIL the request. Google keeps it ACCEPTED with the
+    temporary error in status.lastAttempt.error.errors[] (CP
+    InstanceGroupManagerResizeRequestStatus; about-resize-requests-mig)."""
     emu.cloud.set_stock(ZONE, SHAPE, stock)
     if injected is not None:
         emu.cloud.inject(ZONE, SHAPE, injected)
@@ -279,12 +275,26 @@ def test_resize_request_fails_on_a_stockout_or_an_error(
     resize(clients, mig, name, [unique("vm"), unique("vm")])
     emu.cloud.advance(LATENCY)
     request = resize_state(clients, mig, name)
-    assert request.state == "FAILED"
-    assert request.status.error.errors[0].code == code
-    if code == "ZONE_RESOURCE_POOL_EXHAUSTED":
-        assert f"projects/{PROJECT}/zones/{ZONE}" in request.status.error.errors[0].message
+    assert request.state == "ACCEPTED"
+    (error,) = request.status.last_attempt.error.errors
+    assert error.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert f"projects/{PROJECT}/zones/{ZONE}" in error.message
+    assert not request.status.error.errors
     assert managed(clients, mig) == []
     assert emu.cloud.stock(ZONE, SHAPE) == stock
+
+
+def test_resize_request_fails_on_an_injected_error(emu: ComputeEmulator, clients: Clients) -> None:
+    emu.cloud.set_stock(ZONE, SHAPE, 10)
+    emu.cloud.inject(ZONE, SHAPE, "error")
+    mig, name = make_mig(clients), unique("rr")
+    resize(clients, mig, name, [unique("vm"), unique("vm")])
+    emu.cloud.advance(LATENCY)
+    request = resize_state(clients, mig, name)
+    assert request.state == "FAILED"
+    assert request.status.error.errors[0].code == "RESOURCE_OPERATION_RATE_EXCEEDED"
+    assert managed(clients, mig) == []
+    assert emu.cloud.stock(ZONE, SHAPE) == 10
 
 
 def test_a_hanging_resize_request_waits_until_cancelled_then_can_be_deleted(
@@ -514,7 +524,8 @@ def test_queued_resource_becomes_active_and_a_forced_delete_returns_its_chips(
     assert operation.metadata.verb == "create"
     created = operation.result()
     assert created.name == f"{PARENT}/queuedResources/{name}"
-    assert created.state.state == QR_STATE.ACCEPTED
+    # Changed from ACCEPTED: WAITING_FOR_RESOURCES replaced it (tpu/docs/queued-resources).
+    assert created.state.state == QR_STATE.WAITING_FOR_RESOURCES
     fetched = clients.tpu.transport.operations_client.get_operation(operation.operation.name)
     assert fetched.done
     emu.cloud.advance(LATENCY)
@@ -532,9 +543,12 @@ def test_queued_resource_becomes_active_and_a_forced_delete_returns_its_chips(
         clients.tpu.get_queued_resource(name=created.name)
 
 
-def test_queued_resource_stockout_fails_and_can_be_deleted(
+def test_queued_resource_waits_on_a_stockout_and_only_a_forced_delete_removes_it(
     emu: ComputeEmulator, clients: Clients
 ) -> None:
+    """Changed: a stockout used to FAIL the queued resource. It waits in WAITING_FOR_RESOURCES
+    "until there are sufficient free resources" (tpu/docs/queued-resources), so deleting it
+    needs force."""
     emu.cloud.set_stock(TPU_ZONE, "V5LITE_POD", 8)
     name = unique("qr")
     clients.tpu.create_queued_resource(
@@ -544,10 +558,10 @@ def test_queued_resource_stockout_fails_and_can_be_deleted(
     ).result()
     emu.cloud.advance(LATENCY)
     got = clients.tpu.get_queued_resource(name=f"{PARENT}/queuedResources/{name}")
-    assert got.state.state == QR_STATE.FAILED
-    assert got.state.failed_data.error.code == 8
-    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in got.state.failed_data.error.message
-    clients.tpu.delete_queued_resource(name=got.name).result()
+    assert got.state.state == QR_STATE.WAITING_FOR_RESOURCES
+    with pytest.raises(exceptions.BadRequest, match="without force"):
+        clients.tpu.delete_queued_resource(name=got.name)
+    clients.tpu.delete_queued_resource(request={"name": got.name, "force": True}).result()
     assert emu.cloud.stock(TPU_ZONE, "V5LITE_POD") == 8
 
 
@@ -594,13 +608,14 @@ def test_admin_client_steers_the_cloud(emu: ComputeEmulator, clients: Clients) -
     admin.set_stock(ZONE, SHAPE, 2)
     assert admin.stock(ZONE, SHAPE) == 2
     admin.set_latency(timedelta(minutes=5))
-    admin.inject(ZONE, SHAPE, "stockout")
+    admin.inject(ZONE, SHAPE, "error")
     mig, failed, ok = make_mig(clients), unique("rr"), unique("rr")
     resize(clients, mig, failed, [unique("vm")])
     resize(clients, mig, ok, [unique("vm")])
     admin.advance(timedelta(minutes=4))
     assert resize_state(clients, mig, ok).state == "ACCEPTED"
     admin.advance(timedelta(minutes=1))
+    # Changed: the injection is "error" (fatal); a "stockout" now leaves the request waiting.
     assert resize_state(clients, mig, failed).state == "FAILED"
     assert resize_state(clients, mig, ok).state == "SUCCEEDED"
     assert admin.stock(ZONE, SHAPE) == 1

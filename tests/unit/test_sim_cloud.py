@@ -108,13 +108,20 @@ def test_settling_late_still_runs_each_event_at_its_own_moment(cloud: SimulatedC
 
 
 def test_requests_compete_for_stock_in_creation_order(cloud: SimulatedCloud) -> None:
+    """Changed: the second request used to FAIL on the stockout. Google keeps it ACCEPTED
+    with the temporary error in status.lastAttempt (CP InstanceGroupManagerResizeRequestStatus)
+    and serves it when capacity frees."""
     cloud.set_stock(Z, SHAPE, 2)
     resize(cloud, "first", ["a", "b"])
     resize(cloud, "second", ["c"])
     cloud.advance(LATENCY)
-    assert (state_of(cloud, "first"), state_of(cloud, "second")) == ("SUCCEEDED", "FAILED")
-    error = cloud.get_resize_request(P, Z, "mig", "second")["status"]["error"]["errors"][0]
-    assert error["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert (state_of(cloud, "first"), state_of(cloud, "second")) == ("SUCCEEDED", "ACCEPTED")
+    status = cloud.get_resize_request(P, Z, "mig", "second")["status"]
+    assert status["lastAttempt"]["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert "error" not in status
+    cloud.delete_instance(P, Z, "a")
+    assert state_of(cloud, "second") == "SUCCEEDED"
+    assert cloud.get_resize_request(P, Z, "mig", "second")["status"] == {}
 
 
 def test_injections_are_consumed_in_order_one_provisioning_each(cloud: SimulatedCloud) -> None:
@@ -138,7 +145,9 @@ def test_resize_request_validation(cloud: SimulatedCloud) -> None:
     with pytest.raises(CloudError) as raised:
         cloud.insert_resize_request(P, Z, "mig", {"name": "rr"})
     assert (raised.value.http_status, raised.value.reason) == (400, "invalid")
-    with pytest.raises(CloudError, match="must equal"):
+    # Changed: both fields used to be accepted when they agreed; Google says they are
+    # mutually exclusive (CP InstanceGroupManagerResizeRequest.resize_by).
+    with pytest.raises(CloudError, match="mutually exclusive"):
         cloud.insert_resize_request(
             P, Z, "mig", {"name": "rr", "resizeBy": 3, "instances": [{"name": "a"}]}
         )
@@ -192,7 +201,8 @@ def test_queued_resource_life_cycle_and_chip_accounting(cloud: SimulatedCloud) -
     }
     operation = cloud.create_queued_resource(P, "z", "qr", body)
     assert operation["done"] is True
-    assert operation["response"]["state"] == {"state": "ACCEPTED"}
+    # Changed from ACCEPTED: WAITING_FOR_RESOURCES replaced it (tpu/docs/queued-resources).
+    assert operation["response"]["state"] == {"state": "WAITING_FOR_RESOURCES"}
     cloud.advance(LATENCY)
     assert cloud.get_queued_resource(P, "z", "qr")["state"]["state"] == "ACTIVE"
     assert cloud.stock("z", "V4") == 16  # v4-32 counts TensorCores: 16 chips
@@ -294,7 +304,7 @@ def test_reset_forgets_everything_but_the_clock(cloud: SimulatedCloud) -> None:
 
 def test_the_simulated_cloud_imports_neither_google_nor_the_adapters() -> None:
     imported: set[str] = set()
-    for source in Path(opendws.sim.__file__).parent.glob("*.py"):
+    for source in Path(opendws.sim.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(source.read_text())):
             if isinstance(node, ast.Import):
                 imported.update(alias.name for alias in node.names)

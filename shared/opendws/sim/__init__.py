@@ -1,7 +1,8 @@
-"""The simulated cloud: finite accelerator stock per zone and shape, provisioning latency and
-stockouts, on a clock that tests can move. The Compute Engine / Cloud TPU emulator serves it over
-REST, so the real client libraries and the provider adapters can be tested against it."""
+"""The simulated cloud: finite accelerator stock per zone and shape that rises and falls, Google's
+queue of waiting requests, provisioning latency and injected failures, on a clock that tests can
+move. The Compute Engine / Cloud TPU emulator serves it over REST, so the real client libraries
+and the provider adapters can be tested against it."""
 
-from opendws.sim.cloud import FAILURE_KINDS, CloudError, SimClock, SimulatedCloud
+from opendws.sim.cloud import CREATED_KINDS, FAILURE_KINDS, CloudError, SimClock, SimulatedCloud
 
-__all__ = ["FAILURE_KINDS", "CloudError", "SimClock", "SimulatedCloud"]
+__all__ = ["CREATED_KINDS", "FAILURE_KINDS", "CloudError", "SimClock", "SimulatedCloud"]

@@ -1,0 +1,351 @@
+"""Cloud TPU queued resources, over the REST ``v2`` and ``v2alpha1`` APIs.
+
+Google's behaviour, as modelled (tpu/docs/queued-resources; tpu/docs/request-using-flex-start;
+the ``v2alpha1`` discovery document):
+- Every queued resource — guaranteed, spot or flex-start — waits in ``WAITING_FOR_RESOURCES``
+  (which replaced ``ACCEPTED``) in Google's queue of its zone and TPU type "until there are
+  sufficient free resources ... or the allocation interval elapses": a stockout never fails it.
+  When its ``validUntil`` passes unserved it goes ``FAILED`` and "remains in the queue until it is
+  explicitly deleted". Served, it is ``ACTIVE`` holding its chips.
+- Flex-start exists only in ``v2alpha1``: ``provisioningModel=FLEX_START`` with
+  ``runDuration{maxRunDuration | terminationTime}`` (at most 7 days), documented for v6e and v5e
+  only; other generations are refused. At the end of its run duration the service deletes its
+  TPU VMs: the queued resource is ``SUSPENDED`` ("the resources specified in the request have
+  been deleted"), ``stateInitiator=SERVICE``, and its chips are free again. The ``v2`` message
+  has neither field: there they are unknown names, refused (400).
+- Without ``force`` only a ``FAILED`` or ``SUSPENDED`` queued resource can be deleted.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import datetime, timedelta
+
+from opendws.sim.cloud.errors import CloudError
+from opendws.sim.cloud.parsing import (
+    JSON,
+    bounded_duration,
+    duration,
+    get,
+    integer,
+    name,
+    refuse_unknown,
+    rfc3339,
+    timestamp,
+)
+from opendws.sim.cloud.world import (
+    STOCKOUT,
+    QueuedResource,
+    World,
+    by_name,
+    settled,
+)
+
+API_VERSIONS = ("v2", "v2alpha1")
+FLEX_TYPES = ("V6E", "V5LITE_POD")  # flex-start is documented for v6e and v5e only
+MAX_RUN = timedelta(days=7)
+PROVISIONING_MODELS = (
+    "PROVISIONING_MODEL_UNSPECIFIED", "STANDARD", "SPOT", "RESERVATION_BOUND", "FLEX_START",
+)  # fmt: skip
+
+# google.rpc.Code values used in failedData errors.
+RPC_DEADLINE_EXCEEDED = 4
+RPC_INTERNAL = 13
+
+# TPU v2 AcceleratorConfig.Type: the TPU client sends enums as integers.
+TPU_TYPE_NUMBERS = {2: "V2", 4: "V3", 7: "V4", 9: "V5LITE_POD", 10: "V5P", 11: "V6E"}
+# acceleratorType prefixes ("v5litepod-16"): the type and how many TensorCores one chip has
+# (the number in v2/v3/v4/v5p names counts cores, in v5litepod/v6e names it counts chips).
+TPU_FAMILIES = {
+    "v2": ("V2", 2),
+    "v3": ("V3", 2),
+    "v4": ("V4", 2),
+    "v5p": ("V5P", 2),
+    "v5litepod": ("V5LITE_POD", 1),
+    "v6e": ("V6E", 1),
+}
+_FINISHED = ("FAILED", "SUSPENDED")
+
+
+class TpuApi(World):
+    """The queuedResources calls and TPU operations."""
+
+    @settled
+    def create_queued_resource(
+        self, project: str, zone: str, name: str, body: JSON, api_version: str = "v2"
+    ) -> JSON:
+        """Accept a queued resource into Google's queue (``WAITING_FOR_RESOURCES``); it is
+        tried no sooner than creation + the provisioning latency (or its ``validAfter``).
+        Returns a finished google.longrunning Operation."""
+        if api_version not in API_VERSIONS:
+            raise ValueError(f"api_version must be one of {API_VERSIONS}, not {api_version!r}")
+        qr_path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
+        if not name:
+            raise CloudError.invalid("queuedResourceId is required")
+        _qr_name(name)
+        state = self._project(project)
+        if (zone, name) in state.queued_resources:
+            raise CloudError(409, "alreadyExists", f"Resource '{qr_path}' already exists")
+        shape, chips = _tpu_request(body)
+        now = self.clock.now()
+        flex, run, termination = _provisioning(body, api_version, shape, now)
+        valid_after, valid_until = _queueing(get(body, "queueingPolicy") or {}, now)
+        record = QueuedResource(
+            project, zone, name, self._new_id(), now, body, shape=shape, chips=chips,
+            valid_until=valid_until, api_version=api_version, flex=flex, run_duration=run,
+            termination_time=termination,
+        )  # fmt: skip
+        state.queued_resources[(zone, name)] = record
+        self._created["queuedResources"][name] += 1
+        self._enqueue(
+            record, "queuedResource", shape, chips, max(now + self._latency, valid_after or now),
+            run if flex else None,
+            on_served=functools.partial(self._serve_queued, record),
+            on_attempt=_no_record,
+            on_fatal=functools.partial(self._fail_queued, record),
+        )  # fmt: skip
+        if valid_until is not None:
+            self._at(valid_until, functools.partial(self._expire_queued, record))
+        response = {
+            "@type": f"type.googleapis.com/google.cloud.tpu.{api_version}.QueuedResource",
+            **queued_view(record),
+        }
+        return self._tpu_operation(project, zone, qr_path, "create", response, api_version)
+
+    @settled
+    def get_queued_resource(self, project: str, zone: str, name: str) -> JSON:
+        return queued_view(self._queued_resource(project, zone, name))
+
+    @settled
+    def list_queued_resources(self, project: str, zone: str) -> list[JSON]:
+        records = [q for q in self._project(project).queued_resources.values() if q.zone == zone]
+        return [queued_view(q) for q in sorted(records, key=by_name)]
+
+    @settled
+    def delete_queued_resource(
+        self, project: str, zone: str, name: str, force: bool, api_version: str = "v2"
+    ) -> JSON:
+        """Delete a queued resource, returning its chips. Without ``force`` only a ``FAILED``
+        or ``SUSPENDED`` one can be deleted."""
+        record = self._queued_resource(project, zone, name)
+        if not force and record.state not in _FINISHED:
+            raise CloudError(
+                400,
+                "failedPrecondition",
+                f"Queued resource '{name}' is {record.state}: only FAILED or SUSPENDED queued "
+                "resources can be deleted without force",
+            )
+        self._release_chips(record)
+        record.alive = False
+        self._dequeue(record)
+        del self._project(project).queued_resources[(zone, name)]
+        qr_path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
+        response = {"@type": "type.googleapis.com/google.protobuf.Empty"}
+        return self._tpu_operation(project, zone, qr_path, "delete", response, api_version)
+
+    @settled
+    def get_tpu_operation(self, project: str, zone: str, name: str) -> JSON:
+        operation = self._project(project).tpu_operations.get((zone, name))
+        if operation is None:
+            raise CloudError.not_found(f"projects/{project}/locations/{zone}/operations/{name}")
+        return operation
+
+    def _serve_queued(self, record: QueuedResource, when: datetime) -> None:
+        record.state = "ACTIVE"
+        record.holds_stock = True
+        if record.flex:
+            ends = record.termination_time
+            if ends is None and record.run_duration is not None:
+                ends = when + record.run_duration
+            if ends is not None:
+                self._at(max(ends, when), functools.partial(self._end_flex, record))
+
+    def _end_flex(self, record: QueuedResource, when: datetime) -> None:
+        """The end of a flex-start run: the service deletes the TPU VMs."""
+        if record.alive and record.state == "ACTIVE":
+            self._counters["auto_deleted"] += 1
+            record.state = "SUSPENDED"
+            record.initiator = "SERVICE"
+            self._release_chips(record)
+
+    def _fail_queued(self, record: QueuedResource, when: datetime) -> None:
+        record.state = "FAILED"
+        record.failed = {
+            "code": RPC_INTERNAL,
+            "message": "An internal error occurred while provisioning "
+            "(RESOURCE_OPERATION_RATE_EXCEEDED)",
+        }
+
+    def _expire_queued(self, record: QueuedResource, when: datetime) -> None:
+        if record.alive and record.state == "WAITING_FOR_RESOURCES":
+            self._counters["expired"] += 1
+            self._dequeue(record)
+            record.state = "FAILED"
+            record.failed = {
+                "code": RPC_DEADLINE_EXCEEDED,
+                "message": "The queueing policy's validUntil time passed before the resources "
+                f"were available ({STOCKOUT})",
+            }
+
+    def _release_chips(self, record: QueuedResource) -> None:
+        if record.holds_stock:
+            record.holds_stock = False
+            self._give_back(record.zone, record.shape, record.chips)
+
+    def _tpu_operation(
+        self, project: str, zone: str, target: str, verb: str, response: JSON, api_version: str
+    ) -> JSON:
+        now = self.clock.now()
+        operation_name = f"operation-{int(now.timestamp() * 1000)}-{self._new_id():x}"
+        operation: JSON = {
+            "name": f"projects/{project}/locations/{zone}/operations/{operation_name}",
+            "metadata": {
+                "@type": f"type.googleapis.com/google.cloud.tpu.{api_version}.OperationMetadata",
+                "createTime": rfc3339(now),
+                "endTime": rfc3339(now),
+                "target": target,
+                "verb": verb,
+                "apiVersion": api_version,
+            },
+            "done": True,
+            "response": response,
+        }
+        self._project(project).tpu_operations[(zone, operation_name)] = operation
+        return operation
+
+    def _queued_resource(self, project: str, zone: str, qr_name: str) -> QueuedResource:
+        record = self._project(project).queued_resources.get((zone, qr_name))
+        if record is None:
+            raise CloudError.not_found(
+                f"projects/{project}/locations/{zone}/queuedResources/{qr_name}"
+            )
+        return record
+
+
+def _no_record(code: str, message: str) -> None:
+    """A waiting queued resource shows no per-attempt error: it stays WAITING_FOR_RESOURCES."""
+
+
+def _qr_name(value: str) -> None:
+    name(value, "queuedResourceId")
+
+
+def _provisioning(
+    body: JSON, api_version: str, shape: str, now: datetime
+) -> tuple[bool, timedelta | None, datetime | None]:
+    """(flex-start?, max run duration, termination time) of a queued resource request."""
+    if api_version == "v2":
+        refuse_unknown(body, "provisioningModel", "queued_resource")
+        refuse_unknown(body, "runDuration", "queued_resource")
+        return False, None, None
+    model = get(body, "provisioningModel")
+    if model is not None and model not in PROVISIONING_MODELS:
+        raise CloudError.invalid(
+            f"Invalid value at 'queued_resource.provisioning_model': {model!r}"
+        )
+    run_spec = get(body, "runDuration")
+    if model != "FLEX_START":
+        return False, None, None
+    if shape not in FLEX_TYPES:
+        raise CloudError.invalid(
+            f"Flex-start is not available for TPU type {shape}: only v6e and v5e can be "
+            "requested with provisioningModel FLEX_START"
+        )
+    if not isinstance(run_spec, dict) or not (
+        get(run_spec, "maxRunDuration") or get(run_spec, "terminationTime")
+    ):
+        raise CloudError.invalid(
+            "A FLEX_START queued resource needs runDuration.maxRunDuration or "
+            "runDuration.terminationTime (at most 7 days)"
+        )
+    if get(run_spec, "maxRunDuration") is not None:
+        run = bounded_duration(
+            get(run_spec, "maxRunDuration"), "runDuration.maxRunDuration",
+            timedelta(seconds=1), MAX_RUN,
+        )  # fmt: skip
+        return True, run, None
+    ends = timestamp(get(run_spec, "terminationTime"), "runDuration.terminationTime")
+    if not now < ends <= now + MAX_RUN:
+        raise CloudError.invalid("runDuration.terminationTime must be within the next 7 days")
+    return True, ends - now, ends
+
+
+def _tpu_request(body: JSON) -> tuple[str, int]:
+    """The (AcceleratorConfig type name, chips) a queued resource asks for, over all its node
+    specs (a multislice or multi-node spec counts ``nodeCount`` slices)."""
+    tpu = get(body, "tpu") or {}
+    specs = get(tpu, "nodeSpec") if isinstance(tpu, dict) else None
+    if not isinstance(specs, list) or not specs:
+        raise CloudError.invalid("A queued resource needs tpu.nodeSpec with at least one node")
+    shapes: set[str] = set()
+    chips = 0
+    for spec in specs:
+        node = get(spec, "node") if isinstance(spec, dict) else None
+        if not isinstance(node, dict):
+            raise CloudError.invalid("Every tpu.nodeSpec entry needs a node")
+        shape, slice_chips = _tpu_node(node)
+        multi = get(spec, "multisliceParams") or get(spec, "multiNodeParams") or {}
+        slices = integer(get(multi, "nodeCount") or 1, "nodeSpec.nodeCount")
+        shapes.add(shape)
+        chips += slice_chips * slices
+    if len(shapes) != 1:
+        raise CloudError.invalid("All node specs of a queued resource must use one TPU type")
+    return shapes.pop(), chips
+
+
+def _tpu_node(node: JSON) -> tuple[str, int]:
+    config = get(node, "acceleratorConfig")
+    if isinstance(config, dict):
+        kind = get(config, "type")
+        shape = TPU_TYPE_NUMBERS.get(kind, "") if isinstance(kind, int) else str(kind or "")
+        if shape not in TPU_TYPE_NUMBERS.values():
+            raise CloudError.invalid(f"Unsupported acceleratorConfig.type {kind!r}")
+        topology = str(get(config, "topology") or "")
+        if not re.fullmatch(r"\d+(x\d+)*", topology):
+            raise CloudError.invalid(f"Invalid acceleratorConfig.topology {topology!r}")
+        return shape, functools.reduce(lambda a, b: a * b, map(int, topology.split("x")))
+    accelerator = get(node, "acceleratorType")
+    match = re.fullmatch(r"([a-z0-9]+)-(\d+)", accelerator or "")
+    if match is None or match.group(1) not in TPU_FAMILIES:
+        raise CloudError.invalid(
+            f"Unsupported node: needs acceleratorConfig or a known acceleratorType, not "
+            f"{accelerator!r}"
+        )
+    shape, cores_per_chip = TPU_FAMILIES[match.group(1)]
+    return shape, max(1, int(match.group(2)) // cores_per_chip)
+
+
+def _queueing(policy: JSON, now: datetime) -> tuple[datetime | None, datetime | None]:
+    """(valid after, valid until) of a TPU queueing policy."""
+    after: datetime | None = None
+    until: datetime | None = None
+    if get(policy, "validAfterDuration") is not None:
+        after = now + duration(get(policy, "validAfterDuration"), "validAfterDuration")
+    if get(policy, "validAfterTime") is not None:
+        after = timestamp(get(policy, "validAfterTime"), "validAfterTime")
+    if get(policy, "validUntilDuration") is not None:
+        until = now + duration(get(policy, "validUntilDuration"), "validUntilDuration")
+    if get(policy, "validUntilTime") is not None:
+        until = timestamp(get(policy, "validUntilTime"), "validUntilTime")
+    interval = get(policy, "validInterval")
+    if isinstance(interval, dict):
+        if get(interval, "startTime") is not None:
+            after = timestamp(get(interval, "startTime"), "validInterval.startTime")
+        if get(interval, "endTime") is not None:
+            until = timestamp(get(interval, "endTime"), "validInterval.endTime")
+    return after, until
+
+
+def queued_view(record: QueuedResource) -> JSON:
+    state: JSON = {"state": record.state}
+    if record.failed is not None:
+        state["failedData"] = {"error": dict(record.failed)}
+    if record.initiator is not None:
+        state["stateInitiator"] = record.initiator
+    return {
+        **record.body,
+        "name": f"projects/{record.project}/locations/{record.zone}/queuedResources/{record.name}",
+        "createTime": rfc3339(record.created_at),
+        "state": state,
+    }
