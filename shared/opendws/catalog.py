@@ -66,3 +66,43 @@ TPU_API_TYPES: dict[str, str] = {
     "tpu-v6e": "V6E",
 }
 TPU_ACCELERATOR_OF_API_TYPE = {api: name for name, api in TPU_API_TYPES.items()}
+
+
+# The Cloud TPU software version each generation boots (tpu/docs/runtimes): queued resources of
+# one accelerator use its version unless OPENDWS_TPU_RUNTIME_VERSION names another for all.
+TPU_RUNTIME_VERSIONS: dict[str, str] = {
+    "tpu-v4": "tpu-ubuntu2204-base",
+    "tpu-v5e": "v2-alpha-tpuv5-lite",
+    "tpu-v5p": "v2-alpha-tpuv5",
+    "tpu-v6e": "v2-alpha-tpuv6e",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VmProfile:
+    """What a machine family's VMs need in their instance template: the boot disk type, and the
+    NIC type (None: the default). A3 Ultra and A4 take only Hyperdisk and need gVNIC
+    (ai-hypercomputer/docs/create/create-vm; cluster-toolkit's a3ultra-vm.yaml and
+    a4high-vm.yaml: ``disk_type: hyperdisk-balanced``, ``nic_type: GVNIC``); A3 High and Mega
+    need gVNIC (cluster-toolkit's a3high and a3mega blueprints: ``bandwidth_tier:
+    gvnic_enabled``, ``pd-balanced``)."""
+
+    disk_type: str
+    nic_type: str | None = None
+
+
+VM_PROFILES: dict[str, VmProfile] = {
+    "a4-": VmProfile("hyperdisk-balanced", "GVNIC"),
+    "a3-ultragpu": VmProfile("hyperdisk-balanced", "GVNIC"),
+    "a3-megagpu": VmProfile("pd-balanced", "GVNIC"),
+    "a3-highgpu": VmProfile("pd-balanced", "GVNIC"),
+}
+DEFAULT_VM_PROFILE = VmProfile("pd-balanced")
+
+
+def vm_profile(machine_type: str) -> VmProfile:
+    """The boot disk and NIC a VM of ``machine_type`` needs (the family rule above)."""
+    for prefix, profile in VM_PROFILES.items():
+        if machine_type.startswith(prefix):
+            return profile
+    return DEFAULT_VM_PROFILE

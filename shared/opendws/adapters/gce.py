@@ -7,11 +7,12 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from google.api_core.exceptions import Conflict, NotFound
 from google.cloud import compute_v1
 
+from opendws.catalog import TPU_RUNTIME_VERSIONS, vm_profile
 from opendws.ports import ORDER_PREFIX
 
 T = TypeVar("T")
@@ -25,11 +26,38 @@ class CloudSettings:
     project: str
     boot_image: str = "projects/debian-cloud/global/images/family/debian-12"
     network: str = "global/networks/default"
-    tpu_runtime_version: str = "v2-alpha-tpuv5-lite"
-    tpu_tier: str = "guaranteed"  # or "spot"
-    # How long a queued TPU resource may wait for capacity before the cloud gives up by itself
-    # (the reconciler cancels it earlier, at its own provisioning timeout).
-    tpu_valid_for: timedelta = timedelta(minutes=30)
+    # None: each TPU generation's own version (catalog.TPU_RUNTIME_VERSIONS); a value: that one
+    # for every generation.
+    tpu_runtime_version: str | None = None
+    # How TPU queued resources are provisioned: "flex_start" (provisioningModel FLEX_START with
+    # the request's run duration, tpu/docs/request-using-flex-start), "spot" or "guaranteed"
+    # (the queued resource's tier; the slice runs until it is released).
+    tpu_tier: str = "flex_start"
+    # How long a queued TPU resource may wait for capacity when its request has no max_wait of
+    # its own; a flex request's queued resource is valid until its max_wait has passed.
+    tpu_valid_for: timedelta = timedelta(days=7)
+    # How long one Compute Engine operation (template, group, resize request, cancel, delete)
+    # is awaited before the call gives up (the next pass repeats it).
+    operation_timeout: float = 300.0
+
+    def runtime_version(self, accelerator: str) -> str:
+        """The TPU software version a slice of ``accelerator`` boots."""
+        return self.tpu_runtime_version or TPU_RUNTIME_VERSIONS[accelerator]
+
+
+class _Operation(Protocol):
+    def result(self, timeout: float | None = ...) -> object: ...
+
+
+def awaited(call: Callable[[], _Operation], timeout: float) -> Callable[[], object]:
+    """``call``, then wait for the operation it started to finish (raising its error, if any):
+    on Google an insert or delete is DONE only some seconds later, and the next step (a group
+    on a template, a delete after a cancel) must not start before it."""
+
+    def run() -> object:
+        return call().result(timeout=timeout)
+
+    return run
 
 
 def created(call: Callable[[], object]) -> None:
@@ -67,14 +95,19 @@ def vm_names(order: str, count: int) -> list[str]:
     return [f"{order}-{index}" for index in range(count)]
 
 
-def boot_disk(settings: CloudSettings) -> compute_v1.AttachedDisk:
-    """A boot disk from the configured image, deleted with its VM."""
-    return compute_v1.AttachedDisk(
-        boot=True,
-        auto_delete=True,
-        initialize_params=compute_v1.AttachedDiskInitializeParams(source_image=settings.boot_image),
-    )
+def boot_disk(settings: CloudSettings, machine_type: str = "") -> compute_v1.AttachedDisk:
+    """A boot disk from the configured image, deleted with its VM, of the type the machine
+    family needs (Hyperdisk on A3 Ultra and A4: catalog.vm_profile)."""
+    params = compute_v1.AttachedDiskInitializeParams(source_image=settings.boot_image)
+    if machine_type:
+        params.disk_type = vm_profile(machine_type).disk_type
+    return compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=params)
 
 
-def network(settings: CloudSettings) -> compute_v1.NetworkInterface:
-    return compute_v1.NetworkInterface(network=settings.network)
+def network(settings: CloudSettings, machine_type: str = "") -> compute_v1.NetworkInterface:
+    """The VM's NIC on the configured network, gVNIC where the machine family needs it."""
+    nic = compute_v1.NetworkInterface(network=settings.network)
+    nic_type = vm_profile(machine_type).nic_type if machine_type else None
+    if nic_type is not None:
+        nic.nic_type = nic_type
+    return nic

@@ -2,22 +2,51 @@
 instance template provisions FLEX_START VMs that are deleted when their run time ends; each
 order is one ``InstanceGroupManagerResizeRequest`` naming its VMs ``{order}-{index}``.
 
-A resize request goes ACCEPTED → (CREATING) → SUCCEEDED, or FAILED with ``status.error`` (a
-stockout is ZONE_RESOURCE_POOL_EXHAUSTED), or CANCELLED. Releasing cancels a request still
-queued, deletes it, and deletes its VMs — deleting a resize request does not delete its VMs.
+What Google does, and so what this adapter relies on:
+
+- A resize request creates its VMs all at once by itself; a group in bulk mode
+  (``targetSizePolicy.mode=BULK``) takes no resize requests at all, and a group's mode cannot be
+  changed (compute/docs/instance-groups/about-bulk-mode). The group is therefore made without
+  bulk mode, and one found in bulk mode (made by an older opendws) is deleted and made again.
+- The template is the one Google's Terraform sample (magic-modules
+  ``compute_rmig_resize_request.tf.tmpl``), cluster-toolkit and SkyPilot use: FLEX_START,
+  ``instanceTerminationAction=DELETE``, a ``maxRunDuration``, ``reservationAffinity
+  NO_RESERVATION``; plus the boot disk and NIC its machine family needs (catalog.vm_profile).
+  It is read back after it is made or found: one whose provisioning model is not FLEX_START
+  would make STANDARD VMs (skypilot#9607), so it is refused with :class:`TemplateNotFlexStart`.
+- A request short of capacity stays ACCEPTED — it keeps its place in Google's queue — with the
+  temporary error in ``status.lastAttempt.error``; only ``status.error`` is final (FAILED, whose
+  VMs Google rolls back). ACCEPTED with a last-attempt error is observed as WAITING.
+- Only an ACCEPTED request can be cancelled, only an inactive one (SUCCEEDED, FAILED,
+  CANCELLED) deleted, and deleting it leaves its VMs (compute.proto
+  ``InstanceGroupManagerResizeRequests``; magic-modules' delete cancels and waits first).
+
+Every operation is awaited before the next step starts (template → group → request; cancel →
+delete): on Google an operation is DONE only seconds later. Waiting for an operation is not
+waiting for capacity: no call here waits for a request to be served.
+
+Every owned VM is observed by name, whether or not its resize request still exists (the
+group's managed instances, and the zone's VMs that this group created), so a VM left behind
+by an interrupted release is reported — READY while it runs — and can be released. Release
+goes in an order whose every prefix leaves something to observe: the VMs first, then the
+request (cancelled if still queued, and awaited), then its deletion.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+import logging
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
-from google.api_core.exceptions import NotFound
+from google.api_core.exceptions import BadRequest, Conflict, FailedPrecondition, NotFound
 from google.cloud import compute_v1
 
 from opendws.adapters.gce import (
     MANAGED_BY,
     CloudSettings,
+    awaited,
     boot_disk,
     created,
     deleted,
@@ -30,13 +59,21 @@ from opendws.adapters.gce import (
 from opendws.domain.model import FLEX_MAX_RUN, Pool
 from opendws.ports import Observed, Order, ProvisionPhase
 
-_PHASES = {
-    "ACCEPTED": ProvisionPhase.CREATING,
-    "CREATING": ProvisionPhase.CREATING,
-    "SUCCEEDED": ProvisionPhase.READY,
-    "FAILED": ProvisionPhase.FAILED,
-    "CANCELLED": ProvisionPhase.FAILED,
-}
+log = logging.getLogger(__name__)
+
+FLEX_START = "FLEX_START"
+NO_RESERVATION = "NO_RESERVATION"
+CANCELLED = "CANCELLED"
+# A resize request that is done with: only these can be deleted.
+INACTIVE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+# VM states in which a VM runs (or is about to), and so holds capacity and bills.
+_LIVE_VM = frozenset({"PROVISIONING", "STAGING", "RUNNING", "PENDING", "REPAIRING"})
+
+
+class TemplateNotFlexStart(RuntimeError):
+    """The pool's instance template would not make flex-start VMs: its provisioning model is
+    not FLEX_START. Using it would run (and bill) STANDARD VMs instead; fix or delete the
+    template (its name is in the message) and the next pass makes or uses the right one."""
 
 
 def group_name(pool: Pool) -> str:
@@ -59,18 +96,25 @@ class MigFlexProvider:
         templates: compute_v1.InstanceTemplatesClient,
         groups: compute_v1.InstanceGroupManagersClient,
         resize_requests: compute_v1.InstanceGroupManagerResizeRequestsClient,
+        instances: compute_v1.InstancesClient | None = None,
     ) -> None:
         self._settings = settings
         self._project = settings.project
         self._templates = templates
         self._groups = groups
         self._resize_requests = resize_requests
-        self._ready_groups: set[str] = set()  # pools whose group is known to exist
+        self._instances = instances
+        self._timeout = settings.operation_timeout
+        self._ready_groups: set[str] = set()  # pools whose group is known to be right
+        self._checked_templates: dict[str, str] = {}  # template name -> its URL, checked
+
+    # The port ---------------------------------------------------------------------------
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
         observed: dict[str, Observed] = {}
+        zone_vms: dict[str, list[compute_v1.Instance]] = {}
         for pool in pools:
-            observed.update(self._observe_pool(pool))
+            observed.update(self._observe_pool(pool, zone_vms))
         return observed
 
     def reserve(self, order: Order) -> None:
@@ -89,15 +133,15 @@ class MigFlexProvider:
             ],
             requested_run_duration=_duration(request.run_duration),
         )
-
-        def insert() -> None:
-            self._resize_requests.insert(
+        insert = awaited(
+            lambda: self._resize_requests.insert(
                 project=self._project,
                 zone=pool.zone,
                 instance_group_manager=group_name(pool),
                 instance_group_manager_resize_request_resource=resize,
-            )
-
+            ),
+            self._timeout,
+        )
         try:
             created(insert)
         except NotFound:
@@ -107,41 +151,59 @@ class MigFlexProvider:
             created(insert)
 
     def release(self, name: str, pool: Pool) -> None:
+        """Delete the order's VMs, then cancel its request if it is still queued (awaited),
+        then delete the request. A crash between two steps leaves VMs or the request, which
+        the next observation reports; releasing what is gone is success."""
         project, zone, group = self._project, pool.zone, group_name(pool)
-        resize = found(
-            lambda: self._resize_requests.get(
-                project=project, zone=zone, instance_group_manager=group, resize_request=name
-            )
-        )
-        if resize is not None:
-            if resize.state in ("ACCEPTED", "CREATING"):
-                deleted(
-                    lambda: self._resize_requests.cancel(
-                        project=project, zone=zone, instance_group_manager=group,
-                        resize_request=name,
-                    )
-                )  # fmt: skip
-            deleted(
-                lambda: self._resize_requests.delete(
+        self._delete_vms(name, pool)
+
+        def get() -> compute_v1.InstanceGroupManagerResizeRequest | None:
+            return found(
+                lambda: self._resize_requests.get(
                     project=project, zone=zone, instance_group_manager=group, resize_request=name
                 )
             )
-        vms = [vm for vm in self._vms(pool) if order_of_vm(vm) == name]
-        if vms:
-            urls = [f"projects/{project}/zones/{zone}/instances/{vm}" for vm in vms]
-            body = compute_v1.InstanceGroupManagersDeleteInstancesRequest(
-                instances=urls, skip_instances_on_validation_error=True
+
+        resize = get()
+        if resize is None:
+            return
+        if resize.state == "ACCEPTED":
+            # Only an ACCEPTED request can be cancelled; it may have been served since it was
+            # read (then the cancel is refused), so read it again after.
+            with contextlib.suppress(BadRequest, FailedPrecondition, Conflict):
+                deleted(
+                    awaited(
+                        lambda: self._resize_requests.cancel(
+                            project=project, zone=zone, instance_group_manager=group,
+                            resize_request=name,
+                        ),
+                        self._timeout,
+                    )
+                )  # fmt: skip
+            resize = get()
+            if resize is None:
+                return
+            if resize.state == "SUCCEEDED":
+                self._delete_vms(name, pool)  # served just before the cancel: its VMs too
+        if resize.state not in INACTIVE:
+            # CREATING: Google is making the VMs and takes no cancel; the next pass, which
+            # observes it, releases it again once it has finished.
+            log.info("resize request %s is %s: it is deleted once it finishes", name, resize.state)
+            return
+        deleted(
+            awaited(
+                lambda: self._resize_requests.delete(
+                    project=project, zone=zone, instance_group_manager=group, resize_request=name
+                ),
+                self._timeout,
             )
-            deleted(
-                lambda: self._groups.delete_instances(
-                    project=project, zone=zone, instance_group_manager=group,
-                    instance_group_managers_delete_instances_request_resource=body,
-                )
-            )  # fmt: skip
+        )
 
-    # Inside -----------------------------------------------------------------------------
+    # Observing --------------------------------------------------------------------------
 
-    def _observe_pool(self, pool: Pool) -> dict[str, Observed]:
+    def _observe_pool(
+        self, pool: Pool, zone_vms: dict[str, list[compute_v1.Instance]]
+    ) -> dict[str, Observed]:
         group = group_name(pool)
         listed = found(
             lambda: list(
@@ -150,54 +212,131 @@ class MigFlexProvider:
                 )
             )
         )
-        if not listed:
-            return {}
-        running = {order_of_vm(vm) for vm in self._vms(pool)}
+        vms = self._vms(pool, zone_vms, group_exists=listed is not None)
+        by_order: dict[str, list[str]] = {}
+        for vm, status in vms.items():
+            by_order.setdefault(order_of_vm(vm), []).append(status)
         observed: dict[str, Observed] = {}
-        for resize in listed:
-            if not owned(resize.name):
+        requests = {resize.name: resize for resize in listed or [] if owned(resize.name)}
+        for name, resize in requests.items():
+            observed[name] = _observed_request(pool, resize, by_order.get(name, []))
+        for name, statuses in by_order.items():
+            if name in requests or not owned(name):
                 continue
-            phase = _PHASES.get(resize.state, ProvisionPhase.CREATING)
-            if phase is ProvisionPhase.READY and resize.name not in running:
-                phase = ProvisionPhase.ENDED  # its VMs' run time ended (or they were deleted)
-            code, message = _error(resize)
-            if resize.state == "CANCELLED":
-                code, message = "CANCELLED", "the resize request was cancelled"
-            observed[resize.name] = Observed(
-                name=resize.name, pool_id=pool.pool_id, phase=phase, error_code=code,
-                message=message,
-            )  # fmt: skip
+            live = any(status in _LIVE_VM for status in statuses)
+            observed[name] = Observed(
+                name=name,
+                pool_id=pool.pool_id,
+                phase=ProvisionPhase.READY if live else ProvisionPhase.ENDED,
+                message=f"{len(statuses)} VM(s) of {name} without their resize request",
+            )
         return observed
 
-    def _vms(self, pool: Pool) -> list[str]:
-        managed = found(
-            lambda: self._groups.list_managed_instances(
-                project=self._project, zone=pool.zone, instance_group_manager=group_name(pool)
+    def _vms(
+        self, pool: Pool, zone_vms: dict[str, list[compute_v1.Instance]], *, group_exists: bool
+    ) -> dict[str, str]:
+        """The owned VMs of the pool's group, by name, with their status: its managed
+        instances, and the zone's VMs whose ``created-by`` names the group."""
+        group = group_name(pool)
+        vms: dict[str, str] = {}
+        if group_exists:
+            managed = found(
+                lambda: self._groups.list_managed_instances(
+                    project=self._project, zone=pool.zone, instance_group_manager=group
+                )
             )
+            for vm in managed or []:
+                name = (vm.instance or vm.name).rsplit("/", 1)[-1]
+                if name and owned(name):
+                    vms[name] = vm.instance_status or "PROVISIONING"
+        if self._instances is not None:
+            if pool.zone not in zone_vms:
+                zone_vms[pool.zone] = self._zone_vms(pool.zone)
+            suffix = f"/instanceGroupManagers/{group}"
+            for instance in zone_vms[pool.zone]:
+                if _created_by(instance).endswith(suffix):
+                    vms.setdefault(instance.name, instance.status or "PROVISIONING")
+        return vms
+
+    def _zone_vms(self, zone: str) -> list[compute_v1.Instance]:
+        assert self._instances is not None
+        request = compute_v1.ListInstancesRequest(
+            project=self._project, zone=zone, filter=f"name eq {_PREFIX_PATTERN}"
         )
-        if managed is None:
-            return []
-        return [vm.instance.rsplit("/", 1)[-1] for vm in managed if vm.instance]
+        return [vm for vm in self._instances.list(request=request) if owned(vm.name)]
+
+    # Releasing --------------------------------------------------------------------------
+
+    def _delete_vms(self, name: str, pool: Pool) -> None:
+        """Delete every VM of order ``name`` (awaited); none left is success."""
+        project, zone, group = self._project, pool.zone, group_name(pool)
+        vms = self._vms(pool, {}, group_exists=True)
+        mine = sorted(vm for vm in vms if order_of_vm(vm) == name)
+        if not mine:
+            return
+        urls = [f"projects/{project}/zones/{zone}/instances/{vm}" for vm in mine]
+        body = compute_v1.InstanceGroupManagersDeleteInstancesRequest(
+            instances=urls, skip_instances_on_validation_error=True
+        )
+        try:
+            awaited(
+                lambda: self._groups.delete_instances(
+                    project=project, zone=zone, instance_group_manager=group,
+                    instance_group_managers_delete_instances_request_resource=body,
+                ),
+                self._timeout,
+            )()  # fmt: skip
+        except NotFound:
+            # No group (deleted by hand): the VMs it left are deleted one by one.
+            self._delete_instances(zone, mine)
+
+    def _delete_instances(self, zone: str, names: Iterable[str]) -> None:
+        if self._instances is None:
+            return
+        for vm in names:
+            deleted(awaited(functools.partial(self._instances.delete, project=self._project,
+                                              zone=zone, instance=vm), self._timeout))  # fmt: skip
+
+    # The group and its template ---------------------------------------------------------
 
     def _ensure_group(self, pool: Pool) -> None:
-        """Create the pool's template and group if they are missing (once per process)."""
+        """Make the pool's template and group if they are missing, and replace a group in
+        bulk mode (once per process)."""
         if pool.pool_id in self._ready_groups:
             return
         group = group_name(pool)
-        existing = found(
-            lambda: self._groups.get(
-                project=self._project, zone=pool.zone, instance_group_manager=group
+        template = self._ensure_template(pool)
+
+        def get() -> compute_v1.InstanceGroupManager | None:
+            return found(
+                lambda: self._groups.get(
+                    project=self._project, zone=pool.zone, instance_group_manager=group
+                )
             )
-        )
+
+        existing = get()
+        if existing is not None and _bulk(existing):
+            log.warning(
+                "the group %s in %s is in bulk mode (made by an older opendws), which takes no "
+                "resize requests and cannot be changed: deleting it and making it again",
+                group, pool.zone,
+            )  # fmt: skip
+            deleted(
+                awaited(
+                    lambda: self._groups.delete(
+                        project=self._project, zone=pool.zone, instance_group_manager=group
+                    ),
+                    self._timeout,
+                )
+            )
+            existing = None
         if existing is None:
-            template = self._ensure_template(pool)
             manager = compute_v1.InstanceGroupManager(
                 name=group,
                 base_instance_name=group,
                 instance_template=template,
                 target_size=0,
-                # Flex-start groups create VMs all at once or not at all.
-                target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"),
+                # No bulk mode: resize requests make their VMs all at once by themselves.
                 instance_lifecycle_policy=compute_v1.InstanceGroupManagerInstanceLifecyclePolicy(
                     default_action_on_failure="DO_NOTHING"
                 ),
@@ -205,48 +344,135 @@ class MigFlexProvider:
                 description=f"opendws pool {pool.pool_id}",
             )
             created(
-                lambda: self._groups.insert(
-                    project=self._project,
-                    zone=pool.zone,
-                    instance_group_manager_resource=manager,
+                awaited(
+                    lambda: self._groups.insert(
+                        project=self._project,
+                        zone=pool.zone,
+                        instance_group_manager_resource=manager,
+                    ),
+                    self._timeout,
                 )
             )
         self._ready_groups.add(pool.pool_id)
 
     def _ensure_template(self, pool: Pool) -> str:
+        """Make the pool's template if it is missing, read it back, and refuse it unless it
+        makes FLEX_START VMs. Returns its URL."""
         name = template_name(pool)
+        if name in self._checked_templates:
+            return self._checked_templates[name]
         template = compute_v1.InstanceTemplate(
             name=name,
             description=f"opendws flex-start VMs of {pool.shape}",
             properties=compute_v1.InstanceProperties(
                 machine_type=pool.shape,
                 scheduling=compute_v1.Scheduling(
-                    provisioning_model="FLEX_START",
+                    provisioning_model=FLEX_START,
                     instance_termination_action="DELETE",
                     on_host_maintenance="TERMINATE",
+                    automatic_restart=False,
                     # The ceiling; each resize request asks for its own run duration.
                     max_run_duration=_duration(FLEX_MAX_RUN),
                 ),
-                disks=[boot_disk(self._settings)],
-                network_interfaces=[network(self._settings)],
+                reservation_affinity=compute_v1.ReservationAffinity(
+                    consume_reservation_type=NO_RESERVATION
+                ),
+                disks=[boot_disk(self._settings, pool.shape)],
+                network_interfaces=[network(self._settings, pool.shape)],
                 labels=MANAGED_BY,
             ),
         )
         created(
-            lambda: self._templates.insert(
-                project=self._project, instance_template_resource=template
+            awaited(
+                lambda: self._templates.insert(
+                    project=self._project, instance_template_resource=template
+                ),
+                self._timeout,
             )
         )
-        return f"projects/{self._project}/global/instanceTemplates/{name}"
+        stored = self._templates.get(project=self._project, instance_template=name)
+        _check_template(stored)
+        url = f"projects/{self._project}/global/instanceTemplates/{name}"
+        self._checked_templates[name] = url
+        return url
+
+
+# Helpers ------------------------------------------------------------------------------
+
+# The Compute list filter for owned VM names (a regular expression on ``name``).
+_PREFIX_PATTERN = "odws-.*"
+
+
+def _observed_request(
+    pool: Pool, resize: compute_v1.InstanceGroupManagerResizeRequest, vm_statuses: list[str]
+) -> Observed:
+    """What one resize request (and the VMs it named) says about its order."""
+    state = resize.state
+    name = resize.name
+    if state == "SUCCEEDED":
+        if any(status in _LIVE_VM for status in vm_statuses):
+            return Observed(name=name, pool_id=pool.pool_id, phase=ProvisionPhase.READY)
+        # Its VMs' run time ended (flex-start VMs are deleted), or they were deleted.
+        return Observed(name=name, pool_id=pool.pool_id, phase=ProvisionPhase.ENDED)
+    if state == "FAILED":
+        code, message = _first_error(resize.status.error if resize.status else None)
+        return Observed(
+            name=name, pool_id=pool.pool_id, phase=ProvisionPhase.FAILED,
+            error_code=code or "RESIZE_REQUEST_FAILED",
+            message=message or "the resize request failed",
+        )  # fmt: skip
+    if state == CANCELLED:
+        return Observed(
+            name=name, pool_id=pool.pool_id, phase=ProvisionPhase.FAILED,
+            error_code=CANCELLED, message="the resize request was cancelled",
+        )  # fmt: skip
+    attempt = resize.status.last_attempt if resize.status else None
+    code, message = _first_error(attempt.error if attempt else None)
+    if state == "ACCEPTED" and code is not None:
+        # Queued at Google: the last attempt found no capacity (or no quota); it keeps its
+        # place and is served when capacity frees.
+        return Observed(
+            name=name, pool_id=pool.pool_id, phase=ProvisionPhase.WAITING,
+            last_attempt=code, message=message,
+        )  # fmt: skip
+    return Observed(name=name, pool_id=pool.pool_id, phase=ProvisionPhase.CREATING)
+
+
+def _first_error(error: compute_v1.Error | None) -> tuple[str | None, str]:
+    """The first entry of a Compute ``Error``: its code and message."""
+    errors = list(error.errors) if error else []
+    if not errors:
+        return None, ""
+    return errors[0].code or None, errors[0].message
+
+
+def _bulk(group: compute_v1.InstanceGroupManager) -> bool:
+    policy = group.target_size_policy if "target_size_policy" in group else None
+    return policy is not None and policy.mode == "BULK"
+
+
+def _check_template(template: compute_v1.InstanceTemplate) -> None:
+    scheduling = template.properties.scheduling
+    model = scheduling.provisioning_model or "STANDARD"
+    if model != FLEX_START:
+        raise TemplateNotFlexStart(
+            f"the instance template {template.name} provisions {model} VMs, not FLEX_START: "
+            "its VMs would not be flex-start capacity (nor billed as such). Delete it, or "
+            "make it with scheduling.provisioningModel=FLEX_START, "
+            "instanceTerminationAction=DELETE and reservationAffinity NO_RESERVATION"
+        )
+    affinity = template.properties.reservation_affinity.consume_reservation_type
+    if affinity != NO_RESERVATION:
+        log.warning(
+            "the instance template %s has reservation affinity %s; flex-start VMs take "
+            "NO_RESERVATION", template.name, affinity or "unset",
+        )  # fmt: skip
+
+
+def _created_by(instance: compute_v1.Instance) -> str:
+    items = instance.metadata.items if instance.metadata else []
+    return next((item.value for item in items if item.key == "created-by"), "")
 
 
 def _duration(value: timedelta) -> compute_v1.Duration:
     return compute_v1.Duration(seconds=int(value.total_seconds()))
-
-
-def _error(resize: compute_v1.InstanceGroupManagerResizeRequest) -> tuple[str | None, str]:
-    """The first fatal error of a FAILED resize request: its code and message."""
-    errors = resize.status.error.errors if resize.status and resize.status.error else []
-    if not errors:
-        return None, ""
-    return errors[0].code or None, errors[0].message
