@@ -229,9 +229,13 @@ def timer_verifier(settings: Settings | None = None) -> Any:
 def capacity_providers(
     project: str, *, endpoint: str | None = None, credentials: object | None = None
 ) -> Providers:
-    """The three capacity providers on the real Compute Engine and Cloud TPU clients — against
-    ``endpoint`` (an emulator) when given, with anonymous credentials there."""
-    from google.cloud import compute_v1, tpu_v2
+    """The three capacity providers on the real Compute Engine clients and the Cloud TPU
+    ``v2alpha1`` REST API (an authorized session: google-cloud-tpu has no flex-start fields) —
+    against ``endpoint`` (an emulator) when given, with anonymous credentials there; with
+    application default credentials otherwise."""
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+    from google.cloud import compute_v1
 
     from opendws.adapters.mig import MigFlexProvider
     from opendws.adapters.reservations import CalendarReservationProvider
@@ -244,18 +248,28 @@ def capacity_providers(
     options = {"api_endpoint": endpoint} if endpoint is not None else None
     common: dict[str, Any] = {"client_options": options, "credentials": credentials}
     settings = cloud_settings(project)
+    if credentials is None:
+        credentials, _ = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/cloud-platform"]
+        )
+    instances = compute_v1.InstancesClient(**common)
     return Providers(
         mig_flex=MigFlexProvider(
             settings,
             templates=compute_v1.InstanceTemplatesClient(**common),
             groups=compute_v1.InstanceGroupManagersClient(**common),
             resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**common),
+            instances=instances,
         ),
-        tpu=TpuQueuedProvider(settings, tpu_v2.TpuClient(transport="rest", **common)),
+        tpu=TpuQueuedProvider(
+            settings,
+            AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
+            endpoint=endpoint,
+        ),
         calendar=CalendarReservationProvider(
             settings,
             future_reservations=compute_v1.FutureReservationsClient(**common),
-            instances=compute_v1.InstancesClient(**common),
+            instances=instances,
         ),
     )
 
@@ -268,12 +282,16 @@ CLOUD_SETTINGS_ENVIRONMENT = (
     "OPENDWS_TPU_RUNTIME_VERSION",
     "OPENDWS_TPU_TIER",
 )
-TPU_TIERS = ("guaranteed", "spot")
+# flex_start (the default): FLEX_START queued resources for the request's run duration; spot
+# and guaranteed: the queued resource's tier, the slice runs until released.
+TPU_TIERS = ("flex_start", "guaranteed", "spot")
 
 
 def cloud_settings(project: str) -> Any:
     """How capacity is created: CloudSettings' defaults, except where the environment says
-    otherwise. Raises ValueError for a TPU tier that is neither ``guaranteed`` nor ``spot``."""
+    otherwise. Raises ValueError for a TPU tier that is not one of :data:`TPU_TIERS`. An empty
+    or absent OPENDWS_TPU_RUNTIME_VERSION leaves each TPU generation its own version (from the
+    catalog)."""
     from opendws.adapters.gce import CloudSettings
 
     env = os.environ.get
@@ -288,6 +306,7 @@ def cloud_settings(project: str) -> Any:
         tpu_runtime_version=env("OPENDWS_TPU_RUNTIME_VERSION") or defaults.tpu_runtime_version,
         tpu_tier=tier,
         tpu_valid_for=defaults.tpu_valid_for,
+        operation_timeout=defaults.operation_timeout,
     )
 
 

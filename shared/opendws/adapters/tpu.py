@@ -1,40 +1,76 @@
-"""Cloud TPU capacity (google-cloud-tpu, v2): each order is one ``QueuedResource`` with a node
-spec of the gang's topology (several slices as a multislice), in the guaranteed or spot tier,
-queued for a bounded time (``queueing_policy.valid_until_duration``).
+"""Cloud TPU capacity: each order is one ``QueuedResource`` with a node spec of the gang's
+topology (several slices as a multi-node request), called through the REST ``v2alpha1`` API.
 
-A queued resource goes ACCEPTED / WAITING_FOR_RESOURCES / PROVISIONING → ACTIVE, or FAILED with
-``state.failed_data.error``. Releasing deletes it with ``force`` (its nodes go with it).
+Flex-start exists only there: ``QueuedResource.provisioningModel=FLEX_START`` with
+``runDuration.maxRunDuration`` (the TPU ``v2alpha1`` discovery document;
+tpu/docs/request-using-flex-start), fields the google-cloud-tpu types do not have — so this
+adapter speaks JSON over a ``google.auth`` authorized session. The ``spot`` and ``guaranteed``
+tiers stay per-deployment options (``CloudSettings.tpu_tier``); ``flex_start`` is the default,
+as it is the TPU form of what opendws asks for everywhere: the whole gang at once, for the
+request's run duration, queued until the capacity is there.
+
+A queued resource that cannot be served waits in WAITING_FOR_RESOURCES (observed as WAITING:
+it keeps its place); it goes FAILED when its valid-until passes and stays listed until deleted
+(tpu/docs/queued-resources). Its valid-until is the request's own deadline (submitted_at +
+max_wait), so it stays queued as long as the request may wait. A flex-start slice is deleted
+when its run duration ends and the queued resource becomes SUSPENDED (ENDED). Releasing
+deletes it with ``force`` (its nodes go with it).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
 
-from google.cloud import tpu_v2
+from google.api_core import exceptions
 
-from opendws.adapters.gce import CloudSettings, created, deleted, owned
+from opendws.adapters.gce import CloudSettings, owned
 from opendws.catalog import TPU_ACCELERATOR_OF_API_TYPE, TPU_API_TYPES
 from opendws.domain.model import Pool
 from opendws.ports import Observed, Order, ProvisionPhase
 
-_State = tpu_v2.QueuedResourceState.State
-_PHASES = {
-    _State.ACTIVE: ProvisionPhase.READY,
-    _State.FAILED: ProvisionPhase.FAILED,
-    _State.SUSPENDING: ProvisionPhase.ENDED,
-    _State.SUSPENDED: ProvisionPhase.ENDED,
-    _State.DELETING: ProvisionPhase.ENDED,
-}
+TPU_ENDPOINT = "https://tpu.googleapis.com"
+API = "v2alpha1"
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
+# The last_attempt of a queued resource waiting for capacity (the API gives no error while it
+# waits: its state says it).
+WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"
+TIERS = ("flex_start", "spot", "guaranteed")
+_PHASES = {
+    "ACTIVE": ProvisionPhase.READY,
+    "FAILED": ProvisionPhase.FAILED,
+    "WAITING_FOR_RESOURCES": ProvisionPhase.WAITING,
+    "SUSPENDING": ProvisionPhase.ENDED,
+    "SUSPENDED": ProvisionPhase.ENDED,
+    "DELETING": ProvisionPhase.ENDED,
+}
+
+
+class Response(Protocol):
+    status_code: int
+
+    def json(self) -> Any: ...
+
+
+class Session(Protocol):
+    """What is used of ``google.auth.transport.requests.AuthorizedSession``."""
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Response: ...
 
 
 class TpuQueuedProvider:
     """CapacityProvider over TPU queued resources (see the module docstring)."""
 
-    def __init__(self, settings: CloudSettings, client: tpu_v2.TpuClient) -> None:
+    def __init__(
+        self, settings: CloudSettings, session: Session, *, endpoint: str | None = None
+    ) -> None:
+        if settings.tpu_tier not in TIERS:
+            raise ValueError(f"tpu_tier: {settings.tpu_tier!r} is not one of {', '.join(TIERS)}")
         self._settings = settings
-        self._client = client
+        self._session = session
+        self._base = f"{(endpoint or TPU_ENDPOINT).rstrip('/')}/{API}"
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
         by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)
@@ -42,84 +78,128 @@ class TpuQueuedProvider:
             by_zone[pool.zone][pool.accelerator] = pool
         observed: dict[str, Observed] = {}
         for zone, pools_here in sorted(by_zone.items()):
-            for resource in self._client.list_queued_resources(parent=self._parent(zone)):
-                name = resource.name.rsplit("/", 1)[-1]
+            for resource in self._list(zone):
+                name = str(resource.get("name", "")).rsplit("/", 1)[-1]
                 home = pools_here.get(_accelerator(resource) or "")
                 if not owned(name) or home is None:
                     continue
-                code, message = _failure(resource)
-                observed[name] = Observed(
-                    name=name,
-                    pool_id=home.pool_id,
-                    phase=_PHASES.get(resource.state.state, ProvisionPhase.CREATING),
-                    error_code=code,
-                    message=message,
-                )
+                observed[name] = _observed(name, home, resource)
         return observed
 
     def reserve(self, order: Order) -> None:
         """Queued resources are asked for at the start; nothing is reserved ahead."""
 
     def provision(self, order: Order) -> None:
-        gang = order.request.gang
+        request = order.request
+        gang = request.gang
         parent = self._parent(order.pool.zone)
-        node = tpu_v2.Node(
-            accelerator_config=tpu_v2.AcceleratorConfig(
-                type_=TPU_API_TYPES[gang.accelerator], topology=gang.topology or ""
-            ),
-            runtime_version=self._settings.tpu_runtime_version,
-            labels={"managed-by": "opendws"},
-        )
-        spec = tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node=node)
+        spec: dict[str, Any] = {
+            "parent": parent,
+            "node": {
+                "acceleratorConfig": {
+                    "type": TPU_API_TYPES[gang.accelerator],
+                    "topology": gang.topology or "",
+                },
+                "runtimeVersion": self._settings.runtime_version(gang.accelerator),
+                "labels": {"managed-by": "opendws"},
+            },
+        }
         if gang.vm_count == 1:
-            spec.node_id = order.name
+            spec["nodeId"] = order.name
         else:
-            spec.multislice_params = tpu_v2.QueuedResource.Tpu.NodeSpec.MultisliceParams(
-                node_count=gang.vm_count, node_id_prefix=order.name
-            )
-        resource = tpu_v2.QueuedResource(
-            tpu=tpu_v2.QueuedResource.Tpu(node_spec=[spec]),
-            queueing_policy=tpu_v2.QueuedResource.QueueingPolicy(
-                valid_until_duration=self._settings.tpu_valid_for
-            ),
-        )
-        if self._settings.tpu_tier == "spot":
-            resource.spot = tpu_v2.QueuedResource.Spot()
+            spec["multiNodeParams"] = {"nodeCount": gang.vm_count, "nodeIdPrefix": order.name}
+        if request.max_wait is not None:
+            valid_until = request.submitted_at + request.max_wait
         else:
-            resource.guaranteed = tpu_v2.QueuedResource.Guaranteed()
-        created(
-            lambda: self._client.create_queued_resource(
-                parent=parent, queued_resource_id=order.name, queued_resource=resource
-            )
-        )
+            valid_until = request.submitted_at + self._settings.tpu_valid_for
+        body: dict[str, Any] = {
+            "tpu": {"nodeSpec": [spec]},
+            "queueingPolicy": {"validUntilTime": _timestamp(valid_until)},
+        }
+        tier = self._settings.tpu_tier
+        if tier == "flex_start":
+            body["provisioningModel"] = "FLEX_START"
+            body["runDuration"] = {"maxRunDuration": _duration(request.run_duration)}
+        elif tier == "spot":
+            body["spot"] = {}
+        else:
+            body["guaranteed"] = {}
+        response = self._call(
+            "POST", f"{parent}/queuedResources", params={"queuedResourceId": order.name},
+            json=body,
+        )  # fmt: skip
+        if response.status_code == 409:
+            return  # it exists already: a repeated call makes nothing more
+        _raise_for(response)
 
     def release(self, name: str, pool: Pool) -> None:
-        full_name = f"{self._parent(pool.zone)}/queuedResources/{name}"
-        deleted(
-            lambda: self._client.delete_queued_resource(
-                request=tpu_v2.DeleteQueuedResourceRequest(name=full_name, force=True)
-            )
+        response = self._call(
+            "DELETE", f"{self._parent(pool.zone)}/queuedResources/{name}", params={"force": "true"}
         )
+        if response.status_code == 404:
+            return  # gone already
+        _raise_for(response)
+
+    # Inside -----------------------------------------------------------------------------
+
+    def _list(self, zone: str) -> list[dict[str, Any]]:
+        resources: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            params = {"pageToken": token} if token else {}
+            response = self._call("GET", f"{self._parent(zone)}/queuedResources", params=params)
+            if response.status_code == 404:
+                return resources
+            _raise_for(response)
+            data = response.json() or {}
+            resources.extend(data.get("queuedResources", []))
+            token = data.get("nextPageToken", "")
+            if not token:
+                return resources
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Response:
+        return self._session.request(method, f"{self._base}/{path}", timeout=60, **kwargs)
 
     def _parent(self, zone: str) -> str:
         return f"projects/{self._settings.project}/locations/{zone}"
 
 
-def _accelerator(resource: tpu_v2.QueuedResource) -> str | None:
+def _observed(name: str, home: Pool, resource: dict[str, Any]) -> Observed:
+    state = resource.get("state") or {}
+    value = str(state.get("state", ""))
+    phase = _PHASES.get(value, ProvisionPhase.CREATING)
+    if phase is ProvisionPhase.WAITING:
+        return Observed(
+            name=name, pool_id=home.pool_id, phase=phase, last_attempt=WAITING_FOR_RESOURCES,
+            message="waiting for resources in Google's queue",
+        )  # fmt: skip
+    if phase is ProvisionPhase.FAILED:
+        error = (state.get("failedData") or {}).get("error") or {}
+        message = str(error.get("message") or "the queued resource failed")
+        code = STOCKOUT if STOCKOUT in message else f"TPU_ERROR_{error.get('code', 0)}"
+        return Observed(
+            name=name, pool_id=home.pool_id, phase=phase, error_code=code, message=message
+        )
+    return Observed(name=name, pool_id=home.pool_id, phase=phase)
+
+
+def _accelerator(resource: dict[str, Any]) -> str | None:
     """The opendws accelerator name of a queued resource's slices (e.g. tpu-v5e)."""
-    for spec in resource.tpu.node_spec:
-        config = spec.node.accelerator_config
-        if config and config.type_:
-            return TPU_ACCELERATOR_OF_API_TYPE.get(config.type_.name)
+    for spec in (resource.get("tpu") or {}).get("nodeSpec", []):
+        config = (spec.get("node") or {}).get("acceleratorConfig") or {}
+        if config.get("type"):
+            return TPU_ACCELERATOR_OF_API_TYPE.get(str(config["type"]))
     return None
 
 
-def _failure(resource: tpu_v2.QueuedResource) -> tuple[str | None, str]:
-    """Code and message of a FAILED queued resource (the stockout code when it says so)."""
-    if resource.state.state != _State.FAILED:
-        return None, ""
-    error = resource.state.failed_data.error
-    message = error.message or "the queued resource failed"
-    if STOCKOUT in message or "exhausted" in message.lower():
-        return STOCKOUT, message
-    return f"TPU_ERROR_{error.code}", message
+def _raise_for(response: Response) -> None:
+    if response.status_code >= 400:
+        raise exceptions.from_http_response(response)  # type: ignore[no-untyped-call]
+
+
+def _duration(value: timedelta) -> str:
+    return f"{int(value.total_seconds())}s"
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
