@@ -3,6 +3,8 @@ contract as the real adapters (the contract suites run on both)."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -211,7 +213,18 @@ LONG_AGO = datetime.min.replace(tzinfo=UTC)
 NEVER = datetime.max.replace(tzinfo=UTC)
 # The error code a stockout carries, as Compute Engine reports it.
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
+# What a TPU queued resource waiting for capacity reports (its state; the API has no error).
+WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"
 FAILURE_KINDS = ("stockout", "hang", "error")
+# The serving rule of the simulated cloud (opendws.sim): a requested run duration of a day
+# serves as if the request had come an hour later; no duration counts as the 7-day maximum.
+SHORTER_FIRST = 1 / 24
+MAX_RUN = timedelta(days=7)
+# How soon a waiting order is tried again after an attempt an injected stockout failed (a real
+# shortage needs no timer: every change of stock makes its queue look again).
+RETRY_AFTER = timedelta(minutes=1)
+
+_Key = tuple[str, str]
 
 
 @dataclass(slots=True)
@@ -225,47 +238,86 @@ class _FakeOrder:
     calendar_end: datetime | None  # calendar blocks end here; flex runs end after run_duration
     phase: ProvisionPhase
     created_at: datetime
+    sequence: int  # arrival order: breaks ties of the serving rule
+    eligible_at: datetime  # first tried at creation + the provisioning latency
     holds_stock: bool = False
-    ends_by_itself: bool = False  # flex-start VMs are deleted when their run time is up
+    ends_by_itself: bool = False  # flex-start VMs and slices are deleted when their time is up
     starts_at: datetime | None = None  # a calendar block takes its units at its start
-    hung: bool = False  # a "hang" injection: it never leaves CREATING
+    hung: bool = False  # a "hang" injection: it waits for ever, never served
     ready_at: datetime | None = None
     error_code: str | None = None
+    last_attempt: str | None = None
     message: str = ""
+
+    @property
+    def key(self) -> _Key:
+        return (self.pool.zone, self.pool.shape)
+
+    @property
+    def serving_key(self) -> tuple[datetime, int]:
+        """The serving order: creation time plus the shorter-first allowance, then arrival."""
+        return (self.created_at + self.run_duration * SHORTER_FIRST, self.sequence)
+
+    def end(self) -> datetime | None:
+        """When it ends by itself, once it holds its capacity (None: never)."""
+        if self.calendar_end is not None:
+            return self.calendar_end
+        if self.ready_at is not None and self.ends_by_itself:
+            return self.ready_at + self.run_duration
+        return None
 
 
 class MemoryCapacityProvider:
-    """A CapacityProvider over a tiny simulated cloud in memory: free stock per (zone, shape),
-    a provisioning latency, injected failures, and a clock the test moves.
+    """A CapacityProvider over a tiny simulated cloud in memory that does what Google does (and
+    what the simulated cloud behind the emulator does: the contract suite checks both alike).
 
-    It behaves as the emulated cloud does (and the contract suite checks both the same way): an
-    order is CREATING until ``latency`` has passed, then READY if the stock was there — taking
-    it — or FAILED with ZONE_RESOURCE_POOL_EXHAUSTED if not; a "hang" injection keeps it
-    CREATING for ever, an "error" injection fails it with another code. A MIG flex run ENDS
-    by itself after its run duration (flex-start VMs are deleted); a TPU one runs until
-    released; a calendar order is RESERVED from :meth:`reserve` — which creates nothing, as
-    the cloud refuses the reservation, when the units are not free beyond those promised to
-    overlapping blocks — takes its units at the block's start (or FAILS if they are gone),
-    and ENDS at the block's end.
+    - Free stock per (zone, shape); an order is CREATING until ``latency`` has passed, then
+      joins Google's queue of its (zone, shape). The queue is served first come first served,
+      shorter run durations favoured (the simulated cloud's rule: ordered by creation time +
+      run duration / 24, then arrival); the head is served when its units are free, and a head
+      that does not fit blocks those behind it (nothing starves). An order short of stock is
+      never failed: it WAITS, with the attempt's temporary error as ``last_attempt``
+      (ZONE_RESOURCE_POOL_EXHAUSTED for a MIG resize request; a TPU queued resource says
+      WAITING_FOR_RESOURCES) and is served as stock frees (a release, the end of a run, more
+      stock set).
+    - Injections, taken one per serving attempt of the queue's head: "stockout" — that attempt
+      finds no capacity (the order waits; tried again a minute later); "hang" — the order is
+      never served (it waits until released); "error" — a final failure (FAILED,
+      RESOURCE_OPERATION_FAILED).
+    - Flex-start VMs and TPU slices END by themselves after their run duration (flex-start
+      VMs are deleted; a flex-start queued resource is SUSPENDED), giving their stock back.
+    - A calendar order is RESERVED from :meth:`reserve` — which creates nothing, as the cloud
+      refuses the reservation, when the units are not free beyond those promised to
+      overlapping blocks — takes its units at the block's start (or FAILS if they are gone),
+      and ENDS at the block's end; its VMs use the block's own units.
+
+    Settling is event driven: every change that will happen by itself is a timed event on a
+    heap, so a call when nothing is due costs nothing, whatever the number of orders.
     """
 
     def __init__(self, clock: Clock, *, latency: timedelta = timedelta(seconds=20)) -> None:
         self._clock = clock
         self._latency = latency
         self._offset = timedelta(0)
-        self._stock: dict[tuple[str, str], int] = {}
-        self._injected: dict[tuple[str, str], list[str]] = {}
+        self._stock: dict[_Key, int] = {}
+        self._injected: dict[_Key, list[str]] = {}
         self._orders: dict[str, _FakeOrder] = {}
+        self._by_pool: dict[str, dict[str, _FakeOrder]] = {}
+        self._queues: dict[_Key, list[_FakeOrder]] = {}  # waiting to be served, per key
         self._created: dict[str, int] = {}
-        self._next_due = LONG_AGO  # the earliest time an order changes by itself
+        # Timed events: (when, sequence, order name or None, key to serve or None).
+        self._events: list[tuple[datetime, int, str | None, _Key | None]] = []
+        self._sequence = itertools.count()
         self._lock = threading.Lock()
 
     # Steering (the same methods the emulator's admin client has) ----------------------------
 
     def set_stock(self, zone: str, shape: str, units: int) -> None:
-        """Free units of ``shape`` in ``zone``."""
+        """Free units of ``shape`` in ``zone`` (waiting orders are served from them)."""
         with self._lock:
+            self._settle()
             self._stock[(zone, shape)] = units
+            self._serve_soon((zone, shape), self._now())
 
     def stock(self, zone: str, shape: str) -> int:
         """Free units of ``shape`` in ``zone`` now."""
@@ -274,17 +326,16 @@ class MemoryCapacityProvider:
             return self._stock.get((zone, shape), 0)
 
     def inject(self, zone: str, shape: str, kind: str, count: int = 1) -> None:
-        """The next ``count`` provisionings of ``shape`` in ``zone`` fail as ``kind``."""
+        """The next ``count`` serving attempts of ``shape`` in ``zone`` go as ``kind``."""
         if kind not in FAILURE_KINDS:
             raise ValueError(f"kind: {kind!r} is not one of {', '.join(FAILURE_KINDS)}")
         with self._lock:
             self._injected.setdefault((zone, shape), []).extend([kind] * count)
 
     def set_latency(self, latency: timedelta) -> None:
-        """How long provisioning takes from now on."""
+        """How long provisioning takes, for orders created from now on."""
         with self._lock:
             self._latency = latency
-            self._next_due = LONG_AGO  # every due time moved: look again
 
     def advance(self, delta: timedelta) -> None:
         """Move the fake cloud's own time forward (on top of the injected clock)."""
@@ -300,20 +351,20 @@ class MemoryCapacityProvider:
     # The port ---------------------------------------------------------------------------
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
-        wanted = {pool.pool_id for pool in pools}
         with self._lock:
             self._settle()
-            return {
-                order.name: Observed(
-                    name=order.name,
-                    pool_id=order.pool.pool_id,
-                    phase=order.phase,
-                    error_code=order.error_code,
-                    message=order.message,
-                )
-                for order in self._orders.values()
-                if order.pool.pool_id in wanted
-            }
+            observed: dict[str, Observed] = {}
+            for pool_id in {pool.pool_id for pool in pools}:
+                for order in self._by_pool.get(pool_id, {}).values():
+                    observed[order.name] = Observed(
+                        name=order.name,
+                        pool_id=pool_id,
+                        phase=order.phase,
+                        error_code=order.error_code,
+                        message=order.message,
+                        last_attempt=order.last_attempt,
+                    )
+            return observed
 
     def reserve(self, order: Order) -> None:
         if order.request.mode is not Mode.CALENDAR:
@@ -330,7 +381,7 @@ class MemoryCapacityProvider:
                 other.units
                 for other in self._orders.values()
                 if other.phase is ProvisionPhase.RESERVED and not other.holds_stock
-                and (other.pool.zone, other.pool.shape) == key
+                and other.key == key
                 and other.starts_at is not None and other.calendar_end is not None
                 and other.starts_at < end and request.start_at < other.calendar_end
             )  # fmt: skip
@@ -338,26 +389,39 @@ class MemoryCapacityProvider:
                 return  # refused, as the cloud refuses the reservation: nothing is created
             fake = self._new(order, ProvisionPhase.RESERVED)
             fake.starts_at = request.start_at
-            self._expect(fake)
-            if request.start_at <= self._now():
-                self._take_block(fake)
+            self._at(request.start_at, fake)
+            self._at(end, fake)
 
     def provision(self, order: Order) -> None:
         with self._lock:
             self._settle()
             existing = self._orders.get(order.name)
             if existing is None:
-                self._new(order, ProvisionPhase.CREATING)
+                fake = self._new(order, ProvisionPhase.CREATING)
             elif existing.phase is ProvisionPhase.RESERVED:
-                existing.phase = ProvisionPhase.CREATING
-                existing.created_at = self._now()
-                self._expect(existing)
+                fake = existing
+                fake.phase = ProvisionPhase.CREATING
+                fake.eligible_at = self._now() + self._latency
+            else:
+                return
+            if fake.holds_stock:
+                self._at(fake.eligible_at, fake)  # a block's VMs: its own units
+            else:
+                self._queues.setdefault(fake.key, []).append(fake)
+                self._serve_soon(fake.key, fake.eligible_at)
 
     def release(self, name: str, pool: Pool) -> None:
         with self._lock:
+            self._settle()
             order = self._orders.pop(name, None)
-            if order is not None and order.holds_stock:
-                self._give_back(order)
+            if order is None:
+                return
+            self._by_pool.get(order.pool.pool_id, {}).pop(name, None)
+            queue = self._queues.get(order.key)
+            if queue is not None and order in queue:
+                queue.remove(order)
+            if order.holds_stock:
+                self._give_back(order, self._now())
 
     # Inside -----------------------------------------------------------------------------
 
@@ -369,6 +433,7 @@ class MemoryCapacityProvider:
         calendar_end = None
         if request.mode is Mode.CALENDAR and request.start_at is not None:
             calendar_end = request.start_at + request.run_duration
+        now = self._now()
         fake = _FakeOrder(
             name=order.name,
             pool=order.pool,
@@ -376,96 +441,116 @@ class MemoryCapacityProvider:
             run_duration=request.run_duration,
             calendar_end=calendar_end,
             phase=phase,
-            created_at=self._now(),
-            ends_by_itself=order.pool.provider is Provider.MIG and calendar_end is None,
+            created_at=now,
+            sequence=next(self._sequence),
+            eligible_at=now + self._latency,
+            ends_by_itself=calendar_end is None,
         )
         self._orders[order.name] = fake
+        self._by_pool.setdefault(order.pool.pool_id, {})[order.name] = fake
         self._created[order.name] = self._created.get(order.name, 0) + 1
-        self._expect(fake)
         return fake
 
-    def _give_back(self, order: _FakeOrder) -> None:
-        key = (order.pool.zone, order.pool.shape)
-        self._stock[key] = self._stock.get(key, 0) + order.units
+    def _at(self, when: datetime, order: _FakeOrder) -> None:
+        """Look at ``order`` again at ``when``."""
+        heapq.heappush(self._events, (when, next(self._sequence), order.name, None))
+
+    def _serve_soon(self, key: _Key, when: datetime) -> None:
+        """Serve the queue of ``key`` at ``when`` (at once if that has passed)."""
+        if self._queues.get(key):
+            heapq.heappush(self._events, (when, next(self._sequence), None, key))
+
+    def _give_back(self, order: _FakeOrder, when: datetime) -> None:
+        self._stock[order.key] = self._stock.get(order.key, 0) + order.units
         order.holds_stock = False
-
-    def _due(self, order: _FakeOrder) -> datetime | None:
-        """When ``order`` next changes by itself, if ever."""
-        if order.phase is ProvisionPhase.CREATING and not order.hung:
-            return order.created_at + self._latency
-        if order.phase is ProvisionPhase.RESERVED and not order.holds_stock:
-            return order.starts_at
-        if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
-            if order.calendar_end is not None:
-                return order.calendar_end
-            if order.ready_at is not None and order.ends_by_itself:
-                return order.ready_at + order.run_duration
-        return None
-
-    def _expect(self, order: _FakeOrder) -> None:
-        """Note ``order``'s next change, so that settling can skip until something is due."""
-        due = self._due(order)
-        if due is not None and due < self._next_due:
-            self._next_due = due
+        self._serve_soon(order.key, when)
 
     def _settle(self) -> None:
-        """Bring every order up to the current time (the lock is held). Nothing to do until
-        the earliest change is due, so most calls return at once."""
+        """Run every event due by now, in time order, each at its own moment (the lock is
+        held). Nothing is due: nothing to do."""
         now = self._now()
-        if now < self._next_due:
-            return
-        self._next_due = NEVER
-        for order in sorted(self._orders.values(), key=lambda o: (o.created_at, o.name)):
-            due = order.created_at + self._latency
-            if order.phase is ProvisionPhase.CREATING and not order.hung and now >= due:
-                self._finish_creating(order)
-            starts = order.starts_at
-            waiting = order.phase is ProvisionPhase.RESERVED and not order.holds_stock
-            if waiting and starts is not None and now >= starts:
+        events = self._events
+        while events and events[0][0] <= now:
+            when, _, name, key = heapq.heappop(events)
+            if key is not None:
+                self._serve(key, when)
+                continue
+            order = self._orders.get(name or "")
+            if order is not None:
+                self._look_at(order, when)
+
+    def _look_at(self, order: _FakeOrder, when: datetime) -> None:
+        """What happens to ``order`` by itself at ``when``."""
+        starts = order.starts_at
+        if order.phase is ProvisionPhase.RESERVED and not order.holds_stock:  # noqa: SIM102
+            if starts is not None and starts <= when:
                 self._take_block(order)
-            if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
-                end = order.calendar_end
-                if end is None and order.ready_at is not None and order.ends_by_itself:
-                    end = order.ready_at + order.run_duration
-                if end is not None and now >= end:
-                    order.phase = ProvisionPhase.ENDED
-                    if order.holds_stock:
-                        self._give_back(order)
-            self._expect(order)
+        created = order.phase is ProvisionPhase.CREATING and order.eligible_at <= when
+        if created and order.holds_stock:  # a block's VMs, on its own units
+            order.phase, order.ready_at = ProvisionPhase.READY, when
+        if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
+            end = order.end()
+            if end is not None and end <= when:
+                order.phase = ProvisionPhase.ENDED
+                if order.holds_stock:
+                    self._give_back(order, when)
+
+    def _serve(self, key: _Key, when: datetime) -> None:
+        """One serving attempt of the queue of ``key`` at ``when`` (see the class docstring)."""
+        queue = self._queues.get(key)
+        while queue:
+            ready = sorted((o for o in queue if o.eligible_at <= when), key=_serving)
+            if not ready:
+                return
+            head = ready[0]
+            injected = self._injected.get(key)
+            kind = injected.pop(0) if injected else None
+            if kind == "hang":
+                queue.remove(head)  # it waits for ever: never served
+                head.hung = True
+                continue
+            if kind == "error":
+                queue.remove(head)
+                head.phase, head.error_code = ProvisionPhase.FAILED, "RESOURCE_OPERATION_FAILED"
+                head.last_attempt, head.message = None, "the operation failed (injected)"
+                continue
+            if kind is None and self._stock.get(key, 0) >= head.units:
+                queue.remove(head)
+                self._stock[key] = self._stock.get(key, 0) - head.units
+                head.holds_stock = True
+                head.phase, head.ready_at = ProvisionPhase.READY, when
+                head.last_attempt, head.message = None, ""
+                end = head.end()
+                if end is not None:
+                    self._at(end, head)
+                continue
+            for order in ready:
+                order.phase = ProvisionPhase.WAITING
+                if order.pool.provider is Provider.TPU:
+                    order.last_attempt = WAITING_FOR_RESOURCES
+                    order.message = "waiting for resources in Google's queue"
+                else:
+                    order.last_attempt = STOCKOUT
+                    order.message = (
+                        f"the zone {key[0]} does not have enough resources available to "
+                        f"fulfill the request ({order.units} × {key[1]})"
+                    )
+            if kind == "stockout":
+                self._serve_soon(key, when + RETRY_AFTER)
+            return
 
     def _take_block(self, order: _FakeOrder) -> None:
         """A block's start: take its units, or fail if they are gone."""
-        key = (order.pool.zone, order.pool.shape)
-        if self._stock.get(key, 0) < order.units:
+        if self._stock.get(order.key, 0) < order.units:
             order.phase, order.error_code = ProvisionPhase.FAILED, STOCKOUT
             order.message = "the block's units were gone at its start"
             return
-        self._stock[key] = self._stock.get(key, 0) - order.units
+        self._stock[order.key] = self._stock.get(order.key, 0) - order.units
         order.holds_stock = True
 
-    def _finish_creating(self, order: _FakeOrder) -> None:
-        key = (order.pool.zone, order.pool.shape)
-        injected = self._injected.get(key) or []
-        kind = injected.pop(0) if injected else None
-        if kind == "hang":
-            order.hung = True
-            return
-        if kind == "error":
-            order.phase, order.error_code = ProvisionPhase.FAILED, "RESOURCE_OPERATION_FAILED"
-            order.message = "the operation failed (injected)"
-            return
-        if not order.holds_stock:
-            if kind == "stockout" or self._stock.get(key, 0) < order.units:
-                order.phase, order.error_code = ProvisionPhase.FAILED, STOCKOUT
-                order.message = (
-                    f"the zone {order.pool.zone} does not have enough resources available "
-                    f"to fulfill the request ({order.units} × {order.pool.shape})"
-                )
-                return
-            self._stock[key] = self._stock.get(key, 0) - order.units
-            order.holds_stock = True
-        order.phase = ProvisionPhase.READY
-        order.ready_at = order.created_at + self._latency
+
+def _serving(order: _FakeOrder) -> tuple[datetime, int]:
+    return order.serving_key
 
 
 class MemoryTimerQueue:
