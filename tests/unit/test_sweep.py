@@ -218,3 +218,15 @@ def test_a_lane_in_a_pool_no_longer_configured_sends_the_request_back_in_line() 
 def test_stockout_codes_are_the_ones_google_reports() -> None:
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in STOCKOUT_CODES
     assert "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" in STOCKOUT_CODES
+
+
+def test_giving_up_after_a_while_is_an_option_that_is_off_by_default() -> None:
+    """The old cancel-and-retry (kept to compare against): off, an order waits; on, an order
+    not served after that long is cancelled, its pool marked short, the request back in line."""
+    waiting = seen(phase=P.WAITING, last_attempt=STOCKOUT)
+    later = NOW + timedelta(minutes=30)
+    kept = sweep(view(S.PROVISIONING, waiting, reason=R.WAITING_FOR_CAPACITY), later, GRACE)
+    assert kept.target is None
+    step = sweep(view(S.PROVISIONING, waiting), later, GRACE, timedelta(minutes=15))
+    assert (step.target, step.reason, step.short) == (S.PENDING, R.GAVE_UP, (A,))
+    assert step.calls == ((Call.RELEASE, Lane(A, 1)),)

@@ -50,6 +50,9 @@ class SweepReason(StrEnum):
     BLOCK_STARTED = "BLOCK_STARTED"  # a calendar block's start was reached
     BLOCK_ENDED = "BLOCK_ENDED"  # a calendar block's end was reached
     MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # max_wait passed while it waited at Google
+    # Given up after ReconcileSettings.give_up_after (off by default: it loses the place in
+    # Google's queue; kept to compare against, see bench/obtain.py).
+    GAVE_UP = "GAVE_UP"
     POOL_REMOVED = "POOL_REMOVED"  # its pool is no longer configured
 
 
@@ -199,8 +202,13 @@ class Step:
         return self.target is not None or self.reason is not None
 
 
-def sweep(view: SweepView, now: datetime, grace: timedelta) -> Step:
-    """The step for one live request (see the module docstring)."""
+def sweep(
+    view: SweepView, now: datetime, grace: timedelta, give_up_after: timedelta | None = None
+) -> Step:
+    """The step for one live request (see the module docstring). ``give_up_after``, when
+    set, cancels a flex request's orders that Google has not served after that long and sends
+    it back in line for its other pools (their pools marked short): the old cancel-and-retry,
+    off by default."""
     lanes = tuple(seen.lane for seen in view.lanes)
     releases = tuple((Call.RELEASE, lane) for lane in lanes)
     # Deadline rows (ACTIVE): looked at before the table.
@@ -217,7 +225,14 @@ def sweep(view: SweepView, now: datetime, grace: timedelta) -> Step:
     if not configured:
         return _pool_removed(view, lanes)
     if view.state is S.PROVISIONING and view.mode is Mode.FLEX_START:
-        return _provisioning_flex(view, configured, now)
+        step = _provisioning_flex(view, configured, now)
+        if give_up_after is not None and step.target is None and now - view.since >= give_up_after:
+            return Step(
+                S.PENDING, SweepReason.GAVE_UP, Trigger.ACTIVE, (), releases,
+                f"not served after {give_up_after} in {_pools(lanes)}; cancelled to try the "
+                "request's other pools", tuple(seen.lane.pool for seen in configured),
+            )  # fmt: skip
+        return step
     seen = configured[0]
     row = TABLE[(view.state, view.mode, seen.phase)]
     calls = tuple((call, seen.lane) for call in row.calls)

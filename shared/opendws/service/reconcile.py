@@ -93,6 +93,10 @@ class ReconcileSettings:
     overdue_grace: timedelta = timedelta(minutes=1)  # the sweep ends runs this long past due
     eta_tolerance: timedelta = timedelta(minutes=5)  # smaller ETA moves are not announced
     renew_every: int = 50  # writes between lease renewals within a long pass
+    # The old cancel-and-retry: give up on orders Google has not served after this long and
+    # try the request's other pools. None (the default) waits until max_wait, keeping the
+    # place in Google's queue; bench/obtain.py compares the two.
+    give_up_after: timedelta | None = None
 
 
 class Providers:
@@ -306,7 +310,8 @@ class _Cycle:
             block_start=block_start,
             block_end=None if block_start is None else block_start + request.run_duration,
         )
-        self._carry_out(record, sweep(view, self.now, self.settings.overdue_grace))
+        step = sweep(view, self.now, self.settings.overdue_grace, self.settings.give_up_after)
+        self._carry_out(record, step)
 
     def _carry_out(self, record: RequestRecord, step: Step) -> None:
         """The one writer of the sweep: pools marked short, the record's write (before the
