@@ -586,7 +586,7 @@ def main(argv: list[str]) -> int:
         default=[],
         metavar="ZONE/SHAPE=LOW:HIGH",
         help="let other customers move the free units of a shape in a zone within LOW..HIGH "
-        "(a seeded random walk, one unit at a time; repeatable)",
+        "(a seeded random walk from LOW, one unit at a time; repeatable)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the stock processes")
     parser.add_argument(

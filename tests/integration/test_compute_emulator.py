@@ -662,6 +662,7 @@ def test_admin_client_raises_value_error_on_bad_input(emu: ComputeEmulator) -> N
 
 def test_standalone_server_prints_its_endpoint_and_stops_on_sigterm() -> None:
     command = [sys.executable, "-m", "emulators.compute", "--stock", f"{ZONE}/{SHAPE}=7",
+               "--stock-process", f"{ZONE}/g2-standard-8=2:5", "--seed", "3",
                "--latency", "1"]  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared")])}
     server = subprocess.Popen(
@@ -679,6 +680,10 @@ def test_standalone_server_prints_its_endpoint_and_stops_on_sigterm() -> None:
         admin = EmulatorAdmin(line.partition("=")[2])
         assert admin.stock(ZONE, SHAPE) == 7
         assert admin.state()["latency_seconds"] == 1
+        (process,) = admin.state()["stock_processes"]  # type: ignore[misc]
+        assert (process["shape"], process["low"], process["high"], process["seed"]) == (
+            "g2-standard-8", 2, 5, 3)  # fmt: skip
+        assert admin.stock(ZONE, "g2-standard-8") == 2  # it starts at LOW
         os.killpg(server.pid, signal.SIGTERM)
         assert server.wait(15) == 0
     finally:
