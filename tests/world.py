@@ -16,7 +16,7 @@ from opendws.adapters.memory import (
     MemoryRequestStore,
     MemoryTimerQueue,
 )
-from opendws.domain.model import CapacityRequest, Pool, Tenant
+from opendws.domain.model import CapacityRequest, PolicySettings, Pool, Tenant
 from opendws.domain.states import RequestState
 from opendws.ports import (
     CapacityProvider,
@@ -119,6 +119,7 @@ def memory_world(
     settings: ReconcileSettings | None = None,
     timers: bool = False,
     configuration: Configuration | None = None,
+    policy: PolicySettings | None = None,
 ) -> tuple[World, MemoryCapacityProvider]:
     """A world in memory: one fake cloud serves all three provider kinds."""
     clock = ManualClock()
@@ -128,7 +129,10 @@ def memory_world(
         clock=clock,
         store=MemoryRequestStore(),
         config=MemoryConfigStore(
-            configuration or Configuration(pools=tuple(pools), tenants=tuple(tenants))
+            configuration
+            or Configuration(
+                pools=tuple(pools), tenants=tuple(tenants), policy=policy or PolicySettings()
+            )
         ),
         providers=Providers(mig_flex=provider, tpu=provider, calendar=provider),
         bus=MemoryEventBus(),

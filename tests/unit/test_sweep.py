@@ -27,6 +27,7 @@ from opendws.domain.sweep import (
     Call,
     LaneView,
     SweepReason,
+    SweepSettings,
     SweepView,
     Trigger,
     sweep,
@@ -36,7 +37,7 @@ from tests.builders import NOW
 S = RequestState
 P = ProvisionPhase
 R = SweepReason
-GRACE = timedelta(minutes=1)
+GRACE = SweepSettings()
 A, B, C = "us-central1-a/a3", "us-central1-b/a3", "us-central1-c/a3"
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
 
@@ -57,7 +58,7 @@ def view(
     block: tuple[datetime, datetime] | None = None,
 ) -> SweepView:  # fmt: skip
     return SweepView(
-        state=state, mode=mode, lanes=lanes or (seen(),), units=2, since=NOW - timedelta(hours=1),
+        state=state, mode=mode, lanes=lanes or (seen(),), units=2, since=NOW,
         reason=reason, deadline=deadline if mode is Mode.FLEX_START else None,
         run_end=run_end, block_start=None if block is None else block[0],
         block_end=None if block is None else block[1],
@@ -190,6 +191,7 @@ def test_a_lane_never_created_is_created_again_while_the_others_wait() -> None:
 def test_a_run_past_its_end_is_released_by_the_sweep_after_the_grace() -> None:
     end = NOW - timedelta(seconds=30)
     assert sweep(view(S.ACTIVE, seen(phase=P.READY), run_end=end), NOW, GRACE).target is None
+    assert GRACE.grace == timedelta(minutes=1)
     late = NOW + timedelta(minutes=1)
     step = sweep(view(S.ACTIVE, seen(phase=P.READY), run_end=end), late, GRACE)
     assert (step.target, step.reason, step.trigger) == (S.EXPIRED, R.RUN_TIME_UP, Trigger.ACTIVE)
@@ -227,6 +229,19 @@ def test_giving_up_after_a_while_is_an_option_that_is_off_by_default() -> None:
     later = NOW + timedelta(minutes=30)
     kept = sweep(view(S.PROVISIONING, waiting, reason=R.WAITING_FOR_CAPACITY), later, GRACE)
     assert kept.target is None
-    step = sweep(view(S.PROVISIONING, waiting), later, GRACE, timedelta(minutes=15))
+    step = sweep(
+        view(S.PROVISIONING, waiting), later, SweepSettings(give_up_after=timedelta(minutes=15))
+    )
     assert (step.target, step.reason, step.short) == (S.PENDING, R.GAVE_UP, (A,))
     assert step.calls == ((Call.RELEASE, Lane(A, 1)),)
+
+
+def test_an_order_the_cloud_never_took_is_dropped_after_a_while() -> None:
+    """Nothing exists under its name (every create call was refused): there is no place in
+    Google's queue to keep, so after ``not_taken_after`` the lane is dropped like a failure."""
+    never = seen(phase=None)
+    early = sweep(view(S.PROVISIONING, never), NOW, GRACE)
+    assert (early.target, early.calls) == (None, ((Call.PROVISION, Lane(A, 1)),))
+    late = sweep(view(S.PROVISIONING, never), NOW + timedelta(minutes=15), GRACE)
+    assert (late.target, late.reason) == (S.PENDING, R.PROVISIONING_FAILED)
+    assert "NOT_ACCEPTED" in late.message

@@ -39,6 +39,11 @@ STOCKOUT_CODES = frozenset(
 )
 
 
+NOT_ACCEPTED = "NOT_ACCEPTED"  # the cloud refused every create call of an order for too long
+# Failures that cool their pool down: no capacity there, or the cloud will not take orders.
+_COOLS_DOWN = STOCKOUT_CODES | {NOT_ACCEPTED}
+
+
 class SweepReason(StrEnum):
     """Why the sweep moved or revised a request."""
 
@@ -202,13 +207,23 @@ class Step:
         return self.target is not None or self.reason is not None
 
 
-def sweep(
-    view: SweepView, now: datetime, grace: timedelta, give_up_after: timedelta | None = None
-) -> Step:
-    """The step for one live request (see the module docstring). ``give_up_after``, when
-    set, cancels a flex request's orders that Google has not served after that long and sends
-    it back in line for its other pools (their pools marked short): the old cancel-and-retry,
-    off by default."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepSettings:
+    """The sweep's deadlines."""
+
+    grace: timedelta = timedelta(minutes=1)  # a run this long past its end is ended by the sweep
+    # An order whose create call the cloud kept refusing (nothing exists under its name) this
+    # long after admission is dropped: there is no place in Google's queue to lose.
+    not_taken_after: timedelta = timedelta(minutes=15)
+    # When set, orders Google has not served after this long are cancelled and the request
+    # goes back in line for its other pools (their pools marked short): the old
+    # cancel-and-retry, off by default since it gives up the place in Google's queue.
+    give_up_after: timedelta | None = None
+
+
+def sweep(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
+    """The step for one live request (see the module docstring)."""
+    grace, give_up_after = settings.grace, settings.give_up_after
     lanes = tuple(seen.lane for seen in view.lanes)
     releases = tuple((Call.RELEASE, lane) for lane in lanes)
     # Deadline rows (ACTIVE): looked at before the table.
@@ -225,6 +240,8 @@ def sweep(
     if not configured:
         return _pool_removed(view, lanes)
     if view.state is S.PROVISIONING and view.mode is Mode.FLEX_START:
+        if now - view.since >= settings.not_taken_after:
+            configured = tuple(_not_taken(seen, settings) for seen in configured)
         step = _provisioning_flex(view, configured, now)
         if give_up_after is not None and step.target is None and now - view.since >= give_up_after:
             return Step(
@@ -266,7 +283,7 @@ def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: d
             seen.lane.pool
             for seen in configured
             if (seen.phase is P.WAITING and seen.last_attempt in STOCKOUT_CODES)
-            or (seen.phase is P.FAILED and seen.error_code in STOCKOUT_CODES)
+            or (seen.phase is P.FAILED and seen.error_code in _COOLS_DOWN)
         )
     )
     served = [seen for seen, row in rows if row.target is S.ACTIVE]
@@ -339,6 +356,16 @@ def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: d
     return Step(
         None, reason, trigger, tuple(seen.lane for seen in kept), (*dropped, *repairs), message,
         short,
+    )  # fmt: skip
+
+
+def _not_taken(seen: LaneView, settings: SweepSettings) -> LaneView:
+    """A lane with nothing under its name after the deadline counts as failed."""
+    if seen.phase is not None:
+        return seen
+    return LaneView(
+        lane=seen.lane, configured=seen.configured, phase=P.FAILED, error_code=NOT_ACCEPTED,
+        message=f"the cloud did not take the order within {settings.not_taken_after}",
     )  # fmt: skip
 
 

@@ -37,7 +37,7 @@ from opendws.domain.admission import Decision, Outcome, Race, admit
 from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane
 from opendws.domain.states import RequestState
-from opendws.domain.sweep import Call, LaneView, Step, SweepView, sweep
+from opendws.domain.sweep import Call, LaneView, Step, SweepSettings, SweepView, sweep
 from opendws.ports import (
     CapacityProvider,
     Clock,
@@ -97,6 +97,15 @@ class ReconcileSettings:
     # try the request's other pools. None (the default) waits until max_wait, keeping the
     # place in Google's queue; bench/obtain.py compares the two.
     give_up_after: timedelta | None = None
+    # A create call the cloud kept refusing this long after admission drops that order.
+    not_taken_after: timedelta = timedelta(minutes=15)
+
+    @property
+    def sweep(self) -> SweepSettings:
+        return SweepSettings(
+            grace=self.overdue_grace, not_taken_after=self.not_taken_after,
+            give_up_after=self.give_up_after,
+        )  # fmt: skip
 
 
 class Providers:
@@ -310,7 +319,7 @@ class _Cycle:
             block_start=block_start,
             block_end=None if block_start is None else block_start + request.run_duration,
         )
-        step = sweep(view, self.now, self.settings.overdue_grace, self.settings.give_up_after)
+        step = sweep(view, self.now, self.settings.sweep)
         self._carry_out(record, step)
 
     def _carry_out(self, record: RequestRecord, step: Step) -> None:
