@@ -213,8 +213,9 @@ LONG_AGO = datetime.min.replace(tzinfo=UTC)
 NEVER = datetime.max.replace(tzinfo=UTC)
 # The error code a stockout carries, as Compute Engine reports it.
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
-# What a TPU queued resource waiting for capacity reports (its state; the API has no error).
-WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"
+# What a TPU queued resource in Google's queue says (its state, WAITING_FOR_RESOURCES, from its
+# acceptance on; the API reports no per-attempt error for it).
+_TPU_WAITING = "waiting for resources in Google's queue"
 FAILURE_KINDS = ("stockout", "hang", "error")
 # The serving rule of the simulated cloud (opendws.sim): a requested run duration of a day
 # serves as if the request had come an hour later; no duration counts as the 7-day maximum.
@@ -277,9 +278,9 @@ class MemoryCapacityProvider:
       run duration / 24, then arrival); the head is served when its units are free, and a head
       that does not fit blocks those behind it (nothing starves). An order short of stock is
       never failed: it WAITS, with the attempt's temporary error as ``last_attempt``
-      (ZONE_RESOURCE_POOL_EXHAUSTED for a MIG resize request; a TPU queued resource says
-      WAITING_FOR_RESOURCES) and is served as stock frees (a release, the end of a run, more
-      stock set).
+      (ZONE_RESOURCE_POOL_EXHAUSTED for a MIG resize request; a TPU queued resource is
+      WAITING_FOR_RESOURCES from its acceptance and reports no attempt) and is served as stock
+      frees (a release, the end of a run, more stock set).
     - Injections, taken one per serving attempt of the queue's head: "stockout" — that attempt
       finds no capacity (the order waits; tried again a minute later); "hang" — the order is
       never served (it waits until released); "error" — a final failure (FAILED,
@@ -397,7 +398,12 @@ class MemoryCapacityProvider:
             self._settle()
             existing = self._orders.get(order.name)
             if existing is None:
-                fake = self._new(order, ProvisionPhase.CREATING)
+                # A queued resource is WAITING_FOR_RESOURCES from its acceptance; a resize
+                # request is ACCEPTED and tried once the provisioning latency has passed.
+                tpu = order.pool.provider is Provider.TPU
+                fake = self._new(order, ProvisionPhase.WAITING if tpu else ProvisionPhase.CREATING)
+                if tpu:
+                    fake.message = _TPU_WAITING
             elif existing.phase is ProvisionPhase.RESERVED:
                 fake = existing
                 fake.phase = ProvisionPhase.CREATING
@@ -527,8 +533,7 @@ class MemoryCapacityProvider:
             for order in ready:
                 order.phase = ProvisionPhase.WAITING
                 if order.pool.provider is Provider.TPU:
-                    order.last_attempt = WAITING_FOR_RESOURCES
-                    order.message = "waiting for resources in Google's queue"
+                    order.message = _TPU_WAITING  # no per-attempt error: its state says it
                 else:
                     order.last_attempt = STOCKOUT
                     order.message = (

@@ -34,9 +34,6 @@ from opendws.ports import Observed, Order, ProvisionPhase
 TPU_ENDPOINT = "https://tpu.googleapis.com"
 API = "v2alpha1"
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
-# The last_attempt of a queued resource waiting for capacity (the API gives no error while it
-# waits: its state says it).
-WAITING_FOR_RESOURCES = "WAITING_FOR_RESOURCES"
 TIERS = ("flex_start", "spot", "guaranteed")
 _PHASES = {
     "ACTIVE": ProvisionPhase.READY,
@@ -169,8 +166,9 @@ def _observed(name: str, home: Pool, resource: dict[str, Any]) -> Observed:
     value = str(state.get("state", ""))
     phase = _PHASES.get(value, ProvisionPhase.CREATING)
     if phase is ProvisionPhase.WAITING:
+        # In Google's queue from its acceptance on; the API reports no per-attempt error.
         return Observed(
-            name=name, pool_id=home.pool_id, phase=phase, last_attempt=WAITING_FOR_RESOURCES,
+            name=name, pool_id=home.pool_id, phase=phase,
             message="waiting for resources in Google's queue",
         )  # fmt: skip
     if phase is ProvisionPhase.FAILED:
