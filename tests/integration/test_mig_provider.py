@@ -37,7 +37,14 @@ def client_options(emulator: ComputeEmulator) -> dict[str, object]:
     }
 
 
-def test_the_pool_gets_a_flex_start_template_and_a_bulk_group(emulator: ComputeEmulator) -> None:
+def test_the_pool_gets_a_flex_start_template_and_a_group_without_bulk_mode(
+    emulator: ComputeEmulator,
+) -> None:
+    """The template is Google's regional flex-start sample (magic-modules
+    ``samples/services/compute/compute_rmig_resize_request.tf.tmpl``): FLEX_START,
+    ``instanceTerminationAction=DELETE``, ``maxRunDuration``, ``reservationAffinity
+    NO_RESERVATION``; the group is not in bulk mode, which takes no resize requests
+    (compute/docs/instance-groups/about-bulk-mode)."""
     home = pool(zone=ZONE, capacity=8)
     provider = capacity_providers(PROJECT, endpoint=emulator.endpoint).mig_flex
     order = Order(request=flex("train", vm_count=3, hours=6), pool=home, attempt=1)
@@ -46,16 +53,21 @@ def test_the_pool_gets_a_flex_start_template_and_a_bulk_group(emulator: ComputeE
     template = compute_v1.InstanceTemplatesClient(**options).get(  # type: ignore[arg-type]
         project=PROJECT, instance_template=template_name(home)
     )
-    scheduling = template.properties.scheduling
-    assert template.properties.machine_type == A3
+    properties = template.properties
+    scheduling = properties.scheduling
+    assert properties.machine_type == A3
     assert (scheduling.provisioning_model, scheduling.instance_termination_action) == (
         "FLEX_START", "DELETE",
     )  # fmt: skip
+    assert scheduling.max_run_duration.seconds == 7 * 24 * 3600
+    assert properties.reservation_affinity.consume_reservation_type == "NO_RESERVATION"
+    assert properties.network_interfaces[0].nic_type == "GVNIC"  # A3 needs gVNIC
     group = compute_v1.InstanceGroupManagersClient(**options).get(  # type: ignore[arg-type]
         project=PROJECT, zone=ZONE, instance_group_manager=group_name(home)
     )
+    assert group.target_size_policy.mode != "BULK"
     # Created at size 0; the resize request (no latency here) has added its 3 VMs since.
-    assert (group.target_size_policy.mode, group.target_size) == ("BULK", 3)
+    assert group.target_size == 3
     resize = compute_v1.InstanceGroupManagerResizeRequestsClient(**options).get(  # type: ignore[arg-type]
         project=PROJECT, zone=ZONE, instance_group_manager=group_name(home),
         resize_request=order.name,
