@@ -27,6 +27,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    StrictBool,
     StrictInt,
     TypeAdapter,
     ValidationError,
@@ -146,7 +147,8 @@ class PolicySpec(Spec):
     """``policy``: knobs of the admission order."""
 
     aging_half_life: Duration | None = None  # None: the domain's default
-    race_width: int | None = None  # None: the domain's default (pools raced at once)
+    race_width: StrictInt | None = None  # None: the domain's default (pools raced at once)
+    race_eagerly: StrictBool | None = None  # None: the domain's default (race once a pool is short)
 
 
 class PoolSpec(Spec):
@@ -361,6 +363,8 @@ def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
         given["aging_half_life"] = spec.aging_half_life
     if spec.race_width is not None:
         given["race_width"] = spec.race_width
+    if spec.race_eagerly is not None:
+        given["race_eagerly"] = spec.race_eagerly
     try:
         return PolicySettings(**given)
     except InvalidModel as error:

@@ -13,7 +13,8 @@ import pytest
 from emulators import ComputeEmulator
 from opendws.adapters.memory import MemoryEventBus
 from opendws.bootstrap import capacity_providers
-from opendws.ports import Configuration
+from opendws.domain.states import RequestState
+from opendws.ports import Configuration, order_name
 from opendws.service.reconcile import ReconcileSettings
 from opendws.sim import SimClock, SimulatedCloud
 from tests.builders import A3, H100, NOW, V5E, pool, tpu_pool
@@ -30,6 +31,7 @@ class Stack:
 
     world: World
     cloud: SimulatedCloud
+    project: str
 
     def advance(self, delta: timedelta) -> None:
         """Move the reconciler's clock and the cloud's together."""
@@ -38,6 +40,32 @@ class Stack:
 
     def run(self, holder: str = "reconciler-1") -> None:
         self.world.run(holder)
+
+    def left_running(self) -> list[str]:
+        """VMs, queued TPU resources and resize requests still waiting at Google that belong
+        to no live request: what would run (and bill) unowned on Google."""
+        live = {
+            order_name(record.request_id, lane.attempt)
+            for record in self.world.store.in_states(
+                RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED
+            )
+            for lane in record.orders
+        }
+        state = self.cloud.state()["resources"]
+        assert isinstance(state, dict)
+        left: list[str] = []
+        for resources in state.values():
+            for vm in resources.get("instances", []):
+                if vm["name"].rsplit("-", 1)[0] not in live:
+                    left.append(f"instance {vm['name']}")
+            for request in resources.get("resizeRequests", []):
+                if request["state"] in ("ACCEPTED", "CREATING") and request["name"] not in live:
+                    left.append(f"resize request {request['name']}")
+            for queued in resources.get("queuedResources", []):
+                name = queued["name"].rsplit("/", 1)[-1]
+                if queued["state"]["state"] not in ("FAILED", "SUSPENDED") and name not in live:
+                    left.append(f"queued resource {name}")
+        return sorted(left)
 
 
 @pytest.fixture
@@ -71,7 +99,7 @@ def stack(emulator_project: str) -> Iterator[Stack]:
             config=config,
             providers=capacity_providers(emulator_project, endpoint=emulator.endpoint),
             bus=MemoryEventBus(),
-            settings=ReconcileSettings(provision_timeout=timedelta(minutes=15)),
+            settings=ReconcileSettings(),
         )
-        yield Stack(world=world, cloud=cloud)
+        yield Stack(world=world, cloud=cloud, project=emulator_project)
     client.close()

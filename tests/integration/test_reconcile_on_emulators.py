@@ -1,20 +1,23 @@
 """The reconciler on the real adapters: Firestore (official emulator) for requests, lease and
 configuration, and the real Compute Engine / Cloud TPU clients over the project's emulator of
-a simulated cloud. Admission → provisioning → ACTIVE; a stockout fails over to the next zone;
-a provisioning timeout is cancelled and retried elsewhere; a crash at any step converges; four
+a simulated cloud that behaves as Google documents. Admission → provisioning → ACTIVE; orders
+wait in Google's queue until max_wait and race other zones once theirs are short; two zones
+served together leave one gang; nothing is left running that no request owns; four
 reconcilers at once provision each admitted request exactly once."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
+from opendws.domain.model import PolicySettings
 from opendws.domain.states import RequestState
-from opendws.ports import order_name
+from opendws.ports import Lane, order_name
 from opendws.service.reconcile import PassReport, ReconcileSettings
-from tests.builders import A3, MINUTE, NOW, calendar, flex
+from tests.builders import A3, MINUTE, NOW, calendar, flex, pool
 from tests.integration.conftest import LATENCY, POOL_A, POOL_B, ZONE_A, ZONE_B, Stack
 from tests.world import submit
 
@@ -43,48 +46,105 @@ def test_admitted_requests_are_provisioned_and_become_active(stack: Stack) -> No
     assert stack.cloud.stock(ZONE_A, "V5LITE_POD") == 16
 
 
-def test_a_stockout_fails_over_to_the_next_zone(stack: Stack) -> None:
-    world = stack.world
-    stack.cloud.inject(ZONE_A, A3, "stockout")
-    submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B)))
-    stack.run()
-    stack.advance(LATENCY)
-    stack.run()
-    record = world.record("train")
-    assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_B, 2)
-    assert POOL_A in world.store.pool_shortages()
-    stack.advance(LATENCY)
-    stack.run()
-    assert world.state("train") is S.ACTIVE
-    assert [e[:3] for e in world.published("train")] == [
-        ("PROVISIONING", "ADMITTED", POOL_A),
-        ("PENDING", "STOCKOUT", None),
-        ("PROVISIONING", "ADMITTED", POOL_B),
-        ("ACTIVE", "READY", POOL_B),
-    ]
-    # The failed attempt was deleted in zone A; attempt 2 holds zone B's stock.
-    assert stack.cloud.stock(ZONE_A, A3) == 4
-    assert stack.cloud.stock(ZONE_B, A3) == 2
-    events = world.store.events("train")
-    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in events[2].message
+ZONE_C = "us-central1-c"
+POOL_C = f"{ZONE_C}/{A3}"
 
 
-def test_a_provisioning_timeout_is_cancelled_and_retried_elsewhere(stack: Stack) -> None:
+def three_zones(stack: Stack, *, stock: tuple[int, int, int], **policy: object) -> None:
+    """Zones A, B and C of one machine type, with ``stock`` free VMs each at Google."""
+    configuration = stack.world.config.load()
+    stack.world.config.save(
+        replace(
+            configuration,
+            pools=(*configuration.pools, pool(zone=ZONE_C, capacity=4)),
+            policy=PolicySettings(**policy),  # type: ignore[arg-type]
+        )
+    )
+    for zone, units in zip((ZONE_A, ZONE_B, ZONE_C), stock, strict=True):
+        stack.cloud.set_stock(zone, A3, units)
+
+
+def test_a_three_zone_request_with_stock_only_in_the_third_is_served_there(stack: Stack) -> None:
+    """Google keeps a resize request short of capacity ACCEPTED with the stockout in
+    status.lastAttempt (compute/docs/instance-groups/about-resize-requests-mig; compute.proto
+    InstanceGroupManagerResizeRequestStatus): the orders in A and B wait, the request races
+    on into C, is served there, and the orders still queued in A and B are cancelled."""
     world = stack.world
-    stack.cloud.inject(ZONE_A, A3, "hang")
-    submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B)))
-    stack.run()
-    for _ in range(3):
-        stack.advance(timedelta(minutes=5))
+    three_zones(stack, stock=(0, 0, 4), race_width=3)
+    submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B, ZONE_C)))
+    for _ in range(4):
         stack.run()
-    record = world.record("train")
-    assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_B, 2)
-    assert any(e[1] == "PROVISIONING_TIMEOUT" for e in world.published("train"))
-    state = stack.cloud.state()
-    assert "CANCELLED" not in str(state) or order_name("train", 1) not in str(state)
-    stack.advance(LATENCY)
+        stack.advance(LATENCY)
     stack.run()
-    assert world.state("train") is S.ACTIVE
+    record = world.record("train")
+    assert (record.state, record.pool) == (S.ACTIVE, POOL_C)
+    assert {POOL_A, POOL_B} <= set(world.store.pool_shortages())
+    resize = stack.cloud.state()["resources"][stack.project]["resizeRequests"]  # type: ignore[index]
+    states = {entry["name"]: entry["state"] for entry in resize}
+    assert states[order_name("train", record.lanes[0].attempt)] == "SUCCEEDED"
+    assert sorted(states.values()).count("SUCCEEDED") == 1
+    assert stack.cloud.stock(ZONE_C, A3) == 2
+    assert stack.left_running() == []
+    reasons = [e[1] for e in world.published("train")]
+    assert reasons[:2] == ["ADMITTED", "WAITING_FOR_CAPACITY"]
+    assert "RACING" in reasons
+    assert reasons[-1] == "READY"
+
+
+def test_two_zones_served_together_leave_exactly_one_gang_after_one_pass(stack: Stack) -> None:
+    """Raced eagerly into two zones that both have stock, both orders are served: the pass
+    that sees it keeps the preferred one and releases the other gang, and says so."""
+    world = stack.world
+    three_zones(stack, stock=(4, 4, 0), race_width=2, race_eagerly=True)
+    submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B)))
+    stack.run()
+    assert world.record("train").lanes == (Lane(POOL_A, 1), Lane(POOL_B, 2))
+    stack.advance(LATENCY)
+    report = world.reconciler().run_pass()
+    assert report.double_wins == [order_name("train", 2)]
+    record = world.record("train")
+    assert (record.state, record.pool) == (S.ACTIVE, POOL_A)
+    assert (stack.cloud.stock(ZONE_A, A3), stack.cloud.stock(ZONE_B, A3)) == (2, 4)
+    assert stack.left_running() == []
+    ready = world.store.events("train")[-1]
+    assert "paid for nothing" in ready.message
+
+
+def test_all_zones_short_wait_without_cancelling_and_are_served_when_stock_returns(
+    stack: Stack,
+) -> None:
+    world = stack.world
+    three_zones(stack, stock=(0, 0, 0), race_width=2)
+    submit(world.store, flex("train", vm_count=2, locations=(ZONE_A, ZONE_B)))
+    for _ in range(20):  # 20 × 5 min: far past any old provisioning timeout
+        stack.run()
+        stack.advance(timedelta(minutes=5))
+    record = world.record("train")
+    assert record.state is S.PROVISIONING
+    assert record.lanes == (Lane(POOL_A, 1), Lane(POOL_B, 2))
+    assert stack.cloud.created("resizeRequests") == {
+        order_name("train", 1): 1, order_name("train", 2): 1,
+    }  # fmt: skip
+    stack.cloud.set_stock(ZONE_B, A3, 4)
+    stack.advance(timedelta(minutes=1))
+    stack.run()
+    record = world.record("train")
+    assert (record.state, record.pool) == (S.ACTIVE, POOL_B)
+    assert stack.left_running() == []
+
+
+def test_max_wait_passing_cancels_every_order_it_had_queued(stack: Stack) -> None:
+    world = stack.world
+    three_zones(stack, stock=(0, 0, 0), race_width=2)
+    submit(world.store, flex("train", vm_count=2, max_wait=timedelta(hours=1),
+                             locations=(ZONE_A, ZONE_B)))  # fmt: skip
+    for _ in range(14):
+        stack.run()
+        stack.advance(timedelta(minutes=5))
+    assert world.state("train") is S.TIMED_OUT
+    resize = stack.cloud.state()["resources"][stack.project]["resizeRequests"]  # type: ignore[index]
+    assert resize == []  # cancelled, then deleted
+    assert stack.left_running() == []
 
 
 def test_a_calendar_block_runs_in_its_reservation(stack: Stack) -> None:
