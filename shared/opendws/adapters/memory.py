@@ -245,6 +245,7 @@ class _FakeOrder:
     ends_by_itself: bool = False  # flex-start VMs and slices are deleted when their time is up
     starts_at: datetime | None = None  # a calendar block takes its units at its start
     hung: bool = False  # a "hang" injection: it waits for ever, never served
+    queued: bool = False  # in Google's queue of its key (pending or eligible)
     ready_at: datetime | None = None
     error_code: str | None = None
     last_attempt: str | None = None
@@ -304,7 +305,11 @@ class MemoryCapacityProvider:
         self._injected: dict[_Key, list[str]] = {}
         self._orders: dict[str, _FakeOrder] = {}
         self._by_pool: dict[str, dict[str, _FakeOrder]] = {}
-        self._queues: dict[_Key, list[_FakeOrder]] = {}  # waiting to be served, per key
+        # Google's queue per key: orders not yet eligible (a heap by eligible time), eligible
+        # ones (a heap by the serving rule), and eligible ones not yet told of a failed attempt.
+        self._pending: dict[_Key, list[tuple[datetime, int, _FakeOrder]]] = {}
+        self._eligible: dict[_Key, list[tuple[tuple[datetime, int], int, _FakeOrder]]] = {}
+        self._unattempted: dict[_Key, list[_FakeOrder]] = {}
         self._created: dict[str, int] = {}
         # Timed events: (when, sequence, order name or None, key to serve or None).
         self._events: list[tuple[datetime, int, str | None, _Key | None]] = []
@@ -413,7 +418,9 @@ class MemoryCapacityProvider:
             if fake.holds_stock:
                 self._at(fake.eligible_at, fake)  # a block's VMs: its own units
             else:
-                self._queues.setdefault(fake.key, []).append(fake)
+                fake.queued = True
+                entry = (fake.eligible_at, fake.sequence, fake)
+                heapq.heappush(self._pending.setdefault(fake.key, []), entry)
                 self._serve_soon(fake.key, fake.eligible_at)
 
     def release(self, name: str, pool: Pool) -> None:
@@ -423,9 +430,7 @@ class MemoryCapacityProvider:
             if order is None:
                 return
             self._by_pool.get(order.pool.pool_id, {}).pop(name, None)
-            queue = self._queues.get(order.key)
-            if queue is not None and order in queue:
-                queue.remove(order)
+            order.queued = False  # out of Google's queue (its heap entry is skipped)
             if order.holds_stock:
                 self._give_back(order, self._now())
 
@@ -463,7 +468,7 @@ class MemoryCapacityProvider:
 
     def _serve_soon(self, key: _Key, when: datetime) -> None:
         """Serve the queue of ``key`` at ``when`` (at once if that has passed)."""
-        if self._queues.get(key):
+        if self._pending.get(key) or self._eligible.get(key):
             heapq.heappush(self._events, (when, next(self._sequence), None, key))
 
     def _give_back(self, order: _FakeOrder, when: datetime) -> None:
@@ -502,26 +507,38 @@ class MemoryCapacityProvider:
                     self._give_back(order, when)
 
     def _serve(self, key: _Key, when: datetime) -> None:
-        """One serving attempt of the queue of ``key`` at ``when`` (see the class docstring)."""
-        queue = self._queues.get(key)
-        while queue:
-            ready = sorted((o for o in queue if o.eligible_at <= when), key=_serving)
-            if not ready:
-                return
-            head = ready[0]
+        """One serving attempt of the queue of ``key`` at ``when`` (see the class docstring):
+        the head of the eligible orders by the serving rule is served while it fits; one that
+        does not fit blocks the rest, and every eligible order records the failed attempt.
+        Each order is moved, served and told of a failure once: O(log n) per change."""
+        pending = self._pending.get(key, [])
+        eligible = self._eligible.setdefault(key, [])
+        fresh = self._unattempted.setdefault(key, [])
+        while pending and pending[0][0] <= when:
+            _, _, order = heapq.heappop(pending)
+            if order.queued:
+                heapq.heappush(eligible, (order.serving_key, order.sequence, order))
+                fresh.append(order)
+        while eligible:
+            head = eligible[0][2]
+            if not head.queued:
+                heapq.heappop(eligible)
+                continue
             injected = self._injected.get(key)
             kind = injected.pop(0) if injected else None
             if kind == "hang":
-                queue.remove(head)  # it waits for ever: never served
-                head.hung = True
+                heapq.heappop(eligible)
+                head.queued, head.hung = False, True  # it waits for ever: never served
                 continue
             if kind == "error":
-                queue.remove(head)
+                heapq.heappop(eligible)
+                head.queued = False
                 head.phase, head.error_code = ProvisionPhase.FAILED, "RESOURCE_OPERATION_FAILED"
                 head.last_attempt, head.message = None, "the operation failed (injected)"
                 continue
             if kind is None and self._stock.get(key, 0) >= head.units:
-                queue.remove(head)
+                heapq.heappop(eligible)
+                head.queued = False
                 self._stock[key] = self._stock.get(key, 0) - head.units
                 head.holds_stock = True
                 head.phase, head.ready_at = ProvisionPhase.READY, when
@@ -530,19 +547,26 @@ class MemoryCapacityProvider:
                 if end is not None:
                     self._at(end, head)
                 continue
-            for order in ready:
-                order.phase = ProvisionPhase.WAITING
-                if order.pool.provider is Provider.TPU:
-                    order.message = _TPU_WAITING  # no per-attempt error: its state says it
-                else:
-                    order.last_attempt = STOCKOUT
-                    order.message = (
-                        f"the zone {key[0]} does not have enough resources available to "
-                        f"fulfill the request ({order.units} × {key[1]})"
-                    )
+            for order in fresh:
+                if order.queued:
+                    self._attempt_failed(order, key)
+            fresh.clear()
             if kind == "stockout":
+                self._attempt_failed(head, key)
                 self._serve_soon(key, when + RETRY_AFTER)
             return
+
+    def _attempt_failed(self, order: _FakeOrder, key: _Key) -> None:
+        """An attempt found no capacity for ``order``: it waits, and says why."""
+        order.phase = ProvisionPhase.WAITING
+        if order.pool.provider is Provider.TPU:
+            order.message = _TPU_WAITING  # no per-attempt error: its state says it
+            return
+        order.last_attempt = STOCKOUT
+        order.message = (
+            f"the zone {key[0]} does not have enough resources available to fulfill the "
+            f"request ({order.units} × {key[1]})"
+        )
 
     def _take_block(self, order: _FakeOrder) -> None:
         """A block's start: take its units, or fail if they are gone."""
@@ -552,10 +576,6 @@ class MemoryCapacityProvider:
             return
         self._stock[order.key] = self._stock.get(order.key, 0) - order.units
         order.holds_stock = True
-
-
-def _serving(order: _FakeOrder) -> tuple[datetime, int]:
-    return order.serving_key
 
 
 class MemoryTimerQueue:
