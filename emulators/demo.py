@@ -1,12 +1,16 @@
 """``dws demo``: a scripted mixed workload on the local stack, as its users would drive it —
 every step a message on ``capacity-requests`` — ending with a summary table.
 
-1. ``train`` (vision, 2 H100 VMs, us-central1-a then -b): the simulated cloud stocks out in
-   us-central1-a, so the pool cools down and the request fails over to us-central1-b.
+1. ``train`` (vision, 2 H100 VMs, us-central1-a preferred, -b allowed): Google has none free
+   in us-central1-a, so its order waits in Google's queue there (the event says so, with
+   Google's last attempt); the pool is short, the request is raced into us-central1-b as well,
+   served there, and its order still queued in us-central1-a is cancelled.
 2. ``nightly`` (ci, strict FIFO, 1 A100 VM): a CI job, released early once it runs.
 3. ``slice`` (vision, a v5e 4x4 TPU slice): provisioned as a queued resource.
 4. ``block`` (speech, calendar, 1 A100 VM for a day from tomorrow): confirmed and booked.
 5. ``oops`` (speech, 8 H100 VMs): cancelled while it waits.
+6. ``queued`` (vision, 1 A100 VM, us-central1-a only): Google has no A100 free, so it waits in
+   Google's queue until Google frees capacity there, then runs — nothing cancels it meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class Outcome:
     attempts: int
     events: int
     story: str  # its states, in order
+    reasons: str  # the reasons of its events, in order
 
 
 def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
@@ -54,6 +59,15 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
             time.sleep(0.3)
         raise TimeoutError(f"{request_id} did not reach {' or '.join(states)} in time")
 
+    def waits_at_google(request_id: str) -> str:
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while time.monotonic() < deadline:
+            for event in store.events(request_id):
+                if event.reason == "WAITING_FOR_CAPACITY":
+                    return event.message
+            time.sleep(0.3)
+        raise TimeoutError(f"{request_id} was not seen waiting at Google in time")
+
     def submit(request_id: str, tenant: str, gang: dict[str, Any], **fields: Any) -> None:
         send({"action": "submit", "request_id": request_id, "tenant": tenant, "gang": gang,
               "mode": "flex_start", "run_duration": "1h", "max_wait": "1h", **fields})  # fmt: skip
@@ -63,8 +77,8 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     a100 = {"machine_type": "a2-ultragpu-8g", "accelerator": "nvidia-a100-80gb",
             "accelerators_per_vm": 8}  # fmt: skip
 
-    say("the cloud will stock out of a3-highgpu-8g in us-central1-a once")
-    stack.cloud.inject("us-central1-a", "a3-highgpu-8g", "stockout")
+    say("Google has no a3-highgpu-8g free in us-central1-a: other customers hold it all")
+    stack.cloud.set_stock("us-central1-a", "a3-highgpu-8g", 0)
     say("submit train: 2 × H100 VMs, us-central1-a preferred, us-central1-b allowed")
     submit("train", "vision", {"vm_count": 2, **h100},
            locations=["us-central1-a", "us-central1-b"])  # fmt: skip
@@ -89,9 +103,18 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     send({"action": "release", "request_id": "nightly", "tenant": "ci"})
     say(f"nightly: {until('nightly', 'RELEASED')}")
     say(f"slice: {until('slice', 'ACTIVE')}")
-    say(f"train: {until('train', 'ACTIVE')} (after failing over)")
+    say(f"train: {waits_at_google('train')}")
+    say(f"train: {until('train', 'ACTIVE')} (won the race in us-central1-b)")
+    say("other customers take every a2-ultragpu-8g in us-central1-a")
+    stack.cloud.set_stock("us-central1-a", "a2-ultragpu-8g", 0)
+    say("submit queued: 1 × A100 VM in us-central1-a")
+    submit("queued", "vision", {"vm_count": 1, **a100}, locations=["us-central1-a"])
+    say(f"queued: {waits_at_google('queued')}")
+    say("Google frees 2 × a2-ultragpu-8g in us-central1-a")
+    stack.cloud.set_stock("us-central1-a", "a2-ultragpu-8g", 2)
+    say(f"queued: {until('queued', 'ACTIVE')} (served from Google's queue)")
     outcomes = []
-    for request_id in ("train", "nightly", "slice", "block", "oops"):
+    for request_id in ("train", "nightly", "slice", "block", "oops", "queued"):
         record = store.get(request_id)
         assert record is not None
         events = store.events(request_id)
@@ -104,6 +127,7 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
                 attempts=record.attempt,
                 events=len(events),
                 story=" → ".join(event.state.value for event in events),
+                reasons=" → ".join(event.reason or "-" for event in events),
             )
         )
     return outcomes

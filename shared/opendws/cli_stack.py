@@ -137,10 +137,10 @@ def demo(as_json_flag: bool) -> None:
         click.echo(as_json(outcomes))
         return
     table = Table("request", "tenant", "state", "pool", "attempts", "events", "story",
-                  title="opendws demo")  # fmt: skip
+                  "reasons", title="opendws demo")  # fmt: skip
     for o in outcomes:
         table.add_row(o.request_id, o.tenant, o.state, o.pool or "", str(o.attempts),
-                      str(o.events), o.story)  # fmt: skip
+                      str(o.events), o.story, o.reasons)  # fmt: skip
     console.print(table)
 
 

@@ -114,11 +114,16 @@ def test_the_demo_drives_every_path_and_summarises_it() -> None:
     outcomes = {o["request_id"]: o for o in json.loads(result.stdout.strip().splitlines()[-1])}
     assert {name: o["state"] for name, o in outcomes.items()} == {
         "train": "ACTIVE", "nightly": "RELEASED", "slice": "ACTIVE", "block": "BOOKED",
-        "oops": "CANCELLED",
+        "oops": "CANCELLED", "queued": "ACTIVE",
     }  # fmt: skip
+    # Waited at Google in us-central1-a (never cancelled for it), raced into -b, won there.
     train = outcomes["train"]
     assert (train["attempts"], train["pool"]) == (2, "us-central1-b/a3-highgpu-8g")
-    assert train["story"] == "PENDING → PROVISIONING → PENDING → PROVISIONING → ACTIVE"
+    assert train["reasons"] == "- → ADMITTED → WAITING_FOR_CAPACITY → RACING → READY"
+    # Waited in Google's queue until capacity freed, then served in its only zone.
+    queued = outcomes["queued"]
+    assert (queued["attempts"], queued["pool"]) == (1, "us-central1-a/a2-ultragpu-8g")
+    assert queued["reasons"] == "- → ADMITTED → WAITING_FOR_CAPACITY → READY"
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, object]]:

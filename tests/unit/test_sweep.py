@@ -14,6 +14,7 @@ Google's behaviour the rows rest on (../shared/GOOGLE-SEMANTICS.md):
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -124,7 +125,8 @@ def test_an_order_waiting_at_google_keeps_its_place_and_marks_its_pool_short() -
     assert step.short == (A,)
     assert f"waiting for Google Cloud in {A} since" in step.message
     assert f"last attempt: {STOCKOUT}" in step.message
-    again = sweep(view(S.PROVISIONING, waiting, reason=R.WAITING_FOR_CAPACITY), NOW, GRACE)
+    told = replace(view(S.PROVISIONING, waiting), waiting_told=True)
+    again = sweep(told, NOW, GRACE)
     assert (again.target, again.reason, again.calls, again.short) == (None, None, (), (A,))
 
 
@@ -227,7 +229,7 @@ def test_giving_up_after_a_while_is_an_option_that_is_off_by_default() -> None:
     not served after that long is cancelled, its pool marked short, the request back in line."""
     waiting = seen(phase=P.WAITING, last_attempt=STOCKOUT)
     later = NOW + timedelta(minutes=30)
-    kept = sweep(view(S.PROVISIONING, waiting, reason=R.WAITING_FOR_CAPACITY), later, GRACE)
+    kept = sweep(replace(view(S.PROVISIONING, waiting), waiting_told=True), later, GRACE)
     assert kept.target is None
     step = sweep(
         view(S.PROVISIONING, waiting), later, SweepSettings(give_up_after=timedelta(minutes=15))

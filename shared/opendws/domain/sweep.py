@@ -180,6 +180,9 @@ class SweepView:
     units: int
     since: datetime  # when it entered its state
     reason: str | None  # its current reason (a revision is written only when it changes)
+    # Its last event already said that it waits at Google (waiting, or raced because its
+    # pools are short): waiting on is no news.
+    waiting_told: bool = False
     deadline: datetime | None  # flex: submitted_at + max_wait
     run_end: datetime | None  # ACTIVE flex: when its run time is up
     block_start: datetime | None  # calendar
@@ -345,7 +348,7 @@ def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: d
             SweepReason.PROVISIONING_FAILED,
             failure + "; still racing in " + (_pools(tuple(seen.lane for seen in kept))),
         )
-    elif waiting and view.reason != SweepReason.WAITING_FOR_CAPACITY:
+    elif waiting and not view.waiting_told:
         reason = SweepReason.WAITING_FOR_CAPACITY
         message = "; ".join(
             f"waiting for Google Cloud in {seen.lane.pool} since {view.since.isoformat()}, "

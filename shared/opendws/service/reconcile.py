@@ -37,7 +37,15 @@ from opendws.domain.admission import Decision, Outcome, Race, admit
 from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane
 from opendws.domain.states import RequestState
-from opendws.domain.sweep import Call, LaneView, Step, SweepSettings, SweepView, sweep
+from opendws.domain.sweep import (
+    Call,
+    LaneView,
+    Step,
+    SweepReason,
+    SweepSettings,
+    SweepView,
+    sweep,
+)
 from opendws.ports import (
     CapacityProvider,
     Clock,
@@ -314,6 +322,8 @@ class _Cycle:
             units=request.units,
             since=record.since or record.updated_at,
             reason=record.reason,
+            waiting_told=record.reason
+            in (SweepReason.WAITING_FOR_CAPACITY, ReconcileReason.RACING),
             deadline=request.deadline,
             run_end=hold_end(record, self.now) if record.state is S.ACTIVE else None,
             block_start=block_start,
