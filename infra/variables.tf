@@ -157,19 +157,19 @@ variable "vm_network" {
 }
 
 variable "tpu_runtime_version" {
-  description = "The TPU software version of queued resources (OPENDWS_TPU_RUNTIME_VERSION)."
+  description = "One TPU software version for every queued resource (OPENDWS_TPU_RUNTIME_VERSION); empty: each TPU generation gets its own from the catalog (tpu/docs/runtimes)."
   type        = string
-  default     = "v2-alpha-tpuv5-lite"
+  default     = ""
 }
 
 variable "tpu_tier" {
-  description = "The TPU tier of queued resources: guaranteed or spot (OPENDWS_TPU_TIER)."
+  description = "The provisioning of TPU queued resources: flex_start (v2alpha1 provisioningModel FLEX_START), guaranteed or spot (OPENDWS_TPU_TIER)."
   type        = string
-  default     = "guaranteed"
+  default     = "flex_start"
 
   validation {
-    condition     = contains(["guaranteed", "spot"], var.tpu_tier)
-    error_message = "tpu_tier is guaranteed or spot."
+    condition     = contains(["flex_start", "guaranteed", "spot"], var.tpu_tier)
+    error_message = "tpu_tier is flex_start, guaranteed or spot."
   }
 }
 

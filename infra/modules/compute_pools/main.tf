@@ -4,13 +4,18 @@
 # (opendws.adapters.mig.template_name): `odws-{shape}-flex`, so the reconciler finds it and
 # uses it as it is.
 #
-# The pools' managed instance groups (`odws-{shape}` in each zone, target_size_policy BULK) are
-# made by the reconciler on first use (opendws.adapters.mig), from this template: the Google
-# provider (checked up to 6.50) cannot set a group's target_size_policy, and a group made
-# without BULK would create a resize request's VMs one by one instead of all at once.
+# The pools' managed instance groups (`odws-{shape}` in each zone) are made by the reconciler
+# on first use (opendws.adapters.mig), from this template, without bulk mode: a MIG in bulk
+# mode takes no resize requests (compute/docs/instance-groups/about-bulk-mode), and a resize
+# request creates its VMs all at once by itself. The reconciler reads the template back and
+# refuses one whose provisioning model is not FLEX_START.
 
 locals {
   pools = { for pool in var.flex_pools : pool.shape => pool }
+  # A3 Ultra and A4 boot from Hyperdisk (ai-hypercomputer/docs/create/create-vm); the others
+  # from a balanced persistent disk. A3 and A4 need gVNIC (opendws.catalog.VM_PROFILES).
+  hyperdisk = ["a3-ultragpu-", "a4-highgpu-"]
+  gvnic     = ["a3-", "a4-"]
 }
 
 resource "google_compute_instance_template" "flex" {
@@ -34,17 +39,24 @@ resource "google_compute_instance_template" "flex" {
     }
   }
 
+  # Flex-start capacity is not taken from reservations (Google's own resize-request sample,
+  # cluster-toolkit and SkyPilot all set this).
+  reservation_affinity {
+    type = "NO_RESERVATION"
+  }
+
   disk {
     boot         = true
     auto_delete  = true
     source_image = coalesce(each.value.boot_image, var.boot_image)
     disk_size_gb = each.value.disk_size_gb
-    disk_type    = "pd-balanced"
+    disk_type    = anytrue([for prefix in local.hyperdisk : startswith(each.key, prefix)]) ? "hyperdisk-balanced" : "pd-balanced"
   }
 
   network_interface {
     network    = each.value.subnetwork == null ? each.value.network : null
     subnetwork = each.value.subnetwork
+    nic_type   = anytrue([for prefix in local.gvnic : startswith(each.key, prefix)]) ? "GVNIC" : null
   }
 
   dynamic "guest_accelerator" {
