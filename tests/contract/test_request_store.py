@@ -246,16 +246,19 @@ def test_lanes_are_stored_kept_by_a_revision_and_cleared_back_in_line(
         "r1", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=2,
         pool="us-a", lanes=racing,
     )  # fmt: skip
-    assert first.lanes == racing and first.orders == racing
+    assert first.lanes == racing
+    assert first.orders == racing
     revised = store.change(
         "r1", expected_version=2, state=S.PROVISIONING, event=admitted, pool="us-a"
     )
-    assert store.get("r1") == revised and revised.lanes == racing
+    assert store.get("r1") == revised
+    assert revised.lanes == racing
     won = store.change(
         "r1", expected_version=3, state=S.ACTIVE, event=admitted, pool="us-b",
         lanes=(Lane("us-b", 2),),
     )  # fmt: skip
-    assert store.get("r1") == won and won.orders == (Lane("us-b", 2),)
+    assert store.get("r1") == won
+    assert won.orders == (Lane("us-b", 2),)
     back = event_of(record, S.PENDING, S.PROVISIONING)
     fresh = store.create(record_of("r2"), event_of(record_of("r2"), S.PENDING, None))
     assert fresh is CreateOutcome.CREATED
@@ -264,7 +267,8 @@ def test_lanes_are_stored_kept_by_a_revision_and_cleared_back_in_line(
         lanes=racing,
     )  # fmt: skip
     pending = store.change("r2", expected_version=2, state=S.PENDING, event=back, attempt=2)
-    assert pending.lanes == () and store.get("r2") == pending
+    assert pending.lanes == ()
+    assert store.get("r2") == pending
 
 
 def test_the_lease_goes_to_one_holder_at_a_time(store: RequestStore) -> None:
