@@ -48,3 +48,23 @@ class Crashing:
             return result
 
         return call
+
+
+# More calls after which a crash can be injected (the release paths' crash suite counts them).
+# The Compute Engine calls that change something: a crash can then fall between two calls of
+# one provider operation (after a gang's VMs are deleted and before its resize request is,
+# after a cancel and before the delete).
+COMPUTE_CALLS = ("insert", "delete", "cancel", "delete_instances")
+BUS_CALLS = ("publish",)
+TIMER_CALLS = ("arm", "disarm")
+# The Compute Engine clients a MIG provider holds (opendws.adapters.mig.MigFlexProvider).
+_MIG_CLIENTS = ("_templates", "_groups", "_resize_requests", "_instances")
+
+
+def crash_inside(provider: Any, steps: Steps, methods: tuple[str, ...] = COMPUTE_CALLS) -> None:
+    """Make every Compute Engine call of ``methods`` that ``provider`` (a MigFlexProvider)
+    makes a step too, by wrapping its clients in place."""
+    for attribute in _MIG_CLIENTS:
+        client = getattr(provider, attribute, None)
+        if client is not None:
+            setattr(provider, attribute, Crashing(client, methods, steps))
