@@ -64,7 +64,7 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
         while time.monotonic() < deadline:
             for event in store.events(request_id):
                 if event.reason == "WAITING_FOR_CAPACITY":
-                    return event.message
+                    return str(event.message)
             time.sleep(0.3)
         raise TimeoutError(f"{request_id} was not seen waiting at Google in time")
 
