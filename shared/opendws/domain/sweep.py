@@ -21,7 +21,7 @@ the request's own max_wait ends the wait.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -203,7 +203,6 @@ class Step:
     message: str = ""
     short: tuple[str, ...] = ()  # pools where an order waits with a stockout in Google's queue
     double_wins: tuple[Lane, ...] = ()  # extra lanes served together with the winner
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def writes(self) -> bool:
