@@ -474,11 +474,7 @@ class _Cycle:
                     attempt=lanes[-1].attempt, eta=self.now,
                     lanes=lanes if len(lanes) > 1 else (),
                 )  # fmt: skip
-                for lane in lanes:
-                    pool = self.pools[lane.pool]
-                    order = Order(request=record.request, pool=pool, attempt=lane.attempt)
-                    provider = self.providers.for_order(pool, record.request.mode)
-                    self._call("provision", order, provider.provision)
+                self._provision_lanes(record, lanes)
             case Outcome.CONFIRM:
                 assert decision.pool_id is not None
                 pool = self.pools[decision.pool_id]
@@ -515,11 +511,15 @@ class _Cycle:
             f"to {', '.join(race.pools)}: the first Google serves wins",
             pool=kept[0].pool, attempt=added[-1].attempt, eta=record.eta, lanes=lanes,
         )  # fmt: skip
-        for lane in added:
+        self._provision_lanes(record, added)
+
+    def _provision_lanes(self, record: RequestRecord, lanes: tuple[Lane, ...]) -> None:
+        """Ask for each new lane's order, once its write is stored."""
+        for lane in lanes:
             pool = self.pools[lane.pool]
             order = Order(request=record.request, pool=pool, attempt=lane.attempt)
             self._call(
-                "provision", order, self.providers.for_order(pool, Mode.FLEX_START).provision
+                "provision", order, self.providers.for_order(pool, record.request.mode).provision
             )
 
     def _news(self, record: RequestRecord, decision: Decision) -> bool:
