@@ -67,6 +67,23 @@ TPU_API_TYPES: dict[str, str] = {
 }
 TPU_ACCELERATOR_OF_API_TYPE = {api: name for name, api in TPU_API_TYPES.items()}
 
+# Calendar-mode future reservations reserve TPU chips as an aggregate reservation of one VM
+# family (FutureResourcesSpecAggregateResources.vmFamily, AllocationAggregateReservation) and
+# an accelerator type (the chip's Compute name), keyed by the TPU API type of the pool.
+TPU_VM_FAMILIES: dict[str, str] = {
+    "V4": "VM_FAMILY_CLOUD_TPU_POD_SLICE_CT4P",
+    "V5LITE_POD": "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT5LP",
+    "V5P": "VM_FAMILY_CLOUD_TPU_POD_SLICE_CT5P",
+    "V6E": "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT6E",
+}
+TPU_COMPUTE_ACCELERATORS: dict[str, str] = {
+    "V4": "ct4p",
+    "V5LITE_POD": "ct5lp",
+    "V5P": "ct5p",
+    "V6E": "ct6e",
+}
+TPU_TYPE_OF_VM_FAMILY = {family: api for api, family in TPU_VM_FAMILIES.items()}
+
 
 # The Cloud TPU software version each generation boots (tpu/docs/runtimes): queued resources of
 # one accelerator use its version unless OPENDWS_TPU_RUNTIME_VERSION names another for all.

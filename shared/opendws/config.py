@@ -117,6 +117,7 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
             "aging_half_life": format_duration(configuration.policy.aging_half_life),
             "race_width": configuration.policy.race_width,
             "race_eagerly": configuration.policy.race_eagerly,
+            "calendar_cancellation": configuration.policy.calendar_cancellation.value,
         },
         "pools": [_pool(pool) for pool in configuration.pools],
         "tenants": [_tenant(tenant) for tenant in configuration.tenants],

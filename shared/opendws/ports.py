@@ -361,6 +361,10 @@ class Observed:
     # WAITING: the temporary error of Google's latest attempt (status.lastAttempt), e.g.
     # ZONE_RESOURCE_POOL_EXHAUSTED; None while no attempt failed yet.
     last_attempt: str | None = None
+    # Calendar blocks: the last instant Google still lets it be cancelled (status.lockTime;
+    # None: not approved yet, or never cancellable) and the end of its time window.
+    locked_at: datetime | None = None
+    ends_at: datetime | None = None
 
 
 class CapacityProvider(Protocol):
@@ -387,6 +391,49 @@ class CapacityProvider(Protocol):
     def release(self, name: str, pool: Pool) -> None:
         """Cancel and delete everything the order ``name`` created in ``pool``."""
         ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Advised:
+    """One start Google's Advice API recommends for a calendar block (advice.calendarMode):
+    ``units`` free in ``zone`` from ``start_at`` to ``end_at``."""
+
+    start_at: datetime
+    end_at: datetime
+    zone: str
+
+
+class Withdrawal(StrEnum):
+    """What asking Google to cancel a submitted calendar block did."""
+
+    WITHDRAWN = "WITHDRAWN"  # cancelled now, or there was nothing to cancel (gone, declined)
+    REFUSED = "REFUSED"  # Google keeps it: past its cancellation window (billed in full)
+
+
+class CalendarBlocks(Protocol):
+    """What calendar blocks need of the cloud beyond a CapacityProvider: Google's advice
+    before booking and a cancellation Google may refuse. Implemented by the providers of
+    calendar blocks (GPU VMs, TPU chips) and by the memory fake."""
+
+    def advise(
+        self, request: CapacityRequest, pools: Sequence[Pool], *, earliest: datetime,
+        latest: datetime,
+    ) -> tuple[Advised, ...]:  # fmt: skip
+        """Starts in ``[earliest, latest]`` at which the request's block would fit, in the
+        zones of ``pools``, earliest first (advice.calendarMode); () when none."""
+        ...
+
+    def withdraw(self, name: str, pool: Pool) -> Withdrawal:
+        """Cancel the submitted block ``name`` at Google. Safe to repeat; never deletes a
+        block Google keeps (see :class:`Withdrawal`)."""
+        ...
+
+
+class BlockProvider(CapacityProvider, CalendarBlocks, Protocol):
+    """A provider of calendar blocks: a CapacityProvider whose ``reserve`` submits a
+    calendar-mode future reservation for Google's review, and whose ``release`` deletes the
+    block's VMs and then withdraws and deletes the reservation where Google allows it (a
+    block Google keeps is left to its end: it is billed in full either way)."""
 
 
 class TimerKind(StrEnum):

@@ -49,6 +49,7 @@ from opendws.domain import (
     Snapshot,
     Tenant,
 )
+from opendws.domain.calendar import CancellationRule
 from opendws.durations import parse_duration
 
 # How many problems one error message lists before it summarises the rest.
@@ -149,6 +150,8 @@ class PolicySpec(Spec):
     aging_half_life: Duration | None = None  # None: the domain's default
     race_width: StrictInt | None = None  # None: the domain's default (pools raced at once)
     race_eagerly: StrictBool | None = None  # None: the domain's default (race once a pool is short)
+    # None: the domain's default (Google's newest cancellation rule for calendar blocks).
+    calendar_cancellation: CancellationRule | None = None
 
 
 class PoolSpec(Spec):
@@ -365,6 +368,8 @@ def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
         given["race_width"] = spec.race_width
     if spec.race_eagerly is not None:
         given["race_eagerly"] = spec.race_eagerly
+    if spec.calendar_cancellation is not None:
+        given["calendar_cancellation"] = spec.calendar_cancellation
     try:
         return PolicySettings(**given)
     except InvalidModel as error:

@@ -256,13 +256,34 @@ REQUEST_INVALID = {
     "calendar naive start_at": Invalid(
         lambda: calendar(start_at=NAIVE), "start_at", "timezone-aware"
     ),
-    "calendar start 120d+1s ahead": Invalid(
-        lambda: calendar(start_at=NOW + 120 * DAY + SECOND), "start_at", "at most 120 days ahead"
+    # Google's calendar mode (compute/docs/instances/future-reservations-calendar-mode-overview:
+    # availability up to 60 days ahead for GPU VMs, 120 for TPUs; tpu/docs/calendar-mode-
+    # reservation: TPUs 1 to 120 days in advance; 1-80 GPU VMs, TPU chips 1, 4, 8 ... 1,024).
+    "GPU calendar start 60d+1s ahead": Invalid(
+        lambda: calendar(start_at=NOW + 60 * DAY + SECOND), "start_at", "at most 60 days ahead"
     ),
-    "calendar start 120d+1s after a later submission": Invalid(
-        lambda: calendar(submitted_at=NOW + DAY, start_at=NOW + 121 * DAY + SECOND),
+    "GPU calendar start 60d+1s after a later submission": Invalid(
+        lambda: calendar(submitted_at=NOW + DAY, start_at=NOW + 61 * DAY + SECOND),
         "start_at",
-        "at most 120 days ahead",
+        "at most 60 days ahead",
+    ),
+    "TPU calendar start 120d+1s ahead": Invalid(
+        lambda: calendar(topology="2x2", start_at=NOW + 120 * DAY + SECOND),
+        "start_at",
+        "a TPU calendar block starts at most 120 days ahead",
+    ),
+    "TPU calendar start less than a day ahead": Invalid(
+        lambda: calendar(topology="2x2", start_at=NOW + DAY - SECOND),
+        "start_at",
+        "a TPU calendar block starts at least 1 day ahead",
+    ),
+    "GPU calendar of 81 VMs": Invalid(
+        lambda: calendar(vm_count=81), "gang", "reserves 1 to 80 VMs; 81 asked"
+    ),
+    "TPU calendar of 12 chips": Invalid(
+        lambda: calendar(topology="2x2", vm_count=3),
+        "gang",
+        "12 is not one of them",
     ),
 }
 
@@ -282,10 +303,16 @@ REQUEST_VALID: dict[str, Callable[[], CapacityRequest]] = {
     "flex in zones and regions": lambda: flex(locations=("europe-west4-b", "us-central1")),
     "calendar run exactly 1 day": lambda: calendar(run=DAY),
     "calendar run exactly 90 days": lambda: calendar(run=90 * DAY),
-    "calendar start exactly 120 days ahead": lambda: calendar(start_at=NOW + 120 * DAY),
-    "calendar start 120 days after a later submission": lambda: calendar(
-        submitted_at=NOW + DAY, start_at=NOW + 121 * DAY
+    "GPU calendar start exactly 60 days ahead": lambda: calendar(start_at=NOW + 60 * DAY),
+    "GPU calendar start 60 days after a later submission": lambda: calendar(
+        submitted_at=NOW + DAY, start_at=NOW + 61 * DAY
     ),
+    "TPU calendar start exactly 120 days ahead": lambda: calendar(
+        topology="2x2", start_at=NOW + 120 * DAY
+    ),
+    "TPU calendar start exactly a day ahead": lambda: calendar(topology="2x2", start_at=NOW + DAY),
+    "GPU calendar of 80 VMs": lambda: calendar(vm_count=80),
+    "TPU calendar of 1,024 chips": lambda: calendar(topology="16x16", vm_count=4),
     "calendar start at submission": lambda: calendar(start_at=NOW),
     "calendar TPU slice": lambda: calendar(topology="4x4", days=7),
 }

@@ -81,16 +81,26 @@ SINGLE = [
      Trigger.PASSIVE),
     (S.ACTIVE, Mode.FLEX_START, None, S.EXPIRED, R.CAPACITY_ENDED, (Call.RELEASE,),
      Trigger.PASSIVE),
+    # Calendar blocks (compute/docs/instances/future-reservations-calendar-mode-overview:
+    # PENDING_APPROVAL → APPROVED or DECLINED → PROVISIONING → FULFILLED around the start).
     (S.PROVISIONING, Mode.CALENDAR, P.READY, S.ACTIVE, R.READY, (), Trigger.PASSIVE),
     (S.PROVISIONING, Mode.CALENDAR, P.RESERVED, None, None, (Call.PROVISION,), Trigger.REPAIR),
-    (S.PROVISIONING, Mode.CALENDAR, P.FAILED, None, R.PROVISIONING_FAILED, (Call.RELEASE,),
+    # Google creates the reservation up to 24 h after the start: wait for it.
+    (S.PROVISIONING, Mode.CALENDAR, P.APPROVED, None, None, (), None),
+    (S.PROVISIONING, Mode.CALENDAR, P.FAILED, S.EXPIRED, R.BLOCK_FAILED, (Call.RELEASE,),
      Trigger.PASSIVE),
-    (S.PROVISIONING, Mode.CALENDAR, None, None, None, (Call.RESERVE, Call.PROVISION),
-     Trigger.REPAIR),
+    (S.PROVISIONING, Mode.CALENDAR, None, S.EXPIRED, R.CAPACITY_ENDED, (), Trigger.PASSIVE),
+    # Under Google's review (PENDING with its order).
+    (S.PENDING, Mode.CALENDAR, P.REVIEW, None, None, (), None),
+    (S.PENDING, Mode.CALENDAR, P.APPROVED, S.BOOKED, R.APPROVED, (), Trigger.PASSIVE),
+    (S.PENDING, Mode.CALENDAR, P.RESERVED, S.BOOKED, R.APPROVED, (), Trigger.PASSIVE),
+    (S.PENDING, Mode.CALENDAR, None, None, None, (Call.RESERVE,), Trigger.REPAIR),
+    (S.BOOKED, Mode.CALENDAR, P.APPROVED, None, None, (), None),
     (S.BOOKED, Mode.CALENDAR, P.RESERVED, None, None, (), None),
-    (S.BOOKED, Mode.CALENDAR, P.FAILED, None, None, (Call.RELEASE, Call.RESERVE),
+    (S.BOOKED, Mode.CALENDAR, P.FAILED, S.EXPIRED, R.BLOCK_FAILED, (Call.RELEASE,),
      Trigger.PASSIVE),
-    (S.BOOKED, Mode.CALENDAR, None, None, None, (Call.RESERVE,), Trigger.REPAIR),
+    # A booking is not repaired by submitting again: that would be a new review.
+    (S.BOOKED, Mode.CALENDAR, None, S.EXPIRED, R.CAPACITY_ENDED, (), Trigger.PASSIVE),
 ]  # fmt: skip
 
 
@@ -111,6 +121,7 @@ def test_the_table_covers_every_live_state_and_phase_of_its_mode() -> None:
     for state, mode in [
         (S.PROVISIONING, Mode.FLEX_START), (S.PROVISIONING, Mode.CALENDAR),
         (S.ACTIVE, Mode.FLEX_START), (S.ACTIVE, Mode.CALENDAR), (S.BOOKED, Mode.CALENDAR),
+        (S.PENDING, Mode.CALENDAR),
     ]:  # fmt: skip
         for phase in phases:
             assert (state, mode, phase) in TABLE, (state, mode, phase)
@@ -210,6 +221,55 @@ def test_a_block_starts_and_ends_on_time() -> None:
     assert (end.target, end.reason, end.calls) == (
         S.EXPIRED, R.BLOCK_ENDED, ((Call.RELEASE, Lane(A, 1)),),
     )  # fmt: skip
+
+
+def test_a_block_starting_before_google_created_its_reservation_waits_for_it() -> None:
+    """Google creates the auto-created reservation around the start, PROVISIONING for up to
+    24 h after it (compute/docs/instances/future-reservations-calendar-mode-overview): no VM is
+    asked for until the reservation exists."""
+    block = (NOW, NOW + timedelta(days=1))
+    start = sweep(view(S.BOOKED, seen(phase=P.APPROVED), mode=Mode.CALENDAR, block=block), NOW,
+                  GRACE)  # fmt: skip
+    assert (start.target, start.reason, start.calls) == (S.PROVISIONING, R.BLOCK_STARTED, ())
+    assert "waiting for Google Cloud to create its reservation" in start.message
+    later = sweep(view(S.PROVISIONING, seen(phase=P.RESERVED), mode=Mode.CALENDAR, block=block),
+                  NOW + timedelta(hours=3), GRACE)  # fmt: skip
+    assert later.calls == ((Call.PROVISION, Lane(A, 1)),)
+
+
+def test_a_declined_block_is_refused_and_its_request_deleted() -> None:
+    """procurementStatus DECLINED (compute/docs/instances/future-reservations-calendar-mode-
+    overview): the block is refused; the declined request may be deleted."""
+    block = (NOW + timedelta(days=5), NOW + timedelta(days=6))
+    declined = seen(phase=P.FAILED, error="DECLINED")
+    step = sweep(view(S.PENDING, declined, mode=Mode.CALENDAR, block=block), NOW, GRACE)
+    assert (step.target, step.reason) == (S.REJECTED, R.DECLINED)
+    assert step.calls == ((Call.RELEASE, Lane(A, 1)),)
+    assert step.message.startswith("Google Cloud declined the block")
+
+
+def test_a_block_cancelled_at_google_ends_cancelled_whether_booked_or_in_review() -> None:
+    """A cancel that reached Google before its write (a crash in between) is completed."""
+    block = (NOW + timedelta(days=40), NOW + timedelta(days=41))
+    cancelled = seen(phase=P.FAILED, error="CANCELLED")
+    for state in (S.PENDING, S.BOOKED):
+        step = sweep(view(state, cancelled, mode=Mode.CALENDAR, block=block), NOW, GRACE)
+        assert (step.target, step.reason) == (S.CANCELLED, R.CANCELLED_AT_GOOGLE), state
+
+
+def test_a_block_the_cloud_never_took_is_refused_after_the_deadline() -> None:
+    block = (NOW + timedelta(days=5), NOW + timedelta(days=6))
+    missing = view(S.PENDING, seen(phase=None), mode=Mode.CALENDAR, block=block)
+    assert sweep(missing, NOW, GRACE).calls == ((Call.RESERVE, Lane(A, 1)),)
+    late = sweep(missing, NOW + GRACE.not_taken_after, GRACE)
+    assert (late.target, late.reason, late.calls) == (S.REJECTED, R.NOT_ACCEPTED, ())
+
+
+def test_a_block_still_in_review_at_its_end_is_refused() -> None:
+    block = (NOW - timedelta(days=1), NOW)
+    step = sweep(view(S.PENDING, seen(phase=P.REVIEW), mode=Mode.CALENDAR, block=block), NOW,
+                 GRACE)  # fmt: skip
+    assert (step.target, step.reason) == (S.REJECTED, R.BLOCK_ENDED)
 
 
 def test_a_lane_in_a_pool_no_longer_configured_sends_the_request_back_in_line() -> None:

@@ -1,11 +1,33 @@
-"""Calendar blocks on Compute Engine (google-cloud-compute): at booking, a calendar-mode
-``FutureReservation`` for the block's VMs over its time window, whose auto-created reservation
-is deleted at the end; at the block's start, the gang's VMs, created to consume that
-reservation and named ``{order}-{index}``; at the end, the VMs and the future reservation are
-deleted.
+"""Calendar blocks on Google Cloud: calendar-mode future reservations (google-cloud-compute),
+consumed at their start by VMs (GPU blocks) or by TPU queued resources (TPU blocks).
 
-Phases: the reservation alone is RESERVED; VMs being created are CREATING; every VM RUNNING is
-READY. A future reservation the cloud refused leaves nothing behind (it is asked for again).
+A block's life at Google (compute/docs/instances/future-reservations-calendar-mode-overview,
+create-future-reservations-calendar-mode, delete-future-reservations-calendar-mode;
+tpu/docs/calendar-mode-reservation):
+
+- Before booking, Google's Advice API (``advice.calendarMode``) says at which starts it has
+  the capacity; :meth:`advise` asks it.
+- :meth:`reserve` submits a future reservation in CALENDAR mode (DENSE, the only v1 deployment
+  type) for the block's window: GPU VMs as ``specificSkuProperties`` of the machine type, TPU
+  chips as an ``aggregateReservation`` of the generation's VM family. Google reviews it:
+  ``procurementStatus`` PENDING_APPROVAL, then APPROVED or DECLINED; around the start
+  PROVISIONING, then FULFILLED with an auto-created reservation of the block's name.
+- :meth:`provision`, once that reservation exists, creates the consumers: VMs named
+  ``{order}-{index}`` with the RESERVATION_BOUND provisioning model and a specific reservation
+  affinity naming it (as cluster-toolkit's ``resume.py`` and the AI Hypercomputer REST examples
+  do), or one queued resource naming the reservation.
+- :meth:`withdraw` cancels a submitted block at Google, which allows it only within the
+  cancellation windows; a refusal is reported, never raised.
+- :meth:`release` deletes the consumers, then deletes the block if Google allows it (cancelled,
+  declined, failed or ended) or withdraws and deletes it if it may still be cancelled; a block
+  Google keeps is left to its end (it is billed in full either way), when Google deletes its
+  reservation and consumers itself and a later release deletes the request.
+
+Observed phases (ports.Observed): PENDING_APPROVAL is REVIEW; approved without a reservation
+yet is APPROVED; the reservation with nothing consuming it is RESERVED; consumers being created
+CREATING, all running READY; DECLINED, CANCELLED and FAILED are FAILED with that code; FULFILLED
+with its reservation gone is ENDED. ``locked_at`` is ``status.lockTime`` (when Google stops
+allowing a cancel), ``ends_at`` the window's end.
 """
 
 from __future__ import annotations
@@ -13,51 +35,63 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
+from google.api_core.exceptions import BadRequest, FailedPrecondition, NotFound
 from google.cloud import compute_v1
 
 from opendws.adapters.gce import (
     MANAGED_BY,
     CloudSettings,
+    awaited,
     boot_disk,
     created,
     deleted,
+    found,
     network,
     order_of_vm,
     owned,
     vm_names,
 )
-from opendws.domain.model import Pool
-from opendws.ports import Observed, Order, ProvisionPhase
+from opendws.adapters.tpu import Response, Session, TpuQueuedProvider, queued_resource_spec
+from opendws.catalog import (
+    TPU_ACCELERATOR_OF_API_TYPE,
+    TPU_API_TYPES,
+    TPU_COMPUTE_ACCELERATORS,
+    TPU_TYPE_OF_VM_FAMILY,
+    TPU_VM_FAMILIES,
+)
+from opendws.domain.model import CapacityRequest, Pool, Provider, region_of
+from opendws.ports import Advised, Observed, Order, ProvisionPhase, Withdrawal
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
+SPEC = "block"  # the key of the one spec an Advice request asks about
+# procurementStatus values after which a block may be deleted at once.
+_DELETABLE = frozenset({"CANCELLED", "DECLINED", "FAILED", "FAILED_PARTIALLY_FULFILLED"})
+_FAILED = {"DECLINED": "DECLINED", "CANCELLED": "CANCELLED", "FAILED": "FAILED",
+           "FAILED_PARTIALLY_FULFILLED": "FAILED_PARTIALLY_FULFILLED"}  # fmt: skip
+_IN_REVIEW = frozenset({"DRAFTING", "PENDING_APPROVAL", "PENDING_AMENDMENT_APPROVAL"})
 
 
-class CalendarReservationProvider:
-    """CapacityProvider for calendar blocks (see the module docstring)."""
+class _Blocks:
+    """What GPU and TPU blocks share: the future reservation, the advice and the cancel."""
+
+    tpu: bool = False
 
     def __init__(
-        self,
-        settings: CloudSettings,
-        *,
-        future_reservations: compute_v1.FutureReservationsClient,
-        instances: compute_v1.InstancesClient,
-    ) -> None:
+        self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
+        advice: compute_v1.AdviceClient | None = None,
+    ) -> None:  # fmt: skip
         self._settings = settings
         self._project = settings.project
         self._future_reservations = future_reservations
-        self._instances = instances
+        self._advice = advice
 
-    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
-        by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)
-        for pool in pools:
-            by_zone[pool.zone][pool.shape] = pool
-        observed: dict[str, Observed] = {}
-        for zone, pools_here in sorted(by_zone.items()):
-            observed.update(self._observe_zone(zone, pools_here))
-        return observed
+    # The block --------------------------------------------------------------------------
 
     def reserve(self, order: Order) -> None:
+        """Submit the block for Google's review (a repeat finds it there)."""
         request = order.request
         assert request.start_at is not None  # calendar blocks have a start
         end = request.start_at + request.run_duration
@@ -65,32 +99,216 @@ class CalendarReservationProvider:
             name=order.name,
             description=f"opendws calendar block {request.request_id}",
             reservation_mode="CALENDAR",
+            deployment_type="DENSE",
+            scheduling_type="INDEPENDENT",
             reservation_name=order.name,
             planning_status="SUBMITTED",
             specific_reservation_required=True,
             auto_delete_auto_created_reservations=True,
-            specific_sku_properties=compute_v1.FutureReservationSpecificSKUProperties(
+            time_window=compute_v1.FutureReservationTimeWindow(
+                start_time=_stamp(request.start_at), end_time=_stamp(end)
+            ),
+        )
+        if self.tpu:
+            api_type = TPU_API_TYPES[order.pool.accelerator]
+            reservation.aggregate_reservation = compute_v1.AllocationAggregateReservation(
+                vm_family=TPU_VM_FAMILIES[api_type],
+                workload_type="BATCH",
+                reserved_resources=[
+                    compute_v1.AllocationAggregateReservationReservedResourceInfo(
+                        accelerator=(
+                            compute_v1.AllocationAggregateReservationReservedResourceInfoAccelerator(
+                                accelerator_count=request.units,
+                                accelerator_type=TPU_COMPUTE_ACCELERATORS[api_type],
+                            )
+                        )
+                    )
+                ],
+            )
+        else:
+            reservation.specific_sku_properties = compute_v1.FutureReservationSpecificSKUProperties(
                 total_count=request.gang.vm_count,
                 instance_properties=(
                     compute_v1.AllocationSpecificSKUAllocationReservedInstanceProperties(
                         machine_type=order.pool.shape
                     )
                 ),
-            ),
-            time_window=compute_v1.FutureReservationTimeWindow(
-                start_time=request.start_at.isoformat().replace("+00:00", "Z"),
-                end_time=end.isoformat().replace("+00:00", "Z"),
-            ),
-        )
+            )
         created(
-            lambda: self._future_reservations.insert(
-                project=self._project,
-                zone=order.pool.zone,
-                future_reservation_resource=reservation,
+            awaited(
+                lambda: self._future_reservations.insert(
+                    project=self._project, zone=order.pool.zone,
+                    future_reservation_resource=reservation,
+                ),
+                self._settings.operation_timeout,
+            )
+        )  # fmt: skip
+
+    def advise(
+        self, request: CapacityRequest, pools: Sequence[Pool], *, earliest: datetime,
+        latest: datetime,
+    ) -> tuple[Advised, ...]:  # fmt: skip
+        """Google's recommended starts in the zones of ``pools`` (one Advice call per region);
+        () when the client has no Advice API configured."""
+        if self._advice is None:
+            return ()
+        by_region: dict[str, set[str]] = defaultdict(set)
+        for pool in pools:
+            by_region[region_of(pool.zone)].add(pool.zone)
+        advised: dict[tuple[datetime, str], Advised] = {}
+        for region, zones in sorted(by_region.items()):
+            response = self._advice.calendar_mode(
+                project=self._project, region=region,
+                calendar_mode_advice_request_resource=self._advice_request(
+                    request, pools[0], zones, earliest, latest
+                ),
+            )  # fmt: skip
+            for advice in _recommended(response, zones):
+                advised.setdefault((advice.start_at, advice.zone), advice)
+        return tuple(sorted(advised.values(), key=lambda a: (a.start_at, a.zone)))
+
+    def withdraw(self, name: str, pool: Pool) -> Withdrawal:
+        """Cancel the block at Google (awaited); REFUSED when Google keeps it."""
+        block = found(functools.partial(
+            self._future_reservations.get,
+            project=self._project, zone=pool.zone, future_reservation=name,
+        ))  # fmt: skip
+        if block is None or block.status.procurement_status in _DELETABLE:
+            return Withdrawal.WITHDRAWN
+        try:
+            awaited(
+                lambda: self._future_reservations.cancel(
+                    project=self._project, zone=pool.zone, future_reservation=name
+                ),
+                self._settings.operation_timeout,
+            )()
+        except NotFound:
+            return Withdrawal.WITHDRAWN
+        except (BadRequest, FailedPrecondition):
+            return Withdrawal.REFUSED  # past its cancellation window: Google keeps it
+        return Withdrawal.WITHDRAWN
+
+    def _release_block(self, name: str, pool: Pool) -> None:
+        """Delete the block where Google allows it (see the module docstring)."""
+        block = found(functools.partial(
+            self._future_reservations.get,
+            project=self._project, zone=pool.zone, future_reservation=name,
+        ))  # fmt: skip
+        if block is None:
+            return
+        status = block.status.procurement_status
+        ended = status == "FULFILLED" and not block.status.auto_created_reservations
+        keeps = status not in _DELETABLE and not ended
+        if keeps and self.withdraw(name, pool) is Withdrawal.REFUSED:
+            return  # Google keeps it to its end; it is deleted after that
+        deleted(
+            awaited(
+                lambda: self._future_reservations.delete(
+                    project=self._project, zone=pool.zone, future_reservation=name
+                ),
+                self._settings.operation_timeout,
             )
         )
 
+    def _blocks(self, zone: str) -> dict[str, compute_v1.FutureReservation]:
+        return {
+            block.name: block
+            for block in self._future_reservations.list(project=self._project, zone=zone)
+            if owned(block.name) and block.reservation_mode == "CALENDAR"
+        }
+
+    def _advice_request(
+        self, request: CapacityRequest, pool: Pool, zones: set[str], earliest: datetime,
+        latest: datetime,
+    ) -> compute_v1.CalendarModeAdviceRequest:  # fmt: skip
+        duration = f"{int(request.run_duration.total_seconds())}s"
+        if self.tpu:
+            api_type = TPU_API_TYPES[pool.accelerator]
+            target = compute_v1.FutureResourcesSpecTargetResources(
+                aggregate_resources=compute_v1.FutureResourcesSpecAggregateResources(
+                    accelerator_count=request.units, vm_family=TPU_VM_FAMILIES[api_type],
+                    workload_type="BATCH",
+                )
+            )  # fmt: skip
+        else:
+            target = compute_v1.FutureResourcesSpecTargetResources(
+                specific_sku_resources=compute_v1.FutureResourcesSpecSpecificSKUResources(
+                    instance_count=request.gang.vm_count, machine_type=pool.shape
+                )
+            )
+        spec = compute_v1.FutureResourcesSpec(
+            deployment_type="DENSE",
+            location_policy=compute_v1.FutureResourcesSpecLocationPolicy(
+                locations={
+                    f"zones/{zone}": compute_v1.FutureResourcesSpecLocationPolicyLocation(
+                        preference="ALLOW"
+                    )
+                    for zone in sorted(zones)
+                }
+            ),
+            target_resources=target,
+            time_range_spec=compute_v1.FlexibleTimeRange(
+                start_time_not_earlier_than=_stamp(earliest),
+                start_time_not_later_than=_stamp(latest),
+                min_duration=duration, max_duration=duration,
+            ),
+        )  # fmt: skip
+        return compute_v1.CalendarModeAdviceRequest(future_resources_specs={SPEC: spec})
+
+    def _observed(
+        self, name: str, pool: Pool, block: compute_v1.FutureReservation, wanted: int,
+        running: Sequence[bool],
+    ) -> Observed:  # fmt: skip
+        """The block as a phase (see the module docstring); ``running`` has one entry per
+        consumer found (VM, or queued resource), True once it runs."""
+        status = block.status
+        procurement = status.procurement_status
+        locked = _time(status.lock_time)
+        ends = _time(block.time_window.end_time)
+        common: dict[str, Any] = {"name": name, "pool_id": pool.pool_id, "locked_at": locked,
+                                  "ends_at": ends}  # fmt: skip
+        if procurement in _FAILED:
+            return Observed(
+                phase=ProvisionPhase.FAILED, error_code=_FAILED[procurement],
+                message=f"Google Cloud's procurement status is {procurement}", **common,
+            )  # fmt: skip
+        if procurement in _IN_REVIEW:
+            return Observed(phase=ProvisionPhase.REVIEW, **common)
+        live = bool(status.auto_created_reservations)
+        if running:
+            ready = sum(running) >= wanted
+            phase = ProvisionPhase.READY if ready else ProvisionPhase.CREATING
+        elif live:
+            phase = ProvisionPhase.RESERVED
+        elif procurement == "FULFILLED":
+            phase = ProvisionPhase.ENDED  # its window closed: Google deleted its reservation
+        else:
+            phase = ProvisionPhase.APPROVED
+        return Observed(phase=phase, **common)
+
+
+class CalendarReservationProvider(_Blocks):
+    """BlockProvider of GPU calendar blocks, consumed by RESERVATION_BOUND VMs."""
+
+    def __init__(
+        self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
+        instances: compute_v1.InstancesClient, advice: compute_v1.AdviceClient | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(settings, future_reservations=future_reservations, advice=advice)
+        self._instances = instances
+
+    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)
+        for pool in pools:
+            if pool.provider is Provider.MIG:
+                by_zone[pool.zone][pool.shape] = pool
+        observed: dict[str, Observed] = {}
+        for zone, pools_here in sorted(by_zone.items()):
+            observed.update(self._observe_zone(zone, pools_here))
+        return observed
+
     def provision(self, order: Order) -> None:
+        """The block's VMs, consuming its reservation (the next pass sees them)."""
         pool = order.pool
         for name in vm_names(order.name, order.request.gang.vm_count):
             instance = compute_v1.Instance(
@@ -106,8 +324,8 @@ class CalendarReservationProvider:
                     instance_termination_action="DELETE",
                     on_host_maintenance="TERMINATE",
                 ),
-                disks=[boot_disk(self._settings)],
-                network_interfaces=[network(self._settings)],
+                disks=[boot_disk(self._settings, pool.shape)],
+                network_interfaces=[network(self._settings, pool.shape)],
                 labels=MANAGED_BY,
             )
             created(functools.partial(
@@ -122,58 +340,142 @@ class CalendarReservationProvider:
                     self._instances.delete,
                     project=self._project, zone=pool.zone, instance=vm.name,
                 ))  # fmt: skip
-        deleted(
-            lambda: self._future_reservations.delete(
-                project=self._project, zone=pool.zone, future_reservation=name
-            )
-        )
+        self._release_block(name, pool)
 
     def _observe_zone(self, zone: str, pools: dict[str, Pool]) -> dict[str, Observed]:
-        reservations = {
-            reservation.name: reservation
-            for reservation in self._future_reservations.list(project=self._project, zone=zone)
-            if owned(reservation.name)
-        }
         vms: dict[str, list[compute_v1.Instance]] = defaultdict(list)
         for vm in self._instances.list(project=self._project, zone=zone):
-            if owned(vm.name):
+            if owned(vm.name) and _is_calendar_vm(vm):
                 vms[order_of_vm(vm.name)].append(vm)
         observed: dict[str, Observed] = {}
-        for name, reservation in reservations.items():
-            shape = reservation.specific_sku_properties.instance_properties.machine_type
+        for name, block in self._blocks(zone).items():
+            if block.aggregate_reservation.vm_family:
+                continue  # a TPU block: TpuCalendarProvider's
+            shape = block.specific_sku_properties.instance_properties.machine_type
             pool = pools.get(shape.rsplit("/", 1)[-1])
             if pool is None:
                 continue
-            wanted = reservation.specific_sku_properties.total_count
             gang = vms.get(name, [])
-            status = reservation.status
-            phase = _phase(gang, wanted)
-            if status.procurement_status in ("FAILED", "CANCELLED", "DECLINED"):
-                phase = ProvisionPhase.FAILED
-            elif (
-                status.procurement_status == "FULFILLED"
-                and not status.auto_created_reservations
-                and not gang
-            ):
-                phase = ProvisionPhase.ENDED  # the window closed; its reservation is gone
-            observed[name] = Observed(name=name, pool_id=pool.pool_id, phase=phase)
+            observed[name] = self._observed(
+                name, pool, block, block.specific_sku_properties.total_count,
+                [vm.status == "RUNNING" for vm in gang],
+            )  # fmt: skip
         for name, gang in vms.items():
-            # VMs whose reservation is gone: still owned, still to be reported (and released).
-            pool = pools.get(gang[0].machine_type.rsplit("/", 1)[-1])
-            if name not in observed and pool is not None and _is_calendar_vm(gang[0]):
-                observed[name] = Observed(
-                    name=name, pool_id=pool.pool_id, phase=_phase(gang, len(gang))
-                )
+            # VMs whose block is gone: still owned, still to be reported (and released).
+            home = pools.get(gang[0].machine_type.rsplit("/", 1)[-1])
+            if name not in observed and home is not None:
+                running = sum(vm.status == "RUNNING" for vm in gang)
+                phase = ProvisionPhase.READY if running == len(gang) else ProvisionPhase.CREATING
+                observed[name] = Observed(name=name, pool_id=home.pool_id, phase=phase)
         return observed
 
 
-def _phase(gang: list[compute_v1.Instance], wanted: int) -> ProvisionPhase:
-    if not gang:
-        return ProvisionPhase.RESERVED
-    running = sum(vm.status == "RUNNING" for vm in gang)
-    return ProvisionPhase.READY if running >= wanted else ProvisionPhase.CREATING
+class TpuCalendarProvider(_Blocks):
+    """BlockProvider of TPU calendar blocks: a future reservation of TPU chips, consumed at its
+    start by one queued resource naming the reservation (tpu/docs/calendar-mode-reservation)."""
+
+    tpu = True
+
+    def __init__(
+        self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
+        session: Session, endpoint: str | None = None,
+        advice: compute_v1.AdviceClient | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(settings, future_reservations=future_reservations, advice=advice)
+        self._queued = TpuQueuedProvider(settings, session, endpoint=endpoint)
+
+    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)
+        for pool in pools:
+            if pool.provider is Provider.TPU:
+                by_zone[pool.zone][pool.accelerator] = pool
+        observed: dict[str, Observed] = {}
+        for zone, pools_here in sorted(by_zone.items()):
+            consumers = {
+                str(resource.get("name", "")).rsplit("/", 1)[-1]: resource
+                for resource in self._queued.listed(zone)
+                if resource.get("reservationName")
+            }
+            for name, block in self._blocks(zone).items():
+                api_type = TPU_TYPE_OF_VM_FAMILY.get(block.aggregate_reservation.vm_family, "")
+                block_pool = pools_here.get(TPU_ACCELERATOR_OF_API_TYPE.get(api_type, ""))
+                if block_pool is None:
+                    continue
+                consumer = consumers.pop(name, None)
+                running = [] if consumer is None else [_state(consumer) == "ACTIVE"]
+                observed[name] = self._observed(name, block_pool, block, 1, running)
+            for name, resource in consumers.items():
+                # A queued resource whose block is gone: reported, so that it is released.
+                home = next(iter(pools_here.values()), None)
+                if owned(name) and home is not None:
+                    phase = (
+                        ProvisionPhase.READY
+                        if _state(resource) == "ACTIVE"
+                        else ProvisionPhase.CREATING
+                    )
+                    observed[name] = Observed(name=name, pool_id=home.pool_id, phase=phase)
+        return observed
+
+    def provision(self, order: Order) -> None:
+        """One queued resource on the block's reservation (``guaranteed.reserved``)."""
+        zone = order.pool.zone
+        body: dict[str, Any] = {
+            "tpu": {"nodeSpec": [queued_resource_spec(self._settings, order)]},
+            "guaranteed": {"reserved": True},
+            "reservationName": (
+                f"projects/{self._project}/locations/{zone}/reservations/{order.name}"
+            ),
+        }
+        self._queued.create(order, body)
+
+    def release(self, name: str, pool: Pool) -> None:
+        self._queued.release(name, pool)
+        self._release_block(name, pool)
+
+
+def _recommended(response: compute_v1.CalendarModeAdviceResponse, zones: set[str]) -> list[Advised]:
+    """The recommended (start, zone) pairs of an Advice response, in ``zones``: each
+    recommendation's location, and its other locations whose status is RECOMMENDED."""
+    advised: list[Advised] = []
+    for recommendation in response.recommendations:
+        for spec in recommendation.recommendations_per_spec.values():
+            start, end = _time(spec.start_time), _time(spec.end_time)
+            if start is None or end is None:
+                continue
+            places = [spec.location]
+            places += [
+                where
+                for where, other in spec.other_locations.items()
+                if other.status == "RECOMMENDED"
+            ]
+            for place in places:
+                zone = place.rsplit("/", 1)[-1]
+                if zone in zones:
+                    advised.append(Advised(start_at=start, end_at=end, zone=zone))
+    return advised
 
 
 def _is_calendar_vm(vm: compute_v1.Instance) -> bool:
     affinity = vm.reservation_affinity
     return bool(affinity) and affinity.consume_reservation_type == "SPECIFIC_RESERVATION"
+
+
+def _state(resource: dict[str, Any]) -> str:
+    return str((resource.get("state") or {}).get("state", ""))
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _time(value: str) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(UTC)
+
+
+__all__ = [
+    "CalendarReservationProvider",
+    "Response",
+    "TpuCalendarProvider",
+]

@@ -75,11 +75,11 @@ class TpuQueuedProvider:
             by_zone[pool.zone][pool.accelerator] = pool
         observed: dict[str, Observed] = {}
         for zone, pools_here in sorted(by_zone.items()):
-            for resource in self._list(zone):
+            for resource in self.listed(zone):
                 name = str(resource.get("name", "")).rsplit("/", 1)[-1]
                 home = pools_here.get(_accelerator(resource) or "")
-                if not owned(name) or home is None:
-                    continue
+                if not owned(name) or home is None or resource.get("reservationName"):
+                    continue  # one on a reservation consumes a calendar block: not ours
                 observed[name] = _observed(name, home, resource)
         return observed
 
@@ -88,23 +88,7 @@ class TpuQueuedProvider:
 
     def provision(self, order: Order) -> None:
         request = order.request
-        gang = request.gang
-        parent = self._parent(order.pool.zone)
-        spec: dict[str, Any] = {
-            "parent": parent,
-            "node": {
-                "acceleratorConfig": {
-                    "type": TPU_API_TYPES[gang.accelerator],
-                    "topology": gang.topology or "",
-                },
-                "runtimeVersion": self._settings.runtime_version(gang.accelerator),
-                "labels": {"managed-by": "opendws"},
-            },
-        }
-        if gang.vm_count == 1:
-            spec["nodeId"] = order.name
-        else:
-            spec["multiNodeParams"] = {"nodeCount": gang.vm_count, "nodeIdPrefix": order.name}
+        spec = queued_resource_spec(self._settings, order)
         if request.max_wait is not None:
             valid_until = request.submitted_at + request.max_wait
         else:
@@ -121,9 +105,13 @@ class TpuQueuedProvider:
             body["spot"] = {}
         else:
             body["guaranteed"] = {}
+        self.create(order, body)
+
+    def create(self, order: Order, body: dict[str, Any]) -> None:
+        """Create the order's queued resource from ``body`` (a repeat makes nothing more)."""
         response = self._call(
-            "POST", f"{parent}/queuedResources", params={"queuedResourceId": order.name},
-            json=body,
+            "POST", f"{self._parent(order.pool.zone)}/queuedResources",
+            params={"queuedResourceId": order.name}, json=body,
         )  # fmt: skip
         if response.status_code == 409:
             return  # it exists already: a repeated call makes nothing more
@@ -139,7 +127,8 @@ class TpuQueuedProvider:
 
     # Inside -----------------------------------------------------------------------------
 
-    def _list(self, zone: str) -> list[dict[str, Any]]:
+    def listed(self, zone: str) -> list[dict[str, Any]]:
+        """Every queued resource in ``zone`` (all pages)."""
         resources: list[dict[str, Any]] = []
         token = ""
         while True:
@@ -159,6 +148,28 @@ class TpuQueuedProvider:
 
     def _parent(self, zone: str) -> str:
         return f"projects/{self._settings.project}/locations/{zone}"
+
+
+def queued_resource_spec(settings: CloudSettings, order: Order) -> dict[str, Any]:
+    """The node spec of an order's queued resource: its slices' type, topology and runtime,
+    one node or a multi-node request named after the order."""
+    gang = order.request.gang
+    spec: dict[str, Any] = {
+        "parent": f"projects/{settings.project}/locations/{order.pool.zone}",
+        "node": {
+            "acceleratorConfig": {
+                "type": TPU_API_TYPES[gang.accelerator],
+                "topology": gang.topology or "",
+            },
+            "runtimeVersion": settings.runtime_version(gang.accelerator),
+            "labels": {"managed-by": "opendws"},
+        },
+    }
+    if gang.vm_count == 1:
+        spec["nodeId"] = order.name
+    else:
+        spec["multiNodeParams"] = {"nodeCount": gang.vm_count, "nodeIdPrefix": order.name}
+    return spec
 
 
 def _observed(name: str, home: Pool, resource: dict[str, Any]) -> Observed:

@@ -25,18 +25,19 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
 from typing import NamedTuple
 
+from opendws.domain.calendar import lead_of
 from opendws.domain.model import (
-    CALENDAR_MAX_LEAD,
     CapacityRequest,
     Grant,
     Mode,
     Pool,
+    Provider,
     QueueingStrategy,
     Snapshot,
     region_of,
@@ -87,10 +88,12 @@ class Reason(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alternative:
-    """A start time at which a refused calendar block would fit, and where."""
+    """A start time at which a refused calendar block would fit, and where; ``advised`` when
+    Google's Advice API recommends it too (Google is then likely to approve it)."""
 
     start_at: datetime
     pool_id: str
+    advised: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -669,7 +672,8 @@ class _ExactLedger:
         assert request.start_at is not None
         wanted = self.micros(request.start_at)
         duration = request.run_duration // MICROSECOND
-        latest = CALENDAR_MAX_LEAD // MICROSECOND
+        lead = lead_of(request.gang.provider is Provider.TPU)
+        latest = lead.latest // MICROSECOND
         amount = request.accelerator_units
         quota_blocked = [
             span
@@ -684,6 +688,7 @@ class _ExactLedger:
                 if pool.short_until is None
                 else max(0, -(-(pool.short_until - self.now) // MICROSECOND))
             )
+            earliest = max(earliest, lead.earliest // MICROSECOND)
             blocked = self.pool_usage[row].above(pool.capacity - request.units) + quota_blocked
             for low, high in feasible_starts(blocked, duration, earliest, latest):
                 nearest = min(max(wanted, low), high)
@@ -699,6 +704,37 @@ class _ExactLedger:
             if len(chosen) == ALTERNATIVES:
                 break
         return tuple(chosen)
+
+
+def calendar_alternatives(
+    snapshot: Snapshot, request: CapacityRequest, now: datetime,
+    advised: Sequence[Alternative] = (),
+) -> tuple[Alternative, ...]:  # fmt: skip
+    """The starts a refused or declined calendar block is offered: the ones Google's Advice
+    API recommends (``advised``) at which our own timeline fits the block too, then our
+    timeline's nearest feasible starts; at most ALTERNATIVES, earliest first, no start twice.
+    ``snapshot`` must not hold the block itself (its grants are everyone else's)."""
+    plan = _Pass(snapshot, now)
+    allowed = plan._allowed_pools(request)
+    if not allowed.pools or not plan.quotas.knows(request.tenant):
+        return ()
+    limits = plan.quotas.limits(request.tenant, request.gang.accelerator)
+    ledger = _ExactLedger(now, plan.pools, plan.pool_row, plan.quotas, plan.grants)
+    chosen: dict[datetime, Alternative] = {}
+    for alternative in sorted(advised, key=lambda a: (a.start_at, a.pool_id)):
+        row = plan.pool_row.get(alternative.pool_id)
+        if row is None or row not in allowed.pools or alternative.start_at in chosen:
+            continue
+        moved = replace(request, start_at=alternative.start_at)
+        if ledger.first_fit(_Candidate(moved, (row,), limits, False)) is not None:
+            chosen[alternative.start_at] = replace(alternative, advised=True)
+        if len(chosen) == ALTERNATIVES:
+            break
+    for ours in ledger.alternatives(_Candidate(request, allowed.pools, limits, False)):
+        if len(chosen) == ALTERNATIVES:
+            break
+        chosen.setdefault(ours.start_at, ours)
+    return tuple(sorted(chosen.values(), key=lambda a: a.start_at))
 
 
 def _rejection(request: CapacityRequest, reason: Reason, detail: str) -> Decision:

@@ -13,13 +13,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from opendws.domain.calendar import TPU_MAX_LEAD, CancellationRule, count_problem, lead_of
+
 # Limits of the two modes, as in Google's Dynamic Workload Scheduler.
 FLEX_MIN_RUN = timedelta(minutes=10)
 FLEX_MAX_RUN = timedelta(days=7)
 FLEX_MAX_WAIT = timedelta(days=7)
 CALENDAR_MIN_RUN = timedelta(days=1)
 CALENDAR_MAX_RUN = timedelta(days=90)
-CALENDAR_MAX_LEAD = timedelta(days=120)
+CALENDAR_MAX_LEAD = TPU_MAX_LEAD  # the farthest any block starts (per kind: domain.calendar)
+
+
+def _days(span: timedelta) -> str:
+    days = span / timedelta(days=1)
+    return f"{days:g} day" + ("" if days == 1 else "s")
+
 
 _ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
 _REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
@@ -142,9 +150,10 @@ class CapacityRequest:
     """One tenant's ask for a gang of capacity, in flex_start or calendar mode.
 
     Invariants: flex requests run 10 min .. 7 days and wait at most 7 days (``max_wait``) and
-    have no ``start_at``; calendar requests run 1 .. 90 days from ``start_at``, which lies at most
-    120 days after submission, and have no ``max_wait``. ``locations`` names zones, or regions
-    meaning any of their zones, in order of preference.
+    have no ``start_at``; calendar requests run 1 .. 90 days from ``start_at``, which lies within
+    Google's lead times after submission (``domain.calendar``: at most 60 days for GPU VMs, 1 to
+    120 days for TPUs) and reserve as many units as Google allows, and have no ``max_wait``.
+    ``locations`` names zones, or regions meaning any of their zones, in order of preference.
     """
 
     request_id: str  # client-chosen idempotency key
@@ -193,8 +202,24 @@ class CapacityRequest:
         if self.start_at is None:
             raise InvalidModel("start_at", "calendar requests need a start time")
         require_utc("start_at", self.start_at)
-        if self.start_at > self.submitted_at + CALENDAR_MAX_LEAD:
-            raise InvalidModel("start_at", "a calendar block starts at most 120 days ahead")
+        tpu = self.gang.provider is Provider.TPU
+        kind = "TPU" if tpu else "GPU"
+        lead = lead_of(tpu)
+        if self.start_at > self.submitted_at + lead.latest:
+            raise InvalidModel(
+                "start_at",
+                f"a {kind} calendar block starts at most {lead.latest.days} days ahead "
+                "(Google Cloud's calendar mode)",
+            )
+        if self.start_at < self.submitted_at + lead.earliest:
+            raise InvalidModel(
+                "start_at",
+                f"a {kind} calendar block starts at least {_days(lead.earliest)} ahead "
+                "(Google Cloud's calendar mode)",
+            )
+        problem = count_problem(tpu, self.gang.units)
+        if problem is not None:
+            raise InvalidModel("gang", problem)
 
     @property
     def units(self) -> int:
@@ -381,6 +406,9 @@ class PolicySettings:
     # once wins a little time when stock is short and pays for a second gang whenever it is
     # not — both served together, one released at once (bench/obtain.py measures both).
     race_eagerly: bool = False
+    # When Google lets a submitted calendar block be cancelled (domain.calendar): the newest
+    # Compute page's windows by default; NEVER as older Compute pages and the TPU page say.
+    calendar_cancellation: CancellationRule = CancellationRule.WINDOWS
 
     def __post_init__(self) -> None:
         if self.aging_half_life <= timedelta(0):

@@ -10,7 +10,12 @@ from enum import StrEnum
 class ProvisionPhase(StrEnum):
     """Where one order's cloud resources are, as the provider observes them."""
 
-    RESERVED = "RESERVED"  # calendar: the block's capacity is reserved; nothing runs yet
+    # Calendar: the block was submitted and Google is reviewing it (PENDING_APPROVAL).
+    REVIEW = "REVIEW"
+    # Calendar: Google approved the block; its reservation does not exist yet (APPROVED,
+    # PROCURING, PROVISIONING before the reservation is created around the block's start).
+    APPROVED = "APPROVED"
+    RESERVED = "RESERVED"  # calendar: the block's reservation exists; nothing consumes it yet
     CREATING = "CREATING"  # the cloud accepted the order and is creating it (no error seen)
     # Queued at Google: the capacity is not there yet (a resize request ACCEPTED with a
     # stockout in status.lastAttempt, a flex VM PENDING, a queued resource

@@ -59,6 +59,12 @@ class SweepReason(StrEnum):
     # Google's queue; kept to compare against, see bench/obtain.py).
     GAVE_UP = "GAVE_UP"
     POOL_REMOVED = "POOL_REMOVED"  # its pool is no longer configured
+    # Calendar blocks at Google's review (procurementStatus).
+    APPROVED = "APPROVED"  # Google approved the submitted block: it is booked
+    DECLINED = "DECLINED"  # Google declined the submitted block
+    CANCELLED_AT_GOOGLE = "CANCELLED_AT_GOOGLE"  # the block was cancelled at Google
+    BLOCK_FAILED = "BLOCK_FAILED"  # Google could not deliver an approved block
+    NOT_ACCEPTED = "NOT_ACCEPTED"  # the cloud kept refusing to take the block
 
 
 class Trigger(StrEnum):
@@ -117,37 +123,84 @@ TABLE: dict[tuple[RequestState, Mode, ProvisionPhase | None], Row] = {
     (S.PROVISIONING, Mode.FLEX_START, P.RESERVED): Row(
         None, None, (Call.PROVISION,), Trigger.REPAIR
     ),
-    # --- provisioning a calendar block's VMs (the block keeps its pool) ----------------------
+    # A flex order never is under review or approved (those are calendar phases).
+    (S.PROVISIONING, Mode.FLEX_START, P.REVIEW): _NOTHING,
+    (S.PROVISIONING, Mode.FLEX_START, P.APPROVED): _NOTHING,
+    # --- a calendar block submitted to Google, under review (PENDING with its order) ----------
+    # Google reviews it: nothing to do but wait (the event said so at submission).
+    (S.PENDING, Mode.CALENDAR, P.REVIEW): _NOTHING,
+    (S.PENDING, Mode.CALENDAR, P.WAITING): _NOTHING,
+    # Approved (its reservation may exist already): the block is booked.
+    (S.PENDING, Mode.CALENDAR, P.APPROVED): Row(
+        S.BOOKED, SweepReason.APPROVED, (), Trigger.PASSIVE
+    ),
+    (S.PENDING, Mode.CALENDAR, P.RESERVED): Row(
+        S.BOOKED, SweepReason.APPROVED, (), Trigger.PASSIVE
+    ),
+    (S.PENDING, Mode.CALENDAR, P.CREATING): Row(
+        S.BOOKED, SweepReason.APPROVED, (), Trigger.PASSIVE
+    ),
+    (S.PENDING, Mode.CALENDAR, P.READY): Row(S.BOOKED, SweepReason.APPROVED, (), Trigger.PASSIVE),
+    # Declined (or cancelled at Google: see _refined): refused, its request deleted.
+    (S.PENDING, Mode.CALENDAR, P.FAILED): Row(
+        S.REJECTED, SweepReason.DECLINED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    (S.PENDING, Mode.CALENDAR, P.ENDED): Row(
+        S.REJECTED, SweepReason.BLOCK_ENDED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    # Nothing under its name: the submission after the write never happened.
+    (S.PENDING, Mode.CALENDAR, None): Row(None, None, (Call.RESERVE,), Trigger.REPAIR),
+    # --- a booked block before its start (Google approved it) --------------------------------
+    (S.BOOKED, Mode.CALENDAR, P.REVIEW): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.APPROVED): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.RESERVED): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.CREATING): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.WAITING): _NOTHING,
+    (S.BOOKED, Mode.CALENDAR, P.READY): _NOTHING,
+    # Google could not deliver it (or it was cancelled at Google: see _refined).
+    (S.BOOKED, Mode.CALENDAR, P.FAILED): Row(
+        S.EXPIRED, SweepReason.BLOCK_FAILED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    (S.BOOKED, Mode.CALENDAR, P.ENDED): Row(
+        S.EXPIRED, SweepReason.BLOCK_ENDED, (Call.RELEASE,), Trigger.PASSIVE
+    ),
+    # Its future reservation is gone (deleted outside opendws): a booking cannot be repaired
+    # by submitting again, which would be a new request for Google to review.
+    (S.BOOKED, Mode.CALENDAR, None): Row(
+        S.EXPIRED, SweepReason.CAPACITY_ENDED, (), Trigger.PASSIVE
+    ),
+    # --- a calendar block from its start (it keeps its pool) ---------------------------------
     (S.PROVISIONING, Mode.CALENDAR, P.READY): Row(S.ACTIVE, SweepReason.READY, (), Trigger.PASSIVE),
+    # Google creates the block's reservation around its start (up to 24 h after it).
+    (S.PROVISIONING, Mode.CALENDAR, P.APPROVED): _NOTHING,
+    (S.PROVISIONING, Mode.CALENDAR, P.REVIEW): _NOTHING,
     (S.PROVISIONING, Mode.CALENDAR, P.WAITING): _NOTHING,
     (S.PROVISIONING, Mode.CALENDAR, P.CREATING): _NOTHING,
     # The reservation exists but its VMs were not asked for yet.
     (S.PROVISIONING, Mode.CALENDAR, P.RESERVED): Row(None, None, (Call.PROVISION,), Trigger.REPAIR),
-    # The VMs failed: drop them; the next pass asks again (row None below).
     (S.PROVISIONING, Mode.CALENDAR, P.FAILED): Row(
-        S.PROVISIONING, SweepReason.PROVISIONING_FAILED, (Call.RELEASE,), Trigger.PASSIVE
+        S.EXPIRED, SweepReason.BLOCK_FAILED, (Call.RELEASE,), Trigger.PASSIVE
     ),
     (S.PROVISIONING, Mode.CALENDAR, P.ENDED): Row(
         S.EXPIRED, SweepReason.CAPACITY_ENDED, (Call.RELEASE,), Trigger.PASSIVE
     ),
     (S.PROVISIONING, Mode.CALENDAR, None): Row(
-        None, None, (Call.RESERVE, Call.PROVISION), Trigger.REPAIR
+        S.EXPIRED, SweepReason.CAPACITY_ENDED, (), Trigger.PASSIVE
     ),
-    # --- a booked block before its start ------------------------------------------------------
-    (S.BOOKED, Mode.CALENDAR, P.RESERVED): _NOTHING,
-    (S.BOOKED, Mode.CALENDAR, P.CREATING): _NOTHING,
-    (S.BOOKED, Mode.CALENDAR, P.WAITING): _NOTHING,
-    (S.BOOKED, Mode.CALENDAR, P.READY): _NOTHING,
-    (S.BOOKED, Mode.CALENDAR, P.ENDED): _NOTHING,
-    # The reservation could not be made: drop the failed one and ask again.
-    (S.BOOKED, Mode.CALENDAR, P.FAILED): Row(
-        None, None, (Call.RELEASE, Call.RESERVE), Trigger.PASSIVE
-    ),
-    (S.BOOKED, Mode.CALENDAR, None): Row(None, None, (Call.RESERVE,), Trigger.REPAIR),
 }
+# A failed calendar order that was cancelled at Google (by opendws's own cancel that a crash
+# interrupted before its write, or by hand) ends as a cancellation, not as a refusal.
+_CANCELLED_AT_GOOGLE = {
+    S.PENDING: Row(S.CANCELLED, SweepReason.CANCELLED_AT_GOOGLE, (Call.RELEASE,), Trigger.PASSIVE),
+    S.BOOKED: Row(S.CANCELLED, SweepReason.CANCELLED_AT_GOOGLE, (Call.RELEASE,), Trigger.PASSIVE),
+}
+CANCELLED_CODE = "CANCELLED"
+DECLINED_CODE = "DECLINED"
 # --- a running gang (flex or calendar alike) ---------------------------------------------------
 for _mode in Mode:
     TABLE[(S.ACTIVE, _mode, P.READY)] = _NOTHING
+    TABLE[(S.ACTIVE, _mode, P.REVIEW)] = _NOTHING
+    TABLE[(S.ACTIVE, _mode, P.APPROVED)] = _NOTHING
     TABLE[(S.ACTIVE, _mode, P.RESERVED)] = _NOTHING
     TABLE[(S.ACTIVE, _mode, P.CREATING)] = _NOTHING
     TABLE[(S.ACTIVE, _mode, P.WAITING)] = _NOTHING
@@ -178,7 +231,7 @@ class SweepView:
     mode: Mode
     lanes: tuple[LaneView, ...]  # at least one
     units: int
-    since: datetime  # when it entered its state
+    since: datetime  # when it entered its state (a calendar block under review: submitted)
     reason: str | None  # its current reason (a revision is written only when it changes)
     # Its last event already said that it waits at Google (waiting, or raced because its
     # pools are short): waiting on is no news.
@@ -230,6 +283,9 @@ def sweep(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
     releases = tuple((Call.RELEASE, lane) for lane in lanes)
     # Deadline rows (ACTIVE): looked at before the table.
     if view.mode is Mode.CALENDAR and view.block_end is not None and now >= view.block_end:
+        if view.state is S.PENDING:  # still under Google's review at its end
+            return Step(S.REJECTED, SweepReason.BLOCK_ENDED, Trigger.ACTIVE, lanes, releases,
+                        "Google did not approve the block before its end")  # fmt: skip
         return Step(S.EXPIRED, SweepReason.BLOCK_ENDED, Trigger.ACTIVE, lanes, releases,
                     "block ended")  # fmt: skip
     if view.state is S.ACTIVE and view.run_end is not None and now >= view.run_end + grace:
@@ -253,26 +309,68 @@ def sweep(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
             )  # fmt: skip
         return step
     seen = configured[0]
+    if view.mode is Mode.CALENDAR:
+        return _calendar(view, seen, now, settings)
     row = TABLE[(view.state, view.mode, seen.phase)]
     calls = tuple((call, seen.lane) for call in row.calls)
-    if view.state is S.BOOKED:
-        assert view.block_start is not None  # a booked request is a calendar block
-        if now >= view.block_start:
-            # The block's start: provision its VMs into the reservation (made again first if
-            # it failed or is missing).
-            return Step(
-                S.PROVISIONING, SweepReason.BLOCK_STARTED, Trigger.ACTIVE, lanes,
-                (*calls, (Call.PROVISION, seen.lane)),
-                f"block started; provisioning {view.units} units in {seen.lane.pool}",
-            )  # fmt: skip
-        return Step(None, None, row.trigger if calls else None, lanes, calls)
-    # A row that keeps the state is a revision (a calendar block retrying its VMs).
     target = None if row.target is view.state else row.target
     acts = target is not None or row.reason is not None or bool(calls)
     return Step(
         target, row.reason, row.trigger if acts else None, lanes, calls,
         _message(view, seen, row),
     )  # fmt: skip
+
+
+def _calendar(view: SweepView, seen: LaneView, now: datetime, settings: SweepSettings) -> Step:
+    """A calendar block's one order: under Google's review (PENDING), booked (BOOKED), from
+    its start (PROVISIONING, ACTIVE)."""
+    lane = seen.lane
+    lanes = (lane,)
+    row = _refined(view.state, seen, TABLE[(view.state, Mode.CALENDAR, seen.phase)])
+    calls = tuple((call, lane) for call in row.calls)
+    if (
+        view.state is S.PENDING
+        and seen.phase is None
+        and now - view.since >= settings.not_taken_after
+    ):
+        return Step(
+            S.REJECTED, SweepReason.NOT_ACCEPTED, Trigger.ACTIVE, lanes, (),
+            f"the cloud did not take the block in {lane.pool} within {settings.not_taken_after}",
+        )  # fmt: skip
+    if view.state is S.BOOKED and row.target is None:
+        assert view.block_start is not None  # a booked request is a calendar block
+        if now < view.block_start:
+            return Step(None, None, row.trigger if calls else None, lanes, calls)
+        # The block's start: its VMs consume the reservation once Google has created it
+        # (until then the PROVISIONING rows wait for it).
+        if seen.phase is P.RESERVED:
+            return Step(
+                S.PROVISIONING, SweepReason.BLOCK_STARTED, Trigger.ACTIVE, lanes,
+                ((Call.PROVISION, lane),),
+                f"block started; provisioning {view.units} units in {lane.pool}",
+            )  # fmt: skip
+        return Step(
+            S.PROVISIONING, SweepReason.BLOCK_STARTED, Trigger.ACTIVE, lanes, (),
+            f"block started; waiting for Google Cloud to create its reservation in {lane.pool}",
+        )  # fmt: skip
+    target = None if row.target is view.state else row.target
+    acts = target is not None or row.reason is not None or bool(calls)
+    return Step(
+        target, row.reason, row.trigger if acts else None, lanes, calls,
+        _message(view, seen, row),
+    )  # fmt: skip
+
+
+def _refined(state: RequestState, seen: LaneView, row: Row) -> Row:
+    """A failed calendar order's row by the cloud's code: cancelled at Google ends in
+    CANCELLED; a submitted block that failed otherwise than by a decline is refused too."""
+    if seen.phase is not P.FAILED:
+        return row
+    if seen.error_code == CANCELLED_CODE and state in _CANCELLED_AT_GOOGLE:
+        return _CANCELLED_AT_GOOGLE[state]
+    if state is S.PENDING and seen.error_code != DECLINED_CODE:
+        return Row(S.REJECTED, SweepReason.BLOCK_FAILED, (Call.RELEASE,), Trigger.PASSIVE)
+    return row
 
 
 def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: datetime) -> Step:
@@ -376,6 +474,9 @@ def _pool_removed(view: SweepView, lanes: tuple[Lane, ...]) -> Step:
     if view.state is S.PROVISIONING and view.mode is Mode.FLEX_START:
         return Step(S.PENDING, SweepReason.POOL_REMOVED, Trigger.PASSIVE, (), (),
                     text + "; waiting again")  # fmt: skip
+    if view.state is S.PENDING:  # a calendar block under Google's review
+        return Step(S.REJECTED, SweepReason.POOL_REMOVED, Trigger.PASSIVE, lanes, (),
+                    text + "; refused")  # fmt: skip
     return Step(S.EXPIRED, SweepReason.POOL_REMOVED, Trigger.PASSIVE, lanes, (), text + "; ended")
 
 
@@ -389,8 +490,25 @@ def _message(view: SweepView, seen: LaneView, row: Row) -> str:
             return "the cloud ended the capacity before it was seen running"
         case SweepReason.PROVISIONING_FAILED:
             return _failure(seen) + "; retrying"
+        case SweepReason.APPROVED:
+            return (
+                f"Google Cloud approved the block in {seen.lane.pool}: {view.units} units from "
+                f"{_when(view.block_start)} to {_when(view.block_end)}"
+            )
+        case SweepReason.DECLINED:
+            return "Google Cloud declined the block" + (f": {seen.message}" if seen.message else "")
+        case SweepReason.BLOCK_FAILED:
+            return f"Google Cloud could not deliver the block: {_failure(seen)}"
+        case SweepReason.CANCELLED_AT_GOOGLE:
+            return "the block was cancelled at Google Cloud"
+        case SweepReason.BLOCK_ENDED:
+            return "the block's time window is over"
         case _:
             return ""
+
+
+def _when(at: datetime | None) -> str:
+    return "?" if at is None else at.isoformat()
 
 
 def _failure(seen: LaneView) -> str:

@@ -33,9 +33,17 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from opendws.domain.admission import Decision, Outcome, Race, admit
+from opendws.domain.admission import (
+    Alternative,
+    Decision,
+    Outcome,
+    Race,
+    admit,
+    calendar_alternatives,
+)
+from opendws.domain.calendar import lead_of
 from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
-from opendws.domain.provisioning import Lane
+from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (
     Call,
@@ -47,6 +55,7 @@ from opendws.domain.sweep import (
     sweep,
 )
 from opendws.ports import (
+    BlockProvider,
     CapacityProvider,
     Clock,
     ConfigStore,
@@ -83,7 +92,11 @@ class ReconcileReason(StrEnum):
     :class:`opendws.domain.sweep.SweepReason`)."""
 
     ADMITTED = "ADMITTED"  # the plan admitted it; provisioning starts
-    BOOKED = "BOOKED"  # the plan confirmed the calendar block
+    # The plan fits the calendar block: submitted to Google, which reviews it (PENDING until
+    # Google approves: then BOOKED, see SweepReason.APPROVED).
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    # Google's Advice API has no capacity for the block as asked: refused before submitting.
+    NO_CAPACITY_AT_GOOGLE = "NO_CAPACITY_AT_GOOGLE"
     RACING = "RACING"  # waiting at Google in short pools: offered to more pools at once
 
 
@@ -117,34 +130,47 @@ class ReconcileSettings:
 
 
 class Providers:
-    """Which provider serves which order: TPU pools use queued resources; MIG pools use
-    flex-start resize requests for flex requests and calendar reservations for blocks."""
+    """Which provider serves which order: flex requests use flex-start resize requests (MIG
+    pools) or flex-start queued resources (TPU pools); calendar blocks use calendar-mode
+    future reservations, consumed by VMs (``calendar``) or by queued resources naming the
+    reservation (``tpu_calendar``; the ``calendar`` provider when not given)."""
 
     def __init__(
-        self, *, mig_flex: CapacityProvider, tpu: CapacityProvider, calendar: CapacityProvider
-    ) -> None:
+        self, *, mig_flex: CapacityProvider, tpu: CapacityProvider, calendar: BlockProvider,
+        tpu_calendar: BlockProvider | None = None,
+    ) -> None:  # fmt: skip
         self.mig_flex = mig_flex
         self.tpu = tpu
         self.calendar = calendar
+        self.tpu_calendar = calendar if tpu_calendar is None else tpu_calendar
 
     def for_order(self, pool: Pool, mode: Mode) -> CapacityProvider:
         """The provider of an order of ``mode`` in ``pool``."""
-        if pool.provider is Provider.TPU:
-            return self.tpu
-        return self.calendar if mode is Mode.CALENDAR else self.mig_flex
+        if mode is Mode.CALENDAR:
+            return self.blocks(pool)
+        return self.tpu if pool.provider is Provider.TPU else self.mig_flex
+
+    def blocks(self, pool: Pool) -> BlockProvider:
+        """The provider of calendar blocks in ``pool``."""
+        return self.tpu_calendar if pool.provider is Provider.TPU else self.calendar
 
     def observe(self, pools: Iterable[Pool]) -> dict[str, Sighting]:
-        """Every owned resource in ``pools``, by order name, across all providers."""
+        """Every owned resource in ``pools``, by order name, across all providers (a provider
+        serving several kinds is asked once per kind of pool)."""
         by_kind = {kind: [pool for pool in pools if pool.provider is kind] for kind in Provider}
         observed: dict[str, Sighting] = {}
+        asked: set[tuple[int, Provider]] = set()
         for provider, kind in (
             (self.mig_flex, Provider.MIG),
-            (self.calendar, Provider.MIG),
             (self.tpu, Provider.TPU),
+            (self.calendar, Provider.MIG),
+            (self.tpu_calendar, Provider.TPU),
         ):
-            if by_kind[kind]:
-                for name, seen in provider.observe(by_kind[kind]).items():
-                    observed[name] = Sighting(provider=provider, observed=seen)
+            if not by_kind[kind] or (id(provider), kind) in asked:
+                continue
+            asked.add((id(provider), kind))
+            for name, seen in provider.observe(by_kind[kind]).items():
+                observed[name] = Sighting(provider=provider, observed=seen)
         return observed
 
 
@@ -170,6 +196,8 @@ class PassReport:
     reserved: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     leaks: list[str] = field(default_factory=list)  # owned resources no live request wanted
+    # Released or ended calendar blocks Google keeps (and bills) to their end: left alone.
+    kept: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # provider calls that failed (retried later)
     skipped: list[str] = field(default_factory=list)  # changed by others meanwhile (next pass)
     in_flight: int = 0  # requests left PROVISIONING: a pass soon will see them through
@@ -256,6 +284,8 @@ class _Cycle:
         live = self.store.in_states(S.PROVISIONING, S.ACTIVE, S.BOOKED)
         pending = self.store.in_states(S.PENDING)
         self.records = {record.request_id: record for record in (*live, *pending)}
+        # Calendar blocks at Google's review are swept with the live ones.
+        live = [*live, *(record for record in pending if submitted(record))]
         self._announce_backlog()
         # 2. Observe the providers.
         observed = self.providers.observe(self.pools.values())
@@ -320,7 +350,8 @@ class _Cycle:
             mode=request.mode,
             lanes=tuple(views),
             units=request.units,
-            since=record.since or record.updated_at,
+            # A block under review: since its submission (the write that licensed it).
+            since=record.updated_at if submitted(record) else record.since or record.updated_at,
             reason=record.reason,
             waiting_told=record.reason
             in (SweepReason.WAITING_FOR_CAPACITY, ReconcileReason.RACING),
@@ -347,9 +378,13 @@ class _Cycle:
         if step.writes:
             state = step.target or record.state
             primary = step.lanes[0].pool if step.lanes else None
+            message = step.message or record.message
+            if step.reason is SweepReason.DECLINED:
+                message += _offered(self._alternatives(record))
             self._write(
-                record, state, step.reason or "", step.message or record.message,
+                record, state, step.reason or "", message,
                 pool=primary if step.lanes else KEEP, lanes=step.lanes,
+                attempt=record.attempt if submitted(record) else None,
             )  # fmt: skip
         for call, lane in step.calls:
             pool = self.pools.get(lane.pool)
@@ -368,6 +403,11 @@ class _Cycle:
     def _release_leak(self, sighting: Sighting) -> None:
         leak = sighting.observed
         pool = self.pools[leak.pool_id]  # observed in a configured pool
+        if _kept_by_google(leak, self.now):
+            # A released block Google no longer lets anyone cancel: it is billed to its end
+            # whatever we do, and deleted after it (delete-future-reservations-calendar-mode).
+            self.report.kept.append(leak.name)
+            return
         log.warning("releasing %s in %s: no live request wants it", leak.name, leak.pool_id)
         try:
             sighting.provider.release(leak.name, pool)
@@ -395,11 +435,16 @@ class _Cycle:
 
     # Step 4: the snapshot ---------------------------------------------------------------
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, without: str | None = None) -> Snapshot:
+        """What admission reads; ``without`` leaves one request out (to plan around it)."""
         grants: list[Grant] = []
         pending = []
         for record in self.records.values():
-            if record.state is S.PENDING:
+            if record.request_id == without:
+                continue
+            if submitted(record):
+                grants.append(self._grant_of(record))  # held while Google reviews it
+            elif record.state is S.PENDING:
                 pending.append(record.request)
             elif record.state is S.PROVISIONING and len(record.lanes) > 1:
                 # Racing: every lane holds its own grant until one wins (see PolicySettings).
@@ -477,15 +522,14 @@ class _Cycle:
                 self._provision_lanes(record, lanes)
             case Outcome.CONFIRM:
                 assert decision.pool_id is not None
-                pool = self.pools[decision.pool_id]
-                order = Order(request=record.request, pool=pool, attempt=1)
+                self._submit_block(record, self.pools[decision.pool_id])
+            case Outcome.REFUSE:
+                alternatives = self._alternatives(record, ours=decision.alternatives)
                 self._write(
-                    record, S.BOOKED, ReconcileReason.BOOKED, decision.message,
-                    pool=pool.pool_id, attempt=1, eta=decision.start_at,
+                    record, S.REJECTED, decision.reason or "",
+                    _refusal(replace(decision, alternatives=alternatives)),
                 )  # fmt: skip
-                provider = self.providers.for_order(pool, record.request.mode)
-                self._call("reserve", order, provider.reserve)
-            case Outcome.REFUSE | Outcome.REJECT:
+            case Outcome.REJECT:
                 self._write(record, S.REJECTED, decision.reason or "", _refusal(decision))
             case Outcome.TIME_OUT:
                 self._write(record, S.TIMED_OUT, decision.reason or "", decision.message)
@@ -495,6 +539,76 @@ class _Cycle:
                         record, S.PENDING, decision.reason or "", decision.message,
                         pool=decision.pool_id, eta=decision.eta, position=decision.position,
                     )  # fmt: skip
+
+    def _submit_block(self, record: RequestRecord, pool: Pool) -> None:
+        """A block our plan fits: ask Google's Advice API whether it has the capacity as
+        asked; if it does (or cannot say), submit the block for Google's review — written
+        first (PENDING, awaiting approval, holding its slot), then created; if it does not,
+        refuse it now with the starts Google and our plan both have room for."""
+        request = record.request
+        assert request.start_at is not None  # a calendar block
+        end = request.start_at + request.run_duration
+        blocks = self.providers.blocks(pool)
+        try:
+            advised = blocks.advise(
+                request, [pool], earliest=request.start_at, latest=request.start_at
+            )
+        except Exception as error:  # advice is advice: Google's review decides anyway
+            log.warning("advice for %s failed; submitting anyway: %s", request.request_id, error)
+        else:
+            if not any(a.start_at == request.start_at and a.zone == pool.zone for a in advised):
+                self._write(
+                    record, S.REJECTED, ReconcileReason.NO_CAPACITY_AT_GOOGLE,
+                    f"Google Cloud's Advice API has no capacity for {request.units} units in "
+                    f"{pool.pool_id} from {request.start_at.isoformat()} to {end.isoformat()}"
+                    + _offered(self._alternatives(record)),
+                )  # fmt: skip
+                return
+        self._write(
+            record, S.PENDING, ReconcileReason.AWAITING_APPROVAL,
+            f"submitted to Google Cloud for approval: {request.units} units in {pool.pool_id} "
+            f"from {request.start_at.isoformat()} to {end.isoformat()}; waiting for Google's "
+            "review (booked once approved)",
+            pool=pool.pool_id, attempt=1, eta=request.start_at,
+        )  # fmt: skip
+        order = Order(request=request, pool=pool, attempt=1)
+        self._call("reserve", order, blocks.reserve)
+
+    def _alternatives(
+        self, record: RequestRecord, ours: tuple[Alternative, ...] = ()
+    ) -> tuple[Alternative, ...]:
+        """The starts a refused or declined block is offered: Google's Advice API's
+        recommendations in the request's pools where our timeline fits too, then our own
+        (``ours`` when the Advice API cannot be asked)."""
+        request = record.request
+        tpu = request.gang.provider is Provider.TPU
+        lead = lead_of(tpu)
+        shape = [
+            pool for pool in self.pools.values()
+            if (pool.provider, pool.shape, pool.accelerator)
+            == (request.gang.provider, request.gang.shape, request.gang.accelerator)
+        ]  # fmt: skip
+        advised: list[Alternative] = []
+        by_provider: dict[int, tuple[BlockProvider, list[Pool]]] = {}
+        for pool in shape:
+            blocks = self.providers.blocks(pool)
+            by_provider.setdefault(id(blocks), (blocks, []))[1].append(pool)
+        try:
+            for blocks, pools in by_provider.values():
+                for advice in blocks.advise(
+                    request, pools, earliest=self.now + lead.earliest,
+                    latest=self.now + lead.latest,
+                ):  # fmt: skip
+                    advised.extend(
+                        Alternative(start_at=advice.start_at, pool_id=pool.pool_id)
+                        for pool in pools
+                        if pool.zone == advice.zone
+                    )
+        except Exception as error:
+            log.warning("advice for %s failed: %s", request.request_id, error)
+            return ours
+        snapshot = self._snapshot(without=record.request_id)
+        return calendar_alternatives(snapshot, request, self.now, advised) or ours
 
     def _grow_race(self, race: Race) -> None:
         """Offer a request waiting at Google in short pools to more of its pools: the new
@@ -663,12 +777,39 @@ def _grant(record: RequestRecord, now: datetime) -> Grant:
     return Grant.of(request, record.pool, start, end_at=hold_end(record, now))
 
 
+def submitted(record: RequestRecord) -> bool:
+    """A calendar block submitted to Google and under its review: PENDING with its order."""
+    return (
+        record.state is S.PENDING
+        and record.request.mode is Mode.CALENDAR
+        and record.pool is not None
+        and record.attempt > 0
+    )
+
+
+def _kept_by_google(observed: Observed, now: datetime) -> bool:
+    """A block with nothing running in it that Google no longer lets anyone cancel: it stays
+    (billed) until its end."""
+    return (
+        observed.phase in (ProvisionPhase.APPROVED, ProvisionPhase.RESERVED)
+        and observed.locked_at is not None
+        and observed.ends_at is not None
+        and observed.locked_at < now < observed.ends_at
+    )
+
+
 def _refusal(decision: Decision) -> str:
-    text = decision.message
-    if decision.alternatives:
-        nearest = ", ".join(
-            f"{alternative.start_at.isoformat()} in {alternative.pool_id}"
-            for alternative in decision.alternatives
-        )
-        text += f"; nearest starts that fit: {nearest}"
-    return text
+    # The admission core's detail names its own nearest starts; the merged ones replace them.
+    text = decision.message.split("; nearest starts that fit:")[0]
+    return text + _offered(decision.alternatives)
+
+
+def _offered(alternatives: tuple[Alternative, ...]) -> str:
+    if not alternatives:
+        return "; no start that fits was found"
+    nearest = ", ".join(
+        f"{alternative.start_at.isoformat()} in {alternative.pool_id}"
+        + (" (Google recommends)" if alternative.advised else "")
+        for alternative in alternatives
+    )
+    return f"; nearest starts that fit: {nearest}"

@@ -24,10 +24,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from opendws.domain.calendar import may_cancel, why_not_cancellable
+from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
 from opendws.ports import (
     Clock,
     ConfigStore,
+    Configuration,
     EventBus,
     Nudger,
     Order,
@@ -38,10 +41,11 @@ from opendws.ports import (
     Timer,
     TimerKind,
     TimerQueue,
+    Withdrawal,
 )
-from opendws.service.reconcile import Providers
+from opendws.service.reconcile import Providers, submitted
 from opendws.service.timers import timers_to_disarm
-from opendws.service.usage import usage_of
+from opendws.service.usage import HOUR, usage_of
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,8 @@ class EndReason(StrEnum):
     MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # its expiry timer fired while it still waited
     NOT_YOUR_REQUEST = "NOT_YOUR_REQUEST"  # refused: another tenant's request
     UNKNOWN_REQUEST = "UNKNOWN_REQUEST"  # refused: no such request
-    NOT_CANCELLABLE = "NOT_CANCELLABLE"  # refused: it is running; release it instead
+    NOT_CANCELLABLE = "NOT_CANCELLABLE"  # refused: running, or a block Google keeps
+    CLOUD_UNAVAILABLE = "CLOUD_UNAVAILABLE"  # refused for now: Google could not be asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,16 @@ class EndService:
                     request_id, tenant, record.state, EndReason.NOT_CANCELLABLE,
                     f"{request_id!r} is running; release it to give its capacity back",
                 )  # fmt: skip
+            if record.request.mode is Mode.CALENDAR and record.state in (S.PENDING, S.BOOKED):
+                refused = self._withdraw(record, tenant)
+                if refused is not None:
+                    return refused
+            elif cancel and record.request.mode is Mode.CALENDAR and record.state is S.PROVISIONING:
+                return self._refuse(
+                    request_id, tenant, record.state, EndReason.NOT_CANCELLABLE,
+                    f"{request_id!r} is a calendar block that has started: Google Cloud bills "
+                    "it in full to its end; release it to delete its VMs",
+                )  # fmt: skip
             running = record.state is S.ACTIVE
             state = S.RELEASED if running else S.CANCELLED
             reason = EndReason.RELEASED if running else EndReason.CANCELLED
@@ -141,6 +156,55 @@ class EndService:
             except StaleWrite:
                 continue  # the reconciler moved it meanwhile: look again
         raise StaleWrite(f"{request_id} kept changing while being ended; try again")
+
+    def _withdraw(self, record: RequestRecord, tenant: str) -> EndResult | None:
+        """Cancel a calendar block at Google before it is written CANCELLED (None: done, or
+        nothing to cancel there), or the refusal: Google's rule (the configured one, see
+        ``domain.calendar``) checked first so that a cancel Google would refuse is refused at
+        once, then Google's own verdict. Either way a refusal changes nothing."""
+        request = record.request
+        assert request.start_at is not None  # a calendar block
+        configuration = self._config.load()
+        rule = configuration.policy.calendar_cancellation
+        approved_at = record.since if record.state is S.BOOKED else None
+        now = self._clock.now()
+        if approved_at is not None and not may_cancel(
+            rule, start=request.start_at, approved_at=approved_at, now=now
+        ):
+            return self._not_cancellable(record, tenant, approved_at, configuration)
+        pool = {p.pool_id: p for p in configuration.pools}.get(record.pool or "")
+        if pool is None or record.attempt == 0:
+            return None  # never submitted, or its pool is gone: nothing to cancel at Google
+        order = Order(request=request, pool=pool, attempt=record.attempt)
+        try:
+            outcome = self._providers.blocks(pool).withdraw(order.name, pool)
+        except Exception as error:
+            return self._refuse(
+                record.request_id, tenant, record.state, EndReason.CLOUD_UNAVAILABLE,
+                f"Google Cloud could not be asked to cancel the block now ({error}); nothing "
+                "changed, try again",
+            )  # fmt: skip
+        if outcome is Withdrawal.REFUSED:
+            return self._not_cancellable(record, tenant, approved_at or now, configuration)
+        return None
+
+    def _not_cancellable(
+        self, record: RequestRecord, tenant: str, approved_at: datetime,
+        configuration: Configuration,
+    ) -> EndResult:  # fmt: skip
+        request = record.request
+        assert request.start_at is not None
+        price = configuration.price(request.gang.accelerator)
+        hours = request.accelerator_units * request.run_duration / HOUR
+        return self._refuse(
+            record.request_id, tenant, record.state, EndReason.NOT_CANCELLABLE,
+            f"{record.request_id!r} can no longer be cancelled: " + why_not_cancellable(
+                configuration.policy.calendar_cancellation, start=request.start_at,
+                end=request.start_at + request.run_duration, approved_at=approved_at,
+                now=self._clock.now(),
+                cost=None if price is None else price.cost(request.mode, hours),
+            ),
+        )  # fmt: skip
 
     # Timers -----------------------------------------------------------------------------
 
@@ -200,7 +264,7 @@ class EndService:
             usage=usage_of(record, state, now, configuration),
         )  # fmt: skip
         pools = {p.pool_id: p for p in configuration.pools}
-        if record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED):
+        if record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) or submitted(record):
             # Every order it has open: one per raced pool while it provisions.
             for lane in record.orders:
                 pool = pools.get(lane.pool)

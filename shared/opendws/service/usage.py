@@ -11,6 +11,8 @@ cannot count a request twice and a crash cannot lose it.
   when it became ACTIVE; an early release uses less than it was granted.
 - **cost**: used hours × the configured price × the mode's factor (flex-start and calendar
   capacity are discounted); None where no price is configured.
+- A **calendar block** that reached its start counts in full, from its start to its end,
+  whether it was used or released early: Google bills it so.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, RequestRecord, RequestStore, UsageEntry
 
 HOUR = timedelta(hours=1)
+# A calendar block that reached its start is billed in full, released early or not.
+_BLOCK_STARTED = (RequestState.PROVISIONING, RequestState.ACTIVE)
 
 
 def usage_of(
@@ -32,7 +37,11 @@ def usage_of(
     request = record.request
     started = record.since if record.state is RequestState.ACTIVE else None
     used = granted = 0.0
-    if started is not None:
+    if request.mode is Mode.CALENDAR and record.state in _BLOCK_STARTED:
+        # Google bills a block from its start to its end whether it was used or not
+        # (compute/docs/instances/delete-future-reservations-calendar-mode).
+        used = granted = request.accelerator_units * request.run_duration / HOUR
+    elif started is not None:
         used = request.accelerator_units * max(at - started, timedelta(0)) / HOUR
         granted = request.accelerator_units * request.run_duration / HOUR
     price = configuration.price(request.gang.accelerator)
