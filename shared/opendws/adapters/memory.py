@@ -10,9 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from opendws.domain.model import Mode, Pool, Provider
+from opendws.domain.calendar import CancellationRule, cancel_deadline, may_cancel
+from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
 from opendws.domain.states import RequestState, transition
 from opendws.ports import (
+    Advised,
     Clock,
     Configuration,
     CreateOutcome,
@@ -28,6 +30,7 @@ from opendws.ports import (
     Timer,
     UnknownRequest,
     UsageEntry,
+    Withdrawal,
     lanes_after,
 )
 
@@ -224,13 +227,26 @@ MAX_RUN = timedelta(days=7)
 # How soon a waiting order is tried again after an attempt an injected stockout failed (a real
 # shortage needs no timer: every change of stock makes its queue look again).
 RETRY_AFTER = timedelta(minutes=1)
+# How long Google takes to review a submitted calendar block, unless set otherwise (the
+# simulated cloud's default; compute/docs/instances/create-future-reservations-calendar-mode:
+# a request is PENDING_APPROVAL until Google approves or declines it).
+REVIEW_DELAY = timedelta(minutes=2)
+# The error codes of a calendar block Google will not deliver (Observed.error_code).
+DECLINED = "DECLINED"  # its review found no capacity over its window
+CANCELLED = "CANCELLED"  # withdrawn while Google still allowed it
+BLOCK_FAILED = "FAILED"  # approved, but its units were gone at its start
+# How many starts Google's Advice API recommends at most (advice.calendarMode).
+ADVICE_LIMIT = 3
+# Phases of a block that has started: its reservation is live (with or without VMs).
+_LIVE = (ProvisionPhase.RESERVED, ProvisionPhase.CREATING, ProvisionPhase.READY)
 
 _Key = tuple[str, str]
 
 
 @dataclass(slots=True)
 class _FakeOrder:
-    """One order in the fake cloud."""
+    """One order in the fake cloud: a flex-start resize request or queued resource, or a
+    calendar block (its future reservation, its reservation once live, and its VMs)."""
 
     name: str
     pool: Pool
@@ -244,16 +260,24 @@ class _FakeOrder:
     holds_stock: bool = False
     ends_by_itself: bool = False  # flex-start VMs and slices are deleted when their time is up
     starts_at: datetime | None = None  # a calendar block takes its units at its start
-    hung: bool = False  # a "hang" injection: it waits for ever, never served
+    hung: bool = False  # a "hang" injection: it waits for ever, never served (or reviewed)
     queued: bool = False  # in Google's queue of its key (pending or eligible)
     ready_at: datetime | None = None
     error_code: str | None = None
     last_attempt: str | None = None
     message: str = ""
+    review_at: datetime | None = None  # a block: when Google reviews it
+    approved_at: datetime | None = None  # a block: when Google approved it (None: not yet)
+    locked_at: datetime | None = None  # a block: the last instant it may be cancelled
 
     @property
     def key(self) -> _Key:
         return (self.pool.zone, self.pool.shape)
+
+    @property
+    def block(self) -> bool:
+        """True for a calendar block."""
+        return self.calendar_end is not None
 
     @property
     def serving_key(self) -> tuple[datetime, int]:
@@ -268,10 +292,20 @@ class _FakeOrder:
             return self.ready_at + self.run_duration
         return None
 
+    def promised(self, key: _Key, start: datetime, end: datetime) -> int:
+        """The units this order is promised over ``[start, end)`` of ``key`` beyond the stock:
+        an approved block not yet started, whose window overlaps (0 for anything else)."""
+        if self.phase is not ProvisionPhase.APPROVED or self.key != key:
+            return 0
+        assert self.starts_at is not None  # a block
+        assert self.calendar_end is not None
+        return self.units if self.starts_at < end and start < self.calendar_end else 0
+
 
 class MemoryCapacityProvider:
-    """A CapacityProvider over a tiny simulated cloud in memory that does what Google does (and
-    what the simulated cloud behind the emulator does: the contract suite checks both alike).
+    """A CapacityProvider (and CalendarBlocks) over a tiny simulated cloud in memory that does
+    what Google does (and what the simulated cloud behind the emulator does: the contract suite
+    checks both alike).
 
     - Free stock per (zone, shape); an order is CREATING until ``latency`` has passed, then
       joins Google's queue of its (zone, shape). The queue is served first come first served,
@@ -288,23 +322,45 @@ class MemoryCapacityProvider:
       RESOURCE_OPERATION_FAILED).
     - Flex-start VMs and TPU slices END by themselves after their run duration (flex-start
       VMs are deleted; a flex-start queued resource is SUSPENDED), giving their stock back.
-    - A calendar order is RESERVED from :meth:`reserve` — which creates nothing, as the cloud
-      refuses the reservation, when the units are not free beyond those promised to
-      overlapping blocks — takes its units at the block's start (or FAILS if they are gone),
-      and ENDS at the block's end; its VMs use the block's own units.
+    - A calendar order is a calendar-mode future reservation
+      (compute/docs/instances/future-reservations-calendar-mode-overview). :meth:`reserve`
+      submits it: REVIEW (PENDING_APPROVAL) until ``review_delay`` has passed, then Google
+      reviews it: APPROVED if the stock of its (zone, shape) minus the units of the approved
+      blocks not yet started whose windows overlap its own covers its units, with ``locked_at``
+      = :func:`~opendws.domain.calendar.cancel_deadline` under ``cancellation``; else FAILED,
+      DECLINED. Injections: "error" at the submission — the insert fails, nothing is created;
+      at the review, "stockout" (or "error") — DECLINED, "hang" — it stays in REVIEW. At its
+      start it takes its units (FAILED, FAILED, if they are gone) and its reservation is live:
+      RESERVED; :meth:`provision` then creates its VMs on the block's own units (CREATING,
+      READY after ``latency``) — before that it does nothing. At its end: ENDED, VMs gone,
+      units back. :meth:`withdraw` cancels it while
+      :func:`~opendws.domain.calendar.may_cancel` allows (never once started): FAILED,
+      CANCELLED; otherwise Google refuses and nothing changes. :meth:`release` deletes its VMs
+      but the block only if it may be withdrawn (or is over: ended, declined, failed,
+      cancelled); a block Google keeps is billed to its end and stays observed until then
+      (delete-future-reservations-calendar-mode). :meth:`advise` answers as Google's Advice
+      API does, by the same capacity model as the review.
 
-    Settling is event driven: every change that will happen by itself is a timed event on a
-    heap, so a call when nothing is due costs nothing, whatever the number of orders.
+    Settling is event driven: every change that will happen by itself (a serving attempt, a
+    review, a block's start and end, a run's end) is a timed event on a heap, so a call when
+    nothing is due costs nothing, whatever the number of orders.
     """
 
-    def __init__(self, clock: Clock, *, latency: timedelta = timedelta(seconds=20)) -> None:
+    def __init__(
+        self, clock: Clock, *, latency: timedelta = timedelta(seconds=20),
+        review_delay: timedelta = REVIEW_DELAY,
+        cancellation: CancellationRule = CancellationRule.WINDOWS,
+    ) -> None:  # fmt: skip
         self._clock = clock
         self._latency = latency
+        self._review_delay = review_delay
+        self._cancellation = cancellation
         self._offset = timedelta(0)
         self._stock: dict[_Key, int] = {}
         self._injected: dict[_Key, list[str]] = {}
         self._orders: dict[str, _FakeOrder] = {}
         self._by_pool: dict[str, dict[str, _FakeOrder]] = {}
+        self._blocks: dict[_Key, dict[str, _FakeOrder]] = {}  # calendar blocks per key
         # Google's queue per key: orders not yet eligible (a heap by eligible time), eligible
         # ones (a heap by the serving rule), and eligible ones not yet told of a failed attempt.
         self._pending: dict[_Key, list[tuple[datetime, int, _FakeOrder]]] = {}
@@ -332,7 +388,8 @@ class MemoryCapacityProvider:
             return self._stock.get((zone, shape), 0)
 
     def inject(self, zone: str, shape: str, kind: str, count: int = 1) -> None:
-        """The next ``count`` serving attempts of ``shape`` in ``zone`` go as ``kind``."""
+        """The next ``count`` serving attempts (or calendar submissions and reviews) of
+        ``shape`` in ``zone`` go as ``kind``."""
         if kind not in FAILURE_KINDS:
             raise ValueError(f"kind: {kind!r} is not one of {', '.join(FAILURE_KINDS)}")
         with self._lock:
@@ -342,6 +399,17 @@ class MemoryCapacityProvider:
         """How long provisioning takes, for orders created from now on."""
         with self._lock:
             self._latency = latency
+
+    def set_review_delay(self, delay: timedelta) -> None:
+        """How long Google takes to review a calendar block, for blocks submitted from now on."""
+        with self._lock:
+            self._review_delay = delay
+
+    def set_cancellation(self, rule: CancellationRule) -> None:
+        """Which of Google's cancellation rules holds, from now on (for approvals, withdrawals
+        and releases)."""
+        with self._lock:
+            self._cancellation = rule
 
     def advance(self, delta: timedelta) -> None:
         """Move the fake cloud's own time forward (on top of the injected clock)."""
@@ -369,10 +437,14 @@ class MemoryCapacityProvider:
                         error_code=order.error_code,
                         message=order.message,
                         last_attempt=order.last_attempt,
+                        locked_at=order.locked_at,
+                        ends_at=order.calendar_end,
                     )
             return observed
 
     def reserve(self, order: Order) -> None:
+        """Submit the calendar block (a future reservation insert): REVIEW until Google has
+        reviewed it. An "error" injection fails the insert: nothing is created."""
         if order.request.mode is not Mode.CALENDAR:
             return
         with self._lock:
@@ -380,59 +452,116 @@ class MemoryCapacityProvider:
             if order.name in self._orders:
                 return
             key = (order.pool.zone, order.pool.shape)
+            injected = self._injected.get(key)
+            if injected and injected[0] == "error":
+                injected.pop(0)
+                return  # the insert operation failed: nothing is created
             request = order.request
             assert request.start_at is not None  # a calendar block
-            end = request.start_at + request.run_duration
-            promised = sum(
-                other.units
-                for other in self._orders.values()
-                if other.phase is ProvisionPhase.RESERVED and not other.holds_stock
-                and other.key == key
-                and other.starts_at is not None and other.calendar_end is not None
-                and other.starts_at < end and request.start_at < other.calendar_end
-            )  # fmt: skip
-            if self._stock.get(key, 0) - promised < request.units:
-                return  # refused, as the cloud refuses the reservation: nothing is created
-            fake = self._new(order, ProvisionPhase.RESERVED)
+            fake = self._new(order, ProvisionPhase.REVIEW)
             fake.starts_at = request.start_at
+            fake.review_at = fake.created_at + self._review_delay
+            fake.message = "submitted; Google is reviewing it (PENDING_APPROVAL)"
+            self._blocks.setdefault(key, {})[fake.name] = fake
+            self._at(fake.review_at, fake)
             self._at(request.start_at, fake)
-            self._at(end, fake)
+            self._at(request.start_at + request.run_duration, fake)
 
     def provision(self, order: Order) -> None:
         with self._lock:
             self._settle()
             existing = self._orders.get(order.name)
-            if existing is None:
-                # A queued resource is WAITING_FOR_RESOURCES from its acceptance; a resize
-                # request is ACCEPTED and tried once the provisioning latency has passed.
-                tpu = order.pool.provider is Provider.TPU
-                fake = self._new(order, ProvisionPhase.WAITING if tpu else ProvisionPhase.CREATING)
-                if tpu:
-                    fake.message = _TPU_WAITING
-            elif existing.phase is ProvisionPhase.RESERVED:
-                fake = existing
-                fake.phase = ProvisionPhase.CREATING
-                fake.eligible_at = self._now() + self._latency
-            else:
-                return
-            if fake.holds_stock:
-                self._at(fake.eligible_at, fake)  # a block's VMs: its own units
-            else:
-                fake.queued = True
-                entry = (fake.eligible_at, fake.sequence, fake)
-                heapq.heappush(self._pending.setdefault(fake.key, []), entry)
-                self._serve_soon(fake.key, fake.eligible_at)
+            if existing is not None and existing.block:
+                if existing.phase is ProvisionPhase.RESERVED:  # its reservation is live
+                    existing.phase = ProvisionPhase.CREATING
+                    existing.eligible_at = self._now() + self._latency
+                    existing.message = ""
+                    self._at(existing.eligible_at, existing)  # its VMs: the block's own units
+                return  # not live yet (or over): asked again on a later pass
+            if existing is not None or order.request.mode is Mode.CALENDAR:
+                return  # a calendar order without its block has no reservation to consume
+            # A queued resource is WAITING_FOR_RESOURCES from its acceptance; a resize
+            # request is ACCEPTED and tried once the provisioning latency has passed.
+            tpu = order.pool.provider is Provider.TPU
+            fake = self._new(order, ProvisionPhase.WAITING if tpu else ProvisionPhase.CREATING)
+            if tpu:
+                fake.message = _TPU_WAITING
+            fake.queued = True
+            entry = (fake.eligible_at, fake.sequence, fake)
+            heapq.heappush(self._pending.setdefault(fake.key, []), entry)
+            self._serve_soon(fake.key, fake.eligible_at)
 
     def release(self, name: str, pool: Pool) -> None:
+        """Delete the order. A calendar block's VMs always go; the block itself only if Google
+        lets it go (it may be withdrawn, or it is over) — otherwise Google keeps it, billed to
+        its end, and it stays observed until then."""
         with self._lock:
             self._settle()
-            order = self._orders.pop(name, None)
+            order = self._orders.get(name)
             if order is None:
                 return
+            now = self._now()
+            if order.block:
+                if order.phase in (ProvisionPhase.CREATING, ProvisionPhase.READY):
+                    order.phase, order.ready_at = ProvisionPhase.RESERVED, None  # VMs deleted
+                if not self._deletable(order, now):
+                    return  # kept by Google until its end
+                self._blocks.get(order.key, {}).pop(name, None)
+            self._orders.pop(name)
             self._by_pool.get(order.pool.pool_id, {}).pop(name, None)
             order.queued = False  # out of Google's queue (its heap entry is skipped)
             if order.holds_stock:
+                self._give_back(order, now)
+
+    # Calendar blocks (CalendarBlocks) -----------------------------------------------------
+
+    def withdraw(self, name: str, pool: Pool) -> Withdrawal:
+        """Cancel the block ``name`` if Google allows it now (FAILED, CANCELLED; units back if
+        held); REFUSED, nothing changed, if not. Nothing to cancel (unknown, declined, failed,
+        cancelled already): WITHDRAWN."""
+        with self._lock:
+            self._settle()
+            order = self._orders.get(name)
+            if order is None or not order.block or order.phase is ProvisionPhase.FAILED:
+                return Withdrawal.WITHDRAWN
+            if not self._cancellable(order, self._now()):
+                return Withdrawal.REFUSED
+            order.phase, order.error_code = ProvisionPhase.FAILED, CANCELLED
+            order.message = "the block was cancelled before its start"
+            if order.holds_stock:
                 self._give_back(order, self._now())
+            return Withdrawal.WITHDRAWN
+
+    def advise(
+        self, request: CapacityRequest, pools: Sequence[Pool], *, earliest: datetime,
+        latest: datetime,
+    ) -> tuple[Advised, ...]:  # fmt: skip
+        """Up to three starts in ``[earliest, latest]``, earliest first, at which the
+        request's units are free for its run duration in the zones of ``pools`` (those of its
+        shape), by the review's capacity model; one :class:`Advised` per (start, zone).
+        Candidate starts: ``earliest`` and the ends of approved blocks in between."""
+        with self._lock:
+            self._settle()
+            keys = list(
+                dict.fromkeys((p.zone, p.shape) for p in pools if p.shape == request.gang.shape)
+            )
+            candidates = {earliest}
+            for key in keys:
+                for block in self._blocks.get(key, {}).values():
+                    end = block.calendar_end
+                    approved = block.phase is ProvisionPhase.APPROVED
+                    if approved and end is not None and earliest <= end <= latest:
+                        candidates.add(end)
+            advised: list[Advised] = []
+            starts = 0
+            for start in sorted(candidates):
+                if starts == ADVICE_LIMIT or start > latest:
+                    break
+                end = start + request.run_duration
+                fits = [k for k in keys if self._free(k, start, end) >= request.units]
+                advised.extend(Advised(start_at=start, end_at=end, zone=k[0]) for k in fits)
+                starts += bool(fits)
+            return tuple(advised)
 
     # Inside -----------------------------------------------------------------------------
 
@@ -492,19 +621,81 @@ class MemoryCapacityProvider:
 
     def _look_at(self, order: _FakeOrder, when: datetime) -> None:
         """What happens to ``order`` by itself at ``when``."""
-        starts = order.starts_at
-        if order.phase is ProvisionPhase.RESERVED and not order.holds_stock:  # noqa: SIM102
-            if starts is not None and starts <= when:
-                self._take_block(order)
-        created = order.phase is ProvisionPhase.CREATING and order.eligible_at <= when
-        if created and order.holds_stock:  # a block's VMs, on its own units
-            order.phase, order.ready_at = ProvisionPhase.READY, when
-        if order.phase in (ProvisionPhase.READY, ProvisionPhase.RESERVED):
-            end = order.end()
-            if end is not None and end <= when:
-                order.phase = ProvisionPhase.ENDED
-                if order.holds_stock:
-                    self._give_back(order, when)
+        if order.block:
+            self._look_at_block(order, when)
+            return
+        end = order.end()
+        if order.phase is ProvisionPhase.READY and end is not None and end <= when:
+            order.phase = ProvisionPhase.ENDED
+            if order.holds_stock:
+                self._give_back(order, when)
+
+    def _look_at_block(self, block: _FakeOrder, when: datetime) -> None:
+        """What happens to a calendar block by itself at ``when``: its review, its start, its
+        VMs becoming ready, its end (each event checks them all, so one due late still runs
+        them in order)."""
+        assert block.starts_at is not None
+        assert block.calendar_end is not None
+        review = block.review_at
+        due = review is not None and review <= when
+        if block.phase is ProvisionPhase.REVIEW and not block.hung and due:
+            self._review(block, when)
+        if block.phase is ProvisionPhase.APPROVED and block.starts_at <= when:
+            self._take_block(block)
+        if block.phase is ProvisionPhase.CREATING and block.eligible_at <= when:
+            block.phase, block.ready_at = ProvisionPhase.READY, block.eligible_at
+        if block.phase in _LIVE and block.calendar_end <= when:
+            block.phase, block.ready_at = ProvisionPhase.ENDED, None  # its VMs are deleted
+            block.message = "the block's time window has ended"
+            if block.holds_stock:
+                self._give_back(block, when)
+
+    def _review(self, block: _FakeOrder, when: datetime) -> None:
+        """Google reviews a submitted block at ``when``: approved if its units are free over
+        its window beyond what overlapping approved blocks were promised (an injection taken
+        first: "hang" leaves it in review, "stockout" or "error" declines it)."""
+        assert block.starts_at is not None
+        assert block.calendar_end is not None
+        injected = self._injected.get(block.key)
+        kind = injected.pop(0) if injected else None
+        if kind == "hang":
+            block.hung = True  # never reviewed: PENDING_APPROVAL until withdrawn or deleted
+            return
+        free = self._free(block.key, block.starts_at, block.calendar_end)
+        if kind is not None or free < block.units:
+            block.phase, block.error_code = ProvisionPhase.FAILED, DECLINED
+            block.message = (
+                f"Google declined the block: {block.units} × {block.pool.shape} are not "
+                f"available in {block.pool.zone} from {block.starts_at.isoformat()} to "
+                f"{block.calendar_end.isoformat()}"
+            )
+            return
+        block.phase, block.approved_at = ProvisionPhase.APPROVED, when
+        block.locked_at = cancel_deadline(
+            self._cancellation, start=block.starts_at, approved_at=when
+        )
+        block.message = "approved by Google; its reservation is created at its start"
+
+    def _free(self, key: _Key, start: datetime, end: datetime) -> int:
+        """Units of ``key`` Google would still promise over ``[start, end)``: the stock minus
+        the units of approved blocks not yet started whose windows overlap."""
+        promised = sum(b.promised(key, start, end) for b in self._blocks.get(key, {}).values())
+        return self._stock.get(key, 0) - promised
+
+    def _cancellable(self, block: _FakeOrder, now: datetime) -> bool:
+        """Whether Google lets ``block`` be cancelled at ``now`` (never once started)."""
+        assert block.starts_at is not None
+        if block.phase not in (ProvisionPhase.REVIEW, ProvisionPhase.APPROVED):
+            return False
+        return may_cancel(
+            self._cancellation, start=block.starts_at, approved_at=block.approved_at, now=now
+        )
+
+    def _deletable(self, block: _FakeOrder, now: datetime) -> bool:
+        """Whether Google lets ``block`` be deleted at ``now``: it is over, or it may still be
+        cancelled."""
+        over = block.phase in (ProvisionPhase.ENDED, ProvisionPhase.FAILED)
+        return over or self._cancellable(block, now)
 
     def _serve(self, key: _Key, when: datetime) -> None:
         """One serving attempt of the queue of ``key`` at ``when`` (see the class docstring):
@@ -568,14 +759,20 @@ class MemoryCapacityProvider:
             f"request ({order.units} × {key[1]})"
         )
 
-    def _take_block(self, order: _FakeOrder) -> None:
-        """A block's start: take its units, or fail if they are gone."""
-        if self._stock.get(order.key, 0) < order.units:
-            order.phase, order.error_code = ProvisionPhase.FAILED, STOCKOUT
-            order.message = "the block's units were gone at its start"
+    def _take_block(self, block: _FakeOrder) -> None:
+        """A block's start: its units are taken and its reservation is live (RESERVED), or it
+        fails if they are gone."""
+        if self._stock.get(block.key, 0) < block.units:
+            block.phase, block.error_code = ProvisionPhase.FAILED, BLOCK_FAILED
+            block.message = (
+                f"Google could not deliver the block: {block.units} × {block.pool.shape} were "
+                f"gone from {block.pool.zone} at its start"
+            )
             return
-        self._stock[order.key] = self._stock.get(order.key, 0) - order.units
-        order.holds_stock = True
+        self._stock[block.key] = self._stock.get(block.key, 0) - block.units
+        block.holds_stock = True
+        block.phase = ProvisionPhase.RESERVED
+        block.message = "the block's reservation is live"
 
 
 class MemoryTimerQueue:
