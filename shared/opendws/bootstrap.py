@@ -212,17 +212,22 @@ def timer_queue(settings: Settings | None = None) -> TimerQueue | None:
 
 @functools.cache
 def timer_verifier(settings: Settings | None = None) -> Any:
-    """Who may call the timer function (Google's certificates, or the emulator's locally)."""
-    from opendws.adapters.oidc import OidcVerifier
+    """Who may call the timer function: Google-issued tokens checked against Google's
+    certificates, or — locally, where OPENDWS_TIMER_CERTS names the Cloud Tasks emulator's
+    certificates — the emulator's tokens (its own issuer, never Google's)."""
+    from opendws.adapters.oidc import EMULATOR_ISSUER, GOOGLE_ISSUERS, OidcVerifier
 
     settings = settings or Settings.from_environment()
     certs = None
+    issuers = GOOGLE_ISSUERS
     if settings.timer_certs:
         certs = json.loads(Path(settings.timer_certs).read_text())
+        issuers = frozenset({EMULATOR_ISSUER})
     return OidcVerifier(
         audience=settings.timer_audience or settings.timer_url or "",
         callers=frozenset({settings.timer_service_account}),
         certs=certs,
+        issuers=issuers,
     )
 
 

@@ -1,16 +1,29 @@
 """Who may call the ``timer`` function: a Cloud Tasks OIDC token for the configured audience
-and invoker service account.
+and invoker service account, checked as Google documents it for the tokens its services send
+(pubsub/docs/authenticate-push-subscriptions; Cloud Tasks' ``OidcToken`` makes the same kind
+of Google-signed ID token):
 
-In Google Cloud the token is signed by Google (verified against Google's public certificates,
-issuer ``accounts.google.com``); on one machine it is signed by the Cloud Tasks emulator's key,
-whose certificates are given instead. A missing, malformed, forged or expired token is
-Unauthorized (HTTP 401); a valid token for another audience or another caller is Forbidden
-(HTTP 403).
+- the signature, against Google's public certificates (on one machine: the Cloud Tasks
+  emulator's, whose certificates are given instead);
+- ``iat`` and ``exp``, allowing a small clock skew (:data:`CLOCK_SKEW`, 10 s): google-auth
+  allowed none from 2.1.0 on, and tokens minted a second "in the future" by a clock slightly
+  ahead were refused (google-auth-library-python#889); ``clock_skew_in_seconds`` is there
+  since google-auth 2.3.2 (#894);
+- ``iss``: ``https://accounts.google.com`` or ``accounts.google.com`` for Google's tokens
+  (the emulator's tokens carry its own issuer, :data:`EMULATOR_ISSUER`, which a verifier of
+  Google's tokens never accepts);
+- ``aud``: the configured audience (the timer function's URL);
+- ``email_verified`` true, and ``email`` one of the configured invoker accounts.
+
+A missing, malformed, forged, expired or foreign-issued token is Unauthorized (HTTP 401); a
+valid Google token for another audience, or from an unverified or other caller, is Forbidden
+(HTTP 403). Each error says which check failed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import google.auth.exceptions
@@ -19,6 +32,10 @@ from google.auth import jwt
 from google.oauth2 import id_token
 
 GOOGLE_ISSUERS = frozenset({"accounts.google.com", "https://accounts.google.com"})
+# The ``iss`` of the Cloud Tasks emulator's tokens (emulators.cloud_tasks.ISSUER).
+EMULATOR_ISSUER = "opendws-cloud-tasks-emulator"
+# How far the token's ``iat`` may be ahead of our clock, and its ``exp`` behind it.
+CLOCK_SKEW = timedelta(seconds=10)
 
 
 class Unauthorized(PermissionError):
@@ -30,41 +47,81 @@ class Forbidden(PermissionError):
 
 
 class OidcVerifier:
-    """Checks the ``Authorization: Bearer`` header of a timer call."""
+    """Checks the ``Authorization: Bearer`` header of a timer call.
+
+    ``callers``: the service-account emails allowed to call (empty: any verified email).
+    ``certs``: ``{key id: certificate PEM}`` to verify signatures with; None: Google's own.
+    ``issuers``: the accepted ``iss`` values (Google's by default).
+    """
 
     def __init__(
-        self, *, audience: str, callers: frozenset[str], certs: Mapping[str, str] | None = None
+        self,
+        *,
+        audience: str,
+        callers: frozenset[str],
+        certs: Mapping[str, str] | None = None,
+        issuers: frozenset[str] = GOOGLE_ISSUERS,
+        clock_skew: timedelta = CLOCK_SKEW,
     ) -> None:
         if not audience:
             raise ValueError("audience: the timer function's URL (or configured audience)")
+        if not issuers:
+            raise ValueError("issuers: at least one accepted token issuer")
         self._audience = audience
-        self._callers = callers  # service account emails allowed to call
-        self._certs = dict(certs) if certs is not None else None  # None: Google's own
+        self._callers = callers
+        self._certs = dict(certs) if certs is not None else None
+        self._issuers = issuers
+        self._skew = int(clock_skew.total_seconds())
 
     def verify(self, authorization: str | None) -> dict[str, Any]:
-        """The token's claims, or Unauthorized / Forbidden saying why not."""
+        """The token's claims, or Unauthorized / Forbidden saying which check failed."""
         scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
+        if scheme.lower() != "bearer" or not token.strip():
             raise Unauthorized("missing bearer token (Authorization: Bearer <OIDC token>)")
         try:
             claims = self._claims(token.strip())
         except (ValueError, google.auth.exceptions.GoogleAuthError) as error:
-            raise Unauthorized(f"invalid token: {error}") from None
+            raise Unauthorized(self._invalid(error)) from None
+        issuer = claims.get("iss")
+        if issuer not in self._issuers:
+            raise Unauthorized(
+                f"token issuer {issuer!r} is not accepted "
+                f"(expected {' or '.join(sorted(self._issuers))})"
+            )
         audience = claims.get("aud")
         if audience != self._audience:
             raise Forbidden(f"token is for audience {audience!r}, not {self._audience!r}")
         email = claims.get("email")
-        if email not in self._callers or claims.get("email_verified") is False:
-            raise Forbidden(f"caller {email!r} may not call the timer function")
+        if claims.get("email_verified") not in (True, "true"):
+            raise Forbidden(
+                f"token's email {email!r} is not verified "
+                f"(email_verified is {claims.get('email_verified')!r}, must be true)"
+            )
+        if self._callers and email not in self._callers:
+            allowed = ", ".join(sorted(self._callers))
+            raise Forbidden(f"caller {email!r} may not call the timer function (only {allowed})")
         return claims
 
-    def _claims(self, token: str) -> dict[str, Any]:
-        if self._certs is None:
-            claims: dict[str, Any] = id_token.verify_oauth2_token(  # type: ignore[no-untyped-call]
-                token, google.auth.transport.requests.Request(), audience=None
+    def _invalid(self, error: Exception) -> str:
+        text = str(error)
+        if "Token expired" in text or "Token used too early" in text:
+            return (
+                f"token outside its validity period by more than the allowed clock skew "
+                f"of {self._skew} s: {text}"
             )
-            if claims.get("iss") not in GOOGLE_ISSUERS:
-                raise ValueError(f"issuer {claims.get('iss')!r} is not Google")
-            return claims
-        decoded: dict[str, Any] = jwt.decode(token, certs=self._certs, verify=True, audience=None)  # type: ignore[no-untyped-call]
+        return f"invalid token: {text}"
+
+    def _claims(self, token: str) -> dict[str, Any]:
+        """The claims of a token whose signature, ``iat`` and ``exp`` are valid."""
+        if self._certs is None:
+            verified = id_token.verify_token(
+                token,
+                google.auth.transport.requests.Request(),
+                audience=None,  # checked in verify, with a message of ours
+                clock_skew_in_seconds=self._skew,
+            )
+            return dict(verified)
+        decoded: dict[str, Any] = jwt.decode(  # type: ignore[no-untyped-call]
+            token, certs=self._certs, verify=True, audience=None, clock_skew_in_seconds=self._skew
+        )
         return decoded
