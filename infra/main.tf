@@ -18,9 +18,14 @@ locals {
     ci_hook   = "opendws-ci-hook"
     api       = "opendws-api"
   }
-  # A gen2 function's URL is known before it exists; the timer's is needed by the functions
-  # that arm timers, the timer function among them (it re-arms the hops of far timers).
-  timer_url = "https://${var.region}-${var.project}.cloudfunctions.net/${local.names.timer}"
+  # Cloud Tasks calls the timer, whose ingress is internal-only, and such a service admits
+  # Cloud Tasks of its project only at its default run.app URL, not at cloudfunctions.net
+  # (run/docs/securing/ingress). Its deterministic form, https://SERVICE-PROJECT_NUMBER.REGION
+  # .run.app (run/docs/triggering/https-request), is known before the function exists: the
+  # functions that arm timers (the timer among them: it re-arms the hops of far timers) need it
+  # in their environment, so it cannot come from the function's own `service_config[0].uri`.
+  # It is the tasks' URL and their OIDC audience alike (tasks v2 OidcToken.audience).
+  timer_url = "https://${local.names.timer}-${data.google_project.this.number}.${var.region}.run.app"
 
   # Ending a run (release, cancel, a timer, the reconciler's sweep) deletes resize requests,
   # VMs, queued resources and future reservations; starting one creates them.
@@ -343,6 +348,16 @@ module "scheduler" {
   topic_id  = module.pubsub.topic_ids.ticks
 
   depends_on = [module.apis]
+}
+
+# The timer URL above assumes what Google documents: a gen2 function's Cloud Run service has
+# the function's name, and a deterministic URL exists while SERVICE-PROJECT_NUMBER fits in one
+# DNS label (63 characters; run/docs/triggering/https-request). Checked after apply.
+check "timer_url_is_the_timer_services_run_app_url" {
+  assert {
+    condition     = reverse(split("/", module.timer.service))[0] == local.names.timer && length("${local.names.timer}-${data.google_project.this.number}") <= 63
+    error_message = "The timer's Cloud Run service is ${module.timer.service}, not ${local.names.timer} with a deterministic URL: Cloud Tasks would call ${local.timer_url} in vain; set OPENDWS_TIMER_URL to its run.app URL."
+  }
 }
 
 # A pass that outlives its invocation is cut off mid-write (safe, but wasted): the function's

@@ -19,8 +19,8 @@ output "ci_hook_url" {
 }
 
 output "timer_url" {
-  description = "The timer function's URL, which Cloud Tasks calls."
-  value       = module.timer.url
+  description = "The timer function's run.app URL, which Cloud Tasks calls (internal-only ingress admits Cloud Tasks there) and names as the tokens' audience."
+  value       = local.timer_url
 }
 
 output "timer_queue" {
