@@ -12,10 +12,25 @@
 
 locals {
   pools = { for pool in var.flex_pools : pool.shape => pool }
-  # A3 Ultra and A4 boot from Hyperdisk (ai-hypercomputer/docs/create/create-vm); the others
-  # from a balanced persistent disk. A3 and A4 need gVNIC (opendws.catalog.VM_PROFILES).
-  hyperdisk = ["a3-ultragpu-", "a4-highgpu-"]
-  gvnic     = ["a3-", "a4-"]
+
+  # The boot disk and NIC each machine family needs, as opendws.catalog.VM_PROFILES has them
+  # (the reconciler's templates use the same table; tests/unit/test_infra.py keeps the two
+  # equal): A3 Ultra and A4 boot only from Hyperdisk and need gVNIC
+  # (ai-hypercomputer/docs/create/create-vm), A3 High and Mega need gVNIC; the others take a
+  # balanced persistent disk and the default NIC. Keyed by machine-type prefix.
+  vm_profiles = {
+    "a4-"         = { disk_type = "hyperdisk-balanced", nic_type = "GVNIC" }
+    "a3-ultragpu" = { disk_type = "hyperdisk-balanced", nic_type = "GVNIC" }
+    "a3-megagpu"  = { disk_type = "pd-balanced", nic_type = "GVNIC" }
+    "a3-highgpu"  = { disk_type = "pd-balanced", nic_type = "GVNIC" }
+  }
+  default_vm_profile = { disk_type = "pd-balanced", nic_type = null }
+  profiles = {
+    for shape in keys(local.pools) : shape => concat(
+      [for prefix, profile in local.vm_profiles : profile if startswith(shape, prefix)],
+      [local.default_vm_profile],
+    )[0]
+  }
 }
 
 resource "google_compute_instance_template" "flex" {
@@ -50,13 +65,13 @@ resource "google_compute_instance_template" "flex" {
     auto_delete  = true
     source_image = coalesce(each.value.boot_image, var.boot_image)
     disk_size_gb = each.value.disk_size_gb
-    disk_type    = anytrue([for prefix in local.hyperdisk : startswith(each.key, prefix)]) ? "hyperdisk-balanced" : "pd-balanced"
+    disk_type    = local.profiles[each.key].disk_type
   }
 
   network_interface {
     network    = each.value.subnetwork == null ? each.value.network : null
     subnetwork = each.value.subnetwork
-    nic_type   = anytrue([for prefix in local.gvnic : startswith(each.key, prefix)]) ? "GVNIC" : null
+    nic_type   = local.profiles[each.key].nic_type
   }
 
   dynamic "guest_accelerator" {
