@@ -16,10 +16,13 @@ import hcl2
 import pytest
 
 import opendws.adapters.firestore as firestore_adapter
+from opendws.adapters import mig
+from opendws.adapters.gce import boot_disk, network
 from opendws.adapters.mig import template_name
 from opendws.adapters.pubsub import REQUESTS_TOPIC
-from opendws.bootstrap import CLOUD_SETTINGS_ENVIRONMENT, Settings
-from opendws.domain.model import Pool, Provider
+from opendws.bootstrap import CLOUD_SETTINGS_ENVIRONMENT, Settings, cloud_settings
+from opendws.catalog import MACHINE_TYPES, TPU_RUNTIME_VERSIONS, VM_PROFILES, VmProfile
+from opendws.domain.model import FLEX_MAX_RUN, Pool, Provider
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -397,6 +400,204 @@ def test_flex_templates_are_named_as_the_mig_provider_looks_them_up() -> None:
     scheduling = template["scheduling"][0]
     assert unquote(scheduling["provisioning_model"]) == "FLEX_START"
     assert unquote(scheduling["instance_termination_action"]) == "DELETE"
+
+
+# Timers ---------------------------------------------------------------------------------------
+
+
+def substituted(expression: str, values: dict[str, str]) -> str:
+    """An interpolated HCL string with each ``${reference}`` replaced by ``values[reference]``
+    (a KeyError for a reference the test did not expect)."""
+    return re.sub(r"\$\{([^}]+)\}", lambda match: values[match.group(1)], unquote(expression))
+
+
+def test_timers_are_called_at_the_timer_services_run_app_url() -> None:
+    """The timer function has internal-only ingress, which admits Cloud Tasks of the same
+    project only "if they're using the default run.app URL and not a custom domain"
+    (https://cloud.google.com/run/docs/securing/ingress, "Internal"); the cloudfunctions.net
+    URL (the provider's ``google_cloudfunctions2_function.url``, "the deployed url for the
+    function") is not that. The deterministic run.app URL is
+    ``https://[TAG---]SERVICE_NAME-PROJECT_NUMBER.REGION.run.app``, known before the service
+    exists (https://cloud.google.com/run/docs/triggering/https-request, "Deterministic URL"),
+    so it is computed from the project number, the service name and the region — not read
+    from the function's ``service_config[0].uri`` (terraform-provider-google
+    website/docs/r/cloudfunctions2_function: "URI of the Service deployed", an output), which
+    would make the functions' environment depend on the timer function itself: a cycle. The
+    task's OIDC audience is the same URL (tasks v2 ``OidcToken.audience`` defaults to the
+    task URL; the timer checks ``aud`` against OPENDWS_TIMER_AUDIENCE)."""
+    locals_ = root_locals()
+    url = locals_["timer_url"]
+    # No reference to a function (the functions' environment holds it: that would be a cycle).
+    assert "module." not in url
+    assert "google_cloudfunctions2_function" not in url
+    names = {key: unquote(name) for key, name in locals_["names"].items()}
+    project_number = "123456789012"
+    evaluated = substituted(url, {
+        "local.names.timer": names["timer"],
+        "data.google_project.this.number": project_number,
+        "var.region": "us-central1",
+    })  # fmt: skip
+    assert evaluated == f"https://opendws-timer-{project_number}.us-central1.run.app"
+    assert re.fullmatch(r"https://[a-z0-9-]+-\d+\.[a-z0-9-]+\.run\.app", evaluated)
+    # data "google_project" "this" gives the number, for the deployment's own project.
+    ((project,),) = [
+        entry['"google_project"'].values() for entry in parsed(INFRA / "main.tf")["data"]
+    ]
+    assert project["project_id"] == "${var.project}"
+    environment = locals_["common_environment"]
+    assert environment["OPENDWS_TIMER_URL"] == "${local.timer_url}"
+    assert environment["OPENDWS_TIMER_AUDIENCE"] == environment["OPENDWS_TIMER_URL"]
+    # Nothing calls the timer at cloudfunctions.net any more.
+    code = re.sub(r"#.*", "", (INFRA / "main.tf").read_text())
+    assert "cloudfunctions.net" not in code
+    outputs = dict(blocks(INFRA / "outputs.tf", "output"))
+    assert outputs["timer_url"]["value"] == "${local.timer_url}"
+
+
+def test_an_apply_checks_that_the_timer_service_has_the_url_assumed() -> None:
+    """The deterministic URL exists only while SERVICE_NAME-PROJECT_NUMBER fits one DNS label
+    of 63 characters (run/docs/triggering/https-request); the check compares the function's
+    actual Cloud Run service (``service_config[0].service``) with the name assumed."""
+    checks = {
+        unquote(name): body for check in parsed(INFRA / "main.tf")["check"]
+        for name, body in check.items()
+    }  # fmt: skip
+    condition = checks["timer_url_is_the_timer_services_run_app_url"]["assert"][0]["condition"]
+    assert "module.timer.service" in condition
+    assert "local.names.timer" in condition
+    assert "<= 63" in condition
+    assert len(f"{unquote(root_locals()['names']['timer'])}-123456789012") <= 63
+
+
+# Pins: what the deployment relies on ----------------------------------------------------------
+
+
+def lower_bound(constraint: str) -> tuple[int, ...]:
+    """The ``>= X.Y.Z`` of a version constraint, as a tuple."""
+    match = re.search(r">=\s*([\d.]+)", constraint)
+    assert match, f"no lower bound in {constraint!r}"
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def test_the_google_provider_is_at_least_the_release_whose_templates_keep_flex_start() -> None:
+    """terraform-provider-google#24172: ``provisioning_model = "FLEX_START"`` on an instance
+    template "just creates a standard instance template". Fixed by magic-modules#17417
+    (terraform-provider-google #28365, commit e86f44ce6f), released in 7.41.0 (July 17, 2026;
+    CHANGELOG: "compute: added FLEX_START and RESERVATION_BOUND support to
+    google_compute_instance, google_compute_instance_template, and
+    google_compute_region_instance_template"). infra/ makes no resize-request or
+    future-reservation resources (the reconciler does, through the API)."""
+    ((terraform,),) = [parsed(INFRA / "versions.tf")["terraform"]]
+    ((providers,),) = [terraform["required_providers"]]
+    google = providers["google"]
+    assert unquote(google["source"]) == "hashicorp/google"
+    constraint = unquote(google["version"])
+    assert lower_bound(constraint) >= (7, 41, 0)
+    assert "< 8.0" in constraint
+    for kind in ("google_compute_resize_request", "google_compute_region_resize_request",
+                 "google_compute_future_reservation"):  # fmt: skip
+        assert all_resources(kind) == [], f"{kind}: pin the provider release that has its fields"
+
+
+def test_the_functions_install_a_compute_client_with_the_fields_the_code_sets() -> None:
+    """The functions install pyproject's dependencies (infra/package.py writes them to
+    requirements.txt). The MIG provider names its VMs with the resize request's ``instances``
+    field (first in google-cloud-compute 1.50.0: 1.49.0's InstanceGroupManagerResizeRequest
+    has only ``resize_by``) and calendar blocks ask ``AdviceClient.calendar_mode`` (from 1.42.0),
+    established from the published wheels' ``compute_v1`` sources — the client's CHANGELOG
+    (googleapis/google-cloud-python packages/google-cloud-compute) names only API revisions."""
+    import tomllib
+
+    from google.cloud import compute_v1
+
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (compute,) = [d for d in dependencies if d.startswith("google-cloud-compute")]
+    assert lower_bound(compute) >= (1, 50)
+    (auth,) = [d for d in dependencies if d.startswith("google-auth")]
+    assert lower_bound(auth) >= (2, 3, 2)  # verify_token(clock_skew_in_seconds=...)
+    assert "instances" in compute_v1.InstanceGroupManagerResizeRequest.meta.fields
+    assert callable(compute_v1.AdviceClient.calendar_mode)
+
+
+# Per-shape VM settings ------------------------------------------------------------------------
+
+
+def infra_vm_profile(machine_type: str) -> VmProfile:
+    """The boot disk and NIC modules/compute_pools gives ``machine_type`` (its rule: the
+    profile of the prefix that matches, else the default)."""
+    found = module_locals("compute_pools")
+    profiles = {unquote(prefix): body for prefix, body in found["vm_profiles"].items()}
+    default = found["default_vm_profile"]
+    matching = [body for prefix, body in profiles.items() if machine_type.startswith(prefix)]
+    body = (matching or [default])[0]
+    return VmProfile(unquote(body["disk_type"]), unquote(body["nic_type"]))
+
+
+def test_flex_templates_take_the_disk_and_nic_of_their_machine_family_as_the_catalog() -> None:
+    """A3 Ultra and A4 boot only from Hyperdisk and need gVNIC; A3 High and Mega need gVNIC
+    (ai-hypercomputer/docs/create/create-vm; cluster-toolkit's a3ultra, a4high, a3high and
+    a3mega blueprints): modules/compute_pools, the catalog and the reconciler's own templates
+    (adapters.gce.boot_disk / network) agree for every machine type opendws knows."""
+    found = module_locals("compute_pools")
+    declared = {
+        unquote(prefix): VmProfile(unquote(body["disk_type"]), unquote(body["nic_type"]))
+        for prefix, body in found["vm_profiles"].items()
+    }
+    assert declared == VM_PROFILES
+    # No prefix shadows another, so the order of the map's keys does not matter.
+    assert not [(a, b) for a in declared for b in declared if a != b and b.startswith(a)]
+    settings = cloud_settings("p")
+    for machine_type in MACHINE_TYPES:
+        disk = boot_disk(settings, machine_type).initialize_params.disk_type
+        nic = network(settings, machine_type).nic_type or None
+        assert infra_vm_profile(machine_type) == VmProfile(disk, nic), machine_type
+    ((_, _, template),) = all_resources("google_compute_instance_template")
+    assert template["disk"][0]["disk_type"] == "${local.profiles[each.key].disk_type}"
+    assert template["network_interface"][0]["nic_type"] == "${local.profiles[each.key].nic_type}"
+
+
+def test_flex_templates_are_the_reconcilers_flex_start_templates() -> None:
+    """Google's resize-request sample template (magic-modules
+    samples/services/compute/compute_rmig_resize_request.tf.tmpl): FLEX_START,
+    instanceTerminationAction DELETE, maxRunDuration, reservationAffinity NO_RESERVATION —
+    what the MIG provider writes and insists on when it reads a template back."""
+    ((_, _, template),) = all_resources("google_compute_instance_template")
+    scheduling = template["scheduling"][0]
+    assert unquote(scheduling["provisioning_model"]) == mig.FLEX_START
+    assert unquote(scheduling["on_host_maintenance"]) == "TERMINATE"
+    assert scheduling["automatic_restart"] is False
+    assert scheduling["max_run_duration"][0]["seconds"] == FLEX_MAX_RUN.total_seconds()
+    assert unquote(template["reservation_affinity"][0]["type"]) == mig.NO_RESERVATION
+
+
+def test_no_managed_instance_group_in_infra_is_in_bulk_mode() -> None:
+    """A MIG in bulk mode takes no resize requests (compute/docs/instance-groups/
+    about-bulk-mode); the reconciler makes the pools' groups without it, and infra/ makes
+    none, or none in bulk mode."""
+    for kind in ("google_compute_instance_group_manager",
+                 "google_compute_region_instance_group_manager"):  # fmt: skip
+        for path, name, body in all_resources(kind):
+            assert "BULK" not in str(body.get("target_size_policy", "")), f"{path}: {name}"
+    code = "".join(re.sub(r"#.*", "", path.read_text()) for path in tf_files())
+    assert "BULK" not in code
+
+
+def test_tpu_slices_get_their_generations_runtime_unless_one_is_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tpu/docs/runtimes: v6e ``v2-alpha-tpuv6e``, v5p ``v2-alpha-tpuv5``, v5e
+    ``v2-alpha-tpuv5-lite``. Terraform passes ``tpu_runtime_version`` (empty by default) as
+    OPENDWS_TPU_RUNTIME_VERSION, and empty leaves each generation the catalog's version."""
+    assert variable_default(INFRA / "variables.tf", "tpu_runtime_version") == ""
+    environment = root_locals()["common_environment"]
+    assert environment["OPENDWS_TPU_RUNTIME_VERSION"] == "${var.tpu_runtime_version}"
+    monkeypatch.setenv("OPENDWS_TPU_RUNTIME_VERSION", "")
+    settings = cloud_settings("p")
+    for accelerator, version in TPU_RUNTIME_VERSIONS.items():
+        assert settings.runtime_version(accelerator) == version
+    assert TPU_RUNTIME_VERSIONS["tpu-v6e"] == "v2-alpha-tpuv6e"
+    assert TPU_RUNTIME_VERSIONS["tpu-v5p"] == "v2-alpha-tpuv5"
+    assert TPU_RUNTIME_VERSIONS["tpu-v5e"] == "v2-alpha-tpuv5-lite"
 
 
 # Documentation --------------------------------------------------------------------------------
