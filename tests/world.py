@@ -19,7 +19,6 @@ from opendws.adapters.memory import (
 from opendws.domain.model import CapacityRequest, PolicySettings, Pool, Tenant
 from opendws.domain.states import RequestState
 from opendws.ports import (
-    CapacityProvider,
     ConfigStore,
     Configuration,
     RequestRecord,
@@ -124,7 +123,6 @@ def memory_world(
     """A world in memory: one fake cloud serves all three provider kinds."""
     clock = ManualClock()
     cloud = MemoryCapacityProvider(clock, latency=latency)
-    provider: CapacityProvider = cloud
     world = World(
         clock=clock,
         store=MemoryRequestStore(),
@@ -134,7 +132,7 @@ def memory_world(
                 pools=tuple(pools), tenants=tuple(tenants), policy=policy or PolicySettings()
             )
         ),
-        providers=Providers(mig_flex=provider, tpu=provider, calendar=provider),
+        providers=Providers(mig_flex=cloud, tpu=cloud, calendar=cloud),
         bus=MemoryEventBus(),
         settings=settings or ReconcileSettings(),
         timers=MemoryTimerQueue() if timers else None,

@@ -234,7 +234,7 @@ def timer_verifier(settings: Settings | None = None) -> Any:
 def capacity_providers(
     project: str, *, endpoint: str | None = None, credentials: object | None = None
 ) -> Providers:
-    """The three capacity providers on the real Compute Engine clients and the Cloud TPU
+    """The capacity providers on the real Compute Engine clients and the Cloud TPU
     ``v2alpha1`` REST API (an authorized session: google-cloud-tpu has no flex-start fields) —
     against ``endpoint`` (an emulator) when given, with anonymous credentials there; with
     application default credentials otherwise."""
@@ -243,7 +243,7 @@ def capacity_providers(
     from google.cloud import compute_v1
 
     from opendws.adapters.mig import MigFlexProvider
-    from opendws.adapters.reservations import CalendarReservationProvider
+    from opendws.adapters.reservations import CalendarReservationProvider, TpuCalendarProvider
     from opendws.adapters.tpu import TpuQueuedProvider
 
     if endpoint is not None and credentials is None:
@@ -258,6 +258,8 @@ def capacity_providers(
             scopes=["https://www.googleapis.com/auth/cloud-platform"]
         )
     instances = compute_v1.InstancesClient(**common)
+    future_reservations = compute_v1.FutureReservationsClient(**common)
+    advice = compute_v1.AdviceClient(**common)
     return Providers(
         mig_flex=MigFlexProvider(
             settings,
@@ -273,8 +275,16 @@ def capacity_providers(
         ),
         calendar=CalendarReservationProvider(
             settings,
-            future_reservations=compute_v1.FutureReservationsClient(**common),
+            future_reservations=future_reservations,
             instances=instances,
+            advice=advice,
+        ),
+        tpu_calendar=TpuCalendarProvider(
+            settings,
+            future_reservations=future_reservations,
+            session=AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
+            endpoint=endpoint,
+            advice=advice,
         ),
     )
 

@@ -30,6 +30,7 @@ from opendws.domain import (
     Tenant,
     admit,
 )
+from opendws.domain.calendar import count_problem, lead_of
 from opendws.domain.model import PolicySettings
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
@@ -217,9 +218,11 @@ def request_strategy(
         "locations": tuple(dict.fromkeys(locations)),
         "priority": draw(st.integers(0, 2)),
     }
-    if draw(st.integers(0, 4)) == 0:
+    tpu = gang.provider is Provider.TPU
+    # A calendar block within Google's limits (domain.calendar: lead time, units per request).
+    if draw(st.integers(0, 4)) == 0 and count_problem(tpu, gang.units) is None:
         submitted = NOW - seconds(draw, 0, 86_400)
-        start = max(NOW + seconds(draw, -86_400, 10 * 86_400), submitted)
+        start = max(NOW + seconds(draw, -86_400, 10 * 86_400), submitted + lead_of(tpu).earliest)
         return CapacityRequest(
             mode=Mode.CALENDAR,
             run_duration=seconds(draw, 86_400, 4 * 86_400),

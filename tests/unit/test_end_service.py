@@ -100,8 +100,12 @@ def test_only_the_tenant_or_an_admin_may_release_or_cancel(world_and_cloud: Worl
 
 def test_cancel_withdraws_a_waiting_request_or_a_booked_block(world_and_cloud: World_) -> None:
     world, cloud = world_and_cloud
-    submit(world.store, flex("wait", tenant="vision", vm_count=1, hours=1))
-    submit(world.store, calendar("block", tenant="vision", vm_count=2, start_at=NOW + DAY))
+    # Far enough ahead that Google lets it be cancelled (more than 30 days away).
+    submit(world.store, calendar("block", tenant="vision", vm_count=2, start_at=NOW + 40 * DAY))
+    world.run()
+    world.clock.advance(2 * MINUTE)  # Google's review
+    submit(world.store, flex("wait", tenant="vision", vm_count=1, hours=1,
+                             submitted_at=world.clock.now()))  # fmt: skip
     world.run()
     assert world.state("block") is S.BOOKED
     assert cloud.stock(ZONE, A3) == 4  # the block's 2 VMs are promised, taken at its start
@@ -157,12 +161,15 @@ def test_a_timer_of_an_older_run_is_ignored(world_and_cloud: World_) -> None:
 
 def test_a_timer_beyond_thirty_days_is_a_chain_of_hops(world_and_cloud: World_) -> None:
     world, _ = world_and_cloud
-    submit(world.store, calendar("far", tenant="vision", vm_count=1, days=2,
+    # A TPU block: Google's calendar mode takes them up to 120 days ahead (GPU VMs: 60).
+    submit(world.store, calendar("far", tenant="vision", vm_count=1, days=2, topology="2x2",
                                  start_at=NOW + 70 * DAY))  # fmt: skip
+    world.run()
+    world.clock.advance(2 * MINUTE)  # Google's review
     world.run()
     assert world.timers is not None
     [(first, at)] = world.timers.armed()
-    assert (first.kind, first.hop, at) == (TimerKind.START, 0, NOW + 29 * DAY)
+    assert (first.kind, first.hop, at) == (TimerKind.START, 0, NOW + 2 * MINUTE + 29 * DAY)
     hops = 0
     while world.clock.now() < NOW + 70 * DAY:
         world.clock.advance(DAY)

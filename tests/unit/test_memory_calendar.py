@@ -142,7 +142,7 @@ def test_a_block_without_capacity_over_its_window_is_declined() -> None:
     assert declined is not None
     assert declined.phase is ProvisionPhase.FAILED
     assert declined.error_code == "DECLINED"
-    assert "declined" in declined.message
+    assert "are not available in" in declined.message
     assert declined.locked_at is None
     assert cloud.phase(after) is ProvisionPhase.APPROVED
 

@@ -24,6 +24,12 @@ def test_the_queue_and_the_timeline_show_what_the_pass_decided() -> None:
     world.clock.advance(timedelta(seconds=20))
     world.run()
     queries = QueryService(world.store)
+    # The block waits for Google's approval in the queue, then it is booked.
+    assert [e.reason for e in queries.queue(NOW) if e.request_id == "block"] == [
+        "AWAITING_APPROVAL"
+    ]
+    world.clock.advance(2 * MINUTE)
+    world.run()
     later = NOW + 10 * MINUTE
     queue = queries.queue(later)
     # Shortest first: "after" (2 VMs × 4 h) goes before "next" (4 VMs × 3 h).

@@ -144,10 +144,12 @@ def test_a_calendar_block_is_reserved_started_and_ended(two_zones: Zones) -> Non
     start = NOW + HOUR
     submit(world.store, calendar("block", vm_count=2, days=1, start_at=start))
     world.run()
+    assert (world.state("block"), world.record("block").reason) == (S.PENDING, "AWAITING_APPROVAL")
+    settle(world, 2 * MINUTE)  # Google's review (the memory cloud's delay)
     record = world.record("block")
     assert (record.state, record.pool) == (S.BOOKED, POOL_A)
     assert cloud.stock(ZONE_A, A3) == 4  # promised at booking, taken at the start
-    settle(world, HOUR)
+    settle(world, HOUR - 2 * MINUTE)
     assert world.state("block") is S.PROVISIONING
     assert cloud.stock(ZONE_A, A3) == 2
     settle(world)
@@ -156,7 +158,7 @@ def test_a_calendar_block_is_reserved_started_and_ended(two_zones: Zones) -> Non
     assert world.state("block") is S.EXPIRED
     assert cloud.stock(ZONE_A, A3) == 4
     assert [e[0] for e in world.published("block")] == [
-        "BOOKED", "PROVISIONING", "ACTIVE", "EXPIRED",
+        "PENDING", "BOOKED", "PROVISIONING", "ACTIVE", "EXPIRED",
     ]  # fmt: skip
 
 
@@ -313,17 +315,18 @@ def test_one_pass_applies_every_kind_of_decision(two_zones: Zones) -> None:
         "now": S.PROVISIONING,
         "held": S.PENDING,
         "huge": S.REJECTED,
-        "block": S.BOOKED,
+        "block": S.PENDING,  # submitted to Google, awaiting its approval
         "clash": S.REJECTED,
     }
+    assert world.record("block").reason == "AWAITING_APPROVAL"
     assert world.record("huge").reason == "NEVER_FITS"
     clash = world.record("clash")
     assert clash.reason == "NO_CAPACITY"
     assert "nearest starts that fit" in clash.message
     assert report.transitions == {
-        "PENDING→PROVISIONING": 1, "PENDING→BOOKED": 1, "PENDING→REJECTED": 2,
+        "PENDING→PROVISIONING": 1, "PENDING→REJECTED": 2,
     }  # fmt: skip
-    assert report.revisions == 1  # held: its ETA announced
+    assert report.revisions == 2  # held: its ETA announced; block: submitted for review
 
 
 def test_an_eta_drifting_less_than_the_tolerance_is_not_announced(two_zones: Zones) -> None:

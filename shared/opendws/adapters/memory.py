@@ -665,7 +665,7 @@ class MemoryCapacityProvider:
         if kind is not None or free < block.units:
             block.phase, block.error_code = ProvisionPhase.FAILED, DECLINED
             block.message = (
-                f"Google declined the block: {block.units} × {block.pool.shape} are not "
+                f"{block.units} × {block.pool.shape} are not "
                 f"available in {block.pool.zone} from {block.starts_at.isoformat()} to "
                 f"{block.calendar_end.isoformat()}"
             )
@@ -677,10 +677,17 @@ class MemoryCapacityProvider:
         block.message = "approved by Google; its reservation is created at its start"
 
     def _free(self, key: _Key, start: datetime, end: datetime) -> int:
-        """Units of ``key`` Google would still promise over ``[start, end)``: the stock minus
-        the units of approved blocks not yet started whose windows overlap."""
+        """Units of ``key`` Google would still promise over ``[start, end)``: the stock, plus
+        the units held now by runs and blocks that end by ``start`` (back by then), minus the
+        units of approved blocks not yet started whose windows overlap."""
         promised = sum(b.promised(key, start, end) for b in self._blocks.get(key, {}).values())
-        return self._stock.get(key, 0) - promised
+        back = sum(
+            order.units
+            for order in self._orders.values()
+            if order.holds_stock and order.key == key
+            and (ends := order.end()) is not None and ends <= start
+        )  # fmt: skip
+        return self._stock.get(key, 0) + back - promised
 
     def _cancellable(self, block: _FakeOrder, now: datetime) -> bool:
         """Whether Google lets ``block`` be cancelled at ``now`` (never once started)."""

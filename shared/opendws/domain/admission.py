@@ -665,9 +665,10 @@ class _ExactLedger:
         for limit in self.quotas.limits(grant.tenant, grant.accelerator):
             self._limit_profile(limit.key).add(start, end, grant.accelerator_units)
 
-    def alternatives(self, candidate: _Candidate) -> tuple[Alternative, ...]:
+    def alternatives(self, candidate: _Candidate, spare: int = 0) -> tuple[Alternative, ...]:
         """The nearest start times (before or after the one asked) at which the whole block
-        fits in some allowed pool, one per gap of feasible starts, at most ALTERNATIVES."""
+        fits in some allowed pool, one per gap of feasible starts, at most ALTERNATIVES
+        (``spare`` more, for a caller that filters some out)."""
         request = candidate.request
         assert request.start_at is not None
         wanted = self.micros(request.start_at)
@@ -701,18 +702,19 @@ class _ExactLedger:
                 continue
             seen.add(start)
             chosen.append(Alternative(start_at=self.now + start * MICROSECOND, pool_id=pool_id))
-            if len(chosen) == ALTERNATIVES:
+            if len(chosen) == ALTERNATIVES + spare:
                 break
         return tuple(chosen)
 
 
 def calendar_alternatives(
     snapshot: Snapshot, request: CapacityRequest, now: datetime,
-    advised: Sequence[Alternative] = (),
+    advised: Sequence[Alternative] = (), *, refused_in: str | None = None,
 ) -> tuple[Alternative, ...]:  # fmt: skip
     """The starts a refused or declined calendar block is offered: the ones Google's Advice
     API recommends (``advised``) at which our own timeline fits the block too, then our
-    timeline's nearest feasible starts; at most ALTERNATIVES, earliest first, no start twice.
+    timeline's nearest feasible starts; at most ALTERNATIVES, earliest first, no start twice,
+    and never the start asked in ``refused_in``, the pool where Google refused it.
     ``snapshot`` must not hold the block itself (its grants are everyone else's)."""
     plan = _Pass(snapshot, now)
     allowed = plan._allowed_pools(request)
@@ -721,19 +723,36 @@ def calendar_alternatives(
     limits = plan.quotas.limits(request.tenant, request.gang.accelerator)
     ledger = _ExactLedger(now, plan.pools, plan.pool_row, plan.quotas, plan.grants)
     chosen: dict[datetime, Alternative] = {}
+
+    def refused(alternative: Alternative) -> bool:
+        return (alternative.start_at, alternative.pool_id) == (request.start_at, refused_in)
+
+    if refused_in is not None and request.start_at is not None:
+        # The start asked, in another pool our plan fits it in: the nearest there is.
+        others = tuple(row for row in allowed.pools if plan.pools[row].pool_id != refused_in)
+        row = ledger.first_fit(_Candidate(request, others, limits, False)) if others else None
+        if row is not None:
+            pool_id = plan.pools[row].pool_id
+            google = any((a.start_at, a.pool_id) == (request.start_at, pool_id) for a in advised)
+            chosen[request.start_at] = Alternative(
+                start_at=request.start_at, pool_id=pool_id, advised=google
+            )
     for alternative in sorted(advised, key=lambda a: (a.start_at, a.pool_id)):
         row = plan.pool_row.get(alternative.pool_id)
         if row is None or row not in allowed.pools or alternative.start_at in chosen:
+            continue
+        if refused(alternative):
             continue
         moved = replace(request, start_at=alternative.start_at)
         if ledger.first_fit(_Candidate(moved, (row,), limits, False)) is not None:
             chosen[alternative.start_at] = replace(alternative, advised=True)
         if len(chosen) == ALTERNATIVES:
             break
-    for ours in ledger.alternatives(_Candidate(request, allowed.pools, limits, False)):
+    for ours in ledger.alternatives(_Candidate(request, allowed.pools, limits, False), spare=1):
         if len(chosen) == ALTERNATIVES:
             break
-        chosen.setdefault(ours.start_at, ours)
+        if not refused(ours):
+            chosen.setdefault(ours.start_at, ours)
     return tuple(sorted(chosen.values(), key=lambda a: a.start_at))
 
 

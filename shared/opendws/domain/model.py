@@ -211,7 +211,7 @@ class CapacityRequest:
                 f"a {kind} calendar block starts at most {lead.latest.days} days ahead "
                 "(Google Cloud's calendar mode)",
             )
-        if self.start_at < self.submitted_at + lead.earliest:
+        if lead.earliest and self.start_at < self.submitted_at + lead.earliest:
             raise InvalidModel(
                 "start_at",
                 f"a {kind} calendar block starts at least {_days(lead.earliest)} ahead "

@@ -380,7 +380,7 @@ class _Cycle:
             primary = step.lanes[0].pool if step.lanes else None
             message = step.message or record.message
             if step.reason is SweepReason.DECLINED:
-                message += _offered(self._alternatives(record))
+                message += _offered(self._alternatives(record, refused_in=record.pool))
             self._write(
                 record, state, step.reason or "", message,
                 pool=primary if step.lanes else KEEP, lanes=step.lanes,
@@ -524,7 +524,7 @@ class _Cycle:
                 assert decision.pool_id is not None
                 self._submit_block(record, self.pools[decision.pool_id])
             case Outcome.REFUSE:
-                alternatives = self._alternatives(record, ours=decision.alternatives)
+                alternatives = self._alternatives(record)
                 self._write(
                     record, S.REJECTED, decision.reason or "",
                     _refusal(replace(decision, alternatives=alternatives)),
@@ -561,7 +561,7 @@ class _Cycle:
                     record, S.REJECTED, ReconcileReason.NO_CAPACITY_AT_GOOGLE,
                     f"Google Cloud's Advice API has no capacity for {request.units} units in "
                     f"{pool.pool_id} from {request.start_at.isoformat()} to {end.isoformat()}"
-                    + _offered(self._alternatives(record)),
+                    + _offered(self._alternatives(record, refused_in=pool.pool_id)),
                 )  # fmt: skip
                 return
         self._write(
@@ -575,11 +575,11 @@ class _Cycle:
         self._call("reserve", order, blocks.reserve)
 
     def _alternatives(
-        self, record: RequestRecord, ours: tuple[Alternative, ...] = ()
+        self, record: RequestRecord, *, refused_in: str | None = None
     ) -> tuple[Alternative, ...]:
         """The starts a refused or declined block is offered: Google's Advice API's
         recommendations in the request's pools where our timeline fits too, then our own
-        (``ours`` when the Advice API cannot be asked)."""
+        nearest feasible starts; never the start Google refused in ``refused_in``."""
         request = record.request
         tpu = request.gang.provider is Provider.TPU
         lead = lead_of(tpu)
@@ -593,22 +593,25 @@ class _Cycle:
         for pool in shape:
             blocks = self.providers.blocks(pool)
             by_provider.setdefault(id(blocks), (blocks, []))[1].append(pool)
+        # The start asked (in the other pools), then the nearest others Google has.
+        windows = [(self.now + lead.earliest, self.now + lead.latest)]
+        if refused_in is not None and request.start_at is not None:
+            windows.insert(0, (request.start_at, request.start_at))
         try:
-            for blocks, pools in by_provider.values():
-                for advice in blocks.advise(
-                    request, pools, earliest=self.now + lead.earliest,
-                    latest=self.now + lead.latest,
-                ):  # fmt: skip
+            for (blocks, pools), (earliest, latest) in itertools.product(
+                by_provider.values(), windows
+            ):
+                for advice in blocks.advise(request, pools, earliest=earliest, latest=latest):
                     advised.extend(
                         Alternative(start_at=advice.start_at, pool_id=pool.pool_id)
                         for pool in pools
                         if pool.zone == advice.zone
                     )
-        except Exception as error:
+        except Exception as error:  # our own timeline still has its answer
             log.warning("advice for %s failed: %s", request.request_id, error)
-            return ours
+            advised = []
         snapshot = self._snapshot(without=record.request_id)
-        return calendar_alternatives(snapshot, request, self.now, advised) or ours
+        return calendar_alternatives(snapshot, request, self.now, advised, refused_in=refused_in)
 
     def _grow_race(self, race: Race) -> None:
         """Offer a request waiting at Google in short pools to more of its pools: the new
