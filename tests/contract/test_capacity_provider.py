@@ -1,7 +1,8 @@
 """The CapacityProvider contract, run on the in-memory fake cloud and on the real adapters
 (google-cloud-compute and google-cloud-tpu clients) over the project's Compute/TPU emulator:
-the same assertions for all three kinds — MIG flex-start, TPU queued resources, calendar
-reservations — so the fake cannot drift from the real thing."""
+the same assertions for every kind — MIG flex-start, TPU queued resources, GPU and TPU
+calendar blocks (calendar-mode future reservations, reviewed by Google, consumed by VMs or by a
+queued resource) — so the fake cannot drift from the real thing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import cast
 
 import pytest
 
@@ -17,13 +19,15 @@ from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.bootstrap import capacity_providers
 from opendws.catalog import TPU_API_TYPES
 from opendws.domain.model import CapacityRequest, Pool, Provider
-from opendws.ports import CapacityProvider, Order, ProvisionPhase
+from opendws.ports import CalendarBlocks, CapacityProvider, Order, ProvisionPhase, Withdrawal
 from opendws.service.reconcile import Providers
 from opendws.sim import SimClock, SimulatedCloud
 from tests.builders import A3, HOUR, NOW, calendar, flex, pool, tpu_pool
 from tests.world import ManualClock
 
-KINDS = ("mig_flex", "tpu", "calendar")
+KINDS = ("mig_flex", "tpu", "calendar", "tpu_calendar")
+REVIEW = timedelta(minutes=2)  # Google's review of a block, in both clouds
+TPU_CHIPS = {1: "2x2", 2: "2x4", 3: "4x4"}  # a TPU block of "units": 4, 8, 16 chips
 BACKENDS = ("memory", "emulator")
 LATENCY = timedelta(seconds=20)
 ZONE, OTHER_ZONE = "us-central1-a", "us-central1-b"
@@ -45,12 +49,38 @@ class Kit:
     advance: Callable[[timedelta], None]
     created: Callable[[str], int]
 
-    def request(self, units: int = 2, hours: float = 3) -> CapacityRequest:
-        """A request of this kind: ``units`` VMs (slices for TPU, of 2x2 = 4 chips)."""
+    @property
+    def block(self) -> bool:
+        """A calendar kind (GPU or TPU block)."""
+        return self.kind in ("calendar", "tpu_calendar")
+
+    @property
+    def blocks(self) -> CalendarBlocks:
+        """The provider as a calendar-block provider (the fixture gives a BlockProvider for
+        the calendar kinds)."""
+        assert self.block, f"{self.kind} is not a calendar kind"
+        return cast(CalendarBlocks, self.provider)
+
+    @property
+    def lead(self) -> timedelta:
+        """How far ahead this kind's blocks start: a TPU block at least a day ahead
+        (tpu/docs/calendar-mode-reservation), a GPU block an hour ahead here."""
+        return timedelta(days=1, hours=1) if self.kind == "tpu_calendar" else HOUR
+
+    def request(
+        self, units: int = 2, hours: float = 3, *, start_in: timedelta | None = None
+    ) -> CapacityRequest:
+        """A request of this kind: ``units`` VMs (slices for TPU, of 2x2 = 4 chips; one slice
+        of 4, 8 or 16 chips for a TPU block, a count Google's calendar mode takes)."""
         request_id = f"contract-{next(_ids)}"
         topology = "2x2" if self.kind == "tpu" else None
-        if self.kind == "calendar":
-            return calendar(request_id, vm_count=units, days=1, start_at=NOW + HOUR,
+        start = NOW + (self.lead if start_in is None else start_in)
+        if self.kind == "tpu_calendar":
+            return calendar(request_id, vm_count=1, topology=TPU_CHIPS[units], days=1,
+                            start_at=start,
+                            locations=(self.pool.zone, self.other.zone))  # fmt: skip
+        if self.block:
+            return calendar(request_id, vm_count=units, days=1, start_at=start,
                             locations=(self.pool.zone, self.other.zone))  # fmt: skip
         return flex(request_id, vm_count=units, hours=hours, topology=topology,
                     locations=(self.pool.zone, self.other.zone))  # fmt: skip
@@ -58,9 +88,9 @@ class Kit:
     def start(self, order: Order) -> None:
         """Begin provisioning ``order`` as the reconciler would (a block: reserve, wait for
         its start, then create its VMs)."""
-        if self.kind == "calendar":
+        if self.block:
             self.provider.reserve(order)
-            self.advance(HOUR)
+            self.advance(self.lead)
         self.provider.provision(order)
 
     def phase(self, order: Order, pool: Pool | None = None) -> ProvisionPhase | None:
@@ -69,15 +99,16 @@ class Kit:
 
 
 def _pools(kind: str) -> tuple[Pool, Pool]:
-    if kind == "tpu":
+    if kind in ("tpu", "tpu_calendar"):
         return tpu_pool(zone=ZONE, capacity=64), tpu_pool(zone=OTHER_ZONE, capacity=64)
     return pool(zone=ZONE, shape=A3, capacity=8), pool(zone=OTHER_ZONE, shape=A3, capacity=8)
 
 
 def _pick(providers: Providers, kind: str) -> CapacityProvider:
-    return {"mig_flex": providers.mig_flex, "tpu": providers.tpu, "calendar": providers.calendar}[
-        kind
-    ]
+    return {
+        "mig_flex": providers.mig_flex, "tpu": providers.tpu, "calendar": providers.calendar,
+        "tpu_calendar": providers.tpu_calendar,
+    }[kind]  # fmt: skip
 
 
 def _cloud_shape(pool: Pool) -> str:
@@ -102,7 +133,8 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
         return
     cloud = SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=LATENCY)
     resource_kind = {
-        "mig_flex": "resizeRequests", "tpu": "queuedResources", "calendar": "futureReservations"
+        "mig_flex": "resizeRequests", "tpu": "queuedResources", "calendar": "futureReservations",
+        "tpu_calendar": "futureReservations",
     }[kind]  # fmt: skip
     with ComputeEmulator(cloud) as emulator:
         providers = capacity_providers(f"contract-{next(_ids)}", endpoint=emulator.endpoint)
@@ -132,10 +164,10 @@ def test_a_repeated_call_creates_nothing_more(kit: Kit) -> None:
     kit.set_stock(kit.pool, 8 if kit.kind != "tpu" else 64)
     before = kit.stock(kit.pool)
     order = Order(request=kit.request(), pool=kit.pool, attempt=1)
-    if kit.kind == "calendar":
+    if kit.block:
         kit.provider.reserve(order)
         kit.provider.reserve(order)
-        kit.advance(HOUR)
+        kit.advance(kit.lead)
     kit.provider.provision(order)
     kit.provider.provision(order)
     kit.advance(LATENCY)
@@ -169,7 +201,7 @@ def test_a_short_order_waits_with_a_stockout_and_is_ready_when_stock_returns(kit
     queued resource waits in WAITING_FOR_RESOURCES (tpu/docs/queued-resources). It is served
     when stock returns. (This row replaces one that expected FAILED with the stockout code:
     that was how the old simulated cloud behaved, not how Google does.)"""
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("a calendar block is refused at booking instead (the next row)")
     order = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
     kit.set_stock(kit.pool, order.request.units - 1)
@@ -188,21 +220,29 @@ def test_a_short_order_waits_with_a_stockout_and_is_ready_when_stock_returns(kit
     assert kit.stock(kit.pool) == 0
 
 
-def test_a_block_without_the_units_is_refused_at_booking(kit: Kit) -> None:
-    """A calendar block whose units are not free is not approved: nothing is created."""
-    if kit.kind != "calendar":
+def test_a_block_without_the_units_is_declined_after_review(kit: Kit) -> None:
+    """A submitted block is reviewed (procurementStatus PENDING_APPROVAL), then DECLINED when
+    Google has not the capacity over its window (compute/docs/instances/future-reservations-
+    calendar-mode-overview); a declined request may be deleted."""
+    if not kit.block:
         pytest.skip("only calendar blocks are booked")
     order = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
     kit.set_stock(kit.pool, order.request.units - 1)
     kit.provider.reserve(order)
-    assert kit.phase(order) is None
+    assert kit.phase(order) is ProvisionPhase.REVIEW
+    assert kit.created(order.name) == 1
+    kit.advance(REVIEW)
+    seen = kit.provider.observe([kit.pool])[order.name]
+    assert (seen.phase, seen.error_code) == (ProvisionPhase.FAILED, "DECLINED")
+    kit.provider.release(order.name, kit.pool)
+    assert kit.provider.observe([kit.pool]) == {}
 
 
 def test_waiting_orders_are_served_first_come_first_served(kit: Kit) -> None:
     """Google serves waiting requests per zone and shape as capacity frees, first come first
     served (GOOGLE-SEMANTICS: the simulated cloud's serving rule); a later order does not
     overtake an earlier one that does not fit yet."""
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("calendar blocks do not queue")
     kit.set_stock(kit.pool, 0)
     first = Order(request=kit.request(units=2, hours=3), pool=kit.pool, attempt=1)
@@ -225,7 +265,7 @@ def test_a_much_shorter_order_is_served_before_a_slightly_earlier_long_one(kit: 
     """ "Shorter requests are typically fulfilled more quickly" (compute/docs/instances/about-
     flex-start-vms): created minutes apart, a 1-hour order is served before a 3-day one
     (the simulated cloud's rule: creation time + run duration / 24)."""
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("calendar blocks do not queue")
     kit.set_stock(kit.pool, 0)
     long = Order(request=kit.request(units=2, hours=72), pool=kit.pool, attempt=1)
@@ -243,7 +283,7 @@ def test_an_injected_stockout_makes_the_order_wait_and_it_is_served_after(kit: K
     """An injected stockout is one attempt that finds no capacity: the order waits with the
     temporary error (it is not failed) and a later attempt serves it. (This row replaces one
     that expected a stockout to fail the order.)"""
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("a calendar block's VMs consume its own reservation: no stockout there")
     kit.set_stock(kit.pool, 64)
     kit.inject(kit.pool, "stockout")
@@ -260,7 +300,7 @@ def test_an_injected_stockout_makes_the_order_wait_and_it_is_served_after(kit: K
 def test_an_injected_error_is_a_final_failure_even_with_stock(kit: Kit) -> None:
     """Only ``status.error`` is final: FAILED with its code (compute.proto
     ``InstanceGroupManagerResizeRequestStatus.error``; a queued resource's FAILED state)."""
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("a calendar block's VMs consume its own reservation")
     kit.set_stock(kit.pool, 64)
     kit.inject(kit.pool, "error")
@@ -275,7 +315,7 @@ def test_an_injected_error_is_a_final_failure_even_with_stock(kit: Kit) -> None:
 
 
 def test_a_hung_order_is_never_served_until_released(kit: Kit) -> None:
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("a calendar block's capacity is reserved: it does not queue")
     kit.set_stock(kit.pool, 64)
     kit.inject(kit.pool, "hang")
@@ -293,7 +333,7 @@ def test_release_while_waiting_cancels_then_deletes_and_leaves_nothing(kit: Kit)
     (compute.proto ``InstanceGroupManagerResizeRequests.Cancel/Delete``; magic-modules
     ``custom_delete/compute_mig_resize_request_delete.go.tmpl`` cancels and waits first):
     release does both, in order, and leaves nothing; a queued resource is deleted."""
-    if kit.kind == "calendar":
+    if kit.block:
         pytest.skip("calendar blocks do not queue")
     kit.set_stock(kit.pool, 0)
     order = Order(request=kit.request(), pool=kit.pool, attempt=1)
@@ -310,6 +350,9 @@ def test_release_while_waiting_cancels_then_deletes_and_leaves_nothing(kit: Kit)
 
 
 def test_release_gives_everything_back_and_is_safe_to_repeat(kit: Kit) -> None:
+    """(A started calendar block is billed to its end and kept: the next row.)"""
+    if kit.block:
+        pytest.skip("a started calendar block is kept by Google to its end (the next row)")
     kit.set_stock(kit.pool, 64)
     order = Order(request=kit.request(), pool=kit.pool, attempt=1)
     kit.start(order)
@@ -323,13 +366,89 @@ def test_release_gives_everything_back_and_is_safe_to_repeat(kit: Kit) -> None:
     assert kit.stock(kit.pool) == 64
 
 
+def test_releasing_a_running_block_deletes_its_consumers_and_keeps_the_block(kit: Kit) -> None:
+    """A block that may no longer be cancelled is billed in full and kept to its end
+    (compute/docs/instances/delete-future-reservations-calendar-mode); releasing it deletes
+    its VMs (or queued resource) only. At its end Google deletes the reservation; the request
+    may be deleted then."""
+    if not kit.block:
+        pytest.skip("only calendar blocks are kept to their end")
+    kit.set_stock(kit.pool, 64)
+    order = Order(request=kit.request(), pool=kit.pool, attempt=1)
+    kit.start(order)
+    kit.advance(LATENCY)
+    assert kit.phase(order) is ProvisionPhase.READY
+    kit.provider.release(order.name, kit.pool)
+    seen = kit.provider.observe([kit.pool])[order.name]
+    assert seen.phase is ProvisionPhase.RESERVED  # its consumers gone, the block kept
+    assert seen.ends_at == order.request.start_at + order.request.run_duration  # type: ignore[operator]
+    assert kit.stock(kit.pool) == 64 - order.request.units  # still held: it is paid for
+    kit.provider.release(order.name, kit.pool)  # safe to repeat: it is still kept
+    assert kit.phase(order) is ProvisionPhase.RESERVED
+    kit.advance(timedelta(days=1))
+    assert kit.phase(order) is ProvisionPhase.ENDED
+    assert kit.stock(kit.pool) == 64
+    kit.provider.release(order.name, kit.pool)
+    assert kit.provider.observe([kit.pool]) == {}
+
+
+def test_a_block_is_cancelled_only_within_googles_windows(kit: Kit) -> None:
+    """Cancellable while its start is more than 30 days away, or within 24 h of approval
+    while its start is at least 4 days away (compute/docs/instances/delete-future-
+    reservations-calendar-mode); a refusal changes nothing."""
+    if not kit.block:
+        pytest.skip("only calendar blocks are withdrawn")
+    kit.set_stock(kit.pool, 64)
+    far = Order(request=kit.request(start_in=timedelta(days=40)), pool=kit.pool, attempt=1)
+    near = Order(request=kit.request(start_in=timedelta(days=10)), pool=kit.pool, attempt=1)
+    kit.provider.reserve(far)
+    kit.provider.reserve(near)
+    kit.advance(REVIEW)
+    approved = kit.provider.observe([kit.pool])
+    assert approved[near.name].phase is ProvisionPhase.APPROVED
+    assert approved[near.name].locked_at is not None
+    kit.advance(timedelta(hours=25))
+    assert kit.blocks.withdraw(near.name, kit.pool) is Withdrawal.REFUSED
+    assert kit.phase(near) is ProvisionPhase.APPROVED
+    assert kit.blocks.withdraw(far.name, kit.pool) is Withdrawal.WITHDRAWN
+    seen = kit.provider.observe([kit.pool])[far.name]
+    assert (seen.phase, seen.error_code) == (ProvisionPhase.FAILED, "CANCELLED")
+    assert kit.blocks.withdraw(far.name, kit.pool) is Withdrawal.WITHDRAWN  # a repeat
+    kit.provider.release(far.name, kit.pool)
+    assert set(kit.provider.observe([kit.pool])) == {near.name}
+
+
+def test_advice_recommends_where_and_when_the_block_fits(kit: Kit) -> None:
+    """advice.calendarMode: the starts at which the block's units are free for its whole
+    duration, earliest first (compute/docs/instances/future-reservations-calendar-mode-
+    overview, "View resources future availability")."""
+    if not kit.block:
+        pytest.skip("only calendar blocks are advised")
+    taken = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
+    kit.set_stock(kit.pool, 2 * taken.request.units - 1)  # room for one such block at a time
+    kit.set_stock(kit.other, 0)
+    kit.provider.reserve(taken)
+    kit.advance(REVIEW)
+    assert kit.phase(taken) is ProvisionPhase.APPROVED
+    start = taken.request.start_at
+    assert start is not None
+    wanted = kit.request(units=3)
+    pools = [kit.pool, kit.other]
+    at_start = kit.blocks.advise(wanted, pools, earliest=start, latest=start)
+    assert at_start == ()  # its units are promised to the first block over the same window
+    later = kit.blocks.advise(wanted, pools, earliest=start, latest=start + timedelta(days=5))
+    assert later
+    assert (later[0].start_at, later[0].zone) == (start + timedelta(days=1), kit.pool.zone)
+    assert all(advice.zone == kit.pool.zone for advice in later)  # none in the empty zone
+
+
 def test_observe_reports_only_the_given_pools(kit: Kit) -> None:
     kit.set_stock(kit.pool, 64)
     kit.set_stock(kit.other, 64)
     here = Order(request=kit.request(), pool=kit.pool, attempt=1)
     there = Order(request=kit.request(), pool=kit.other, attempt=1)
     kit.start(here)
-    if kit.kind == "calendar":
+    if kit.block:
         kit.provider.reserve(there)
     kit.provider.provision(there)
     kit.advance(LATENCY)
@@ -356,15 +475,22 @@ def test_the_end_of_a_run_or_block(kit: Kit) -> None:
 
 
 def test_a_block_promises_its_units_and_takes_them_at_its_start(kit: Kit) -> None:
-    if kit.kind != "calendar":
+    """An approved block's units are promised over its window (a second overlapping block
+    is declined) and taken from stock only at its start."""
+    if not kit.block:
         pytest.skip("only calendar blocks are reserved ahead")
-    kit.set_stock(kit.pool, 5)
     first = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
     second = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
+    units = first.request.units
+    kit.set_stock(kit.pool, 2 * units - 1)
     kit.provider.reserve(first)
-    assert kit.stock(kit.pool) == 5  # promised, not taken before the start
-    kit.provider.reserve(second)  # overlaps: 3 + 3 > 5, so the cloud refuses it
-    assert kit.phase(second) is None
-    assert kit.phase(first) is ProvisionPhase.RESERVED
-    kit.advance(HOUR)
-    assert kit.stock(kit.pool) == 2
+    kit.advance(REVIEW)
+    assert kit.phase(first) is ProvisionPhase.APPROVED
+    assert kit.stock(kit.pool) == 2 * units - 1  # promised, not taken before the start
+    kit.provider.reserve(second)  # overlaps: 2 × units > stock, so Google declines it
+    kit.advance(REVIEW)
+    seen = kit.provider.observe([kit.pool])[second.name]
+    assert (seen.phase, seen.error_code) == (ProvisionPhase.FAILED, "DECLINED")
+    kit.advance(kit.lead)
+    assert kit.phase(first) is ProvisionPhase.RESERVED  # its reservation exists
+    assert kit.stock(kit.pool) == units - 1

@@ -15,7 +15,7 @@ from opendws.adapters.memory import MemoryEventBus
 from opendws.bootstrap import capacity_providers
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, order_name
-from opendws.service.reconcile import ReconcileSettings
+from opendws.service.reconcile import ReconcileSettings, submitted
 from opendws.sim import SimClock, SimulatedCloud
 from tests.builders import A3, H100, NOW, V5E, pool, tpu_pool
 from tests.world import ManualClock, World, tenants_for
@@ -44,11 +44,15 @@ class Stack:
     def left_running(self) -> list[str]:
         """VMs, queued TPU resources and resize requests still waiting at Google that belong
         to no live request: what would run (and bill) unowned on Google."""
+        records = [
+            *self.world.store.in_states(
+                RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED
+            ),
+            *filter(submitted, self.world.store.in_states(RequestState.PENDING)),
+        ]
         live = {
             order_name(record.request_id, lane.attempt)
-            for record in self.world.store.in_states(
-                RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED
-            )
+            for record in records
             for lane in record.orders
         }
         state = self.cloud.state()["resources"]
