@@ -48,6 +48,7 @@ def world_of(
     world, cloud = memory_world((), (), timers=True, configuration=configuration)
     cloud.set_stock(ZONE_A, A3, stock)
     cloud.set_stock(ZONE_B, A3, stock)
+    cloud.set_cancellation(rule)  # Google's rule, as the configuration says it is
     return world, cloud
 
 
@@ -294,3 +295,22 @@ def test_a_tpu_block_starting_within_a_day_is_refused_at_intake() -> None:
 
     with pytest.raises(InvalidModel, match="at least 1 day ahead"):
         calendar("slice", topology="4x4", start_at=NOW + 12 * HOUR)
+
+
+def test_with_the_never_rule_a_released_block_is_kept_to_its_end_not_released_as_a_leak() -> None:
+    """Under the older pages' rule a block is never cancellable once approved (no lockTime):
+    released, it is kept (and billed) to its end, and not taken for a leak meanwhile."""
+    world, fake = world_of(rule=CancellationRule.NEVER)
+    start = NOW + 5 * DAY
+    submit(world.store, calendar("block", vm_count=2, days=1, start_at=start))
+    world.run()
+    reviewed(world)
+    world.clock.advance(start - world.clock.now())
+    world.run()
+    world.clock.advance(MINUTE)
+    world.run()
+    assert world.ending().release("block", "t").state is S.RELEASED
+    name = order_name("block", 1)
+    report = world.run()
+    assert (report.kept, report.leaks) == ([name], [])
+    assert fake.observe(world.config.load().pools)[name].locked_at is None

@@ -791,13 +791,14 @@ def submitted(record: RequestRecord) -> bool:
 
 
 def _kept_by_google(observed: Observed, now: datetime) -> bool:
-    """A block with nothing running in it that Google no longer lets anyone cancel: it stays
+    """A block with nothing running in it that Google no longer lets anyone cancel (its
+    lockTime passed, or it never had one: not cancellable since its approval): it stays
     (billed) until its end."""
     return (
         observed.phase in (ProvisionPhase.APPROVED, ProvisionPhase.RESERVED)
-        and observed.locked_at is not None
         and observed.ends_at is not None
-        and observed.locked_at < now < observed.ends_at
+        and now < observed.ends_at
+        and (observed.locked_at is None or observed.locked_at < now)
     )
 
 
