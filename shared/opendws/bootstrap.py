@@ -260,6 +260,7 @@ def capacity_providers(
     instances = compute_v1.InstancesClient(**common)
     future_reservations = compute_v1.FutureReservationsClient(**common)
     advice = compute_v1.AdviceClient(**common)
+    reservations = compute_v1.ReservationsClient(**common)
     return Providers(
         mig_flex=MigFlexProvider(
             settings,
@@ -278,6 +279,7 @@ def capacity_providers(
             future_reservations=future_reservations,
             instances=instances,
             advice=advice,
+            reservations=reservations,
         ),
         tpu_calendar=TpuCalendarProvider(
             settings,
@@ -285,6 +287,7 @@ def capacity_providers(
             session=AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
             endpoint=endpoint,
             advice=advice,
+            reservations=reservations,
         ),
     )
 

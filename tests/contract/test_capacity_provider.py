@@ -447,9 +447,9 @@ def test_observe_reports_only_the_given_pools(kit: Kit) -> None:
     kit.set_stock(kit.other, 64)
     here = Order(request=kit.request(), pool=kit.pool, attempt=1)
     there = Order(request=kit.request(), pool=kit.other, attempt=1)
-    kit.start(here)
     if kit.block:
-        kit.provider.reserve(there)
+        kit.provider.reserve(there)  # both blocks booked before they start
+    kit.start(here)
     kit.provider.provision(there)
     kit.advance(LATENCY)
     assert set(kit.provider.observe([kit.pool])) == {here.name}

@@ -82,11 +82,16 @@ class _Blocks:
     def __init__(
         self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
         advice: compute_v1.AdviceClient | None = None,
+        reservations: compute_v1.ReservationsClient | None = None,
     ) -> None:  # fmt: skip
         self._settings = settings
         self._project = settings.project
         self._future_reservations = future_reservations
         self._advice = advice
+        # Whether a block's reservation exists is read from the reservations themselves
+        # when a client is given (status.autoCreatedReservations names what was created,
+        # not what still exists); from the status alone otherwise.
+        self._reservations = reservations
 
     # The block --------------------------------------------------------------------------
 
@@ -197,7 +202,7 @@ class _Blocks:
         if block is None:
             return
         status = block.status.procurement_status
-        ended = status == "FULFILLED" and not block.status.auto_created_reservations
+        ended = status == "FULFILLED" and not self._live(block, pool.zone)
         keeps = status not in _DELETABLE and not ended
         if keeps and self.withdraw(name, pool) is Withdrawal.REFUSED:
             return  # Google keeps it to its end; it is deleted after that
@@ -210,12 +215,37 @@ class _Blocks:
             )
         )
 
-    def _blocks(self, zone: str) -> dict[str, compute_v1.FutureReservation]:
-        return {
+    def _blocks(self, zone: str) -> dict[str, tuple[compute_v1.FutureReservation, bool]]:
+        """The owned calendar blocks in ``zone``, each with whether its reservation exists."""
+        blocks = {
             block.name: block
             for block in self._future_reservations.list(project=self._project, zone=zone)
             if owned(block.name) and block.reservation_mode == "CALENDAR"
         }
+        if self._reservations is None:
+            return {
+                name: (block, bool(block.status.auto_created_reservations))
+                for name, block in blocks.items()
+            }
+        existing = (
+            {r.name for r in self._reservations.list(project=self._project, zone=zone)}
+            if blocks
+            else set()
+        )
+        return {
+            name: (block, (block.reservation_name or name) in existing)
+            for name, block in blocks.items()
+        }
+
+    def _live(self, block: compute_v1.FutureReservation, zone: str) -> bool:
+        """Whether the block's auto-created reservation exists now."""
+        if self._reservations is None:
+            return bool(block.status.auto_created_reservations)
+        found_one = found(functools.partial(
+            self._reservations.get,
+            project=self._project, zone=zone, reservation=block.reservation_name or block.name,
+        ))  # fmt: skip
+        return found_one is not None
 
     def _advice_request(
         self, request: CapacityRequest, pool: Pool, zones: set[str], earliest: datetime,
@@ -256,11 +286,12 @@ class _Blocks:
         return compute_v1.CalendarModeAdviceRequest(future_resources_specs={SPEC: spec})
 
     def _observed(
-        self, name: str, pool: Pool, block: compute_v1.FutureReservation, wanted: int,
-        running: Sequence[bool],
+        self, name: str, pool: Pool, block: compute_v1.FutureReservation, live: bool,
+        wanted: int, running: Sequence[bool],
     ) -> Observed:  # fmt: skip
-        """The block as a phase (see the module docstring); ``running`` has one entry per
-        consumer found (VM, or queued resource), True once it runs."""
+        """The block as a phase (see the module docstring); ``live``: its reservation
+        exists; ``running`` has one entry per consumer found (VM, or queued resource), True
+        once it runs."""
         status = block.status
         procurement = status.procurement_status
         locked = _time(status.lock_time)
@@ -274,7 +305,6 @@ class _Blocks:
             )  # fmt: skip
         if procurement in _IN_REVIEW:
             return Observed(phase=ProvisionPhase.REVIEW, **common)
-        live = bool(status.auto_created_reservations)
         if running:
             ready = sum(running) >= wanted
             phase = ProvisionPhase.READY if ready else ProvisionPhase.CREATING
@@ -293,8 +323,12 @@ class CalendarReservationProvider(_Blocks):
     def __init__(
         self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
         instances: compute_v1.InstancesClient, advice: compute_v1.AdviceClient | None = None,
+        reservations: compute_v1.ReservationsClient | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(settings, future_reservations=future_reservations, advice=advice)
+        super().__init__(
+            settings, future_reservations=future_reservations, advice=advice,
+            reservations=reservations,
+        )  # fmt: skip
         self._instances = instances
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
@@ -348,7 +382,7 @@ class CalendarReservationProvider(_Blocks):
             if owned(vm.name) and _is_calendar_vm(vm):
                 vms[order_of_vm(vm.name)].append(vm)
         observed: dict[str, Observed] = {}
-        for name, block in self._blocks(zone).items():
+        for name, (block, live) in self._blocks(zone).items():
             if block.aggregate_reservation.vm_family:
                 continue  # a TPU block: TpuCalendarProvider's
             shape = block.specific_sku_properties.instance_properties.machine_type
@@ -357,7 +391,7 @@ class CalendarReservationProvider(_Blocks):
                 continue
             gang = vms.get(name, [])
             observed[name] = self._observed(
-                name, pool, block, block.specific_sku_properties.total_count,
+                name, pool, block, live, block.specific_sku_properties.total_count,
                 [vm.status == "RUNNING" for vm in gang],
             )  # fmt: skip
         for name, gang in vms.items():
@@ -380,8 +414,12 @@ class TpuCalendarProvider(_Blocks):
         self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
         session: Session, endpoint: str | None = None,
         advice: compute_v1.AdviceClient | None = None,
+        reservations: compute_v1.ReservationsClient | None = None,
     ) -> None:  # fmt: skip
-        super().__init__(settings, future_reservations=future_reservations, advice=advice)
+        super().__init__(
+            settings, future_reservations=future_reservations, advice=advice,
+            reservations=reservations,
+        )  # fmt: skip
         self._queued = TpuQueuedProvider(settings, session, endpoint=endpoint)
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
@@ -396,14 +434,14 @@ class TpuCalendarProvider(_Blocks):
                 for resource in self._queued.listed(zone)
                 if resource.get("reservationName")
             }
-            for name, block in self._blocks(zone).items():
+            for name, (block, live) in self._blocks(zone).items():
                 api_type = TPU_TYPE_OF_VM_FAMILY.get(block.aggregate_reservation.vm_family, "")
                 block_pool = pools_here.get(TPU_ACCELERATOR_OF_API_TYPE.get(api_type, ""))
                 if block_pool is None:
                     continue
                 consumer = consumers.pop(name, None)
                 running = [] if consumer is None else [_state(consumer) == "ACTIVE"]
-                observed[name] = self._observed(name, block_pool, block, 1, running)
+                observed[name] = self._observed(name, block_pool, block, live, 1, running)
             for name, resource in consumers.items():
                 # A queued resource whose block is gone: reported, so that it is released.
                 home = next(iter(pools_here.values()), None)
