@@ -149,7 +149,9 @@ def test_a_cancel_google_would_refuse_is_refused_with_the_charge_and_changes_not
     assert f"{2 * 8 * 72 * 10.0 * 0.5:,.2f} in all" in result.message
     assert "releasing its VMs early does not stop the charge" in result.message
     assert world.record("block").version == before.version
-    assert futures(blocks) == {order_name("block", 1): "APPROVED"}
+    # Past its lockTime Google is procuring it (APPROVED → PROCURING: locked, CP
+    # FutureReservationStatus); it is still there, and still billed.
+    assert futures(blocks) == {order_name("block", 1): "PROCURING"}
 
 
 def test_a_block_far_ahead_is_cancelled_at_google_then_deleted(blocks: Stack) -> None:
