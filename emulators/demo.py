@@ -7,7 +7,10 @@ every step a message on ``capacity-requests`` — ending with a summary table.
    served there, and its order still queued in us-central1-a is cancelled.
 2. ``nightly`` (ci, strict FIFO, 1 A100 VM): a CI job, released early once it runs.
 3. ``slice`` (vision, a v5e 4x4 TPU slice): provisioned as a queued resource.
-4. ``block`` (speech, calendar, 1 A100 VM for a day from tomorrow): confirmed and booked.
+4. ``block`` (speech, calendar, 1 A100 VM for a day from tomorrow): checked with Google's
+   Advice API, submitted, PENDING until Google approves it, then BOOKED. Cancelling it is
+   refused at once: it starts within 4 days and was approved, so Google bills it in full.
+   ``later`` (speech, calendar, 40 days ahead): booked, then cancelled at Google and deleted.
 5. ``oops`` (speech, 8 H100 VMs): cancelled while it waits.
 6. ``queued`` (vision, 1 A100 VM, us-central1-a only): Google has no A100 free, so it waits in
    Google's queue until Google frees capacity there, then runs — nothing cancels it meanwhile.
@@ -25,6 +28,8 @@ from typing import Any
 from emulators.stack import Stack
 
 STEP_TIMEOUT = 60.0
+# Google's review of a block (the stack's review delay) and the reconcile pass after it.
+REVIEW_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +44,7 @@ class Outcome:
     events: int
     story: str  # its states, in order
     reasons: str  # the reasons of its events, in order
+    times: str  # seconds from its first event to each of the others
 
 
 def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
@@ -46,18 +52,37 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     from opendws.bootstrap import request_publisher, request_store
 
     publisher, store = request_publisher(), request_store()
+    events = _EventWatcher(stack.project)
+
+    def events_seen(request_id: str) -> list[dict[str, Any]]:
+        return [event for event in events.pull() if event.get("request_id") == request_id]
 
     def send(message: dict[str, Any]) -> None:
         publisher.publish({"schema": "opendws.request/v1", **message})
 
-    def until(request_id: str, *states: str) -> str:
-        deadline = time.monotonic() + STEP_TIMEOUT
+    def until(request_id: str, *states: str, timeout: float = STEP_TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             record = store.get(request_id)
             if record is not None and record.state.value in states:
                 return str(record.state.value)
             time.sleep(0.3)
         raise TimeoutError(f"{request_id} did not reach {' or '.join(states)} in time")
+
+    def reason_of(request_id: str) -> str:
+        record = store.get(request_id)
+        return "" if record is None else f"{record.reason}, {record.message}"
+
+    def refusal(request_id: str) -> str:
+        """The message of the request's refusal event (a refusal is not stored: it is only
+        announced on capacity-events)."""
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while time.monotonic() < deadline:
+            for event in events_seen(request_id):
+                if event.get("reason") == "NOT_CANCELLABLE":
+                    return str(event.get("message"))
+            time.sleep(0.3)
+        raise TimeoutError(f"{request_id}: no refusal was announced in time")
 
     def waits_at_google(request_id: str) -> str:
         deadline = time.monotonic() + STEP_TIMEOUT
@@ -98,7 +123,19 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     until("oops", "PENDING")
     send({"action": "cancel", "request_id": "oops", "tenant": "speech"})
     say(f"oops: {until('oops', 'CANCELLED')}")
-    say(f"block: {until('block', 'BOOKED')}")
+    later = (datetime.now(UTC) + timedelta(days=40)).replace(microsecond=0)
+    say(f"book later: 1 × A100 VM for a day from {later.isoformat()}")
+    send({"action": "submit", "request_id": "later", "tenant": "speech", "mode": "calendar",
+          "gang": {"vm_count": 1, **a100}, "locations": ["us-central1-a"],
+          "run_duration": "1d", "start_at": later.isoformat()})  # fmt: skip
+    say(f"block: {until('block', 'PENDING')}: {reason_of('block')}")
+    say(f"block: {until('block', 'BOOKED', timeout=REVIEW_TIMEOUT)}: {reason_of('block')}")
+    say("cancel block (it starts tomorrow)")
+    send({"action": "cancel", "request_id": "block", "tenant": "speech"})
+    say(f"block: refused: {refusal('block')}")
+    say(f"later: {until('later', 'BOOKED', timeout=REVIEW_TIMEOUT)}; cancel it (40 days ahead)")
+    send({"action": "cancel", "request_id": "later", "tenant": "speech"})
+    say(f"later: {until('later', 'CANCELLED')}")
     say(f"nightly: {until('nightly', 'ACTIVE')}; the job is done early: release it")
     send({"action": "release", "request_id": "nightly", "tenant": "ci"})
     say(f"nightly: {until('nightly', 'RELEASED')}")
@@ -114,7 +151,7 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     stack.cloud.set_stock("us-central1-a", "a2-ultragpu-8g", 2)
     say(f"queued: {until('queued', 'ACTIVE')} (served from Google's queue)")
     outcomes = []
-    for request_id in ("train", "nightly", "slice", "block", "oops", "queued"):
+    for request_id in ("train", "nightly", "slice", "block", "later", "oops", "queued"):
         record = store.get(request_id)
         assert record is not None
         events = store.events(request_id)
@@ -128,9 +165,42 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
                 events=len(events),
                 story=" → ".join(event.state.value for event in events),
                 reasons=" → ".join(event.reason or "-" for event in events),
+                times=" → ".join(
+                    f"{(event.at - events[0].at).total_seconds():.0f}s" for event in events
+                ),
             )
         )
     return outcomes
+
+
+class _EventWatcher:
+    """A pull subscription on ``capacity-events`` (refusals are announced, not stored)."""
+
+    def __init__(self, project: str) -> None:
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import pubsub_v1
+
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
+        self._subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
+        self._name = self._subscriber.subscription_path(project, "demo-events")
+        topic = f"projects/{project}/topics/capacity-events"
+        self._subscriber.create_subscription(request={"name": self._name, "topic": topic})
+        self._seen: list[dict[str, Any]] = []
+
+    def pull(self) -> list[dict[str, Any]]:
+        """Every event seen so far (pulling whatever arrived since the last call)."""
+        response = self._subscriber.pull(
+            request={"subscription": self._name, "max_messages": 100}, timeout=5
+        )
+        if response.received_messages:
+            self._seen += [json.loads(m.message.data) for m in response.received_messages]
+            self._subscriber.acknowledge(
+                request={
+                    "subscription": self._name,
+                    "ack_ids": [m.ack_id for m in response.received_messages],
+                }
+            )
+        return self._seen
 
 
 def as_json(outcomes: list[Outcome]) -> str:

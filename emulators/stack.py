@@ -90,13 +90,17 @@ Progress = Callable[[str], None]
 def local_stack(
     *, tick: timedelta = timedelta(minutes=1), config: Path = DEFAULT_CONFIG,
     progress: Progress = lambda step: None, latency: timedelta = timedelta(seconds=5),
+    review_delay: timedelta = timedelta(seconds=30),
 ) -> Iterator[Stack]:  # fmt: skip
-    """Start the stack (see the module docstring); stop it all when the block ends."""
+    """Start the stack (see the module docstring); stop it all when the block ends.
+    ``review_delay``: how long the simulated Google takes to approve or decline a calendar
+    block (Google does not document its own; 30 s keeps a local run short)."""
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
         progress("starting the Firestore and Pub/Sub emulators")
         official = stack.enter_context(running())
         progress("starting the Compute Engine / Cloud TPU emulator")
         cloud = SimulatedCloud(SimClock(), provisioning_latency=latency)
+        cloud.set_review_delay(review_delay)
         for zone, shape, units in DEFAULT_STOCK:
             cloud.set_stock(zone, shape, units)
         compute = stack.enter_context(ComputeEmulator(cloud))

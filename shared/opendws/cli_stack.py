@@ -128,6 +128,7 @@ def demo(as_json_flag: bool) -> None:
         with local_stack(
             tick=timedelta(seconds=5),
             latency=timedelta(seconds=3),
+            review_delay=timedelta(seconds=5),
             progress=lambda step: console.print(f"[dim]· {step}[/dim]"),
         ) as stack:
             outcomes = run_demo(stack, lambda line: console.print(f"[bold]›[/bold] {line}"))
@@ -137,10 +138,10 @@ def demo(as_json_flag: bool) -> None:
         click.echo(as_json(outcomes))
         return
     table = Table("request", "tenant", "state", "pool", "attempts", "events", "story",
-                  "reasons", title="opendws demo")  # fmt: skip
+                  "reasons", "after", title="opendws demo")  # fmt: skip
     for o in outcomes:
         table.add_row(o.request_id, o.tenant, o.state, o.pool or "", str(o.attempts),
-                      str(o.events), o.story, o.reasons)  # fmt: skip
+                      str(o.events), o.story, o.reasons, o.times)  # fmt: skip
     console.print(table)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.states import RequestState
-from opendws.service.reconcile import Providers
+from opendws.service.reconcile import Providers, submitted
 from tests.builders import A3, H100, MINUTE, NOW, calendar, flex, pool
 from tests.crashing import PROVIDER_CALLS, STORE_WRITES, Crash, Crashing, Steps
 from tests.world import World, memory_world, submit, tenants_for
@@ -64,9 +64,11 @@ def over_capacity(world: World, cloud: MemoryCapacityProvider) -> list[str]:
         if cloud.stock(zone, A3) < 0:
             problems.append(f"{world.clock.now()}: {zone} stock below zero")
     held: Counter[str] = Counter()
-    for record in world.store.in_states(
-        RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED
-    ):
+    holding = [
+        *world.store.in_states(RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED),
+        *filter(submitted, world.store.in_states(RequestState.PENDING)),  # a block in review
+    ]
+    for record in holding:
         assert record.pool is not None
         held[record.pool] += record.request.units
     problems += [f"{world.clock.now()}: {p} holds {n} > 4" for p, n in held.items() if n > 4]
