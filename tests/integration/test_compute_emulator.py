@@ -24,7 +24,9 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, tpu_v2
 
 from emulators import ComputeEmulator, EmulatorAdmin
+from opendws.domain.calendar import CancellationRule
 from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim.cloud import REVIEW_DELAY
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 LATENCY = timedelta(seconds=20)
@@ -60,6 +62,8 @@ def emu(emulator: ComputeEmulator) -> ComputeEmulator:
     """The shared emulator, emptied; its clock keeps the time earlier tests moved it to."""
     emulator.cloud.reset()
     emulator.cloud.set_latency(LATENCY)
+    emulator.cloud.set_review_delay(REVIEW_DELAY)
+    emulator.cloud.set_cancellation_rule(CancellationRule.WINDOWS)
     return emulator
 
 
@@ -426,6 +430,7 @@ def consuming_instance(name: str, reservation: str) -> compute_v1.Instance:
             key="compute.googleapis.com/reservation-name",
             values=[reservation],
         ),
+        scheduling=compute_v1.Scheduling(provisioning_model="RESERVATION_BOUND"),
     )
 
 
@@ -440,6 +445,9 @@ def test_future_reservation_is_fulfilled_at_start_and_its_vms_end_with_it(
         zone=ZONE,
         future_reservation_resource=future_reservation(name, 2, start, 3),
     ).result()
+    got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=name)
+    assert got.status.procurement_status == "PENDING_APPROVAL"
+    emu.cloud.advance(REVIEW_DELAY)
     assert emu.cloud.stock(ZONE, SHAPE) == 5  # promised; taken at the start
     got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=name)
     assert got.status.procurement_status == "APPROVED"
@@ -447,7 +455,7 @@ def test_future_reservation_is_fulfilled_at_start_and_its_vms_end_with_it(
         clients.instances.insert(
             project=PROJECT, zone=ZONE, instance_resource=consuming_instance(unique("vm"), name)
         )
-    emu.cloud.advance(timedelta(days=1))
+    emu.cloud.advance(timedelta(days=1) - REVIEW_DELAY + LATENCY)
     got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=name)
     assert got.status.procurement_status == "FULFILLED"
     assert got.status.auto_created_reservations[0].endswith(f"/reservations/{name}")
@@ -475,33 +483,33 @@ def test_future_reservation_is_fulfilled_at_start_and_its_vms_end_with_it(
     assert emu.cloud.stock(ZONE, SHAPE) == 5
 
 
-def test_future_reservation_without_stock_fails_and_an_early_delete_frees_it(
+def test_future_reservation_beyond_stock_is_declined_and_a_live_one_is_deleted_after_its_end(
     emu: ComputeEmulator, clients: Clients
 ) -> None:
     emu.cloud.set_stock(ZONE, SHAPE, 2)
     refused, booked = unique("block"), unique("block")
-    operation = clients.futures.insert(
-        project=PROJECT,
-        zone=ZONE,
-        future_reservation_resource=future_reservation(refused, 3, emu.cloud.clock.now(), 1),
-    )
-    assert operation.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
-    with pytest.raises(exceptions.NotFound):
-        clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=refused)
-    clients.futures.insert(
-        project=PROJECT,
-        zone=ZONE,
-        future_reservation_resource=future_reservation(booked, 2, emu.cloud.clock.now(), 1),
-    ).result()
+    for name, count in ((refused, 3), (booked, 2)):
+        clients.futures.insert(
+            project=PROJECT,
+            zone=ZONE,
+            future_reservation_resource=future_reservation(name, count, emu.cloud.clock.now(), 1),
+        ).result()
+    emu.cloud.advance(REVIEW_DELAY + LATENCY)
+    got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=refused)
+    assert got.status.procurement_status == "DECLINED"
+    clients.futures.delete(project=PROJECT, zone=ZONE, future_reservation=refused).result()
     clients.instances.insert(
         project=PROJECT, zone=ZONE, instance_resource=consuming_instance(unique("vm"), booked)
     ).result()
     assert [f.name for f in clients.futures.list(project=PROJECT, zone=ZONE)] == [booked]
     assert emu.cloud.stock(ZONE, SHAPE) == 0
-    clients.futures.delete(project=PROJECT, zone=ZONE, future_reservation=booked).result()
+    with pytest.raises(exceptions.BadRequest, match="cannot be deleted"):
+        clients.futures.delete(project=PROJECT, zone=ZONE, future_reservation=booked)
+    emu.cloud.advance(timedelta(days=1))
     assert emu.cloud.stock(ZONE, SHAPE) == 2
     assert list(clients.instances.list(project=PROJECT, zone=ZONE)) == []
-    assert emu.cloud.created("futureReservations") == {booked: 1}
+    clients.futures.delete(project=PROJECT, zone=ZONE, future_reservation=booked).result()
+    assert emu.cloud.created("futureReservations") == {refused: 1, booked: 1}
 
 
 def test_not_found_is_a_not_found(clients: Clients) -> None:

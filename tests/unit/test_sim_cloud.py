@@ -246,36 +246,47 @@ def test_a_queued_resource_valid_until_before_the_decision_fails_it(
     assert cloud.stock("z", "V6E") == 8
 
 
+def calendar_block(name: str, count: int, start: datetime) -> dict[str, object]:
+    """A calendar-mode future reservation of ``count`` VMs for a day from ``start``."""
+    return {
+        "name": name,
+        "reservationMode": "CALENDAR",
+        "timeWindow": {"startTime": start.isoformat(), "duration": {"seconds": "86400"}},
+        "specificSkuProperties": {
+            "totalCount": str(count),
+            "instanceProperties": {"machineType": SHAPE},
+        },
+    }
+
+
 def test_future_reservation_holds_its_units_for_its_window(cloud: SimulatedCloud) -> None:
     cloud.set_stock(Z, SHAPE, 4)
     start = START + timedelta(hours=1)
-    body = {
-        "name": "block",
-        "timeWindow": {"startTime": start.isoformat(), "duration": {"seconds": "7200"}},
-        "specificSkuProperties": {"totalCount": "3", "instanceProperties": {"machineType": SHAPE}},
-    }
-    cloud.insert_future_reservation(P, Z, body)
+    cloud.insert_future_reservation(P, Z, calendar_block("block", 3, start))
+    cloud.insert_future_reservation(P, Z, calendar_block("second", 2, start))
+    cloud.advance(cloud.review_delay)
     assert cloud.stock(Z, SHAPE) == 4  # promised, not taken: the block has not started
     assert cloud.list_reservations(P, Z) == []
-    overlapping = {**body, "name": "second", "specificSkuProperties": {
-        "totalCount": "2", "instanceProperties": {"machineType": SHAPE}}}  # fmt: skip
-    operation = cloud.insert_future_reservation(P, Z, overlapping)
-    assert operation["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
-    cloud.advance(timedelta(hours=1))
+    second = cloud.get_future_reservation(P, Z, "second")["status"]["procurementStatus"]
+    assert second == "DECLINED"  # the overlapping block's units were promised to the first
+    cloud.advance(start - cloud.clock.now() + LATENCY)
     assert cloud.stock(Z, SHAPE) == 1  # taken at the start
     assert cloud.get_future_reservation(P, Z, "block")["status"]["procurementStatus"] == "FULFILLED"
     affinity = {"consumeReservationType": "SPECIFIC_RESERVATION", "values": ["block"]}
+    bound = {"provisioningModel": "RESERVATION_BOUND"}
     cloud.insert_instance(
-        P, Z, {"name": "vm", "machineType": SHAPE, "reservationAffinity": affinity}
-    )
+        P, Z, {"name": "vm", "machineType": SHAPE, "reservationAffinity": affinity,
+               "scheduling": bound},
+    )  # fmt: skip
     with pytest.raises(CloudError, match="does not match"):
         cloud.insert_instance(
-            P, Z, {"name": "other", "machineType": "g2-standard-8", "reservationAffinity": affinity}
-        )
+            P, Z, {"name": "other", "machineType": "g2-standard-8",
+                   "reservationAffinity": affinity, "scheduling": bound},
+        )  # fmt: skip
     assert cloud.get_reservation(P, Z, "block")["specificReservation"]["inUseCount"] == "1"
     cloud.delete_instance(P, Z, "vm")
     assert cloud.stock(Z, SHAPE) == 1  # the unit went back to the reservation
-    cloud.advance(timedelta(hours=2))
+    cloud.advance(timedelta(days=1))
     assert cloud.stock(Z, SHAPE) == 4
     assert cloud.list_reservations(P, Z) == []
 
@@ -317,13 +328,10 @@ def test_the_simulated_cloud_imports_neither_google_nor_the_adapters() -> None:
 def test_a_block_whose_units_are_gone_by_its_start_fails(cloud: SimulatedCloud) -> None:
     cloud.set_stock(Z, SHAPE, 2)
     start = START + timedelta(hours=1)
-    cloud.insert_future_reservation(P, Z, {
-        "name": "late",
-        "timeWindow": {"startTime": start.isoformat(), "duration": {"seconds": "7200"}},
-        "specificSkuProperties": {"totalCount": "2", "instanceProperties": {"machineType": SHAPE}},
-    })  # fmt: skip
+    cloud.insert_future_reservation(P, Z, calendar_block("late", 2, start))
+    cloud.advance(cloud.review_delay)
     cloud.set_stock(Z, SHAPE, 1)  # taken by someone else meanwhile
-    cloud.advance(timedelta(hours=1))
+    cloud.advance(start - cloud.clock.now() + LATENCY)
     status = cloud.get_future_reservation(P, Z, "late")["status"]
     assert status["procurementStatus"] == "FAILED"
     assert cloud.list_reservations(P, Z) == []

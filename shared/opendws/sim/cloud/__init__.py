@@ -2,8 +2,9 @@
 explicitly, or moved by a seeded process of other customers), Google's queue of waiting requests
 per zone and shape, a provisioning latency, injected failures, and the resources opendws
 provisions through — instance templates, managed instance groups with flex-start resize
-requests, instances (flex-start VMs among them), calendar-mode future reservations with their
-auto-created reservations, and TPU queued resources.
+requests, instances (flex-start VMs among them), calendar-mode future reservations (reviewed,
+then delivered as auto-created reservations that VMs and queued resources consume) with the
+Advice API's calendar-mode recommendations, and TPU queued resources.
 
 Resources and operations are JSON dictionaries shaped like the real REST APIs (camelCase field
 names) so that the emulator in ``emulators/compute.py`` can serve them to the real client
@@ -25,6 +26,7 @@ from opendws.sim.cloud.world import (
     CREATED_KINDS,
     FAILURE_KINDS,
     RETRY_AFTER,
+    REVIEW_DELAY,
     SHORTER_FIRST,
     SimClock,
     settled,
@@ -34,6 +36,7 @@ __all__ = [
     "CREATED_KINDS",
     "FAILURE_KINDS",
     "RETRY_AFTER",
+    "REVIEW_DELAY",
     "SHORTER_FIRST",
     "CloudError",
     "SimClock",
@@ -45,7 +48,8 @@ class SimulatedCloud(MigApi, InstanceApi, ReservationApi, TpuApi):
     """The simulated Compute Engine and Cloud TPU.
 
     Steering (tests, the admin endpoint): ``set_stock``, ``set_stock_process``, ``inject``,
-    ``set_latency``, ``advance``, ``reset``; reading: ``stock``, ``state``, ``created``. The
+    ``set_latency``, ``set_review_delay``, ``set_cancellation_rule``, ``advance``, ``reset``;
+    reading: ``stock``, ``state``, ``created``, ``review_delay``, ``cancellation_rule``. The
     remaining public methods are the API calls the emulator serves; they raise ``CloudError``
     for requests the real API refuses and return the JSON the real API answers with.
     """

@@ -1,8 +1,9 @@
-"""Instances: standard VMs (decided at once), VMs consuming a specific reservation, and
+"""Instances: standard VMs (decided at once), VMs consuming a calendar block's reservation, and
 flex-start VMs that wait in Google's queue.
 
-Google's behaviour, as modelled (CP ``Instance.Status``, ``Scheduling``, ``InstanceParams``;
-compute/docs/instances/about-flex-start-vms):
+Google's behaviour, as modelled (CP ``Instance.Status``, ``Scheduling``, ``InstanceParams``,
+``ReservationAffinity``; compute/docs/instances/about-flex-start-vms;
+compute/docs/instances/future-reservations-calendar-mode-overview):
 - A standard VM takes a unit of stock at insert or its operation fails with
   ``ZONE_RESOURCE_POOL_EXHAUSTED`` and no VM exists; it is ``PROVISIONING`` until insert + the
   provisioning latency, then ``RUNNING``.
@@ -15,6 +16,12 @@ compute/docs/instances/about-flex-start-vms):
   the insert operation is ``DONE`` with the stockout error.
 - ``requestValidForDuration`` is a field of ``InstanceParams``, not of ``Scheduling``: under
   ``scheduling`` it is an unknown field, which Google's REST front end refuses (400).
+- A VM consumes a calendar block's auto-created reservation with
+  ``scheduling.provisioningModel=RESERVATION_BOUND`` and a ``SPECIFIC_RESERVATION`` affinity
+  (key ``compute.googleapis.com/reservation-name``, one value: the reservation's name): one
+  unit of the reservation, none of stock. Either without the other is refused (400), as is a
+  reservation that is not live or of another machine type; a full one fails the operation
+  with ``ZONE_RESOURCE_POOL_EXHAUSTED``. The VM is deleted when the reservation ends.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from opendws.sim.cloud.parsing import (
     zonal_path,
 )
 from opendws.sim.cloud.world import (
+    RESERVATION_KEY,
     STOCKOUT,
     FutureReservation,
     Instance,
@@ -79,7 +87,7 @@ class InstanceApi(World):
         if reservation is not None:
             if self._in_use(reservation) >= reservation.count:
                 message = (
-                    f"The reservation '{reservation.name}' has no free capacity for "
+                    f"The reservation '{reservation.reservation_name}' has no free capacity for "
                     f"{shape} (all {reservation.count} in use)"
                 )
                 return self._operation(probe, "insert", target, error=(503, STOCKOUT, message))
@@ -90,13 +98,14 @@ class InstanceApi(World):
                 code, message = compute_failure(outcome, project, zone)
                 return self._operation(probe, "insert", target, error=(503, code, message))
         instance = self._add_instance(project, zone, vm_name, shape, now, body)
-        instance.reservation = None if reservation is None else reservation.name
+        instance.block = reservation
         instance.holds_stock = reservation is None and outcome == "ok"
         if outcome == "ok":
             self._at(now + self._latency, functools.partial(_start, instance))
             run = get(scheduling, "maxRunDuration")
             if run is not None:
                 ends = now + self._latency + duration(run, "scheduling.maxRunDuration")
+                instance.ends_at = ends if instance.holds_stock else None
                 self._at(ends, functools.partial(self._expire, instance))
         return self._operation(instance, "insert", _instance_url(instance))
 
@@ -161,7 +170,8 @@ class InstanceApi(World):
             self._finish_operation(instance.operation, when)
         action = get(get(instance.body, "scheduling") or {}, "instanceTerminationAction")
         end = functools.partial(self._stop_vm if action == "STOP" else self._expire, instance)
-        self._at(when + run, end)
+        instance.ends_at = when + run
+        self._at(instance.ends_at, end)
 
     def _stop_vm(self, instance: Instance, when: datetime) -> None:
         """``instanceTerminationAction=STOP``: the VM stays, stopped, and frees its unit."""
@@ -195,20 +205,39 @@ class InstanceApi(World):
     def _consumed_reservation(
         self, project: str, zone: str, body: JSON, shape: str
     ) -> FutureReservation | None:
+        """The live calendar block whose reservation a VM names, or None for a VM from stock
+        (see the module docstring for what is refused)."""
         affinity = get(body, "reservationAffinity") or {}
+        bound = get(get(body, "scheduling") or {}, "provisioningModel") == "RESERVATION_BOUND"
         if get(affinity, "consumeReservationType") != "SPECIFIC_RESERVATION":
+            if bound:
+                raise CloudError.invalid(
+                    "Invalid value for field 'resource.reservationAffinity': a RESERVATION_BOUND "
+                    "VM needs consumeReservationType SPECIFIC_RESERVATION naming its reservation"
+                )
             return None
         values = get(affinity, "values") or []
         if not isinstance(values, list) or len(values) != 1 or not isinstance(values[0], str):
             raise CloudError.invalid("A specific reservation affinity needs exactly one value")
+        key = get(affinity, "key")
+        if key is not None and key != RESERVATION_KEY:
+            raise CloudError.invalid(
+                f"Invalid value for field 'resource.reservationAffinity.key': {key!r} (a "
+                f"specific reservation is named by {RESERVATION_KEY})"
+            )
         reservation_name = last(values[0])
-        reservation = self._project(project).future_reservations.get((zone, reservation_name))
-        if reservation is None or not reservation.reservation_live:
+        reservation = self._live_block(project, zone, reservation_name)
+        if reservation is None:
             raise CloudError.invalid(
                 "Specified reservation "
                 f"'{zonal_path(project, zone, 'reservations', reservation_name)}' does not exist"
             )
-        if reservation.shape != shape:
+        if not bound:
+            raise CloudError.invalid(
+                "Invalid value for field 'resource.scheduling.provisioningModel': a VM consuming "
+                f"the calendar-mode reservation '{reservation_name}' must be RESERVATION_BOUND"
+            )
+        if reservation.tpu or reservation.shape != shape:
             raise CloudError.invalid(
                 f"Machine type {shape} does not match reservation '{reservation_name}' "
                 f"({reservation.shape})"

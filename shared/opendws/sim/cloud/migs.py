@@ -366,7 +366,8 @@ class MigApi(World):
         for vm in self._make_vms(request, names, when):
             vm.holds_stock = True
             if request.run_duration is not None:
-                self._at(when + request.run_duration, functools.partial(self._expire, vm))
+                vm.ends_at = when + request.run_duration
+                self._at(vm.ends_at, functools.partial(self._expire, vm))
         request.state = "SUCCEEDED"
         request.last_attempt = []
 

@@ -14,6 +14,19 @@ the ``v2alpha1`` discovery document):
   been deleted"), ``stateInitiator=SERVICE``, and its chips are free again. The ``v2`` message
   has neither field: there they are unknown names, refused (400).
 - Without ``force`` only a ``FAILED`` or ``SUSPENDED`` queued resource can be deleted.
+- A queued resource naming ``reservationName: projects/P/locations/Z/reservations/R``
+  consumes that reservation (tpu/docs/calendar-mode-reservation: a calendar block is consumed
+  "by provisioning TPUs using ... the Queued Resources API"; tpu/docs/consume-reservation; the
+  v2alpha1 REST reference: ``reservationName`` "Name of the reservation in which the resource
+  should be provisioned", ``Guaranteed.reserved`` "Specifies the request should be scheduled
+  on reserved capacity"). In ``v2alpha1`` it must say so: ``guaranteed.reserved=true`` or
+  ``provisioningModel=RESERVATION_BOUND`` (gcloud's ``--provisioning-model=reservation-bound``,
+  "only required for calendar mode"); the ``v2`` ``Guaranteed`` has no ``reserved`` (an unknown
+  name, refused). It does not queue: if the reservation is live in its zone, of its TPU type,
+  with its chips free, it takes them at once and is ``PROVISIONING``, then ``ACTIVE`` one
+  provisioning latency later; otherwise it is ``FAILED`` at once, ``failedData`` saying why.
+  When the reservation ends, Google deletes the TPUs consuming it; the queued resource goes
+  with them (what is left of it is not documented).
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from opendws.sim.cloud.parsing import (
 )
 from opendws.sim.cloud.world import (
     STOCKOUT,
+    FutureReservation,
     QueuedResource,
     World,
     by_name,
@@ -51,6 +65,8 @@ PROVISIONING_MODELS = (
 
 # google.rpc.Code values used in failedData errors.
 RPC_DEADLINE_EXCEEDED = 4
+RPC_RESOURCE_EXHAUSTED = 8
+RPC_FAILED_PRECONDITION = 9
 RPC_INTERNAL = 13
 
 # TPU v2 AcceleratorConfig.Type: the TPU client sends enums as integers.
@@ -76,7 +92,8 @@ class TpuApi(World):
         self, project: str, zone: str, name: str, body: JSON, api_version: str = "v2"
     ) -> JSON:
         """Accept a queued resource into Google's queue (``WAITING_FOR_RESOURCES``); it is
-        tried no sooner than creation + the provisioning latency (or its ``validAfter``).
+        tried no sooner than creation + the provisioning latency (or its ``validAfter``). One
+        naming a reservation is placed on it at once, or fails (see the module docstring).
         Returns a finished google.longrunning Operation."""
         if api_version not in API_VERSIONS:
             raise ValueError(f"api_version must be one of {API_VERSIONS}, not {api_version!r}")
@@ -90,6 +107,7 @@ class TpuApi(World):
         shape, chips = _tpu_request(body)
         now = self.clock.now()
         flex, run, termination = _provisioning(body, api_version, shape, now)
+        reservation = _reservation_reference(body, api_version)
         valid_after, valid_until = _queueing(get(body, "queueingPolicy") or {}, now)
         record = QueuedResource(
             project, zone, name, self._new_id(), now, body, shape=shape, chips=chips,
@@ -98,20 +116,78 @@ class TpuApi(World):
         )  # fmt: skip
         state.queued_resources[(zone, name)] = record
         self._created["queuedResources"][name] += 1
+        if reservation is not None:
+            self._place_on_reservation(record, *reservation)
+        else:
+            self._queue_for_chips(record, valid_after, valid_until, run)
+        response = {
+            "@type": f"type.googleapis.com/google.cloud.tpu.{api_version}.QueuedResource",
+            **queued_view(record),
+        }
+        return self._tpu_operation(project, zone, qr_path, "create", response, api_version)
+
+    def _queue_for_chips(
+        self,
+        record: QueuedResource,
+        valid_after: datetime | None,
+        valid_until: datetime | None,
+        run: timedelta | None,
+    ) -> None:
+        """Put a queued resource in Google's queue of its zone and TPU type."""
+        now = record.created_at
         self._enqueue(
-            record, "queuedResource", shape, chips, max(now + self._latency, valid_after or now),
-            run if flex else None,
+            record, "queuedResource", record.shape, record.chips,
+            max(now + self._latency, valid_after or now), run if record.flex else None,
             on_served=functools.partial(self._serve_queued, record),
             on_attempt=_no_record,
             on_fatal=functools.partial(self._fail_queued, record),
         )  # fmt: skip
         if valid_until is not None:
             self._at(valid_until, functools.partial(self._expire_queued, record))
-        response = {
-            "@type": f"type.googleapis.com/google.cloud.tpu.{api_version}.QueuedResource",
-            **queued_view(record),
-        }
-        return self._tpu_operation(project, zone, qr_path, "create", response, api_version)
+
+    def _place_on_reservation(
+        self, record: QueuedResource, project: str, zone: str, reservation: str
+    ) -> None:
+        """Take a live reservation's chips for a queued resource, or fail it (module
+        docstring)."""
+        path = f"projects/{project}/locations/{zone}/reservations/{reservation}"
+        block = self._live_block(project, zone, reservation)
+        if zone != record.zone:
+            problem = (
+                RPC_FAILED_PRECONDITION,
+                f"Reservation '{path}' is not in zone {record.zone}",
+            )
+        elif block is None:
+            problem = (
+                RPC_FAILED_PRECONDITION,
+                f"Reservation '{path}' is not active: it does not exist, has not started yet "
+                "or has ended",
+            )
+        elif not block.tpu or block.shape != record.shape:
+            problem = (
+                RPC_FAILED_PRECONDITION,
+                f"TPU type {record.shape} does not match reservation '{path}' ({block.shape})",
+            )
+        elif block.count - self._in_use(block) < record.chips:
+            problem = (
+                RPC_RESOURCE_EXHAUSTED,
+                f"Reservation '{path}' has {block.count - self._in_use(block)} of {block.count} "
+                f"chips free; the queued resource needs {record.chips}",
+            )
+        else:
+            record.block = block
+            record.state = "PROVISIONING"
+            when = record.created_at + self._latency
+            self._at(when, functools.partial(self._activate_on_reservation, record, block))
+            return
+        record.state = "FAILED"
+        record.failed = {"code": problem[0], "message": problem[1]}
+
+    def _activate_on_reservation(
+        self, record: QueuedResource, block: FutureReservation, when: datetime
+    ) -> None:
+        if record.alive and record.state == "PROVISIONING" and block.reservation_live:
+            record.state = "ACTIVE"
 
     @settled
     def get_queued_resource(self, project: str, zone: str, name: str) -> JSON:
@@ -136,10 +212,7 @@ class TpuApi(World):
                 f"Queued resource '{name}' is {record.state}: only FAILED or SUSPENDED queued "
                 "resources can be deleted without force",
             )
-        self._release_chips(record)
-        record.alive = False
-        self._dequeue(record)
-        del self._project(project).queued_resources[(zone, name)]
+        self._remove_queued_resource(record)
         qr_path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
         response = {"@type": "type.googleapis.com/google.protobuf.Empty"}
         return self._tpu_operation(project, zone, qr_path, "delete", response, api_version)
@@ -159,7 +232,8 @@ class TpuApi(World):
             if ends is None and record.run_duration is not None:
                 ends = when + record.run_duration
             if ends is not None:
-                self._at(max(ends, when), functools.partial(self._end_flex, record))
+                record.ends_at = max(ends, when)
+                self._at(record.ends_at, functools.partial(self._end_flex, record))
 
     def _end_flex(self, record: QueuedResource, when: datetime) -> None:
         """The end of a flex-start run: the service deletes the TPU VMs."""
@@ -229,6 +303,33 @@ def _no_record(code: str, message: str) -> None:
 
 def _qr_name(value: str) -> None:
     name(value, "queuedResourceId")
+
+
+def _reservation_reference(body: JSON, api_version: str) -> tuple[str, str, str] | None:
+    """(project, zone, reservation) a queued resource names in ``reservationName``, or None
+    (see the module docstring for what else it must say)."""
+    guaranteed = get(body, "guaranteed")
+    if api_version == "v2":
+        refuse_unknown(guaranteed, "reserved", "queued_resource.guaranteed")
+    reference = get(body, "reservationName")
+    if reference is None:
+        return None
+    match = re.fullmatch(r"projects/([^/]+)/locations/([^/]+)/reservations/([^/]+)", str(reference))
+    if match is None:
+        raise CloudError.invalid(
+            f"Invalid value at 'queued_resource.reservation_name': {reference!r} (format: "
+            "projects/{project}/locations/{zone}/reservations/{reservation})"
+        )
+    if api_version != "v2":
+        reserved = get(guaranteed, "reserved") is True
+        bound = get(body, "provisioningModel") == "RESERVATION_BOUND"
+        if not (reserved or bound) or get(body, "provisioningModel") == "FLEX_START":
+            raise CloudError.invalid(
+                f"A queued resource provisioned in reservation {reference!r} needs "
+                "guaranteed.reserved true (or provisioningModel RESERVATION_BOUND)"
+            )
+    project, zone, reservation = match.groups()
+    return project, zone, reservation
 
 
 def _provisioning(

@@ -17,6 +17,11 @@ Invariants:
   7-day maximum), ties by arrival. The head is served when its units are free; a head that does
   not fit blocks the requests behind it (no overtaking, so nothing starves), and every waiting
   request records the attempt's temporary ``ZONE_RESOURCE_POOL_EXHAUSTED``.
+- Calendar blocks are not queued: a future reservation is reviewed ``review_delay`` after its
+  insert from the same stock (``reservations`` has the capacity model), and its auto-created
+  reservation, while live, is consumed by VMs and queued resources that name it; every consumer
+  goes when the reservation does. ``review_delay`` and ``cancellation_rule`` are configuration,
+  like the provisioning latency: ``reset`` keeps them.
 - One re-entrant lock guards everything, so the emulator may serve requests from many threads.
 """
 
@@ -33,12 +38,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Concatenate, ParamSpec, TypeVar
 
+from opendws.domain.calendar import CancellationRule
 from opendws.sim.cloud.errors import CloudError
 from opendws.sim.cloud.parsing import JSON, nonempty, scope_path, scope_url, stamp, utc
 
 FAILURE_KINDS = ("stockout", "hang", "error")
 CREATED_KINDS = ("resizeRequests", "queuedResources", "futureReservations", "instances")
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
+RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 RATE_EXCEEDED = "RESOURCE_OPERATION_RATE_EXCEEDED"
 # A requested run duration of 1 day serves as if the request had come 1 hour later: shorter
 # requests tend to be served sooner ("shorter requests are typically fulfilled more quickly").
@@ -47,6 +54,8 @@ MAX_RUN = timedelta(days=7)
 # How soon Google tries a waiting request again after an attempt that an injected stockout
 # failed (a real shortage needs no timer: every change of stock makes the queue look again).
 RETRY_AFTER = timedelta(minutes=1)
+# How long Google takes to review a submitted calendar block: not documented; a setting.
+REVIEW_DELAY = timedelta(minutes=2)
 
 _FIRST_ID = 1_000_000_000_000_000_001
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -131,20 +140,28 @@ class Instance(Record):
     shape: str = ""
     status: str = "PROVISIONING"
     mig: str | None = None
-    reservation: str | None = None
+    block: FutureReservation | None = None  # the calendar block whose reservation it consumes
     holds_stock: bool = False
+    ends_at: datetime | None = None  # when it gives its unit back by itself (None: never)
     flex: bool = False
     operation: JSON | None = None  # a flex-start VM's insert operation, RUNNING while it waits
 
 
 @dataclass(eq=False)
 class FutureReservation(Record):
+    """A calendar block: ``count`` units of ``shape`` (VMs of a machine type, or chips of a TPU
+    API type when ``tpu``) over [``start``, ``end``), delivered as the reservation
+    ``reservation_name`` (live while ``reservation_id`` is set, holding the units)."""
+
     shape: str = ""
     count: int = 0
+    tpu: bool = False
     start: datetime = EPOCH
     end: datetime = EPOCH
-    auto_delete: bool = True
-    procurement: str = "APPROVED"
+    reservation_name: str = ""
+    procurement: str = "PENDING_APPROVAL"
+    approved_at: datetime | None = None
+    lock_time: datetime | None = None
     reservation_id: int | None = None
     holds_stock: bool = False
 
@@ -161,6 +178,8 @@ class QueuedResource(Record):
     valid_until: datetime | None = None
     failed: JSON | None = None
     holds_stock: bool = False
+    block: FutureReservation | None = None  # the calendar block whose reservation it consumes
+    ends_at: datetime | None = None  # when it gives its chips back by itself (None: never)
     api_version: str = "v2"
     flex: bool = False
     run_duration: timedelta | None = None
@@ -261,12 +280,18 @@ class World:
         clock: SimClock | None = None,
         *,
         provisioning_latency: timedelta = timedelta(seconds=20),
+        review_delay: timedelta = REVIEW_DELAY,
+        cancellation_rule: CancellationRule = CancellationRule.WINDOWS,
     ) -> None:
         if provisioning_latency < timedelta(0):
             raise ValueError("the provisioning latency cannot be negative")
+        if review_delay < timedelta(0):
+            raise ValueError("the review delay cannot be negative")
         self.clock = clock if clock is not None else SimClock()
         self._lock = threading.RLock()
         self._latency = provisioning_latency
+        self._review_delay = review_delay
+        self._cancellation_rule = CancellationRule(cancellation_rule)
         self._ids = itertools.count(_FIRST_ID)
         self._clear()
 
@@ -342,7 +367,9 @@ class World:
         ``stockout`` (the attempt sees no capacity: a waiting request records the temporary
         error and is tried again; an immediate create fails), ``hang`` (the request is never
         served; it waits until cancelled, deleted or its deadline) or ``error`` (a fatal
-        failure: a resize request is FAILED and rolls back its VMs, a queued resource FAILED)."""
+        failure: a resize request is FAILED and rolls back its VMs, a queued resource FAILED).
+        A calendar block's attempt is its review (``reservations``): ``stockout`` or ``error``
+        declines it, ``hang`` leaves it pending; an ``error`` next at its insert fails that."""
         if kind not in FAILURE_KINDS:
             raise ValueError(f"kind must be one of {', '.join(FAILURE_KINDS)}, not {kind!r}")
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
@@ -365,7 +392,8 @@ class World:
 
     def reset(self) -> None:
         """Forget all resources, operations, stock, stock processes, queues, injections and
-        counters. The clock and the provisioning latency (configuration, not state) are kept."""
+        counters. The clock, the provisioning latency, the review delay and the cancellation
+        rule (configuration, not state) are kept."""
         with self._lock:
             self._clear()
 
@@ -384,6 +412,8 @@ class World:
         return {
             "now": stamp(self.clock.now()),
             "latency_seconds": self._latency.total_seconds(),
+            "review_delay_seconds": self._review_delay.total_seconds(),
+            "cancellation_rule": self._cancellation_rule.value,
             "stock": [
                 {"zone": zone, "shape": shape, "units": units}
                 for (zone, shape), units in sorted(self._stock.items())
@@ -575,12 +605,51 @@ class World:
             instance.holds_stock = False
             self._give_back(instance.zone, instance.shape, 1)
 
-    def _consumers(self, record: FutureReservation) -> list[Instance]:
+    def _remove_queued_resource(self, record: QueuedResource) -> None:
+        """Delete a queued resource: out of its project (and Google's queue), chips it took from
+        stock back (chips of a reservation it consumed go back to that reservation)."""
+        if not record.alive:
+            return
+        record.alive = False
+        self._dequeue(record)
+        del self._project(record.project).queued_resources[(record.zone, record.name)]
+        if record.holds_stock:
+            record.holds_stock = False
+            self._give_back(record.zone, record.shape, record.chips)
+
+    # ------------------------------------------------------------------ reservations consumed
+
+    def _live_block(self, project: str, zone: str, reservation: str) -> FutureReservation | None:
+        """The calendar block whose auto-created reservation ``reservation`` is live in
+        ``zone`` of ``project`` (None: no such reservation now)."""
+        for record in self._project(project).future_reservations.values():
+            same = (record.zone, record.reservation_name) == (zone, reservation)
+            if same and record.reservation_live:
+                return record
+        return None
+
+    def _vm_consumers(self, record: FutureReservation) -> list[Instance]:
         instances = self._project(record.project).instances.values()
-        return [i for i in instances if i.zone == record.zone and i.reservation == record.name]
+        return [i for i in instances if i.block is record]
+
+    def _queued_on(self, record: FutureReservation) -> list[QueuedResource]:
+        """Queued resources, of any project, that were placed on the block's reservation."""
+        return [
+            queued
+            for state in self._projects.values()
+            for queued in state.queued_resources.values()
+            if queued.block is record
+        ]
+
+    def _tpu_consumers(self, record: FutureReservation) -> list[QueuedResource]:
+        """Queued resources consuming the block's chips: provisioning or active on it."""
+        return [q for q in self._queued_on(record) if q.state in ("PROVISIONING", "ACTIVE")]
 
     def _in_use(self, record: FutureReservation) -> int:
-        return len(self._consumers(record))
+        """Units of the block's reservation in use: its VMs, or its queued resources' chips."""
+        if record.tpu:
+            return sum(q.chips for q in self._tpu_consumers(record))
+        return len(self._vm_consumers(record))
 
     def _expire(self, instance: Instance, when: datetime) -> None:
         """The end of a VM's run time (flex-start ``instanceTerminationAction=DELETE``)."""
