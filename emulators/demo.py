@@ -166,7 +166,7 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
                 story=" → ".join(event.state.value for event in events),
                 reasons=" → ".join(event.reason or "-" for event in events),
                 times=" → ".join(
-                    f"{(event.at - events[0].at).total_seconds():.0f}s" for event in events
+                    f"{max((event.at - events[0].at).total_seconds(), 0):.0f}s" for event in events
                 ),
             )
         )

@@ -279,8 +279,15 @@ def _end_command(action: str) -> click.Command:
     @click.option("--tenant", required=True, help="The request's tenant (yours).")
     @project_option
     def command(request_id: str, tenant: str) -> None:
-        from opendws.bootstrap import request_publisher
+        from opendws.bootstrap import config_store, request_publisher, request_store
+        from opendws.service.release import block_cancel_refusal
 
+        record = request_store().get(request_id)
+        if action == "cancel" and record is not None and record.tenant == tenant:
+            # A booked block Google would keep: say so now, rather than in an event only.
+            refusal = block_cancel_refusal(record, config_store().load(), datetime.now(UTC))
+            if refusal is not None:
+                raise click.ClickException(refusal)
         request_publisher().publish({"schema": "opendws.request/v1", "action": action,
                                      "request_id": request_id, "tenant": tenant})  # fmt: skip
         console.print(f"{action} of {request_id} sent; see it with: dws status {request_id}")

@@ -314,3 +314,21 @@ def test_with_the_never_rule_a_released_block_is_kept_to_its_end_not_released_as
     report = world.run()
     assert (report.kept, report.leaks) == ([name], [])
     assert fake.observe(world.config.load().pools)[name].locked_at is None
+
+
+def test_the_cli_and_the_end_service_refuse_a_cancel_by_the_same_rule(cloud: Cloud) -> None:
+    """``dws cancel`` checks block_cancel_refusal before publishing: the message it prints is
+    the one the end service announces."""
+    from opendws.service.release import block_cancel_refusal
+
+    world, _ = cloud
+    submit(world.store, calendar("block", vm_count=2, start_at=NOW + 10 * DAY))
+    world.run()
+    configuration = world.config.load()
+    assert block_cancel_refusal(world.record("block"), configuration, world.clock.now()) is None
+    reviewed(world)
+    assert block_cancel_refusal(world.record("block"), configuration, world.clock.now()) is None
+    world.clock.advance(25 * HOUR)
+    refusal = block_cancel_refusal(world.record("block"), configuration, world.clock.now())
+    assert refusal is not None
+    assert world.ending().cancel("block", "t").message == refusal

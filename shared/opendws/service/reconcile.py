@@ -200,7 +200,8 @@ class PassReport:
     kept: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # provider calls that failed (retried later)
     skipped: list[str] = field(default_factory=list)  # changed by others meanwhile (next pass)
-    in_flight: int = 0  # requests left PROVISIONING: a pass soon will see them through
+    # Requests left PROVISIONING or under Google's review: a pass soon will see them through.
+    in_flight: int = 0
     published: int = 0
 
 
@@ -309,7 +310,9 @@ class _Cycle:
         for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
-        self.report.in_flight = sum(r.state is S.PROVISIONING for r in self.records.values())
+        self.report.in_flight = sum(
+            r.state is S.PROVISIONING or submitted(r) for r in self.records.values()
+        )
 
     @contextlib.contextmanager
     def _one_request(self, request_id: str) -> Iterator[None]:

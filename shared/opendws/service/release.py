@@ -89,6 +89,37 @@ class EndResult:
     message: str
 
 
+def block_cancel_refusal(
+    record: RequestRecord, configuration: Configuration, now: datetime
+) -> str | None:
+    """Why Google would refuse to cancel this calendar block now (None: it would not, or the
+    record is no booked block): the configured rule (``policy.calendar_cancellation``) applied
+    to its start and its approval (when opendws saw it BOOKED). The end service checks it
+    before asking Google; ``dws cancel`` before publishing."""
+    request = record.request
+    if request.start_at is None or record.state is not S.BOOKED or record.since is None:
+        return None
+    rule = configuration.policy.calendar_cancellation
+    if may_cancel(rule, start=request.start_at, approved_at=record.since, now=now):
+        return None
+    return _not_cancellable(record, configuration, record.since, now)
+
+
+def _not_cancellable(
+    record: RequestRecord, configuration: Configuration, approved_at: datetime, now: datetime
+) -> str:
+    """The refusal of a cancel Google keeps a block for: the rule, its end, its whole cost."""
+    request = record.request
+    assert request.start_at is not None
+    price = configuration.price(request.gang.accelerator)
+    hours = request.accelerator_units * request.run_duration / HOUR
+    return f"{record.request_id!r} can no longer be cancelled: " + why_not_cancellable(
+        configuration.policy.calendar_cancellation, start=request.start_at,
+        end=request.start_at + request.run_duration, approved_at=approved_at, now=now,
+        cost=None if price is None else price.cost(request.mode, hours),
+    )  # fmt: skip
+
+
 class EndService:
     """Release, cancel and timers (see the module docstring)."""
 
@@ -165,13 +196,13 @@ class EndService:
         request = record.request
         assert request.start_at is not None  # a calendar block
         configuration = self._config.load()
-        rule = configuration.policy.calendar_cancellation
         approved_at = record.since if record.state is S.BOOKED else None
         now = self._clock.now()
-        if approved_at is not None and not may_cancel(
-            rule, start=request.start_at, approved_at=approved_at, now=now
-        ):
-            return self._not_cancellable(record, tenant, approved_at, configuration)
+        refusal = block_cancel_refusal(record, configuration, now)
+        if refusal is not None:
+            return self._refuse(
+                record.request_id, tenant, record.state, EndReason.NOT_CANCELLABLE, refusal
+            )
         pool = {p.pool_id: p for p in configuration.pools}.get(record.pool or "")
         if pool is None or record.attempt == 0:
             return None  # never submitted, or its pool is gone: nothing to cancel at Google
@@ -184,27 +215,12 @@ class EndService:
                 f"Google Cloud could not be asked to cancel the block now ({error}); nothing "
                 "changed, try again",
             )  # fmt: skip
-        if outcome is Withdrawal.REFUSED:
-            return self._not_cancellable(record, tenant, approved_at or now, configuration)
+        if outcome is Withdrawal.REFUSED:  # Google's own verdict
+            return self._refuse(
+                record.request_id, tenant, record.state, EndReason.NOT_CANCELLABLE,
+                _not_cancellable(record, configuration, approved_at or now, now),
+            )  # fmt: skip
         return None
-
-    def _not_cancellable(
-        self, record: RequestRecord, tenant: str, approved_at: datetime,
-        configuration: Configuration,
-    ) -> EndResult:  # fmt: skip
-        request = record.request
-        assert request.start_at is not None
-        price = configuration.price(request.gang.accelerator)
-        hours = request.accelerator_units * request.run_duration / HOUR
-        return self._refuse(
-            record.request_id, tenant, record.state, EndReason.NOT_CANCELLABLE,
-            f"{record.request_id!r} can no longer be cancelled: " + why_not_cancellable(
-                configuration.policy.calendar_cancellation, start=request.start_at,
-                end=request.start_at + request.run_duration, approved_at=approved_at,
-                now=self._clock.now(),
-                cost=None if price is None else price.cost(request.mode, hours),
-            ),
-        )  # fmt: skip
 
     # Timers -----------------------------------------------------------------------------
 
