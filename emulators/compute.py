@@ -16,12 +16,19 @@ An admin API under ``/admin`` steers the simulated cloud for tests and the local
 ``POST /admin/stock`` (an explicit stock, which stays as set), ``GET /admin/stock``,
 ``POST /admin/stock-process`` (other customers moving the free units: ``zone``, ``shape``,
 ``low``, ``high``, optional ``step``, ``every_seconds``, ``seed``), ``POST /admin/inject``,
-``POST /admin/latency``, ``POST /admin/advance``, ``POST /admin/reset``, ``GET /admin/state``
-(resources, stock, processes and Google's queues). ``EmulatorAdmin`` is its client.
+``POST /admin/latency``, ``GET``/``POST /admin/calendar`` (calendar blocks: optional
+``reviewDelaySeconds``, the simulated time from insert to Google's review, and
+``cancellationRule``, ``windows`` or ``never``; answers both), ``POST /admin/advance``,
+``POST /admin/reset``, ``GET /admin/state`` (resources, stock, processes and Google's queues).
+``EmulatorAdmin`` is its client.
+
+The Advice API's ``POST .../regions/{region}/advice/calendarMode`` is served from the same
+capacity model that reviews calendar blocks.
 
 ``python -m emulators.compute [--port N] [--stock ZONE/SHAPE=UNITS ...]
 [--stock-process ZONE/SHAPE=LOW:HIGH ...] [--seed N] [--stock-every SECONDS]
-[--latency SECONDS]`` serves it standalone until SIGINT/SIGTERM.
+[--latency SECONDS] [--review-delay SECONDS] [--cancellation-rule windows|never]`` serves it
+standalone until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 from emulators.official import HOST, EmulatorError
+from opendws.domain.calendar import CancellationRule
 from opendws.sim import FAILURE_KINDS, CloudError, SimulatedCloud
-from opendws.sim.cloud import CREATED_KINDS
+from opendws.sim.cloud import CREATED_KINDS, REVIEW_DELAY
 
 JSON = dict[str, Any]
 Handler = Callable[[SimulatedCloud, Request, dict[str, str]], object]
@@ -218,6 +226,23 @@ def _admin_latency(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -
     return {}
 
 
+def _admin_calendar(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
+    """Set (POST) and read the calendar settings: the review delay and the cancellation rule."""
+    if request.method == "POST":
+        body = _admin_body(request)
+        if "reviewDelaySeconds" in body:
+            delay = body["reviewDelaySeconds"]
+            if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+                raise _AdminInputError(f"'reviewDelaySeconds' must be a number ≥ 0, got {delay!r}")
+            cloud.set_review_delay(timedelta(seconds=delay))
+        if "cancellationRule" in body:
+            cloud.set_cancellation_rule(_text(body, "cancellationRule"))
+    return {
+        "reviewDelaySeconds": cloud.review_delay.total_seconds(),
+        "cancellationRule": cloud.cancellation_rule.value,
+    }
+
+
 def _admin_advance(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
     cloud.advance(_seconds(_admin_body(request)))
     return {"now": cloud.clock.now().isoformat()}
@@ -318,6 +343,8 @@ _ROUTES: list[tuple[str, str, Handler]] = [
                                    c.list_reservations(a["project"], a["zone"]))),
     ("GET", _ZONE + "/reservations/<name>",
      lambda c, r, a: c.get_reservation(a["project"], a["zone"], a["name"])),
+    ("POST", _COMPUTE + "/regions/<region>/advice/calendarMode",
+     lambda c, r, a: c.calendar_mode_advice(a["project"], a["region"], _body(r))),
     ("GET", _ZONE + "/operations/<name>",
      lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
     ("POST", _ZONE + "/operations/<name>/wait",
@@ -334,6 +361,8 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/admin/stock-process", _admin_stock_process),
     ("POST", "/admin/inject", _admin_inject),
     ("POST", "/admin/latency", _admin_latency),
+    ("POST", "/admin/calendar", _admin_calendar),
+    ("GET", "/admin/calendar", _admin_calendar),
     ("POST", "/admin/advance", _admin_advance),
     ("POST", "/admin/reset", _admin_reset),
     ("GET", "/admin/state", lambda c, r, a: c.state()),
@@ -500,6 +529,21 @@ class EmulatorAdmin:
     def set_latency(self, latency: timedelta) -> None:
         self._call("POST", "/admin/latency", {"seconds": latency.total_seconds()})
 
+    def set_calendar(
+        self,
+        *,
+        review_delay: timedelta | None = None,
+        cancellation_rule: CancellationRule | str | None = None,
+    ) -> JSON:
+        """``set_review_delay`` / ``set_cancellation_rule`` over ``POST /admin/calendar`` (each
+        only if given); returns the settings now."""
+        body: JSON = {}
+        if review_delay is not None:
+            body["reviewDelaySeconds"] = review_delay.total_seconds()
+        if cancellation_rule is not None:
+            body["cancellationRule"] = CancellationRule(cancellation_rule).value
+        return self._call("POST", "/admin/calendar", body)
+
     def advance(self, delta: timedelta) -> None:
         self._call("POST", "/admin/advance", {"seconds": delta.total_seconds()})
 
@@ -593,12 +637,30 @@ def main(argv: list[str]) -> int:
         "--stock-every", type=float, default=300.0, help="seconds between stock process steps"
     )
     parser.add_argument("--latency", type=float, default=20.0, help="provisioning latency, s")
+    parser.add_argument(
+        "--review-delay",
+        type=float,
+        default=REVIEW_DELAY.total_seconds(),
+        help="seconds from a calendar block's insert to Google's review of it",
+    )
+    parser.add_argument(
+        "--cancellation-rule",
+        choices=[rule.value for rule in CancellationRule],
+        default=CancellationRule.WINDOWS.value,
+        help="which of Google's pages approved calendar blocks are cancelled by",
+    )
     options = parser.parse_args(argv)
     if options.latency < 0:
         parser.error("--latency cannot be negative")
     if options.stock_every <= 0:
         parser.error("--stock-every must be positive")
-    cloud = SimulatedCloud(provisioning_latency=timedelta(seconds=options.latency))
+    if options.review_delay < 0:
+        parser.error("--review-delay cannot be negative")
+    cloud = SimulatedCloud(
+        provisioning_latency=timedelta(seconds=options.latency),
+        review_delay=timedelta(seconds=options.review_delay),
+        cancellation_rule=CancellationRule(options.cancellation_rule),
+    )
     for zone, shape, low, high in options.stock_process:
         cloud.set_stock(zone, shape, low)
         cloud.set_stock_process(
