@@ -146,7 +146,10 @@ class Submit(_Strict):
     )
     start_at: AwareDatetime | None = Field(
         default=None,
-        description="calendar only: the block's start, at most 60 (GPU) or 120 (TPU) days ahead, a TPU block at least a day ahead.",
+        description=(
+            "calendar only: the block's start, at most 60 (GPU) or 120 (TPU) days ahead, "
+            "a TPU block at least a day ahead."
+        ),
     )
     priority: int = Field(default=0, ge=-1000, le=1000)
     labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], str] = Field(
