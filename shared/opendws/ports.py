@@ -381,7 +381,8 @@ class CapacityProvider(Protocol):
         ...
 
     def reserve(self, order: Order) -> None:
-        """Calendar: reserve the block's capacity ahead of its start. Others: nothing to do."""
+        """Calendar: submit the block (a calendar-mode future reservation) for Google's review
+        ahead of its start. Others: nothing to do."""
         ...
 
     def provision(self, order: Order) -> None:

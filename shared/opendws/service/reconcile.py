@@ -8,11 +8,14 @@ concurrent runs. One pass reads as the numbered cycle of the design:
    ``opendws.domain.sweep``: provisioning that Google served (ACTIVE; a race's other orders
    cancelled), that waits in Google's queue (kept there until max_wait, its pool marked short),
    that failed for good (back in line for its other pools); runs past their end; calendar
-   blocks that start or end; provider calls a crash interrupted, issued again; and anything
-   owned that no live request wants, released (a leak).
+   blocks under Google's review (approved: BOOKED; declined: REJECTED with alternatives),
+   that start or end; provider calls a crash interrupted, issued again; and anything owned
+   that no live request wants, released (a leak) — except a released block Google keeps,
+   and bills, to its end.
 4. Build an immutable snapshot and call the pure admission core.
 5. Apply the plan: each transition in one short fenced write, then the provider call with the
-   order's deterministic name (a repeat finds the resource already there), then its event.
+   order's deterministic name (a repeat finds the resource already there), then its event. A
+   calendar block the plan fits is first checked with Google's Advice API, then submitted.
 
 Cloud calls never run inside a transaction and never wait for the cloud: the next pass observes
 how they went. Every write happens before the cloud call it licenses, so a crash between the two
