@@ -105,7 +105,10 @@ class _Blocks:
             description=f"opendws calendar block {request.request_id}",
             reservation_mode="CALENDAR",
             deployment_type="DENSE",
-            scheduling_type="INDEPENDENT",
+            # Maintenance of the whole gang at once, as Google's dense GPU reservations show
+            # it (AI Hypercomputer's reservation views: resourceStatus.reservationMaintenance.
+            # schedulingType GROUPED): a training run is stopped once, not VM by VM.
+            scheduling_type="GROUPED",
             reservation_name=order.name,
             planning_status="SUBMITTED",
             specific_reservation_required=True,
