@@ -39,6 +39,7 @@ from opendws.domain import (
     Tenant,
     admit,
 )
+from opendws.domain.calendar import count_problem, lead_of
 from opendws.domain.policy import flex_key
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -138,20 +139,25 @@ def build_request(rng: random.Random, index: int) -> CapacityRequest:
     shape = rng.choice(SHAPES)
     tenant = f"team-{min(TENANTS - 1, int(rng.expovariate(1 / 5))):02d}"
     submitted = NOW - timedelta(seconds=rng.randint(0, 3 * 86400))
+    shape_of = gang(rng, shape)
     common = {
         "request_id": f"req-{index:06d}",
         "tenant": tenant,
-        "gang": gang(rng, shape),
+        "gang": shape_of,
         "locations": locations(rng),
         "submitted_at": submitted,
         "priority": 1 if rng.random() < 0.05 else 0,
     }
-    if rng.random() < 0.2:
+    calendar = rng.random() < 0.2
+    run_days = min(90, int(rng.paretovariate(1.0))) if calendar else 0
+    start = NOW + timedelta(hours=rng.randint(1, 24 * 110)) if calendar else NOW
+    tpu = shape_of.provider is Provider.TPU
+    # Within Google's calendar-mode limits (domain.calendar): lead per kind, units per block.
+    if calendar and count_problem(tpu, shape_of.units) is None:
+        lead = lead_of(tpu)
+        start = min(max(start, submitted + lead.earliest), submitted + lead.latest)
         return CapacityRequest(
-            mode=Mode.CALENDAR,
-            run_duration=timedelta(days=min(90, int(rng.paretovariate(1.0)))),
-            start_at=NOW + timedelta(hours=rng.randint(1, 24 * 110)),
-            **common,
+            mode=Mode.CALENDAR, run_duration=timedelta(days=run_days), start_at=start, **common
         )
     return CapacityRequest(
         mode=Mode.FLEX_START,
