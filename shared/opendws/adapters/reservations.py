@@ -302,9 +302,11 @@ class _Blocks:
         common: dict[str, Any] = {"name": name, "pool_id": pool.pool_id, "locked_at": locked,
                                   "ends_at": ends}  # fmt: skip
         if procurement in _FAILED:
+            # A decline or a cancel is its own explanation; a failure says what it was.
+            failed = procurement.startswith("FAILED")
             return Observed(
                 phase=ProvisionPhase.FAILED, error_code=_FAILED[procurement],
-                message=f"Google Cloud's procurement status is {procurement}", **common,
+                message=f"procurement status {procurement}" if failed else "", **common,
             )  # fmt: skip
         if procurement in _IN_REVIEW:
             return Observed(phase=ProvisionPhase.REVIEW, **common)

@@ -565,14 +565,16 @@ class _Cycle:
             if not any(a.start_at == request.start_at and a.zone == pool.zone for a in advised):
                 self._write(
                     record, S.REJECTED, ReconcileReason.NO_CAPACITY_AT_GOOGLE,
-                    f"Google Cloud's Advice API has no capacity for {request.units} units in "
-                    f"{pool.pool_id} from {request.start_at.isoformat()} to {end.isoformat()}"
+                    f"Google Cloud's Advice API has no capacity for {request.units} × "
+                    f"{pool.shape} in {pool.zone} from {request.start_at.isoformat()} to "
+                    f"{end.isoformat()}"
                     + _offered(self._alternatives(record, refused_in=pool.pool_id)),
                 )  # fmt: skip
                 return
         self._write(
             record, S.PENDING, ReconcileReason.AWAITING_APPROVAL,
-            f"submitted to Google Cloud for approval: {request.units} units in {pool.pool_id} "
+            f"submitted to Google Cloud for approval: {request.units} × {pool.shape} in "
+            f"{pool.zone} "
             f"from {request.start_at.isoformat()} to {end.isoformat()}; waiting for Google's "
             "review (booked once approved)",
             pool=pool.pool_id, attempt=1, eta=request.start_at,
