@@ -23,7 +23,7 @@ from opendws.bootstrap import (
     reconcile_service,
     timer_verifier,
 )
-from opendws.ports import Timer
+from opendws.ports import Timer, topic_of_source
 from opendws.service.intake import Delivery
 from opendws.service.reconcile import PassReport
 
@@ -118,6 +118,10 @@ def delivery_of(event: CloudEvent) -> Delivery:
         message_id=str(message.get("messageId") or event["id"]),
         published_at=_instant(published),
         attributes=dict(message.get("attributes") or {}),
+        # The topic it was published on (//pubsub.googleapis.com/projects/P/topics/T): who it
+        # speaks for. Eventarc sets it; a push subscription whose endpoint path names the
+        # topic gets it from functions-framework.
+        topic=topic_of_source(str(event["source"] or "")),
     )
 
 

@@ -139,10 +139,10 @@ def _parts(settings: Settings) -> tuple[Any, Any, Any, Any, Any]:
 def intake_service(settings: Settings | None = None) -> IntakeService:
     """The intake service: submissions, and cancel/release through the end service."""
     settings = settings or Settings.from_environment()
-    store, _, bus, nudger, clock = _parts(settings)
+    store, config, bus, nudger, clock = _parts(settings)
     return IntakeService(
-        store, bus, clock, ending=lambda: end_service(settings), timers=timer_queue(settings),
-        nudger=nudger,
+        store, bus, clock, config=config, ending=lambda: end_service(settings),
+        timers=timer_queue(settings), nudger=nudger,
     )  # fmt: skip
 
 

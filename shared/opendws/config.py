@@ -11,7 +11,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, StrictBool, ValidationError
 
 from opendws.domain.model import PolicySettings, Pool, Tenant
 from opendws.durations import format_duration
@@ -63,6 +63,9 @@ class ConfigSpec(Spec):
     """The whole configuration document."""
 
     policy: PolicySpec | None = None
+    # Take requests from the shared capacity-requests topic, trusting every publisher's
+    # claimed tenant (small single-team installs only); off: tenants' own topics only.
+    shared_requests_topic: StrictBool = False
     prices: list[PriceSpec] = Field(default_factory=list)
     ci: list[CiSpec] = Field(default_factory=list)
     pools: list[PoolSpec] = Field(default_factory=list)
@@ -94,7 +97,10 @@ def configuration_from_document(data: object, *, source: str) -> Configuration:
         problem = template_problem(mapping.template)
         if problem is not None:
             raise ScenarioError(f"{source}: ci[{index}].request: {problem}")
-    return Configuration(pools=pools, tenants=tenants, policy=policy, prices=prices, ci=ci)
+    return Configuration(
+        pools=pools, tenants=tenants, policy=policy, prices=prices, ci=ci,
+        shared_requests_topic=spec.shared_requests_topic,
+    )  # fmt: skip
 
 
 def template_problem(template: dict[str, Any]) -> str | None:
@@ -119,6 +125,7 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
             "race_eagerly": configuration.policy.race_eagerly,
             "calendar_cancellation": configuration.policy.calendar_cancellation.value,
         },
+        "shared_requests_topic": configuration.shared_requests_topic,
         "pools": [_pool(pool) for pool in configuration.pools],
         "tenants": [_tenant(tenant) for tenant in configuration.tenants],
         "ci": [

@@ -282,6 +282,10 @@ class Configuration:
     policy: PolicySettings = field(default_factory=PolicySettings)
     prices: tuple[Price, ...] = ()
     ci: tuple[CiMapping, ...] = ()  # CI jobs that get capacity
+    # Take request messages from the shared ``capacity-requests`` topic, trusting every
+    # publisher's claimed tenant (small single-team installs). Off: only tenants' own topics
+    # and the admins' are heard.
+    shared_requests_topic: bool = False
 
     def price(self, accelerator: str) -> Price | None:
         """The price of ``accelerator``, if configured."""
@@ -509,11 +513,81 @@ class TimerQueue(Protocol):
         ...
 
 
+# Who a request message speaks for is the topic it was published on, never its body: Pub/Sub
+# does not tell a subscriber who published a message, but a topic's publisher IAM says who may
+# (infra/: each tenant's principals publish on their own topic only).
+TENANT_REQUESTS_PREFIX = "capacity-requests-"  # + the tenant: that tenant's own topic
+ADMIN_REQUESTS_TOPIC = "capacity-admin-requests"  # the admins'; acts for any tenant
+SHARED_REQUESTS_TOPIC = "capacity-requests"  # trusts every publisher; off unless configured
+EVENTS_TOPIC = "capacity-events"
+
+
+def requests_topic(tenant: str) -> str:
+    """The topic a tenant's request messages are published on."""
+    return f"{TENANT_REQUESTS_PREFIX}{tenant}"
+
+
+class Speaker(StrEnum):
+    """Whom a request topic speaks for."""
+
+    TENANT = "TENANT"  # a tenant's own topic: it acts as that tenant only
+    ADMIN = "ADMIN"  # the admins' topic: it acts for any tenant
+    SHARED = "SHARED"  # the shared topic, when configured: every publisher is trusted
+    UNTRUSTED = "UNTRUSTED"  # the shared topic while it is off
+    UNKNOWN = "UNKNOWN"  # no topic of this deployment (no configured tenant has it)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a message speaks for, from its topic; ``tenant`` for a tenant's topic."""
+
+    speaker: Speaker
+    tenant: str | None = None
+
+
+def identity_of_topic(
+    topic: str | None, tenants: Sequence[str], *, shared_trusted: bool
+) -> Identity:
+    """Who a message on ``topic`` (its short name; None: not known, as for a shared topic)
+    speaks for, given the configured tenants and whether the shared topic is trusted."""
+    if topic is None or topic == SHARED_REQUESTS_TOPIC:
+        return Identity(Speaker.SHARED if shared_trusted else Speaker.UNTRUSTED)
+    if topic == ADMIN_REQUESTS_TOPIC:
+        return Identity(Speaker.ADMIN)
+    if topic.startswith(TENANT_REQUESTS_PREFIX):
+        tenant = topic.removeprefix(TENANT_REQUESTS_PREFIX)
+        if tenant in tenants:
+            return Identity(Speaker.TENANT, tenant)
+    return Identity(Speaker.UNKNOWN)
+
+
+def topic_of_source(source: str) -> str | None:
+    """The topic's short name in a Pub/Sub CloudEvent ``source``
+    (``//pubsub.googleapis.com/projects/P/topics/T``), or in any path naming
+    ``projects/P/topics/T``; None when there is none."""
+    match = re.search(r"projects/[^/?]+/topics/([^/?]+)", source or "")
+    return None if match is None else match.group(1)
+
+
+def event_filter(tenant: str) -> str:
+    """The Pub/Sub subscription filter of a tenant's events (pubsub/docs/subscription-message-
+    filter): only messages whose ``tenant`` attribute is the tenant's."""
+    return f'attributes.tenant = "{tenant}"'
+
+
+def passes_event_filter(tenant: str, attributes: dict[str, str]) -> bool:
+    """What :func:`event_filter` lets through, applied where Pub/Sub cannot (the official
+    emulator ignores subscription filters)."""
+    return attributes.get("tenant") == tenant
+
+
 class RequestPublisher(Protocol):
-    """Where request messages go (Pub/Sub ``capacity-requests``), as any publisher sends them."""
+    """Where request messages go: each on its tenant's topic (:func:`requests_topic`), as
+    that tenant's publishers send them."""
 
     def publish(self, message: dict[str, object]) -> str:
-        """Publish one ``opendws.request/v1`` message; returns its message id."""
+        """Publish one ``opendws.request/v1`` message on the topic of its ``tenant``; returns
+        its message id."""
         ...
 
 

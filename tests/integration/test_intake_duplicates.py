@@ -8,8 +8,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from emulators import Emulators
+from opendws.adapters.memory import MemoryConfigStore
+from opendws.ports import Configuration, requests_topic
 from opendws.service.intake import AnnouncementPending, Delivery, IntakeOutcome, IntakeService
-from tests.builders import NOW
+from tests.builders import NOW, tenant
 from tests.pubsub import pull
 from tests.unit.test_intake_service import FixedClock
 from tests.unit.test_request_schema import DESIGN_EXAMPLE
@@ -35,12 +37,18 @@ def test_fifty_concurrent_duplicates_make_one_request_and_one_event(
     store = FirestoreRequestStore(
         firestore.Client(project=emulator_project, credentials=credentials)
     )
-    service = IntakeService(store, PubSubEventBus(publisher, emulator_project), FixedClock())
+    config = MemoryConfigStore(Configuration(tenants=(tenant("vision"),)))
+    service = IntakeService(
+        store, PubSubEventBus(publisher, emulator_project), FixedClock(), config=config
+    )
     data = json.dumps(DESIGN_EXAMPLE).encode()
     pending = threading.Semaphore(0)
 
     def deliver(index: int) -> IntakeOutcome | None:
-        delivery = Delivery(data=data, message_id=f"m-{index}", published_at=NOW, attributes={})
+        delivery = Delivery(
+            data=data, message_id=f"m-{index}", published_at=NOW, attributes={},
+            topic=requests_topic("vision"),
+        )  # fmt: skip
         try:
             return service.handle(delivery).outcome
         except AnnouncementPending:

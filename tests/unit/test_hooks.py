@@ -81,11 +81,16 @@ def test_a_redelivered_hook_is_one_request_and_completion_releases_it(hooks: Hoo
     )
     world, cloud = memory_world((), (), timers=True, configuration=configuration)
     cloud.set_stock("us-central1-a", "a3-highgpu-8g", 4)
-    intake = IntakeService(world.store, world.bus, world.clock, ending=world.ending)
+    intake = IntakeService(
+        world.store, world.bus, world.clock, config=world.config, ending=world.ending
+    )
     queued = sample("github_workflow_job_queued.json")
     for _ in range(2):  # GitHub redelivers the same delivery
         service.handle(github(queued), queued)
-    outcomes = [intake.handle(delivery(m, n)).outcome for n, m in enumerate(publisher.messages)]
+    outcomes = [
+        intake.handle(delivery(m, n, publisher.topics[n])).outcome
+        for n, m in enumerate(publisher.messages)
+    ]
     assert outcomes == [IntakeOutcome.ACCEPTED, IntakeOutcome.DUPLICATE]
     request_id = "gh-example-org-vision-models-30433642971"
     world.run()
@@ -98,13 +103,18 @@ def test_a_redelivered_hook_is_one_request_and_completion_releases_it(hooks: Hoo
     assert (release["action"], release["request_id"], release["tenant"]) == (
         "release", request_id, "ci",
     )  # fmt: skip
-    assert intake.handle(delivery(release, 9)).outcome is IntakeOutcome.APPLIED
+    assert (
+        intake.handle(delivery(release, 9, publisher.topics[-1])).outcome is IntakeOutcome.APPLIED
+    )
     assert world.state(request_id) is RequestState.RELEASED
 
 
-def delivery(message: dict[str, Any], number: int) -> Delivery:
+def delivery(message: dict[str, Any], number: int, topic: str) -> Delivery:
+    """The message as intake receives it from ``topic`` (the hook's publisher put it on the
+    topic of the mapping's tenant)."""
     return Delivery(data=json.dumps(message).encode(), message_id=f"m-{number}",
-                    published_at=datetime(2026, 12, 1, tzinfo=UTC), attributes={})  # fmt: skip
+                    published_at=datetime(2026, 12, 1, tzinfo=UTC), attributes={},
+                    topic=topic)  # fmt: skip
 
 
 @pytest.mark.parametrize(

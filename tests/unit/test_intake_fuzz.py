@@ -13,8 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opendws.adapters.memory import MemoryEventBus, MemoryRequestStore
+from opendws.adapters.memory import MemoryConfigStore, MemoryEventBus, MemoryRequestStore
 from opendws.domain import RequestState
+from opendws.ports import Configuration
 from opendws.service.intake import IntakeService
 from tests.unit.test_intake_service import FixedClock
 from tests.unit.test_request_schema import DESIGN_EXAMPLE
@@ -71,7 +72,9 @@ def wired() -> Any:
     from opendws import bootstrap
 
     store, bus = MemoryRequestStore(), MemoryEventBus()
-    service = IntakeService(store, bus, FixedClock())
+    # The shared topic, trusted: the fuzz is about content, not who may speak for whom.
+    config = MemoryConfigStore(Configuration(shared_requests_topic=True))
+    service = IntakeService(store, bus, FixedClock(), config=config)
     original = bootstrap.intake_service
     bootstrap.intake_service = lambda settings=None: service  # type: ignore[assignment]
     import sys

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from opendws.adapters.memory import MemoryEventBus, MemoryRequestStore
+from opendws.adapters.memory import MemoryConfigStore, MemoryEventBus, MemoryRequestStore
 from opendws.domain import RequestState
+from opendws.ports import Configuration
 from opendws.service.intake import (
     AnnouncementPending,
     Delivery,
@@ -30,14 +31,22 @@ class FixedClock:
 
 
 def delivery(payload: dict[str, Any] | bytes, message_id: str = "m-1") -> Delivery:
+    """A message on the shared topic (no topic known), which :func:`trusting` trusts: these
+    tests are about what intake does with a message's content; who may speak for which
+    tenant is tests/unit/test_intake_identity.py's."""
     data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     return Delivery(data=data, message_id=message_id, published_at=NOW, attributes={})
+
+
+def trusting(configuration: Configuration | None = None) -> MemoryConfigStore:
+    """A configuration that takes the shared topic's messages at their word."""
+    return MemoryConfigStore(replace(configuration or Configuration(), shared_requests_topic=True))
 
 
 @pytest.fixture
 def parts() -> tuple[IntakeService, MemoryRequestStore, MemoryEventBus, FixedClock]:
     store, bus, clock = MemoryRequestStore(), MemoryEventBus(), FixedClock()
-    return IntakeService(store, bus, clock), store, bus, clock
+    return IntakeService(store, bus, clock, config=trusting()), store, bus, clock
 
 
 Parts = tuple[IntakeService, MemoryRequestStore, MemoryEventBus, FixedClock]
@@ -164,8 +173,9 @@ def test_intake_takes_cancel_and_release_through_the_end_service() -> None:
     )  # fmt: skip
     assert world.timers is not None
     service = IntakeService(
-        world.store, world.bus, world.clock, ending=world.ending, timers=world.timers
-    )
+        world.store, world.bus, world.clock, config=trusting(world.config.load()),
+        ending=world.ending, timers=world.timers,
+    )  # fmt: skip
     submit = {**DESIGN_EXAMPLE, "tenant": "t", "locations": ["us-central1-a"]}
     assert service.handle(delivery(submit)).outcome is IntakeOutcome.ACCEPTED
     record = world.record("train-42")
@@ -191,7 +201,7 @@ def test_an_accepted_request_nudges_the_reconciler_once() -> None:
     from opendws.adapters.memory import MemoryNudger
 
     store, bus, nudger = MemoryRequestStore(), MemoryEventBus(), MemoryNudger()
-    service = IntakeService(store, bus, FixedClock(), nudger=nudger)
+    service = IntakeService(store, bus, FixedClock(), config=trusting(), nudger=nudger)
     service.handle(delivery(DESIGN_EXAMPLE))
     service.handle(delivery(DESIGN_EXAMPLE, "m-2"))  # a redelivery: nothing new to admit
     assert nudger.reasons == ["train-42 accepted"]
@@ -203,6 +213,8 @@ def test_a_nudge_that_cannot_be_sent_loses_nothing() -> None:
             raise RuntimeError("reconcile-ticks unavailable")
 
     store, bus = MemoryRequestStore(), MemoryEventBus()
-    result = IntakeService(store, bus, FixedClock(), nudger=Down()).handle(delivery(DESIGN_EXAMPLE))
+    result = IntakeService(store, bus, FixedClock(), config=trusting(), nudger=Down()).handle(
+        delivery(DESIGN_EXAMPLE)
+    )
     assert result.outcome is IntakeOutcome.ACCEPTED
     assert store.get("train-42") is not None

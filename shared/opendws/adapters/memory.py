@@ -32,6 +32,7 @@ from opendws.ports import (
     UsageEntry,
     Withdrawal,
     lanes_after,
+    requests_topic,
 )
 
 # A released lease expires at the beginning of time: anyone may take it at once.
@@ -827,13 +828,19 @@ class MemoryNudger:
 
 
 class MemoryRequestPublisher:
-    """A RequestPublisher that keeps what was published; ids count up."""
+    """A RequestPublisher that keeps what was published, and on which topic (its tenant's, as
+    the Pub/Sub publisher routes it); ids count up."""
 
     def __init__(self) -> None:
         self.messages: list[dict[str, object]] = []
+        self.topics: list[str] = []
         self._lock = threading.Lock()
 
     def publish(self, message: dict[str, object]) -> str:
+        tenant = message.get("tenant")
+        if not isinstance(tenant, str) or not tenant:
+            raise ValueError("tenant: a request message names its tenant, whose topic it goes on")
         with self._lock:
             self.messages.append(message)
+            self.topics.append(requests_topic(tenant))
             return str(len(self.messages))

@@ -7,9 +7,9 @@ import json
 
 from google.cloud.pubsub_v1 import PublisherClient
 
-from opendws.ports import StatusEvent
+from opendws.ports import EVENTS_TOPIC, SHARED_REQUESTS_TOPIC, StatusEvent, requests_topic
 
-EVENTS_TOPIC = "capacity-events"
+REQUESTS_TOPIC = SHARED_REQUESTS_TOPIC  # the shared topic (off unless configured)
 
 
 class PubSubEventBus:
@@ -49,21 +49,27 @@ class PubSubNudger:
         self._publisher.publish(self._topic, data, kind="nudge")
 
 
-REQUESTS_TOPIC = "capacity-requests"
-
-
 class PubSubRequestPublisher:
-    """Publishes request messages (submit, cancel, release) on ``capacity-requests``, as any
-    publisher — the CLI, a CI hook — does."""
+    """Publishes request messages (submit, cancel, release) as their tenant's publishers do —
+    the CLI, a CI hook: each on the topic of the tenant it names (``capacity-requests-{tenant}``;
+    the topic is who the message speaks for), or on one fixed ``topic`` when given (the admins'
+    topic, the shared one)."""
 
-    def __init__(
-        self, publisher: PublisherClient, project: str, topic: str = REQUESTS_TOPIC
-    ) -> None:
+    def __init__(self, publisher: PublisherClient, project: str, topic: str | None = None) -> None:
         self._publisher = publisher
-        self._topic = publisher.topic_path(project, topic)
+        self._project = project
+        self._topic = None if topic is None else publisher.topic_path(project, topic)
 
     def publish(self, message: dict[str, object], timeout: float = 30.0) -> str:
         """Publish one message; returns the Pub/Sub message id once it is accepted."""
+        topic = self._topic
+        if topic is None:
+            tenant = message.get("tenant")
+            if not isinstance(tenant, str) or not tenant:
+                raise ValueError(
+                    "tenant: a request message names its tenant, whose topic it goes on"
+                )
+            topic = self._publisher.topic_path(self._project, requests_topic(tenant))
         data = json.dumps(message, separators=(",", ":")).encode()
-        message_id: str = self._publisher.publish(self._topic, data).result(timeout=timeout)
+        message_id: str = self._publisher.publish(topic, data).result(timeout=timeout)
         return message_id

@@ -11,6 +11,14 @@ Exactly-once effect over at-least-once delivery:
    publishes it. A duplicate that arrives while the first delivery may still be announcing is
    handed back to Pub/Sub (:class:`AnnouncementPending`) rather than announced twice.
 
+Who a message speaks for is the topic it arrived on, never its body (Pub/Sub does not tell a
+subscriber who published; a topic's publisher IAM says who may): on ``capacity-requests-{tenant}``
+it acts as that tenant only, and a body claiming another tenant is refused
+(``TENANT_MISMATCH``) with nothing stored; on ``capacity-admin-requests`` it acts for any
+tenant, as an admin; on the shared ``capacity-requests`` only when the configuration trusts
+every publisher (``shared_requests_topic``; off by default: ``UNTRUSTED_TOPIC``); on any other
+topic it is refused (``UNKNOWN_TOPIC``).
+
 Bad input never raises: it is acknowledged and answered with a REJECTED event whose message
 names the field and the rule. Transient faults (the store or the bus unavailable) do raise, so
 that Pub/Sub redelivers; a dead-letter topic catches what keeps failing.
@@ -27,15 +35,22 @@ from enum import StrEnum
 
 from opendws.domain.states import RequestState
 from opendws.ports import (
+    SHARED_REQUESTS_TOPIC,
     Clock,
+    ConfigStore,
+    Configuration,
     CreateOutcome,
     EventBus,
+    Identity,
     Nudger,
     RequestRecord,
     RequestStore,
+    Speaker,
     StatusEvent,
     TimerQueue,
     accepted,
+    identity_of_topic,
+    requests_topic,
 )
 from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
 from opendws.service.release import EndOutcome, EndService
@@ -49,6 +64,12 @@ ANNOUNCE_GRACE = timedelta(seconds=30)
 INVALID_REQUEST = "INVALID_REQUEST"
 ID_IN_USE = "ID_IN_USE"
 UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
+TENANT_MISMATCH = "TENANT_MISMATCH"  # the body claims another tenant than its topic's
+UNTRUSTED_TOPIC = "UNTRUSTED_TOPIC"  # the shared topic, while the configuration trusts it not
+UNKNOWN_TOPIC = "UNKNOWN_TOPIC"  # a topic of no configured tenant
+# How long intake keeps the configuration between messages (a topic of a tenant it does not
+# know yet makes it look again at once).
+CONFIG_TTL = timedelta(seconds=30)
 
 
 class IntakeOutcome(StrEnum):
@@ -73,6 +94,7 @@ class Delivery:
     message_id: str
     published_at: datetime
     attributes: dict[str, str]
+    topic: str | None = None  # the topic's short name it arrived on (None: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +110,15 @@ class IntakeService:
     """Turns request messages into stored requests and events (see the module docstring)."""
 
     def __init__(
-        self, store: RequestStore, bus: EventBus, clock: Clock, *,
+        self, store: RequestStore, bus: EventBus, clock: Clock, *, config: ConfigStore,
         ending: Callable[[], EndService] | None = None, timers: TimerQueue | None = None,
         nudger: Nudger | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._bus = bus
         self._clock = clock
+        self._config = config
+        self._configuration: tuple[datetime, Configuration] | None = None
         # Built on first use (submissions never need it); None: cancel and release are refused.
         self._ending = ending
         self._timers = timers  # None: no expiry timers (the reconciler times requests out)
@@ -102,8 +126,30 @@ class IntakeService:
 
     def handle(self, delivery: Delivery) -> IntakeResult:
         """Take one delivery; raises only for transient faults (redelivery helps)."""
+        identity = self._identity(delivery.topic)
+        if identity.speaker is Speaker.UNKNOWN:
+            return self._refuse(
+                delivery, UNKNOWN_TOPIC,
+                f"topic: {delivery.topic!r} is the topic of no configured tenant; nothing was "
+                "taken from it",
+            )  # fmt: skip
+        if identity.speaker is Speaker.UNTRUSTED:
+            return self._refuse(
+                delivery, UNTRUSTED_TOPIC,
+                f"topic: {SHARED_REQUESTS_TOPIC!r} trusts every publisher and is off in this "
+                "deployment (shared_requests_topic); publish on your tenant's topic, "
+                f"{requests_topic('TENANT')!r}",
+            )  # fmt: skip
         try:
             message = parse_message(delivery.data)
+            if identity.tenant is not None and message.tenant != identity.tenant:
+                return self._refuse(
+                    delivery, TENANT_MISMATCH,
+                    f"tenant: {message.tenant!r} is not the tenant of topic "
+                    f"{delivery.topic!r} ({identity.tenant!r}); a topic speaks for its own "
+                    "tenant only, so nothing was done",
+                    tenant=identity.tenant,
+                )  # fmt: skip
             if not isinstance(message, Submit):
                 if self._ending is None:
                     return self._refuse(
@@ -113,7 +159,8 @@ class IntakeService:
                     )
                 ending = self._ending()
                 act = ending.cancel if message.action == "cancel" else ending.release
-                ended = act(message.request_id, message.tenant)
+                admin = identity.speaker is Speaker.ADMIN
+                ended = act(message.request_id, message.tenant, admin=admin)
                 applied = (
                     IntakeOutcome.REFUSED
                     if ended.outcome is EndOutcome.REFUSED
@@ -146,6 +193,26 @@ class IntakeService:
         self._announce_if_abandoned(request.request_id)
         self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _identity(self, topic: str | None) -> Identity:
+        """Whom ``topic`` speaks for, by the configuration (kept CONFIG_TTL; read again at
+        once for a tenant topic it does not know yet, so a tenant just added is not
+        refused)."""
+        now = self._clock.now()
+        cached = self._configuration
+        if cached is None or now - cached[0] >= CONFIG_TTL:
+            configuration, fresh = self._load(now), True
+        else:
+            configuration, fresh = cached[1], False
+        identity = _identity(topic, configuration)
+        if identity.speaker is Speaker.UNKNOWN and not fresh:
+            identity = _identity(topic, self._load(now))
+        return identity
+
+    def _load(self, now: datetime) -> Configuration:
+        configuration = self._config.load()
+        self._configuration = (now, configuration)
+        return configuration
 
     def _nudge(self, request_id: str) -> None:
         """Ask for a reconcile pass now, so admission does not wait for the tick. Best effort:
@@ -200,6 +267,13 @@ class IntakeService:
             )
         )
         return IntakeResult(IntakeOutcome.REFUSED, request_id, message)
+
+
+def _identity(topic: str | None, configuration: Configuration) -> Identity:
+    return identity_of_topic(
+        topic, [tenant.name for tenant in configuration.tenants],
+        shared_trusted=configuration.shared_requests_topic,
+    )  # fmt: skip
 
 
 def _claims(data: bytes) -> tuple[str | None, str | None]:
