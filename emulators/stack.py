@@ -7,9 +7,16 @@ subscriptions wired as in Google Cloud, a default configuration, and the reconci
   ``timer`` function reads);
 - ``intake``, ``reconcile`` and ``timer`` under functions-framework, each its own HTTP server in
   its own process group;
-- topics ``capacity-requests``, ``capacity-events``, ``reconcile-ticks`` and a dead-letter
-  topic per push subscription (``intake`` and ``reconcile``, 5 delivery attempts), the timers'
-  queue, and the configuration in ``config/scheduler``;
+- one request topic per configured tenant (``capacity-requests-{tenant}``), the admins'
+  ``capacity-admin-requests`` and the shared ``capacity-requests`` (heard only when the
+  configuration trusts it), each pushed to ``intake`` at a path naming the topic (so that
+  functions-framework gives the CloudEvent the topic as its ``source``, as Eventarc does);
+  ``capacity-events`` with one subscription per tenant filtered on its ``tenant`` attribute
+  (the official emulator ignores filters: local readers apply it themselves, see
+  ``ports.passes_event_filter``); ``reconcile-ticks``; a dead-letter topic per push
+  subscription (5 delivery attempts); the timers' queue, and the configuration in
+  ``config/scheduler``. A tenant added by ``dws config apply`` gets its topic and
+  subscriptions too;
 - a ticker thread that publishes a tick on ``reconcile-ticks`` every ``tick`` seconds (intake
   and release also nudge it, so admission does not wait for the tick).
 
@@ -24,7 +31,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +44,7 @@ from emulators.official import free_port, running
 from opendws.sim import SimClock, SimulatedCloud
 
 PROJECT = "demo-opendws"
-TOPICS = ("capacity-requests", "capacity-events", "reconcile-ticks")
+TOPICS = ("capacity-requests", "capacity-admin-requests", "capacity-events", "reconcile-ticks")
 INVOKER = f"opendws-tasks@{PROJECT}.iam.gserviceaccount.com"
 TIMER_AUDIENCE = "opendws-timer"
 DELIVERY_ATTEMPTS = 5
@@ -79,7 +86,8 @@ class Stack:
     def client_environment(self) -> dict[str, str]:
         """The variables any real Google client needs to talk to the stack."""
         keys = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "OPENDWS_PROJECT",
-                "OPENDWS_COMPUTE_ENDPOINT", "CLOUD_TASKS_EMULATOR_HOST")  # fmt: skip
+                "OPENDWS_COMPUTE_ENDPOINT", "CLOUD_TASKS_EMULATOR_HOST",
+                "OPENDWS_LOCAL_INTAKE_URL")  # fmt: skip
         return {key: self.environment[key] for key in keys}
 
 
@@ -122,13 +130,16 @@ def local_stack(
             "OPENDWS_GITHUB_WEBHOOK_SECRET": LOCAL_HOOK_SECRET,
             "OPENDWS_GITLAB_WEBHOOK_TOKEN": LOCAL_HOOK_SECRET,
             "OPENDWS_HOOK_SECRET": LOCAL_HOOK_SECRET,
+            # Where a tenant's new topic is pushed to (dws config apply wires it locally).
+            "OPENDWS_LOCAL_INTAKE_URL": urls["intake"],
         }
         # The stack is this process's business from here on: its clients find it by these.
         stack.enter_context(_environment(environment))
         progress("creating topics, subscriptions, the timers' queue and the configuration")
         _wire_topics(urls)
         _ensure_timer_queue()
-        _load_config(config)
+        tenants = _load_config(config)
+        wire_tenants(PROJECT, tenants, urls["intake"])
         for name, signature in FUNCTIONS:
             progress(f"serving the {name} function on {urls[name]}")
             stack.enter_context(serving(name, signature, environment, port=ports[name]))
@@ -175,20 +186,82 @@ def _wire_topics(urls: dict[str, str]) -> None:
     for name in names:
         with contextlib.suppress(AlreadyExists):
             publisher.create_topic(name=publisher.topic_path(PROJECT, name))
-    for function, topic in (("intake", "capacity-requests"), ("reconcile", "reconcile-ticks")):
+    for name, topic, endpoint in (
+        ("intake", "capacity-requests",
+         _intake_endpoint(urls["intake"], PROJECT, "capacity-requests")),
+        ("intake-admin", "capacity-admin-requests",
+         _intake_endpoint(urls["intake"], PROJECT, "capacity-admin-requests")),
+        ("reconcile", "reconcile-ticks", urls["reconcile"]),
+    ):  # fmt: skip
+        dead = "reconcile-ticks" if topic == "reconcile-ticks" else "capacity-requests"
         request: dict[str, Any] = {
-            "name": subscriber.subscription_path(PROJECT, function),
+            "name": subscriber.subscription_path(PROJECT, name),
             "topic": publisher.topic_path(PROJECT, topic),
-            "push_config": PushConfig(push_endpoint=urls[function]),
+            "push_config": PushConfig(push_endpoint=endpoint),
             "ack_deadline_seconds": 60,
             "dead_letter_policy": DeadLetterPolicy(
-                dead_letter_topic=publisher.topic_path(PROJECT, f"{topic}-dead-letter"),
+                dead_letter_topic=publisher.topic_path(PROJECT, f"{dead}-dead-letter"),
                 max_delivery_attempts=DELIVERY_ATTEMPTS,
             ),
         }
         with contextlib.suppress(AlreadyExists):
             subscriber.create_subscription(request=request)
     subscriber.close()
+
+
+def _intake_endpoint(intake_url: str, project: str, topic: str) -> str:
+    """intake's push endpoint for ``topic``: the path names the topic, which functions-framework
+    turns into the CloudEvent's ``source`` (as Eventarc's triggers set it)."""
+    return f"{intake_url.rstrip('/')}/projects/{project}/topics/{topic}"
+
+
+def wire_tenants(project: str, tenants: Iterable[str], intake_url: str) -> list[str]:
+    """Each tenant's request topic pushed to intake, and its filtered event subscription
+    (``capacity-events-{tenant}``); safe to repeat. Returns the tenants newly wired."""
+    from google.api_core.exceptions import AlreadyExists
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+    from google.pubsub_v1.types import DeadLetterPolicy, PushConfig
+
+    from opendws.ports import EVENTS_TOPIC, event_filter, requests_topic
+
+    credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    publisher = pubsub_v1.PublisherClient(credentials=credentials)
+    subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
+    added: list[str] = []
+    for tenant in tenants:
+        topic = requests_topic(tenant)
+        try:
+            publisher.create_topic(name=publisher.topic_path(project, topic))
+        except AlreadyExists:
+            continue  # wired before
+        added.append(tenant)
+        subscriptions: list[dict[str, Any]] = [
+            {
+                "name": subscriber.subscription_path(project, f"intake-{tenant}"),
+                "topic": publisher.topic_path(project, topic),
+                "push_config": PushConfig(
+                    push_endpoint=_intake_endpoint(intake_url, project, topic)
+                ),
+                "ack_deadline_seconds": 60,
+                "dead_letter_policy": DeadLetterPolicy(
+                    dead_letter_topic=publisher.topic_path(
+                        project, "capacity-requests-dead-letter"
+                    ),
+                    max_delivery_attempts=DELIVERY_ATTEMPTS,
+                ),
+            },
+            {
+                "name": subscriber.subscription_path(project, f"{EVENTS_TOPIC}-{tenant}"),
+                "topic": publisher.topic_path(project, EVENTS_TOPIC),
+                "filter": event_filter(tenant),
+            },
+        ]
+        for request in subscriptions:
+            with contextlib.suppress(AlreadyExists):
+                subscriber.create_subscription(request=request)
+    subscriber.close()
+    return added
 
 
 def _ensure_timer_queue() -> None:
@@ -200,7 +273,7 @@ def _ensure_timer_queue() -> None:
         queue.ensure_queue()  # type: ignore[attr-defined]
 
 
-def _load_config(path: Path) -> None:
+def _load_config(path: Path) -> list[str]:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import firestore
 
@@ -212,6 +285,7 @@ def _load_config(path: Path) -> None:
     client = firestore.Client(project=PROJECT, credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     FirestoreConfigStore(client).save(configuration)
     client.close()  # type: ignore[no-untyped-call]
+    return [tenant.name for tenant in configuration.tenants]
 
 
 def _tick(stack: Stack, every: timedelta) -> None:

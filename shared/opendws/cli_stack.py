@@ -397,7 +397,24 @@ def config_apply(file: Path) -> None:
         raise UsageFailure(str(error)) from None
     from opendws.bootstrap import config_store
 
-    config_store().save(configuration)
+    store = config_store()
+    before = {tenant.name for tenant in store.load().tenants}
+    store.save(configuration)
+    tenants = [tenant.name for tenant in configuration.tenants]
+    intake_url = os.environ.get("OPENDWS_LOCAL_INTAKE_URL")
+    if intake_url:  # the local stack: a new tenant gets its topic and subscriptions here
+        from emulators.stack import wire_tenants
+
+        project = os.environ.get("OPENDWS_PROJECT", "")
+        for tenant in wire_tenants(project, tenants, intake_url):
+            console.print(f"tenant {tenant}: its topic capacity-requests-{tenant} is wired")
+    else:
+        for tenant in sorted(set(tenants) - before):
+            console.print(
+                f"tenant {tenant} is new: on Google Cloud its topic capacity-requests-{tenant}, "
+                "its event subscription and who may use them come from Terraform's `tenants` "
+                "variable (infra/); until it lists the tenant, nobody can publish for it"
+            )
     console.print(
         f"applied {file}: {len(configuration.pools)} pools, {len(configuration.tenants)} "
         f"tenants, {len(configuration.prices)} prices"
