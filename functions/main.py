@@ -34,8 +34,10 @@ FOLLOW_UP_INTERVAL = timedelta(seconds=2)
 
 @functions_framework.cloud_event
 def intake(event: CloudEvent) -> None:
-    """``capacity-requests`` → Firestore: one Pub/Sub message (Eventarc's messagePublished
-    CloudEvent). Bad input is answered with a REJECTED event; only transient faults raise."""
+    """A request topic (``capacity-requests-{tenant}``, the admins', the shared one) →
+    Firestore: one Pub/Sub message (Eventarc's messagePublished CloudEvent, whose ``source``
+    names the topic: who the message speaks for). Bad input is answered with a REJECTED
+    event; only transient faults raise."""
     intake_service().handle(delivery_of(event))
 
 

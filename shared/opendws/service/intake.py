@@ -1,4 +1,4 @@
-"""Intake: one message from ``capacity-requests`` in, at most one stored request out, and every
+"""Intake: one message from a request topic in, at most one stored request out, and every
 outcome announced on ``capacity-events``.
 
 Exactly-once effect over at-least-once delivery:
