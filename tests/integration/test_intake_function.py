@@ -24,13 +24,21 @@ def wired(
     official_emulators: Emulators, emulator_project: str, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Any, Any, str]]:
     """A functions-framework test client for ``intake``, wired to a fresh emulator project
-    with a ``capacity-events`` topic and a subscription to read it."""
+    with a ``capacity-events`` topic and a subscription to read it, and tenant ``vision``
+    configured."""
     del official_emulators
     from functions_framework import create_app
     from google.auth.credentials import AnonymousCredentials
-    from google.cloud import pubsub_v1
+    from google.cloud import firestore, pubsub_v1
 
     from opendws import bootstrap
+    from opendws.adapters.firestore import FirestoreConfigStore
+    from opendws.ports import Configuration
+    from tests.builders import tenant
+
+    FirestoreConfigStore(
+        firestore.Client(project=emulator_project, credentials=AnonymousCredentials())
+    ).save(Configuration(tenants=(tenant("vision"),)))
 
     monkeypatch.setenv("OPENDWS_PROJECT", emulator_project)
     bootstrap.intake_service.cache_clear()
@@ -46,8 +54,16 @@ def wired(
     subscriber.close()
 
 
-def post(client: Any, payload: dict[str, Any] | bytes | None = None, message_id: str = "") -> Any:
+def post(
+    client: Any,
+    payload: dict[str, Any] | bytes | None = None,
+    message_id: str = "",
+    topic: str = "capacity-requests-vision",
+) -> Any:
+    """The saved envelope, its message replaced, as Eventarc delivers it from ``topic`` (the
+    envelope was saved from the shared topic; ``source`` names the topic)."""
     envelope = copy.deepcopy(ENVELOPE)
+    envelope["source"] = f"//pubsub.googleapis.com/projects/demo-opendws/topics/{topic}"
     if payload is not None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         envelope["data"]["message"]["data"] = base64.b64encode(data).decode()
@@ -85,3 +101,18 @@ def test_bad_input_is_acknowledged_with_a_rejected_event(wired: tuple[Any, Any, 
     [event] = events(subscriber, subscription, 1)
     assert (event["state"], event["reason"]) == ("REJECTED", "INVALID_REQUEST")
     assert "tenant: Field required" in event["message"]
+
+
+def test_the_source_topic_is_who_the_message_speaks_for(wired: tuple[Any, Any, str]) -> None:
+    """Eventarc's Pub/Sub CloudEvent ``source`` is
+    ``//pubsub.googleapis.com/projects/P/topics/T`` (eventarc/docs/cloudevents): the saved
+    envelope's own topic, the shared ``capacity-requests``, is not heard by default, and the
+    topic of a tenant that is not configured (speech, here) is not heard at all."""
+    client, subscriber, subscription = wired
+    assert post(client, topic="capacity-requests").status_code == 200
+    assert post(client, topic="capacity-requests-speech", message_id="3").status_code == 200
+    reasons = [event["reason"] for event in events(subscriber, subscription, 2)]
+    assert sorted(reasons) == ["UNKNOWN_TOPIC", "UNTRUSTED_TOPIC"]
+    from opendws.bootstrap import intake_service
+
+    assert intake_service()._store.get("train-42") is None
