@@ -12,3 +12,8 @@ output "trigger" {
   description = "The Eventarc trigger's name (null for an HTTP function)."
   value       = var.pubsub_trigger == null ? null : google_cloudfunctions2_function.this.event_trigger[0].trigger
 }
+
+output "more_triggers" {
+  description = "The further topics' Eventarc triggers (ids) by key."
+  value       = { for key, trigger in google_eventarc_trigger.more : key => trigger.id }
+}

@@ -119,6 +119,12 @@ variable "pubsub_trigger" {
   default = null
 }
 
+variable "more_pubsub_topics" {
+  description = "Further topics (ids) whose messages trigger the function, each through an Eventarc trigger of its own named {name}-from-{key}, with pubsub_trigger's account and retry, and dead_letter's policy on its subscription."
+  type        = map(string)
+  default     = {}
+}
+
 variable "dead_letter" {
   description = "Where messages the function failed on max_delivery_attempts times go (with a Pub/Sub trigger only); null: retried until the subscription's retention ends. Needs gcloud where Terraform runs."
   type = object({
