@@ -105,11 +105,16 @@ module "pubsub" {
   project              = var.project
   labels               = var.labels
   pubsub_service_agent = local.pubsub_service_agent
-  request_publishers   = concat([local.member.ci_hook], var.request_publishers)
-  event_publishers     = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api]
-  tick_publishers      = [local.member.intake, local.member.timer, local.member.api]
-  event_subscribers    = var.event_subscribers
-  dead_letter_readers  = var.operators
+  tenants              = var.tenants
+  admins               = var.admins
+  # The CI hook publishes each request for the tenant of the CI mapping it matched.
+  every_tenant_publishers = [local.member.ci_hook]
+  shared_requests_topic   = var.shared_requests_topic
+  request_publishers      = var.request_publishers
+  event_publishers        = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api]
+  tick_publishers         = [local.member.intake, local.member.timer, local.member.api]
+  event_subscribers       = var.event_subscribers
+  dead_letter_readers     = var.operators
 
   depends_on = [module.apis]
 }
@@ -196,7 +201,7 @@ module "intake" {
   region                = var.region
   name                  = local.names.intake
   entry_point           = "intake"
-  description           = "capacity-requests -> Firestore: accepts, refuses, cancels and releases requests."
+  description           = "Request topics -> Firestore: accepts, refuses, cancels and releases requests, for the tenant the topic speaks for."
   runtime               = var.runtime
   build_service_account = var.build_service_account
   source_bucket         = module.source.bucket
@@ -212,11 +217,15 @@ module "intake" {
 
   # Intake raises only on transient faults (bad input is answered with a REJECTED event), so a
   # retried message is worth retrying; one that keeps failing goes to the dead-letter topic.
+  # It reads every request topic, and takes who is asking from the one a message came on (the
+  # CloudEvent's source): the function's own trigger is on the admins' topic, which always
+  # exists; each tenant's topic, and the shared one when made, has an Eventarc trigger of its own.
   pubsub_trigger = {
-    topic                 = module.pubsub.topic_ids.requests
+    topic                 = module.pubsub.request_topic_ids["admin"]
     service_account_email = module.identities.emails.trigger
     retry                 = true
   }
+  more_pubsub_topics = { for key, topic in module.pubsub.request_topic_ids : key => topic if key != "admin" }
   dead_letter = var.dead_letter_max_delivery_attempts == null ? null : {
     topic                 = module.pubsub.requests_dead_letter_topic
     max_delivery_attempts = var.dead_letter_max_delivery_attempts

@@ -1,6 +1,16 @@
 output "topics" {
-  description = "The Pub/Sub topics: requests (publish request messages here), events (status events), ticks."
+  description = "The Pub/Sub topics: events (status events), ticks, admin_requests (the admins' requests), and requests (the shared topic, when made)."
   value       = module.pubsub.topics
+}
+
+output "tenant_request_topics" {
+  description = "Each tenant's request topic (capacity-requests-{tenant}): its publishers submit, cancel and release its requests there."
+  value       = module.pubsub.tenant_request_topics
+}
+
+output "tenant_event_subscriptions" {
+  description = "Each tenant's event subscription (capacity-events-{tenant}), which delivers that tenant's events only."
+  value       = module.pubsub.tenant_event_subscriptions
 }
 
 output "dead_letter_subscription" {

@@ -120,14 +120,59 @@ variable "dead_letter_max_delivery_attempts" {
   }
 }
 
+variable "tenants" {
+  description = "The tenants (teams) by name. Each gets the request topic capacity-requests-{tenant}, on which its publishers (user:, group:, serviceAccount:) act as it — submit, cancel and release its requests, and no one else's — and the subscription capacity-events-{tenant}, which delivers its events only, to its subscribers. Name them as in the scheduler's configuration (dws config apply)."
+  type = map(object({
+    publishers  = optional(list(string), [])
+    subscribers = optional(list(string), [])
+  }))
+  default = {}
+
+  validation {
+    condition     = alltrue([for tenant in keys(var.tenants) : can(regex("^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$", tenant))])
+    error_message = "A tenant's name is 1 to 40 lowercase letters, digits and dashes, starting and ending with a letter or digit (capacity-requests-{tenant} and the Eventarc trigger opendws-intake-from-{tenant} must fit Google's name limits)."
+  }
+
+  validation {
+    condition     = !contains(keys(var.tenants), "admin") && !contains(keys(var.tenants), "shared")
+    error_message = "admin and shared are not tenants: admins publish on capacity-admin-requests (var.admins), and shared names the shared topic's trigger (var.shared_requests_topic)."
+  }
+
+  validation {
+    condition = alltrue(flatten([
+      for spec in values(var.tenants) : [
+        for member in concat(spec.publishers, spec.subscribers) : !contains(["allUsers", "allAuthenticatedUsers"], member)
+      ]
+    ]))
+    error_message = "allUsers and allAuthenticatedUsers are nobody's tenant: a tenant's publishers and subscribers are its own principals."
+  }
+}
+
+variable "admins" {
+  description = "Members that may publish on capacity-admin-requests, whose messages act for any tenant (as the API's admin key does)."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = !contains(var.admins, "allUsers") && !contains(var.admins, "allAuthenticatedUsers")
+    error_message = "allUsers and allAuthenticatedUsers cannot be admins."
+  }
+}
+
+variable "shared_requests_topic" {
+  description = "Make the shared capacity-requests topic, on which every publisher (request_publishers) is trusted to name its own tenant: for small single-team installs only. Off: the topic is not made, and intake refuses anything that arrives as if on it."
+  type        = bool
+  default     = false
+}
+
 variable "request_publishers" {
-  description = "Members (user:, group:, serviceAccount:) that may publish request messages on capacity-requests: the teams, and their CI identities."
+  description = "Members that may publish on the shared capacity-requests (only with shared_requests_topic = true). Each may act for any tenant: submit against any tenant's quota, cancel or release any tenant's requests."
   type        = list(string)
   default     = []
 }
 
 variable "event_subscribers" {
-  description = "Members that may attach subscriptions to capacity-events."
+  description = "Operators: members that may attach subscriptions to the unfiltered capacity-events topic, and so see every tenant's events. A tenant's own readers are its subscribers in tenants."
   type        = list(string)
   default     = []
 }
@@ -139,9 +184,14 @@ variable "operators" {
 }
 
 variable "api_tenants" {
-  description = "Tenants that get a key for the HTTP API (an admin key is always made)."
+  description = "Tenants that get a key for the HTTP API (an admin key is always made). A tenant in tenants gets a key only if it is listed here too."
   type        = list(string)
   default     = []
+
+  validation {
+    condition     = !contains(var.api_tenants, "admin")
+    error_message = "The admin key is always made: admin is not an API tenant."
+  }
 }
 
 variable "vm_boot_image" {

@@ -158,7 +158,10 @@ def test_the_function_module_turns_a_pubsub_trigger_into_an_eventarc_trigger() -
     assert content["service_account_email"] == "${event_trigger.value.service_account_email}"
 
 
-def test_intake_listens_to_requests_and_reconcile_to_ticks_with_the_right_retry() -> None:
+def test_intake_listens_to_the_request_topics_and_reconcile_to_ticks_with_the_right_retry() -> None:
+    """Intake's own trigger is on the admins' topic, which always exists; every other request
+    topic (each tenant's, the shared one when made) reaches it through an Eventarc trigger of
+    the function module (tests/unit/test_infra_tenants.py evaluates which)."""
     topics = {key: unquote(name) for key, name in module_locals("pubsub")["topics"].items()}
     functions = function_modules()
 
@@ -168,11 +171,14 @@ def test_intake_listens_to_requests_and_reconcile_to_ticks_with_the_right_retry(
         assert match, reference
         return topics[match.group(1)]
 
-    assert topic_of("intake") == REQUESTS_TOPIC
+    intake = functions["intake"]
+    assert intake["pubsub_trigger"]["topic"] == '${module.pubsub.request_topic_ids["admin"]}'
+    assert "module.pubsub.request_topic_ids" in intake["more_pubsub_topics"]
     assert topic_of("reconcile") == Settings(project="p").ticks_topic
+    assert "more_pubsub_topics" not in functions["reconcile"]
     # Intake raises only on transient faults: worth retrying, then dead-lettered.
-    assert functions["intake"]["pubsub_trigger"]["retry"] is True
-    assert "requests_dead_letter_topic" in functions["intake"]["dead_letter"]
+    assert intake["pubsub_trigger"]["retry"] is True
+    assert "requests_dead_letter_topic" in intake["dead_letter"]
     # A tick is never worth retrying: the next one comes.
     assert functions["reconcile"]["pubsub_trigger"]["retry"] is False
 
@@ -204,8 +210,10 @@ def test_each_function_runs_as_its_own_service_account() -> None:
 
 
 def test_every_topic_the_code_publishes_to_exists() -> None:
+    """Events and ticks here; the request topics (one per tenant, the admins', the shared one
+    when made) in tests/unit/test_infra_tenants.py."""
     settings = Settings(project="p")
-    published = {REQUESTS_TOPIC, settings.events_topic, settings.ticks_topic}
+    published = {settings.events_topic, settings.ticks_topic}
     declared = {unquote(name) for name in module_locals("pubsub")["topics"].values()}
     assert published <= declared
     topics = {
@@ -213,12 +221,15 @@ def test_every_topic_the_code_publishes_to_exists() -> None:
         if not str(body["name"]).startswith("${")
     }  # fmt: skip
     assert f"{REQUESTS_TOPIC}-dead-letter" in topics
+    assert "capacity-requests" in str(module_locals("pubsub")["shared_request_topic"])
 
 
 def test_each_publisher_may_publish_where_its_code_does() -> None:
     pubsub = root_modules()["pubsub"]
-    # The CI hook turns webhooks into request messages.
-    assert "local.member.ci_hook" in pubsub["request_publishers"]
+    # The CI hook turns webhooks into request messages, for the tenant of the CI mapping it
+    # matched: it publishes on every tenant's topic (and on no other).
+    assert pubsub["every_tenant_publishers"] == ["${local.member.ci_hook}"]
+    assert "ci_hook" not in str(pubsub["request_publishers"])
     # Everything that changes a request's state publishes its events.
     assert set(pubsub["event_publishers"]) == {
         f"${{local.member.{name}}}" for name in ("intake", "reconcile", "timer", "api")

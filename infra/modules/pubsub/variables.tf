@@ -21,8 +21,35 @@ variable "kms_key_name" {
   default     = null
 }
 
+variable "tenants" {
+  description = "The tenants by name: each gets capacity-requests-{tenant}, on which its publishers act as it, and capacity-events-{tenant}, the subscription of its events only, read by its subscribers."
+  type = map(object({
+    publishers  = list(string)
+    subscribers = list(string)
+  }))
+  default = {}
+}
+
+variable "every_tenant_publishers" {
+  description = "Members that may publish on every tenant's request topic (the ci_hook function, which publishes for the tenant a CI mapping names)."
+  type        = list(string)
+  default     = []
+}
+
+variable "admins" {
+  description = "Members that may publish on capacity-admin-requests, whose messages act for any tenant."
+  type        = list(string)
+  default     = []
+}
+
+variable "shared_requests_topic" {
+  description = "Make the shared capacity-requests topic, which trusts every publisher to name its tenant (small single-team installs)."
+  type        = bool
+  default     = false
+}
+
 variable "request_publishers" {
-  description = "Members that may publish request messages (submit, cancel, release) on capacity-requests: the ci_hook function, and the teams' users or CI identities."
+  description = "Members that may publish on the shared capacity-requests (with shared_requests_topic only): each may act for any tenant."
   type        = list(string)
   default     = []
 }
