@@ -1,7 +1,8 @@
-"""End to end on one machine: publish to ``capacity-requests`` on the Pub/Sub emulator, whose
-push subscription (with a dead-letter policy) delivers to the ``intake`` function running under
-functions-framework; the request appears in the Firestore emulator and its event on
-``capacity-events``."""
+"""End to end on one machine: publish on ``capacity-requests-vision`` (the tenant's own topic)
+on the Pub/Sub emulator, whose push subscription (with a dead-letter policy) delivers to the
+``intake`` function running under functions-framework at a path naming the topic (which
+functions-framework turns into the CloudEvent's ``source``, as Eventarc sets it); the request
+appears in the Firestore emulator and its event on ``capacity-events``."""
 
 from __future__ import annotations
 
@@ -30,22 +31,29 @@ def test_a_published_request_lands_in_firestore(intake_server: str, emulator_pro
     from google.cloud import firestore, pubsub_v1
     from google.pubsub_v1.types import DeadLetterPolicy, PushConfig
 
-    from opendws.adapters.firestore import FirestoreRequestStore
+    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+    from opendws.ports import Configuration
+    from tests.builders import tenant
 
     credentials = AnonymousCredentials()
+    client = firestore.Client(project=emulator_project, credentials=credentials)
+    FirestoreConfigStore(client).save(Configuration(tenants=(tenant("vision"),)))
     publisher = pubsub_v1.PublisherClient(credentials=credentials)
     subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
+    requests = "capacity-requests-vision"
     topics = {
         name: publisher.topic_path(emulator_project, name)
-        for name in ("capacity-requests", "capacity-events", "capacity-requests-dead-letter")
+        for name in (requests, "capacity-events", "capacity-requests-dead-letter")
     }
     for path in topics.values():
         publisher.create_topic(name=path)
     subscriber.create_subscription(
         request={
             "name": subscriber.subscription_path(emulator_project, "intake"),
-            "topic": topics["capacity-requests"],
-            "push_config": PushConfig(push_endpoint=intake_server),
+            "topic": topics[requests],
+            "push_config": PushConfig(
+                push_endpoint=f"{intake_server.rstrip('/')}/{topics[requests]}"
+            ),
             "dead_letter_policy": DeadLetterPolicy(
                 dead_letter_topic=topics["capacity-requests-dead-letter"], max_delivery_attempts=5
             ),
@@ -54,11 +62,9 @@ def test_a_published_request_lands_in_firestore(intake_server: str, emulator_pro
     events = subscriber.subscription_path(emulator_project, "events-e2e")
     subscriber.create_subscription(request={"name": events, "topic": topics["capacity-events"]})
 
-    publisher.publish(topics["capacity-requests"], json.dumps(DESIGN_EXAMPLE).encode()).result(30)
+    publisher.publish(topics[requests], json.dumps(DESIGN_EXAMPLE).encode()).result(30)
 
-    store = FirestoreRequestStore(
-        firestore.Client(project=emulator_project, credentials=credentials)
-    )
+    store = FirestoreRequestStore(client)
     deadline = time.monotonic() + 60
     record = None
     while record is None and time.monotonic() < deadline:
