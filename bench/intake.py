@@ -3,7 +3,7 @@
 On the official emulators, in one run:
 
 1. the baseline: N ``create()`` calls straight to the Firestore emulator, one after another;
-2. intake: N valid requests published to ``capacity-requests``, pushed by the Pub/Sub emulator
+2. intake: N valid requests published to ``capacity-requests-bench``, pushed by the Pub/Sub emulator
    to the ``intake`` function under functions-framework, timed until all N are stored.
 
 Reports both rates and their ratio (target: intake ≥ 0.5 × raw).
@@ -70,7 +70,14 @@ def intake_run(emulators: Emulators, client: firestore.Client, count: int) -> fl
     credentials = AnonymousCredentials()
     publisher = pubsub_v1.PublisherClient(credentials=credentials)
     subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
-    requests_topic = publisher.topic_path(PROJECT, "capacity-requests")
+    # The tenant's own topic (who a message speaks for), its tenant configured, pushed to
+    # intake at a path naming the topic: as the local stack and Eventarc deliver it.
+    from opendws.adapters.firestore import FirestoreConfigStore
+    from opendws.domain.model import Tenant
+    from opendws.ports import Configuration
+
+    FirestoreConfigStore(client).save(Configuration(tenants=(Tenant(name="bench"),)))
+    requests_topic = publisher.topic_path(PROJECT, "capacity-requests-bench")
     publisher.create_topic(name=requests_topic)
     publisher.create_topic(name=publisher.topic_path(PROJECT, "capacity-events"))
     intake = serving(
@@ -81,7 +88,7 @@ def intake_run(emulators: Emulators, client: firestore.Client, count: int) -> fl
             request={
                 "name": subscriber.subscription_path(PROJECT, "intake"),
                 "topic": requests_topic,
-                "push_config": PushConfig(push_endpoint=url),
+                "push_config": PushConfig(push_endpoint=f"{url.rstrip('/')}/{requests_topic}"),
             }
         )
         requests = client.collection("requests")

@@ -103,7 +103,7 @@ def main() -> int:
         echo = subscriber.subscription_path(project, "bench-latency-echo")
         subscriber.create_subscription(request={"name": echo, "topic": echo_topic})
         streams = [subscriber.subscribe(events, on_event), subscriber.subscribe(echo, on_echo)]
-        requests_topic = publisher.topic_path(project, "capacity-requests")
+        requests_topic = publisher.topic_path(project, "capacity-requests-vision")  # its own
 
         baseline: list[float] = []
         for index in range(count):
