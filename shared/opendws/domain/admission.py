@@ -119,7 +119,10 @@ class Decision:
 
     @property
     def message(self) -> str:
-        """One human-readable line for events and the CLI."""
+        """One human-readable line for events and the CLI (a refusal names its
+        alternatives)."""
+        if self.outcome is Outcome.REFUSE and self.reason is not Reason.START_PASSED:
+            return self.detail + offered(self.alternatives)
         if self.detail:
             return self.detail
         where = f" in {self.pool_id}" if self.pool_id else ""
@@ -133,6 +136,19 @@ class Decision:
                 return f"waiting ({self.reason}); slot held{where} from {when}"
             case _:
                 return f"waiting ({self.reason}); no slot opens before max_wait passes yet"
+
+
+def offered(alternatives: Sequence[Alternative]) -> str:
+    """The clause naming the starts a refused block is offered (those Google's Advice API
+    recommends marked so)."""
+    if not alternatives:
+        return "; no start that fits was found"
+    nearest = ", ".join(
+        f"{alternative.start_at.isoformat()} in {alternative.pool_id}"
+        + (" (Google recommends)" if alternative.advised else "")
+        for alternative in alternatives
+    )
+    return f"; nearest starts that fit: {nearest}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -364,7 +380,6 @@ class _Pass:
                 continue
             quota_bound = not ledger.quota_fits(candidate)
             alternatives = ledger.alternatives(candidate)
-            offered = ", ".join(alt.start_at.isoformat() for alt in alternatives) or "none"
             binding = "the tenant's quota is" if quota_bound else "the capacity is"
             self.decisions[request.request_id] = Decision(
                 request_id=request.request_id,
@@ -372,8 +387,7 @@ class _Pass:
                 reason=Reason.QUOTA if quota_bound else Reason.NO_CAPACITY,
                 alternatives=alternatives,
                 detail=(
-                    f"{binding} committed during the block from {request.start_at.isoformat()};"
-                    f" nearest starts that fit: {offered}"
+                    f"{binding} committed during the block from {request.start_at.isoformat()}"
                 ),
             )
 

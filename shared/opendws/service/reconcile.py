@@ -43,6 +43,7 @@ from opendws.domain.admission import (
     Race,
     admit,
     calendar_alternatives,
+    offered,
 )
 from opendws.domain.calendar import lead_of
 from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
@@ -386,7 +387,7 @@ class _Cycle:
             primary = step.lanes[0].pool if step.lanes else None
             message = step.message or record.message
             if step.reason is SweepReason.DECLINED:
-                message += _offered(self._alternatives(record, refused_in=record.pool))
+                message += offered(self._alternatives(record, refused_in=record.pool))
             self._write(
                 record, state, step.reason or "", message,
                 pool=primary if step.lanes else KEEP, lanes=step.lanes,
@@ -533,10 +534,10 @@ class _Cycle:
                 alternatives = self._alternatives(record)
                 self._write(
                     record, S.REJECTED, decision.reason or "",
-                    _refusal(replace(decision, alternatives=alternatives)),
+                    replace(decision, alternatives=alternatives).message,
                 )  # fmt: skip
             case Outcome.REJECT:
-                self._write(record, S.REJECTED, decision.reason or "", _refusal(decision))
+                self._write(record, S.REJECTED, decision.reason or "", decision.message)
             case Outcome.TIME_OUT:
                 self._write(record, S.TIMED_OUT, decision.reason or "", decision.message)
             case Outcome.HOLD | Outcome.WAIT:
@@ -568,7 +569,7 @@ class _Cycle:
                     f"Google Cloud's Advice API has no capacity for {request.units} × "
                     f"{pool.shape} in {pool.zone} from {request.start_at.isoformat()} to "
                     f"{end.isoformat()}"
-                    + _offered(self._alternatives(record, refused_in=pool.pool_id)),
+                    + offered(self._alternatives(record, refused_in=pool.pool_id)),
                 )  # fmt: skip
                 return
         self._write(
@@ -808,20 +809,3 @@ def _kept_by_google(observed: Observed, now: datetime) -> bool:
         and now < observed.ends_at
         and (observed.locked_at is None or observed.locked_at < now)
     )
-
-
-def _refusal(decision: Decision) -> str:
-    # The admission core's detail names its own nearest starts; the merged ones replace them.
-    text = decision.message.split("; nearest starts that fit:")[0]
-    return text + _offered(decision.alternatives)
-
-
-def _offered(alternatives: tuple[Alternative, ...]) -> str:
-    if not alternatives:
-        return "; no start that fits was found"
-    nearest = ", ".join(
-        f"{alternative.start_at.isoformat()} in {alternative.pool_id}"
-        + (" (Google recommends)" if alternative.advised else "")
-        for alternative in alternatives
-    )
-    return f"; nearest starts that fit: {nearest}"
