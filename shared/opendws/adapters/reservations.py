@@ -177,10 +177,12 @@ class _Blocks:
 
     def withdraw(self, name: str, pool: Pool) -> Withdrawal:
         """Cancel the block at Google (awaited); REFUSED when Google keeps it."""
-        block = found(functools.partial(
-            self._future_reservations.get,
-            project=self._project, zone=pool.zone, future_reservation=name,
-        ))  # fmt: skip
+        return self._withdraw(self._get(name, pool), name, pool)
+
+    def _withdraw(
+        self, block: compute_v1.FutureReservation | None, name: str, pool: Pool
+    ) -> Withdrawal:
+        """:meth:`withdraw` of a block already read (None: there is none)."""
         if block is None or block.status.procurement_status in _DELETABLE:
             return Withdrawal.WITHDRAWN
         try:
@@ -198,16 +200,13 @@ class _Blocks:
 
     def _release_block(self, name: str, pool: Pool) -> None:
         """Delete the block where Google allows it (see the module docstring)."""
-        block = found(functools.partial(
-            self._future_reservations.get,
-            project=self._project, zone=pool.zone, future_reservation=name,
-        ))  # fmt: skip
+        block = self._get(name, pool)
         if block is None:
             return
         status = block.status.procurement_status
         ended = status == "FULFILLED" and not self._live(block, pool.zone)
         keeps = status not in _DELETABLE and not ended
-        if keeps and self.withdraw(name, pool) is Withdrawal.REFUSED:
+        if keeps and self._withdraw(block, name, pool) is Withdrawal.REFUSED:
             return  # Google keeps it to its end; it is deleted after that
         deleted(
             awaited(
@@ -217,6 +216,12 @@ class _Blocks:
                 self._settings.operation_timeout,
             )
         )
+
+    def _get(self, name: str, pool: Pool) -> compute_v1.FutureReservation | None:
+        return found(functools.partial(
+            self._future_reservations.get,
+            project=self._project, zone=pool.zone, future_reservation=name,
+        ))  # fmt: skip
 
     def _blocks(self, zone: str) -> dict[str, tuple[compute_v1.FutureReservation, bool]]:
         """The owned calendar blocks in ``zone``, each with whether its reservation exists."""
