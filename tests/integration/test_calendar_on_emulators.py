@@ -48,6 +48,12 @@ def ending(stack: Stack) -> EndService:
     )
 
 
+def reviewed(stack: Stack) -> None:
+    """Let Google's review happen and a pass see it."""
+    stack.advance(REVIEW)
+    stack.run()
+
+
 def futures(stack: Stack, zone: str = ZONE_A) -> dict[str, str]:
     """Name → procurementStatus of the future reservations at Google in ``zone``."""
     return {
@@ -67,8 +73,7 @@ def test_a_block_is_booked_once_google_approves_it_and_runs_in_its_reservation(
     assert (record.state, record.reason, record.pool) == (S.PENDING, "AWAITING_APPROVAL", POOL_A)
     name = order_name("block", 1)
     assert futures(blocks) == {name: "PENDING_APPROVAL"}
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     assert (world.state("block"), world.record("block").reason) == (S.BOOKED, "APPROVED")
     blocks.advance(start - world.clock.now())
     blocks.run()
@@ -96,8 +101,7 @@ def test_a_declined_block_is_rejected_with_alternatives_google_recommends(blocks
     start = NOW + 5 * DAY
     submit(world.store, calendar("block", vm_count=2, start_at=start, locations=(ZONE_A, ZONE_B)))
     blocks.run()
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     record = world.record("block")
     assert (record.state, record.reason) == (S.REJECTED, "DECLINED")
     assert f"{start.isoformat()} in {POOL_B} (Google recommends)" in record.message
@@ -112,8 +116,7 @@ def test_a_block_the_advice_api_has_no_room_for_is_refused_before_submitting(
     start = NOW + 5 * DAY
     submit(world.store, calendar("first", vm_count=3, start_at=start, locations=(ZONE_A,)))
     blocks.run()
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     assert world.state("first") is S.BOOKED
     # Our plan would fit 1 more VM of 4; Google promised 3 of its 4 over the window.
     submit(world.store, calendar("second", vm_count=2, start_at=start, locations=(ZONE_A,),
@@ -138,8 +141,7 @@ def test_a_cancel_google_would_refuse_is_refused_with_the_charge_and_changes_not
     start = NOW + 10 * DAY
     submit(world.store, calendar("block", vm_count=2, days=3, start_at=start))
     blocks.run()
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     before = world.record("block")
     blocks.advance(25 * HOUR)
     result = ending(blocks).cancel("block", "t")
@@ -158,8 +160,7 @@ def test_a_block_far_ahead_is_cancelled_at_google_then_deleted(blocks: Stack) ->
     world = blocks.world
     submit(world.store, calendar("block", vm_count=2, start_at=NOW + 40 * DAY))
     blocks.run()
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     blocks.advance(3 * DAY)
     result = ending(blocks).cancel("block", "t")
     assert (result.outcome, result.state) == (EndOutcome.ENDED, S.CANCELLED)
@@ -175,8 +176,7 @@ def test_releasing_a_running_block_deletes_its_vms_and_keeps_its_reservation_to_
     start = NOW + 5 * DAY
     submit(world.store, calendar("block", vm_count=2, days=2, start_at=start))
     blocks.run()
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     blocks.advance(start - world.clock.now())
     blocks.run()
     blocks.advance(LATENCY)
@@ -211,8 +211,7 @@ def test_a_tpu_block_is_a_future_reservation_of_chips_consumed_by_a_queued_resou
     assert world.record("slice").reason == "AWAITING_APPROVAL"
     (future,) = blocks.cloud.list_future_reservations(blocks.project, ZONE_A)
     assert future["aggregateReservation"]["vmFamily"] == "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT5LP"
-    blocks.advance(REVIEW)
-    blocks.run()
+    reviewed(blocks)
     assert world.state("slice") is S.BOOKED
     assert blocks.cloud.stock(ZONE_A, "V5LITE_POD") == 16  # promised, not taken yet
     blocks.advance(start - world.clock.now())
