@@ -15,6 +15,7 @@ from opendws.adapters.memory import MemoryRequestStore
 from opendws.domain import IllegalTransition, RequestState
 from opendws.domain.model import CALENDAR_MAX_LEAD, CALENDAR_MAX_RUN
 from opendws.ports import (
+    Change,
     CreateOutcome,
     Fenced,
     Lane,
@@ -111,9 +112,16 @@ def test_change_moves_the_state_appends_an_event_and_bumps_the_version(store: Re
     store.create(record, event_of(record, S.PENDING, None))
     event = event_of(record, S.PROVISIONING, S.PENDING)
     changed = store.change(
-        "r1", expected_version=1, state=S.PROVISIONING, event=event, reason="ADMITTED",
-        message="admitted", pool="us-central1-a/a3-highgpu-8g",
-    )  # fmt: skip
+        "r1",
+        Change(
+            expected_version=1,
+            state=S.PROVISIONING,
+            event=event,
+            reason="ADMITTED",
+            message="admitted",
+            pool="us-central1-a/a3-highgpu-8g",
+        ),
+    )
     assert (changed.state, changed.version, changed.pool) == (S.PROVISIONING, 2, event.pool)
     assert store.get("r1") == changed
     assert [e.state for e in store.events("r1")] == [S.PENDING, S.PROVISIONING]
@@ -124,16 +132,20 @@ def test_a_stale_version_is_refused_and_changes_nothing(store: RequestStore) -> 
     store.create(record, event_of(record, S.PENDING, None))
     store.change(
         "r1",
-        expected_version=1,
-        state=S.PROVISIONING,
-        event=event_of(record, S.PROVISIONING, S.PENDING),
+        Change(
+            expected_version=1,
+            state=S.PROVISIONING,
+            event=event_of(record, S.PROVISIONING, S.PENDING),
+        ),
     )
     with pytest.raises(StaleWrite):
         store.change(
             "r1",
-            expected_version=1,
-            state=S.CANCELLED,
-            event=event_of(record, S.CANCELLED, S.PENDING),
+            Change(
+                expected_version=1,
+                state=S.CANCELLED,
+                event=event_of(record, S.CANCELLED, S.PENDING),
+            ),
         )
     current = store.get("r1")
     assert current is not None
@@ -146,7 +158,8 @@ def test_an_illegal_transition_is_refused(store: RequestStore) -> None:
     store.create(record, event_of(record, S.PENDING, None))
     with pytest.raises(IllegalTransition, match="PENDING to ACTIVE"):
         store.change(
-            "r1", expected_version=1, state=S.ACTIVE, event=event_of(record, S.ACTIVE, S.PENDING)
+            "r1",
+            Change(expected_version=1, state=S.ACTIVE, event=event_of(record, S.ACTIVE, S.PENDING)),
         )
     assert len(store.events("r1")) == 1
 
@@ -156,9 +169,11 @@ def test_changing_an_unknown_request_says_so(store: RequestStore) -> None:
     with pytest.raises(UnknownRequest):
         store.change(
             "ghost",
-            expected_version=1,
-            state=S.CANCELLED,
-            event=event_of(record, S.CANCELLED, S.PENDING),
+            Change(
+                expected_version=1,
+                state=S.CANCELLED,
+                event=event_of(record, S.CANCELLED, S.PENDING),
+            ),
         )
     assert store.get("ghost") is None
     assert store.events("ghost") == []
@@ -173,7 +188,8 @@ def test_in_states_lists_requests_oldest_first(store: RequestStore) -> None:
     booked = record_of("c1", request=block, digest=content_digest(block))
     store.create(booked, event_of(booked, S.PENDING, None))
     store.change(
-        "c1", expected_version=1, state=S.BOOKED, event=event_of(booked, S.BOOKED, S.PENDING)
+        "c1",
+        Change(expected_version=1, state=S.BOOKED, event=event_of(booked, S.BOOKED, S.PENDING)),
     )
     assert [r.request_id for r in store.in_states(S.PENDING)] == ["r0", "r2", "r1"]
     assert [r.request_id for r in store.in_states(S.BOOKED, S.ACTIVE)] == ["c1"]
@@ -216,14 +232,22 @@ def test_a_revision_keeps_the_state_and_its_since_but_records_an_event(
     store.create(record, event_of(record, S.PENDING, None))
     admitted = event_of(record, S.PROVISIONING, S.PENDING)
     first = store.change(
-        "r1", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=1, pool="p"
+        "r1", Change(expected_version=1, state=S.PROVISIONING, event=admitted, attempt=1, pool="p")
     )
     assert (first.since, first.attempt, first.events) == (admitted.at, 1, 2)
     later = replace(admitted, at=admitted.at + timedelta(minutes=7), previous_state=S.PROVISIONING)
     revised = store.change(
-        "r1", expected_version=2, state=S.PROVISIONING, event=later, reason="RETRY", pool="p",
-        eta=NOW, position=4,
-    )  # fmt: skip
+        "r1",
+        Change(
+            expected_version=2,
+            state=S.PROVISIONING,
+            event=later,
+            reason="RETRY",
+            pool="p",
+            eta=NOW,
+            position=4,
+        ),
+    )
     assert (revised.state, revised.version, revised.since) == (S.PROVISIONING, 3, admitted.at)
     assert (revised.attempt, revised.reason, revised.position, revised.events) == (
         1, "RETRY", 4, 3,
@@ -243,30 +267,50 @@ def test_lanes_are_stored_kept_by_a_revision_and_cleared_back_in_line(
     racing = (Lane("us-a", 1), Lane("us-b", 2))
     admitted = event_of(record, S.PROVISIONING, S.PENDING)
     first = store.change(
-        "r1", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=2,
-        pool="us-a", lanes=racing,
-    )  # fmt: skip
+        "r1",
+        Change(
+            expected_version=1,
+            state=S.PROVISIONING,
+            event=admitted,
+            attempt=2,
+            pool="us-a",
+            lanes=racing,
+        ),
+    )
     assert first.lanes == racing
     assert first.orders == racing
     revised = store.change(
-        "r1", expected_version=2, state=S.PROVISIONING, event=admitted, pool="us-a"
+        "r1", Change(expected_version=2, state=S.PROVISIONING, event=admitted, pool="us-a")
     )
     assert store.get("r1") == revised
     assert revised.lanes == racing
     won = store.change(
-        "r1", expected_version=3, state=S.ACTIVE, event=admitted, pool="us-b",
-        lanes=(Lane("us-b", 2),),
-    )  # fmt: skip
+        "r1",
+        Change(
+            expected_version=3,
+            state=S.ACTIVE,
+            event=admitted,
+            pool="us-b",
+            lanes=(Lane("us-b", 2),),
+        ),
+    )
     assert store.get("r1") == won
     assert won.orders == (Lane("us-b", 2),)
     back = event_of(record, S.PENDING, S.PROVISIONING)
     fresh = store.create(record_of("r2"), event_of(record_of("r2"), S.PENDING, None))
     assert fresh is CreateOutcome.CREATED
     store.change(
-        "r2", expected_version=1, state=S.PROVISIONING, event=admitted, attempt=2, pool="us-a",
-        lanes=racing,
-    )  # fmt: skip
-    pending = store.change("r2", expected_version=2, state=S.PENDING, event=back, attempt=2)
+        "r2",
+        Change(
+            expected_version=1,
+            state=S.PROVISIONING,
+            event=admitted,
+            attempt=2,
+            pool="us-a",
+            lanes=racing,
+        ),
+    )
+    pending = store.change("r2", Change(expected_version=2, state=S.PENDING, event=back, attempt=2))
     assert pending.lanes == ()
     assert store.get("r2") == pending
 
@@ -297,16 +341,26 @@ def test_a_fenced_write_is_refused_once_the_lease_changed_hands(store: RequestSt
     old = store.acquire_lease("old", NOW, timedelta(minutes=2))
     assert old is not None
     changed = store.change(
-        "r1", expected_version=1, state=S.PROVISIONING, fence=old,
-        event=event_of(record, S.PROVISIONING, S.PENDING),
-    )  # fmt: skip
+        "r1",
+        Change(
+            expected_version=1,
+            state=S.PROVISIONING,
+            event=event_of(record, S.PROVISIONING, S.PENDING),
+        ),
+        fence=old,
+    )
     assert changed.version == 2
     assert store.acquire_lease("new", NOW + timedelta(minutes=3), timedelta(minutes=2))
     with pytest.raises(Fenced, match="held by new"):
         store.change(
-            "r1", expected_version=2, state=S.ACTIVE, fence=old,
-            event=event_of(changed, S.ACTIVE, S.PROVISIONING),
-        )  # fmt: skip
+            "r1",
+            Change(
+                expected_version=2,
+                state=S.ACTIVE,
+                event=event_of(changed, S.ACTIVE, S.PROVISIONING),
+            ),
+            fence=old,
+        )
     with pytest.raises(Fenced):
         store.mark_pool_short("p1", NOW + timedelta(hours=1), old)
     assert store.get("r1") == changed
@@ -336,9 +390,11 @@ def test_changes_wait_in_the_outbox_until_their_events_are_announced(
     store.create(other, event_of(other, S.PENDING, None))
     assert store.unannounced() == []  # creations are announced by intake's redelivery
     changed = store.change(
-        "r1", expected_version=1, state=S.CANCELLED,
-        event=event_of(record, S.CANCELLED, S.PENDING),
-    )  # fmt: skip
+        "r1",
+        Change(
+            expected_version=1, state=S.CANCELLED, event=event_of(record, S.CANCELLED, S.PENDING)
+        ),
+    )
     assert [r.request_id for r in store.unannounced()] == ["r1"]
     store.mark_announced("r1", changed.events - 1)
     assert [r.request_id for r in store.unannounced()] == ["r1"]
@@ -360,9 +416,14 @@ def test_a_final_change_stores_its_usage_in_the_same_write(store: RequestStore) 
             started_at=None, ended_at=NOW + timedelta(minutes=ended), cost=None,
         )  # fmt: skip
         store.change(
-            request_id, expected_version=1, state=S.CANCELLED, usage=usage,
-            event=event_of(record, S.CANCELLED, S.PENDING),
-        )  # fmt: skip
+            request_id,
+            Change(
+                expected_version=1,
+                state=S.CANCELLED,
+                usage=usage,
+                event=event_of(record, S.CANCELLED, S.PENDING),
+            ),
+        )
     assert [u.request_id for u in store.usage()] == ["r2", "r1"]  # oldest end first
     [vision] = store.usage("vision")
     assert (vision.outcome, vision.mode, vision.started_at, vision.cost) == (
@@ -372,9 +433,14 @@ def test_a_final_change_stores_its_usage_in_the_same_write(store: RequestStore) 
     # A refused write stores no usage either.
     with pytest.raises(StaleWrite):
         store.change(
-            "r1", expected_version=1, state=S.CANCELLED, usage=vision,
-            event=event_of(record_of("r1"), S.CANCELLED, S.PENDING),
-        )  # fmt: skip
+            "r1",
+            Change(
+                expected_version=1,
+                state=S.CANCELLED,
+                usage=vision,
+                event=event_of(record_of("r1"), S.CANCELLED, S.PENDING),
+            ),
+        )
     assert len(store.usage()) == 2
 
 
@@ -401,7 +467,9 @@ def test_firestore_event_records_carry_their_ttl_timestamp(
     first = event_of(record, S.PENDING, None)
     store.create(record, first)
     second = event_of(replace(record, version=2), S.PROVISIONING, S.PENDING)
-    store.change("r1", expected_version=1, state=S.PROVISIONING, event=second, pool=second.pool)
+    store.change(
+        "r1", Change(expected_version=1, state=S.PROVISIONING, event=second, pool=second.pool)
+    )
     documents = client.collection(REQUESTS).document("r1").collection(EVENTS).order_by("seq")
     expiries = [snapshot.get(EVENT_EXPIRY_FIELD) for snapshot in documents.stream()]
     assert expiries == [first.at + EVENT_RETENTION, second.at + EVENT_RETENTION]

@@ -217,5 +217,5 @@ def test_four_reconcilers_at_once_provision_each_request_exactly_once(
     for name in names:
         states = [event.state for event in world.store.events(name)]
         assert states == [S.PENDING, S.PROVISIONING, S.ACTIVE], f"{name}: {states}"
-    admitted = sum(report.transitions["PENDING→PROVISIONING"] for report in reports)
+    admitted = sum(report.transitions[S.PENDING, S.PROVISIONING] for report in reports)
     assert admitted == len(names)

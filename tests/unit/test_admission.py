@@ -14,6 +14,7 @@ import pytest
 
 from opendws.domain import Outcome, Plan, Reason, Snapshot, admit
 from opendws.domain.admission import Alternative
+from opendws.domain.reasons import Expiry
 from tests.builders import (
     A3,
     DAY,
@@ -112,7 +113,7 @@ CASES = [
     Case(
         "a flex window that already closed times out",
         snapshot(pending=[flex("r1", submitted_at=NOW - 2 * DAY, max_wait=DAY)]),
-        {"r1": (T, Reason.MAX_WAIT_PASSED, None, None)},
+        {"r1": (T, Expiry.MAX_WAIT_PASSED, None, None)},
     ),
     Case(
         "a window that closes exactly now still admits now",

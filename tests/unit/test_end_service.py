@@ -240,10 +240,10 @@ def test_a_cancel_racing_a_pass_leaves_that_request_to_the_next_pass(
         def __getattr__(self, name: str) -> object:
             return getattr(store, name)
 
-        def change(self, request_id: str, **kwargs: object) -> object:
+        def change(self, request_id: str, *args: object, **kwargs: object) -> object:
             if request_id == "raced" and store.get("raced").state is S.PENDING:  # type: ignore[union-attr]
                 ending.cancel("raced", "vision")
-            return store.change(request_id, **kwargs)  # type: ignore[arg-type]
+            return store.change(request_id, *args, **kwargs)  # type: ignore[arg-type]
 
     world.store = Racing()  # type: ignore[assignment]
     report = world.run()

@@ -10,8 +10,17 @@ import pytest
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.model import PolicySettings
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, Fenced, Lane, Order, StatusEvent, order_name
-from opendws.service.reconcile import Providers, ReconcileSettings
+from opendws.ports import (
+    Change,
+    Configuration,
+    Fenced,
+    Lane,
+    Order,
+    Providers,
+    StatusEvent,
+    order_name,
+)
+from opendws.service.reconcile import ReconcileSettings
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
 
@@ -42,7 +51,7 @@ def test_an_admitted_request_is_provisioned_and_becomes_active(two_zones: Zones)
     submit(world.store, flex("train", vm_count=2, hours=6, locations=(ZONE_A, ZONE_B)))
     report = world.run()
     assert report.ran
-    assert report.transitions == {"PENDING→PROVISIONING": 1}
+    assert report.transitions == {(S.PENDING, S.PROVISIONING): 1}
     record = world.record("train")
     assert (record.state, record.pool, record.attempt) == (S.PROVISIONING, POOL_A, 1)
     assert report.provisioned == [order_name("train", 1)]
@@ -201,10 +210,16 @@ def test_a_reconciler_that_lost_its_lease_cannot_write(two_zones: Zones) -> None
     record = world.record("r1")
     with pytest.raises(Fenced, match="held by new"):
         world.store.change(
-            "r1", expected_version=record.version, state=S.CANCELLED, fence=old,
-            event=StatusEvent(request_id="r1", tenant="t", state=S.CANCELLED,
-                              previous_state=S.PENDING, at=NOW),
-        )  # fmt: skip
+            "r1",
+            Change(
+                expected_version=record.version,
+                state=S.CANCELLED,
+                event=StatusEvent(
+                    request_id="r1", tenant="t", state=S.CANCELLED, previous_state=S.PENDING, at=NOW
+                ),
+            ),
+            fence=old,
+        )
     with pytest.raises(Fenced):
         world.store.mark_pool_short(POOL_A, NOW + HOUR, old)
     assert world.state("r1") is S.PENDING
@@ -324,7 +339,7 @@ def test_one_pass_applies_every_kind_of_decision(two_zones: Zones) -> None:
     assert clash.reason == "NO_CAPACITY"
     assert "nearest starts that fit" in clash.message
     assert report.transitions == {
-        "PENDING→PROVISIONING": 1, "PENDING→REJECTED": 2,
+        (S.PENDING, S.PROVISIONING): 1, (S.PENDING, S.REJECTED): 2,
     }  # fmt: skip
     assert report.revisions == 2  # held: its ETA announced; block: submitted for review
 

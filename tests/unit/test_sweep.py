@@ -21,6 +21,7 @@ import pytest
 
 from opendws.domain.model import Mode
 from opendws.domain.provisioning import Lane, ProvisionPhase
+from opendws.domain.reasons import Expiry
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (
     STOCKOUT_CODES,
@@ -152,7 +153,7 @@ def test_an_order_waits_hours_without_a_timeout_until_max_wait() -> None:
 def test_max_wait_passing_cancels_every_order_it_had_queued() -> None:
     lanes = (seen(A, 1, P.WAITING, last_attempt=STOCKOUT), seen(B, 2, P.CREATING))
     step = sweep(view(S.PROVISIONING, *lanes, deadline=NOW), NOW, GRACE)
-    assert (step.target, step.reason, step.trigger) == (S.TIMED_OUT, R.MAX_WAIT_PASSED,
+    assert (step.target, step.reason, step.trigger) == (S.TIMED_OUT, Expiry.MAX_WAIT_PASSED,
                                                        Trigger.ACTIVE)  # fmt: skip
     assert step.calls == ((Call.RELEASE, Lane(A, 1)), (Call.RELEASE, Lane(B, 2)))
 
@@ -207,7 +208,8 @@ def test_a_run_past_its_end_is_released_by_the_sweep_after_the_grace() -> None:
     assert GRACE.grace == timedelta(minutes=1)
     late = NOW + timedelta(minutes=1)
     step = sweep(view(S.ACTIVE, seen(phase=P.READY), run_end=end), late, GRACE)
-    assert (step.target, step.reason, step.trigger) == (S.EXPIRED, R.RUN_TIME_UP, Trigger.ACTIVE)
+    expected = (S.EXPIRED, Expiry.RUN_TIME_UP, Trigger.ACTIVE)
+    assert (step.target, step.reason, step.trigger) == expected
 
 
 def test_a_block_starts_and_ends_on_time() -> None:

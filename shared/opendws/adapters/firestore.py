@@ -5,7 +5,8 @@ composite indexes are declared in ``infra/modules/firestore``. ``requests/{reque
 {seq}`` holds one event per state change, ``seq`` a zero-padded counter so that document order
 is event order, and ``expire_at`` the time after which Firestore's TTL policy (on the
 ``events`` collection group) may delete it. Creation is one batch with create-if-absent
-preconditions; every change is one transaction that checks the version it read — and, for the
+preconditions; every change is one transaction that reads the record, applies the pure rules
+of :class:`~opendws.ports.Change` to it (which check the version it read) — and, for the
 reconciler's writes, the fencing token of the lease in ``leases/reconciler``, read in the same
 transaction, so a reconciler that lost the lease cannot write. Learned pool cool-downs live in
 ``pool_status/{pool id, URL-quoted}``; the configuration in ``config/scheduler``.
@@ -15,31 +16,33 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from google.api_core.exceptions import AlreadyExists, NotFound
+from google.api_core.exceptions import Aborted, AlreadyExists, NotFound
 from google.cloud import firestore
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from opendws.config import configuration_from_document, configuration_to_document
 from opendws.domain.model import Mode
-from opendws.domain.states import RequestState, transition
+from opendws.domain.states import RequestState
 from opendws.ports import (
+    Change,
     Configuration,
     CreateOutcome,
     Fence,
-    Fenced,
-    Lane,
     RequestRecord,
     StaleWrite,
     StatusEvent,
     UnknownRequest,
     UsageEntry,
-    lanes_after,
+    check_fence,
+    cooldown_after,
     lanes_from_document,
     lanes_to_document,
+    lease_released,
+    next_lease,
     request_from_document,
     request_to_document,
 )
@@ -52,8 +55,6 @@ POOL_STATUS = "pool_status"
 USAGE = "usage"
 CONFIG = "config"
 SCHEDULER_CONFIG = "scheduler"
-# A released lease expires at the beginning of time: anyone may take it at once.
-LEASE_FREE = datetime.min.replace(tzinfo=UTC)
 # How long an event record is kept: longer than any request lives (a calendar block may start
 # 120 days ahead and run 90), so a live request never loses its history.
 EVENT_RETENTION = timedelta(days=400)
@@ -95,12 +96,8 @@ class FirestoreRequestStore:
         return None if data is None else _record(data)
 
     def change(
-        self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
-        reason: str | None = None, message: str = "", pool: str | None = None,
-        eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
-        fence: Fence | None = None, usage: UsageEntry | None = None,
-        lanes: tuple[Lane, ...] | None = None,
-    ) -> RequestRecord:  # fmt: skip
+        self, request_id: str, change: Change, *, fence: Fence | None = None
+    ) -> RequestRecord:
         document = self._requests.document(request_id)
 
         @firestore.transactional
@@ -110,39 +107,20 @@ class FirestoreRequestStore:
             data = snapshot.to_dict() if snapshot.exists else None
             if data is None:
                 raise UnknownRequest(request_id)
-            if data["version"] != expected_version:
-                raise StaleWrite(
-                    f"{request_id} is at version {data['version']}, not {expected_version}"
-                )
-            current = RequestState(data["state"])
-            revision = state is current
-            if not revision:
-                transition(current, state)
-            seq = int(data.get("events", 0)) + 1
-            fields = {
-                "state": state.value,
-                "version": expected_version + 1,
-                "updated_at": event.at,
-                "reason": reason,
-                "message": message,
-                "pool": pool,
-                "eta": eta,
-                "position": position,
-                "attempt": int(data.get("attempt", 0)) if attempt is None else attempt,
-                "lanes": lanes_to_document(
-                    lanes_after(lanes_from_document(data.get("lanes")), state, lanes)
-                ),
-                "since": data.get("since") if revision else event.at,
-                "events": seq,
-                "outbox": True,  # until its event is marked published
-            }
-            transaction.update(document, fields)
-            transaction.create(
-                document.collection(EVENTS).document(_event_id(seq)), _event_fields(event, seq)
+            changed = change.apply(_record(data))
+            # Only what a change may change is written (the outbox cursor, moved by
+            # mark_announced, is left alone); ``outbox`` until its event is published.
+            fields = _record_fields(changed)
+            transaction.update(
+                document, {**{name: fields[name] for name in _CHANGED_FIELDS}, "outbox": True}
             )
-            if usage is not None:
-                transaction.set(self._usage.document(request_id), _usage_fields(usage))
-            return _record({**data, **fields})
+            transaction.create(
+                document.collection(EVENTS).document(_event_id(changed.events)),
+                _event_fields(change.event, changed.events),
+            )
+            if change.usage is not None:
+                transaction.set(self._usage.document(request_id), _usage_fields(change.usage))
+            return changed
 
         with _contention(f"{request_id} was changed by another writer meanwhile"):
             result: RequestRecord = apply(self._client.transaction())
@@ -200,13 +178,12 @@ class FirestoreRequestStore:
     def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
         @firestore.transactional
         def take(transaction: firestore.Transaction) -> Fence | None:
-            lease = _fence(self._lease.get(transaction=transaction).to_dict())
-            if lease is not None and lease.holder != holder and lease.expires_at > now:
-                return None
-            token = 1 if lease is None else lease.token + (lease.holder != holder)
-            fence = Fence(holder=holder, token=token, expires_at=now + ttl)
-            transaction.set(self._lease, _fence_fields(fence))
-            return fence
+            lease = next_lease(
+                _fence(self._lease.get(transaction=transaction).to_dict()), holder, now, ttl
+            )
+            if lease is not None:
+                transaction.set(self._lease, _fence_fields(lease))
+            return lease
 
         try:
             with _contention("the lease is being taken by another reconciler"):
@@ -219,8 +196,9 @@ class FirestoreRequestStore:
         @firestore.transactional
         def give_up(transaction: firestore.Transaction) -> None:
             lease = _fence(self._lease.get(transaction=transaction).to_dict())
-            if lease is not None and (lease.holder, lease.token) == (fence.holder, fence.token):
-                transaction.update(self._lease, {"expires_at": LEASE_FREE})
+            released = lease_released(lease, fence)
+            if released is not None:
+                transaction.update(self._lease, {"expires_at": released.expires_at})
 
         with contextlib.suppress(StaleWrite), _contention("the lease changed hands meanwhile"):
             give_up(self._client.transaction())
@@ -233,8 +211,9 @@ class FirestoreRequestStore:
             self._check_fence(transaction, fence)
             snapshot = document.get(transaction=transaction)
             current = (snapshot.to_dict() or {}).get("short_until") if snapshot.exists else None
-            if current is None or until > current:  # never shortens a cool-down
-                transaction.set(document, {"pool_id": pool_id, "short_until": until})
+            cooldown = cooldown_after(current, until)
+            if cooldown is not None:
+                transaction.set(document, {"pool_id": pool_id, "short_until": cooldown})
 
         with _contention(f"{pool_id}'s status was changed by another writer meanwhile"):
             mark(self._client.transaction())
@@ -251,15 +230,8 @@ class FirestoreRequestStore:
         """Refuse the transaction's write once the lease has changed hands. Reading the lease
         in the transaction makes a concurrent takeover conflict with it: one of them retries
         and then sees the other."""
-        if fence is None:
-            return
-        lease = _fence(self._lease.get(transaction=transaction).to_dict())
-        if lease is None or (lease.holder, lease.token) != (fence.holder, fence.token):
-            current = "nobody" if lease is None else f"{lease.holder} (token {lease.token})"
-            raise Fenced(
-                f"the reconciler lease is held by {current}; {fence.holder} "
-                f"(token {fence.token}) may no longer write"
-            )
+        if fence is not None:
+            check_fence(fence, _fence(self._lease.get(transaction=transaction).to_dict()))
 
 
 class FirestoreConfigStore:
@@ -282,13 +254,17 @@ class FirestoreConfigStore:
 @contextlib.contextmanager
 def _contention(what: str) -> Iterator[None]:
     """A transaction that kept colliding with other writers until the client gave up: the
-    writer's view is stale (StaleWrite), not a fault to crash on."""
+    writer's view is stale (StaleWrite), not a fault to crash on. The client retries a commit
+    that Firestore aborted (``Aborted``: contention) and, out of attempts, raises a ValueError
+    from the last ``Aborted``; a read Firestore aborts raises ``Aborted`` itself."""
     try:
         yield
-    except ValueError as error:
-        if "Failed to commit transaction" not in str(error):
-            raise
+    except Aborted as error:
         raise StaleWrite(f"{what} ({error})") from error
+    except ValueError as error:
+        if not isinstance(error.__cause__, Aborted):
+            raise
+        raise StaleWrite(f"{what} ({error.__cause__})") from error
 
 
 def _usage_fields(usage: UsageEntry) -> dict[str, Any]:
@@ -329,6 +305,14 @@ def _fence(data: dict[str, Any] | None) -> Fence | None:
 
 def _fence_fields(fence: Fence) -> dict[str, Any]:
     return {"holder": fence.holder, "token": fence.token, "expires_at": fence.expires_at}
+
+
+# The fields of a stored request that a Change writes (Change.apply); the rest — what it asks
+# for, its digest, its outbox cursor — is written once at creation or by mark_announced.
+_CHANGED_FIELDS = (
+    "state", "version", "updated_at", "reason", "message", "pool", "eta", "position",
+    "attempt", "lanes", "since", "events",
+)  # fmt: skip
 
 
 def _record_fields(record: RequestRecord) -> dict[str, Any]:

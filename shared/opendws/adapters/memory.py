@@ -12,37 +12,37 @@ from datetime import UTC, datetime, timedelta
 
 from opendws.domain.calendar import CancellationRule, cancel_deadline, may_cancel
 from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
-from opendws.domain.states import RequestState, transition
+from opendws.domain.states import RequestState
 from opendws.ports import (
     Advised,
+    Change,
     Clock,
     Configuration,
     CreateOutcome,
     Fence,
-    Fenced,
-    Lane,
     Observed,
     Order,
     ProvisionPhase,
     RequestRecord,
-    StaleWrite,
     StatusEvent,
     Timer,
     UnknownRequest,
     UsageEntry,
     Withdrawal,
-    lanes_after,
+    check_fence,
+    cooldown_after,
+    lease_released,
+    next_lease,
     requests_topic,
 )
 
-# A released lease expires at the beginning of time: anyone may take it at once.
-LEASE_FREE = datetime.min.replace(tzinfo=UTC)
-
 
 class MemoryRequestStore:
-    """A RequestStore in a dict, safe to share between threads. Ids are also indexed by state
-    and by unpublished events, so that the reconciler's queries cost what they return rather
-    than every request ever stored (a trace replay stores tens of thousands)."""
+    """A RequestStore (every narrow store port) in a dict, safe to share between threads. It
+    only persists: each write's rules are the pure ones of :mod:`opendws.ports.records`. Ids
+    are also indexed by state and by unpublished events, so that the reconciler's queries cost
+    what they return rather than every request ever stored (a trace replay stores tens of
+    thousands)."""
 
     def __init__(self) -> None:
         self._records: dict[str, RequestRecord] = {}
@@ -69,41 +69,18 @@ class MemoryRequestStore:
             return self._records.get(request_id)
 
     def change(
-        self, request_id: str, *, expected_version: int, state: RequestState, event: StatusEvent,
-        reason: str | None = None, message: str = "", pool: str | None = None,
-        eta: datetime | None = None, position: int | None = None, attempt: int | None = None,
-        fence: Fence | None = None, usage: UsageEntry | None = None,
-        lanes: tuple[Lane, ...] | None = None,
-    ) -> RequestRecord:  # fmt: skip
+        self, request_id: str, change: Change, *, fence: Fence | None = None
+    ) -> RequestRecord:
         with self._lock:
-            self._check_fence(fence)
+            check_fence(fence, self._lease)
             record = self._records.get(request_id)
             if record is None:
                 raise UnknownRequest(request_id)
-            if record.version != expected_version:
-                raise StaleWrite(
-                    f"{request_id} is at version {record.version}, not {expected_version}"
-                )
-            revision = state is record.state
-            changed = replace(
-                record,
-                state=state if revision else transition(record.state, state),
-                version=record.version + 1,
-                updated_at=event.at,
-                reason=reason,
-                message=message,
-                pool=pool,
-                eta=eta,
-                position=position,
-                attempt=record.attempt if attempt is None else attempt,
-                lanes=lanes_after(record.lanes, state, lanes),
-                since=record.since if revision else event.at,
-                events=record.events + 1,
-            )
+            changed = change.apply(record)
             self._put(changed)
-            self._events[request_id].append(event)
-            if usage is not None:
-                self._usage[request_id] = usage
+            self._events[request_id].append(change.event)
+            if change.usage is not None:
+                self._usage[request_id] = change.usage
             return changed
 
     def events(self, request_id: str) -> list[StatusEvent]:
@@ -148,41 +125,27 @@ class MemoryRequestStore:
 
     def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
         with self._lock:
-            lease = self._lease
-            if lease is not None and lease.holder != holder and lease.expires_at > now:
-                return None
-            token = 1 if lease is None else lease.token + (lease.holder != holder)
-            self._lease = Fence(holder=holder, token=token, expires_at=now + ttl)
-            return self._lease
+            lease = next_lease(self._lease, holder, now, ttl)
+            if lease is not None:
+                self._lease = lease
+            return lease
 
     def release_lease(self, fence: Fence) -> None:
         with self._lock:
-            lease = self._lease
-            if lease is not None and (lease.holder, lease.token) == (fence.holder, fence.token):
-                self._lease = replace(lease, expires_at=LEASE_FREE)
+            released = lease_released(self._lease, fence)
+            if released is not None:
+                self._lease = released
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
         with self._lock:
-            self._check_fence(fence)
-            current = self._shortages.get(pool_id)
-            if current is None or until > current:
-                self._shortages[pool_id] = until
+            check_fence(fence, self._lease)
+            cooldown = cooldown_after(self._shortages.get(pool_id), until)
+            if cooldown is not None:
+                self._shortages[pool_id] = cooldown
 
     def pool_shortages(self) -> dict[str, datetime]:
         with self._lock:
             return dict(self._shortages)
-
-    def _check_fence(self, fence: Fence | None) -> None:
-        """Refuse a fenced write once the lease has changed hands (the lock is held)."""
-        if fence is None:
-            return
-        lease = self._lease
-        if lease is None or lease.token != fence.token or lease.holder != fence.holder:
-            current = "nobody" if lease is None else f"{lease.holder} (token {lease.token})"
-            raise Fenced(
-                f"the reconciler lease is held by {current}; {fence.holder} "
-                f"(token {fence.token}) may no longer write"
-            )
 
 
 class MemoryConfigStore:

@@ -45,6 +45,7 @@ from opendws.domain.model import (
 )
 from opendws.domain.policy import calendar_key, flex_key
 from opendws.domain.quotas import Limit, LimitKey, QuotaBook
+from opendws.domain.reasons import Expiry
 from opendws.domain.timeline import (
     MICROSECOND,
     MinuteGrid,
@@ -82,7 +83,6 @@ class Reason(StrEnum):
     NEVER_FITS = "NEVER_FITS"  # no allowed pool of this shape, or the gang exceeds every one
     EXCEEDS_QUOTA = "EXCEEDS_QUOTA"  # the gang exceeds what the tenant may ever hold at once
     UNKNOWN_TENANT = "UNKNOWN_TENANT"  # the tenant is not configured
-    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # the flex window closed before admission
     START_PASSED = "START_PASSED"  # calendar: the whole block lies in the past
 
 
@@ -102,7 +102,7 @@ class Decision:
 
     request_id: str
     outcome: Outcome
-    reason: Reason | None = None  # None only for ADMIT and CONFIRM
+    reason: Reason | Expiry | None = None  # None only for ADMIT and CONFIRM
     pool_id: str | None = None  # ADMIT, HOLD, CONFIRM: where
     start_at: datetime | None = None  # ADMIT, CONFIRM: the start; HOLD: the ETA
     end_at: datetime | None = None  # ADMIT, HOLD, CONFIRM: start + run_duration
@@ -322,7 +322,7 @@ class _Pass:
             return Decision(
                 request_id=request.request_id,
                 outcome=Outcome.TIME_OUT,
-                reason=Reason.MAX_WAIT_PASSED,
+                reason=Expiry.MAX_WAIT_PASSED,  # the window closed before admission
                 detail=(
                     f"max_wait passed at {(request.submitted_at + request.max_wait).isoformat()}"
                     " before any slot opened"

@@ -27,6 +27,7 @@ from enum import StrEnum
 
 from opendws.domain.model import Mode
 from opendws.domain.provisioning import Lane, ProvisionPhase
+from opendws.domain.reasons import Expiry
 from opendws.domain.states import RequestState
 
 S = RequestState
@@ -50,11 +51,9 @@ class SweepReason(StrEnum):
     READY = "READY"  # the provider reports the whole gang running
     WAITING_FOR_CAPACITY = "WAITING_FOR_CAPACITY"  # queued at Google, capacity not there yet
     PROVISIONING_FAILED = "PROVISIONING_FAILED"  # the cloud failed the order for good
-    RUN_TIME_UP = "RUN_TIME_UP"  # its run time passed and no timer ended it
     CAPACITY_ENDED = "CAPACITY_ENDED"  # the cloud ended the run by itself
     BLOCK_STARTED = "BLOCK_STARTED"  # a calendar block's start was reached
     BLOCK_ENDED = "BLOCK_ENDED"  # a calendar block's end was reached
-    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # max_wait passed while it waited at Google
     # Given up after ReconcileSettings.give_up_after (off by default: it loses the place in
     # Google's queue; kept to compare against, see bench/obtain.py).
     GAVE_UP = "GAVE_UP"
@@ -89,7 +88,7 @@ class Row:
     lane's order follow, and what caused it."""
 
     target: RequestState | None
-    reason: SweepReason | None
+    reason: SweepReason | Expiry | None
     calls: tuple[Call, ...]
     trigger: Trigger
 
@@ -249,7 +248,7 @@ class Step:
     order. ``lanes`` are the orders the record keeps afterwards."""
 
     target: RequestState | None
-    reason: SweepReason | None
+    reason: SweepReason | Expiry | None
     trigger: Trigger | None
     lanes: tuple[Lane, ...]
     calls: tuple[tuple[Call, Lane], ...] = ()
@@ -290,7 +289,7 @@ def sweep(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
                     "block ended")  # fmt: skip
     if view.state is S.ACTIVE and view.run_end is not None and now >= view.run_end + grace:
         return Step(
-            S.EXPIRED, SweepReason.RUN_TIME_UP, Trigger.ACTIVE, lanes, releases,
+            S.EXPIRED, Expiry.RUN_TIME_UP, Trigger.ACTIVE, lanes, releases,
             f"run time ended at {view.run_end.isoformat()} and no timer ended it; released by "
             "the sweep",
         )  # fmt: skip
@@ -416,7 +415,7 @@ def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: d
         )  # fmt: skip
     if view.deadline is not None and now >= view.deadline:
         return Step(
-            S.TIMED_OUT, SweepReason.MAX_WAIT_PASSED, Trigger.ACTIVE, every,
+            S.TIMED_OUT, Expiry.MAX_WAIT_PASSED, Trigger.ACTIVE, every,
             tuple((Call.RELEASE, lane) for lane in every),
             f"max_wait passed at {view.deadline.isoformat()} while waiting for Google Cloud "
             f"in {_pools(every)}; every order it had queued is cancelled", short,
@@ -438,7 +437,7 @@ def _provisioning_flex(view: SweepView, configured: tuple[LaneView, ...], now: d
         for call in row.calls
     )
     waiting = [seen for seen in kept if seen.phase is P.WAITING and seen.last_attempt]
-    reason: SweepReason | None = None
+    reason: SweepReason | Expiry | None = None
     message = ""
     if failed:
         reason, message = (

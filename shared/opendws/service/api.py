@@ -23,7 +23,7 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from opendws.ports import Clock, RequestStore
+from opendws.ports import Clock, Requests
 from opendws.service.queries import QueryService
 from opendws.service.release import EndOutcome, EndService
 from opendws.service.usage import UsageService
@@ -49,7 +49,7 @@ class ApiService:
     """Routes API calls (see the module docstring)."""
 
     def __init__(
-        self, store: RequestStore, queries: QueryService, usage: UsageService,
+        self, store: Requests, queries: QueryService, usage: UsageService,
         ending: Callable[[], EndService], clock: Clock, keys: Mapping[str, str],
     ) -> None:  # fmt: skip
         self._store = store

@@ -36,6 +36,7 @@ from enum import StrEnum
 from opendws.domain.states import RequestState
 from opendws.ports import (
     SHARED_REQUESTS_TOPIC,
+    AnnouncedRequests,
     Clock,
     ConfigStore,
     Configuration,
@@ -44,7 +45,6 @@ from opendws.ports import (
     Identity,
     Nudger,
     RequestRecord,
-    RequestStore,
     Speaker,
     StatusEvent,
     TimerQueue,
@@ -110,7 +110,7 @@ class IntakeService:
     """Turns request messages into stored requests and events (see the module docstring)."""
 
     def __init__(
-        self, store: RequestStore, bus: EventBus, clock: Clock, *, config: ConfigStore,
+        self, store: AnnouncedRequests, bus: EventBus, clock: Clock, *, config: ConfigStore,
         ending: Callable[[], EndService] | None = None, timers: TimerQueue | None = None,
         nudger: Nudger | None = None,
     ) -> None:  # fmt: skip

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from opendws.domain.states import RequestState
-from opendws.ports import RequestRecord, RequestStore
-from opendws.service.reconcile import hold_end
+from opendws.ports import RequestRecord, Requests, hold_end
 
 S = RequestState
 
@@ -46,7 +45,7 @@ class Span:
 class QueryService:
     """Queue and timeline views over the request store."""
 
-    def __init__(self, store: RequestStore) -> None:
+    def __init__(self, store: Requests) -> None:
         self._store = store
 
     def queue(self, now: datetime, *, tenant: str | None = None) -> list[QueueEntry]:

@@ -31,7 +31,7 @@ import itertools
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -61,6 +61,7 @@ from opendws.domain.sweep import (
 from opendws.ports import (
     BlockProvider,
     CapacityProvider,
+    Change,
     Clock,
     ConfigStore,
     EventBus,
@@ -68,12 +69,16 @@ from opendws.ports import (
     Fenced,
     Observed,
     Order,
+    Providers,
+    ReconcilerStore,
     RequestRecord,
-    RequestStore,
+    Sighting,
     StaleWrite,
     StatusEvent,
     TimerQueue,
+    hold_end,
     order_name,
+    submitted,
 )
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
@@ -133,67 +138,22 @@ class ReconcileSettings:
         )  # fmt: skip
 
 
-class Providers:
-    """Which provider serves which order: flex requests use flex-start resize requests (MIG
-    pools) or flex-start queued resources (TPU pools); calendar blocks use calendar-mode
-    future reservations, consumed by VMs (``calendar``) or by queued resources naming the
-    reservation (``tpu_calendar``; the ``calendar`` provider when not given)."""
+class PassOutcome(StrEnum):
+    """How a pass ended."""
 
-    def __init__(
-        self, *, mig_flex: CapacityProvider, tpu: CapacityProvider, calendar: BlockProvider,
-        tpu_calendar: BlockProvider | None = None,
-    ) -> None:  # fmt: skip
-        self.mig_flex = mig_flex
-        self.tpu = tpu
-        self.calendar = calendar
-        self.tpu_calendar = calendar if tpu_calendar is None else tpu_calendar
-
-    def for_order(self, pool: Pool, mode: Mode) -> CapacityProvider:
-        """The provider of an order of ``mode`` in ``pool``."""
-        if mode is Mode.CALENDAR:
-            return self.blocks(pool)
-        return self.tpu if pool.provider is Provider.TPU else self.mig_flex
-
-    def blocks(self, pool: Pool) -> BlockProvider:
-        """The provider of calendar blocks in ``pool``."""
-        return self.tpu_calendar if pool.provider is Provider.TPU else self.calendar
-
-    def observe(self, pools: Iterable[Pool]) -> dict[str, Sighting]:
-        """Every owned resource in ``pools``, by order name, across all providers (a provider
-        serving several kinds is asked once per kind of pool)."""
-        by_kind = {kind: [pool for pool in pools if pool.provider is kind] for kind in Provider}
-        observed: dict[str, Sighting] = {}
-        asked: set[tuple[int, Provider]] = set()
-        for provider, kind in (
-            (self.mig_flex, Provider.MIG),
-            (self.tpu, Provider.TPU),
-            (self.calendar, Provider.MIG),
-            (self.tpu_calendar, Provider.TPU),
-        ):
-            if not by_kind[kind] or (id(provider), kind) in asked:
-                continue
-            asked.add((id(provider), kind))
-            for name, seen in provider.observe(by_kind[kind]).items():
-                observed[name] = Sighting(provider=provider, observed=seen)
-        return observed
-
-
-@dataclass(frozen=True, slots=True)
-class Sighting:
-    """One observed resource and the provider that owns it."""
-
-    provider: CapacityProvider
-    observed: Observed
+    SKIPPED = "SKIPPED"  # another reconciler holds the lease: nothing was done
+    COMPLETED = "COMPLETED"  # the whole cycle ran
+    FENCED = "FENCED"  # the lease was lost mid-pass; the rest was left to the new holder
+    STALE = "STALE"  # stopped early: a record changed under the pass (the next one retries)
 
 
 @dataclass(slots=True)
 class PassReport:
     """What one pass did."""
 
-    ran: bool = False  # False: another reconciler holds the lease
-    fenced: bool = False  # True: the lease was lost mid-pass; the rest was left to the holder
-    stale: bool = False  # True: the pass stopped early on a stale view (fenced, or a conflict)
-    transitions: Counter[str] = field(default_factory=Counter)  # "PENDING→PROVISIONING": n
+    outcome: PassOutcome = PassOutcome.SKIPPED
+    # (from, to) → how many requests moved so, e.g. (PENDING, PROVISIONING): 3.
+    transitions: Counter[tuple[RequestState, RequestState]] = field(default_factory=Counter)
     double_wins: list[str] = field(default_factory=list)  # orders served beside a race's winner
     revisions: int = 0  # same-state updates (new ETA, reason, attempt)
     provisioned: list[str] = field(default_factory=list)  # order names whose creation was asked
@@ -208,12 +168,41 @@ class PassReport:
     in_flight: int = 0
     published: int = 0
 
+    @property
+    def ran(self) -> bool:
+        """False when another reconciler held the lease."""
+        return self.outcome is not PassOutcome.SKIPPED
+
+    @property
+    def fenced(self) -> bool:
+        """True when the lease was lost mid-pass."""
+        return self.outcome is PassOutcome.FENCED
+
+    @property
+    def stale(self) -> bool:
+        """True when the pass stopped early on a stale view (fenced, or a conflict)."""
+        return self.outcome in (PassOutcome.FENCED, PassOutcome.STALE)
+
+    def transition_counts(self) -> dict[str, int]:
+        """The transitions as ``{"PENDING→PROVISIONING": n}``, for logs and JSON."""
+        return {f"{source}→{target}": n for (source, target), n in self.transitions.items()}
+
+    def calls(self, call: Call) -> list[str]:
+        """The order names for which a ``call`` was made this pass."""
+        match call:
+            case Call.PROVISION:
+                return self.provisioned
+            case Call.RESERVE:
+                return self.reserved
+            case Call.RELEASE:
+                return self.released
+
 
 class ReconcileService:
     """Runs reconcile passes (see the module docstring)."""
 
     def __init__(
-        self, store: RequestStore, config: ConfigStore, providers: Providers, bus: EventBus,
+        self, store: ReconcilerStore, config: ConfigStore, providers: Providers, bus: EventBus,
         clock: Clock, *, holder: str, settings: ReconcileSettings | None = None,
         timers: TimerQueue | None = None,
     ) -> None:  # fmt: skip
@@ -243,7 +232,7 @@ class ReconcileService:
         report = PassReport()
         if fence is None:
             return report
-        report.ran = True
+        report.outcome = PassOutcome.COMPLETED
         cycle = _Cycle(self, fence, now, report)
         try:
             cycle.run()
@@ -251,8 +240,7 @@ class ReconcileService:
             # Fenced (another reconciler took over) or a record changed under us: this pass's
             # view is stale. Stop; the next pass starts from a fresh one.
             log.warning("reconcile pass stopped: %s", error)
-            report.fenced = isinstance(error, Fenced)
-            report.stale = True
+            report.outcome = PassOutcome.FENCED if isinstance(error, Fenced) else PassOutcome.STALE
             return report
         self._store.release_lease(fence)
         return report
@@ -401,11 +389,11 @@ class _Cycle:
             provider = self.providers.for_order(pool, record.request.mode)
             match call:
                 case Call.RELEASE:
-                    self._call("release", order, functools.partial(_release, provider))
+                    self._call(call, order, functools.partial(_release, provider))
                 case Call.RESERVE:
-                    self._call("reserve", order, provider.reserve)
+                    self._call(call, order, provider.reserve)
                 case Call.PROVISION:
-                    self._call("provision", order, provider.provision)
+                    self._call(call, order, provider.provision)
 
     def _release_leak(self, sighting: Sighting) -> None:
         leak = sighting.observed
@@ -419,11 +407,11 @@ class _Cycle:
         try:
             sighting.provider.release(leak.name, pool)
         except Exception as error:  # the next pass sees it again and retries
-            self._provider_failed("release", leak.name, error)
+            self._provider_failed(Call.RELEASE, leak.name, error)
         else:
             self.report.leaks.append(leak.name)
 
-    def _call(self, action: str, order: Order, call: Callable[[Order], None]) -> None:
+    def _call(self, action: Call, order: Order, call: Callable[[Order], None]) -> None:
         """One provider call for one order. A failure is logged and left for the next pass,
         which issues the call again (it is safe to repeat), so one bad order never holds up
         the others."""
@@ -432,11 +420,9 @@ class _Cycle:
         except Exception as error:
             self._provider_failed(action, order.name, error)
             return
-        {"provision": self.report.provisioned, "reserve": self.report.reserved}.get(
-            action, self.report.released
-        ).append(order.name)
+        self.report.calls(action).append(order.name)
 
-    def _provider_failed(self, action: str, name: str, error: Exception) -> None:
+    def _provider_failed(self, action: Call, name: str, error: Exception) -> None:
         log.warning("%s %s failed; the next pass tries again: %s", action, name, error)
         self.report.errors.append(f"{action} {name}: {error}")
 
@@ -581,7 +567,7 @@ class _Cycle:
             pool=pool.pool_id, attempt=1, eta=request.start_at,
         )  # fmt: skip
         order = Order(request=request, pool=pool, attempt=1)
-        self._call("reserve", order, blocks.reserve)
+        self._call(Call.RESERVE, order, blocks.reserve)
 
     def _alternatives(
         self, record: RequestRecord, *, refused_in: str | None = None
@@ -645,7 +631,7 @@ class _Cycle:
             pool = self.pools[lane.pool]
             order = Order(request=record.request, pool=pool, attempt=lane.attempt)
             self._call(
-                "provision", order, self.providers.for_order(pool, record.request.mode).provision
+                Call.PROVISION, order, self.providers.for_order(pool, record.request.mode).provision
             )
 
     def _news(self, record: RequestRecord, decision: Decision) -> bool:
@@ -689,19 +675,19 @@ class _Cycle:
         )
         self._renew_lease()
         final = state.is_final
-        changed = self.store.change(
-            current.request_id, expected_version=current.version, state=state, event=event,
-            reason=reason or None, message=message, pool=keep_pool, eta=eta, position=position,
-            attempt=attempt, fence=self.fence, lanes=lanes,
-            usage=usage_of(current, state, self.now, self.config) if final else None,
+        change = Change(
+            expected_version=current.version, state=state, event=event, reason=reason or None,
+            message=message, pool=keep_pool, eta=eta, position=position, attempt=attempt,
+            lanes=lanes, usage=usage_of(current, state, self.now, self.config) if final else None,
         )  # fmt: skip
+        changed = self.store.change(current.request_id, change, fence=self.fence)
         if state is not current.state:
             self._set_timers(current, changed)
         self.records[current.request_id] = changed
         if state is current.state:
             self.report.revisions += 1
         else:
-            self.report.transitions[f"{current.state}→{state}"] += 1
+            self.report.transitions[current.state, state] += 1
         self._announce(changed, [event])
         return changed
 
@@ -767,19 +753,6 @@ def _with_shortage(pool: Pool, until: datetime | None) -> Pool:
     return replace(pool, short_until=until)
 
 
-def hold_end(record: RequestRecord, now: datetime) -> datetime:
-    """When a live request's hold on its pool ends: a block at its end; a flex run its run
-    duration after it became ACTIVE, or after now while still being created."""
-    request = record.request
-    if request.start_at is not None:
-        return request.start_at + request.run_duration
-    start = record.since or record.updated_at
-    if record.state is S.PROVISIONING:
-        # Still being created: once ready it runs its whole duration, so hold it from now on.
-        start = max(start, now)
-    return start + request.run_duration
-
-
 def _grant(record: RequestRecord, now: datetime) -> Grant:
     """The request's committed hold: a block over its window; a flex run from its admission
     to its (projected) end."""
@@ -787,16 +760,6 @@ def _grant(record: RequestRecord, now: datetime) -> Grant:
     assert record.pool is not None
     start = request.start_at if request.start_at is not None else record.since or now
     return Grant.of(request, record.pool, start, end_at=hold_end(record, now))
-
-
-def submitted(record: RequestRecord) -> bool:
-    """A calendar block submitted to Google and under its review: PENDING with its order."""
-    return (
-        record.state is S.PENDING
-        and record.request.mode is Mode.CALENDAR
-        and record.pool is not None
-        and record.attempt > 0
-    )
 
 
 def _kept_by_google(observed: Observed, now: datetime) -> bool:

@@ -26,24 +26,27 @@ from enum import StrEnum
 
 from opendws.domain.calendar import may_cancel, why_not_cancellable
 from opendws.domain.model import Mode
+from opendws.domain.reasons import Expiry
 from opendws.domain.states import RequestState
 from opendws.ports import (
+    AnnouncedRequests,
+    Change,
     Clock,
     ConfigStore,
     Configuration,
     EventBus,
     Nudger,
     Order,
+    Providers,
     RequestRecord,
-    RequestStore,
     StaleWrite,
     StatusEvent,
     Timer,
     TimerKind,
     TimerQueue,
     Withdrawal,
+    submitted,
 )
-from opendws.service.reconcile import Providers, submitted
 from opendws.service.timers import timers_to_disarm
 from opendws.service.usage import HOUR, usage_of
 
@@ -72,8 +75,6 @@ class EndReason(StrEnum):
 
     RELEASED = "RELEASED"  # the tenant released it
     CANCELLED = "CANCELLED"  # the tenant cancelled it
-    RUN_TIME_UP = "RUN_TIME_UP"  # its release timer fired
-    MAX_WAIT_PASSED = "MAX_WAIT_PASSED"  # its expiry timer fired while it still waited
     NOT_YOUR_REQUEST = "NOT_YOUR_REQUEST"  # refused: another tenant's request
     UNKNOWN_REQUEST = "UNKNOWN_REQUEST"  # refused: no such request
     NOT_CANCELLABLE = "NOT_CANCELLABLE"  # refused: running, or a block Google keeps
@@ -124,7 +125,7 @@ class EndService:
     """Release, cancel and timers (see the module docstring)."""
 
     def __init__(
-        self, store: RequestStore, config: ConfigStore, providers: Providers,
+        self, store: AnnouncedRequests, config: ConfigStore, providers: Providers,
         timers: TimerQueue | None, bus: EventBus, nudger: Nudger, clock: Clock,
     ) -> None:  # fmt: skip
         self._store = store
@@ -246,14 +247,12 @@ class EndService:
         request = record.request
         if timer.kind is TimerKind.RELEASE:
             if record.state is S.ACTIVE and record.attempt == timer.generation:
-                return self._end(
-                    record, S.EXPIRED, EndReason.RUN_TIME_UP, "run time is up; released"
-                )
+                return self._end(record, S.EXPIRED, Expiry.RUN_TIME_UP, "run time is up; released")
         elif timer.kind is TimerKind.EXPIRY:
             deadline = request.deadline
             if record.state is S.PENDING and deadline is not None and now >= deadline:
                 return self._end(
-                    record, S.TIMED_OUT, EndReason.MAX_WAIT_PASSED,
+                    record, S.TIMED_OUT, Expiry.MAX_WAIT_PASSED,
                     "max_wait passed before capacity could be admitted",
                 )  # fmt: skip
         elif record.state is S.BOOKED:
@@ -264,7 +263,7 @@ class EndService:
     # Ending -----------------------------------------------------------------------------
 
     def _end(
-        self, record: RequestRecord, state: RequestState, reason: EndReason, message: str
+        self, record: RequestRecord, state: RequestState, reason: EndReason | Expiry, message: str
     ) -> EndResult:
         """Write the final state with its usage; then release, disarm, announce, nudge."""
         now = self._clock.now()
@@ -275,9 +274,12 @@ class EndService:
             pool=record.pool,
         )  # fmt: skip
         changed = self._store.change(
-            record.request_id, expected_version=record.version, state=state, event=event,
-            reason=reason.value, message=message, pool=record.pool,
-            usage=usage_of(record, state, now, configuration),
+            record.request_id,
+            Change(
+                expected_version=record.version, state=state, event=event,
+                reason=reason.value, message=message, pool=record.pool,
+                usage=usage_of(record, state, now, configuration),
+            ),
         )  # fmt: skip
         pools = {p.pool_id: p for p in configuration.pools}
         if record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) or submitted(record):

@@ -2,7 +2,7 @@
 tenant and accelerator that the CLI and API show.
 
 An entry is made by whoever moves a request to a final state, from the record it ends and
-written in the same transaction (see ``RequestStore.change``), so a retried or repeated ending
+written in the same transaction (see ``Requests.change``), so a retried or repeated ending
 cannot count a request twice and a crash cannot lose it.
 
 - **granted** accelerator-hours: the gang's accelerators × its run duration, for a request
@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, RequestRecord, RequestStore, UsageEntry
+from opendws.ports import Configuration, RequestRecord, UsageEntry, UsageLedger
 
 HOUR = timedelta(hours=1)
 # A calendar block that reached its start is billed in full, released early or not.
@@ -74,7 +74,7 @@ class UsageRow:
 class UsageService:
     """Answers usage questions from the stored entries."""
 
-    def __init__(self, store: RequestStore) -> None:
+    def __init__(self, store: UsageLedger) -> None:
         self._store = store
 
     def summary(
