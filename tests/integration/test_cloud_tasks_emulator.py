@@ -1,17 +1,21 @@
 """The Cloud Tasks emulator, driven by the real ``google-cloud-tasks`` client over gRPC: queues and
 tasks behave as in Cloud Tasks (codes, names, views, limits), and tasks really arrive at an HTTP
-receiver on time, with Cloud Tasks' headers and a verifiable OIDC token, retried with backoff."""
+receiver on time, with Cloud Tasks' headers and a verifiable OIDC token, retried with backoff.
+
+Time is the emulator's clock, a frozen ``ManualClock`` that each test moves: a task is due when
+the test has moved the clock to its ``schedule_time``, and ``dispatch_due()`` sends what is due
+and returns once every answer is in. So "it did not fire" is asserted right after moving the
+clock, never by waiting, and retry times are the backoff itself, computed from the clock.
+"""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,16 +32,20 @@ from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpc
 
 from emulators import CloudTasksEmulator, free_port
 from emulators.cloud_tasks import ISSUER
+from opendws.clock import ManualClock
 
 LOCATION = "projects/demo-opendws/locations/us-central1"
 SERVICE_ACCOUNT = "timer-invoker@demo-opendws.iam.gserviceaccount.com"
 AUDIENCE = "https://timer.example/release"
 ROOT = Path(__file__).resolve().parents[2]
+# The emulator's clock starts this far behind the wall clock: the tokens it signs are dated by
+# it, and google.auth checks them against wall time, refusing a token issued in its future.
+# Tests move the clock by much less than this.
+LAG = timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
 class Received:
-    at: float
     method: str
     path: str
     headers: dict[str, str]
@@ -57,9 +65,7 @@ class Receiver:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
-                receiver._record(
-                    Received(time.time(), self.command, self.path, dict(self.headers), body)
-                )
+                receiver._record(Received(self.command, self.path, dict(self.headers), body))
                 self.send_response(receiver.status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -74,7 +80,10 @@ class Receiver:
                 return None
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll interval: shutting down waits for the serving loop to look again.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.01,), daemon=True
+        )
         self._thread.start()
 
     def url(self, path: str = "/timer") -> str:
@@ -100,13 +109,20 @@ class Receiver:
         self._thread.join(5)
 
 
-@pytest.fixture(scope="module")
-def emulator() -> Iterator[CloudTasksEmulator]:
-    with CloudTasksEmulator() as running:
+@pytest.fixture
+def clock() -> ManualClock:
+    """Frozen: it moves when the test moves it."""
+    return ManualClock(datetime.now(UTC) - LAG)
+
+
+@pytest.fixture
+def emulator(clock: ManualClock) -> Iterator[CloudTasksEmulator]:
+    """An emulator of the test's own, on the test's clock: no other test's tasks fall due."""
+    with CloudTasksEmulator(clock=clock) as running:
         yield running
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def client(emulator: CloudTasksEmulator) -> tasks_v2.CloudTasksClient:
     return emulator.client()
 
@@ -160,8 +176,8 @@ def http_task(
     return task
 
 
-def later(seconds: float) -> datetime:
-    return datetime.now(UTC) + timedelta(seconds=seconds)
+def later(clock: ManualClock, seconds: float) -> datetime:
+    return clock.now() + timedelta(seconds=seconds)
 
 
 def bearer(received: Received) -> str:
@@ -170,15 +186,12 @@ def bearer(received: Received) -> str:
     return token
 
 
-def wait_until_gone(client: tasks_v2.CloudTasksClient, name: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            client.get_task(name=name)
-        except exceptions.NotFound:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{name} still exists after {timeout} s")
+def gone(client: tasks_v2.CloudTasksClient, name: str) -> bool:
+    try:
+        client.get_task(name=name)
+    except exceptions.NotFound:
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------- queues
@@ -232,11 +245,14 @@ def test_a_queue_outside_its_location_is_invalid(client: tasks_v2.CloudTasksClie
 # ---------------------------------------------------------------------- dispatch
 
 
-def test_a_task_fires_within_a_second_of_its_schedule_time_with_cloud_tasks_headers(
-    emulator: CloudTasksEmulator, client: tasks_v2.CloudTasksClient, receiver: Receiver
+def test_a_task_fires_at_its_schedule_time_with_cloud_tasks_headers(
+    clock: ManualClock,
+    emulator: CloudTasksEmulator,
+    client: tasks_v2.CloudTasksClient,
+    receiver: Receiver,
 ) -> None:
     queue = make_queue(client)
-    at = later(1.0)
+    at = later(clock, 1.0)
     task = client.create_task(
         parent=queue,
         task=http_task(
@@ -247,10 +263,16 @@ def test_a_task_fires_within_a_second_of_its_schedule_time_with_cloud_tasks_head
             headers={"Content-Type": "application/json", "X-Opendws": "yes"},
         ),
     )
+    clock.set(at - timedelta(microseconds=1))
+    emulator.dispatch_due()
+    assert receiver.received() == []  # not a moment early
 
-    (received,) = receiver.wait_for(1, timeout=3.0)
+    clock.set(at)
+    emulator.dispatch_due()
 
-    assert 0.0 <= received.at - at.timestamp() < 1.0
+    (received,) = receiver.received()
+    (attempt,) = [d for d in emulator.dispatched() if d.task == task.name]
+    assert attempt.at == at  # on time, by the emulator's clock
     assert task.schedule_time == at
     assert received.method == "POST"
     assert received.path == "/timer?kind=release"
@@ -269,13 +291,27 @@ def test_a_task_fires_within_a_second_of_its_schedule_time_with_cloud_tasks_head
     assert claims["email"] == SERVICE_ACCOUNT
     assert claims["email_verified"] is True
     assert claims["iss"] == ISSUER
+    assert claims["iat"] == int(at.timestamp())  # dated by the emulator's clock
     assert claims["exp"] - claims["iat"] == 3600
     with pytest.raises(ValueError, match="audience"):
         jwt.decode(bearer(received), certs=emulator.certs(), audience="https://someone-else")
-    wait_until_gone(client, task.name)
-    (attempt,) = [d for d in emulator.dispatched() if d.task == task.name]
+    assert gone(client, task.name)
     assert attempt.status == 200
     assert attempt.succeeded
+
+
+def test_a_move_of_the_clock_wakes_the_dispatcher(
+    clock: ManualClock, client: tasks_v2.CloudTasksClient, receiver: Receiver
+) -> None:
+    """Without ``dispatch_due``: the dispatcher thread hears the clock move, as it does for the
+    running clock of a local stack that an operator steps forward."""
+    queue = make_queue(client)
+    at = later(clock, 600)
+    client.create_task(parent=queue, task=http_task(receiver.url(), at=at))
+
+    clock.set(at)
+
+    assert len(receiver.wait_for(1)) == 1
 
 
 def test_the_token_audience_defaults_to_the_task_url(
@@ -284,20 +320,28 @@ def test_the_token_audience_defaults_to_the_task_url(
     queue = make_queue(client)
     client.create_task(parent=queue, task=http_task(receiver.url(), audience=""))
 
-    (received,) = receiver.wait_for(1)
+    emulator.dispatch_due()
 
+    (received,) = receiver.received()
     claims = jwt.decode(bearer(received), certs=emulator.certs(), audience=receiver.url())
     assert claims["email"] == SERVICE_ACCOUNT
 
 
-def test_a_deleted_task_never_fires(client: tasks_v2.CloudTasksClient, receiver: Receiver) -> None:
+def test_a_deleted_task_never_fires(
+    clock: ManualClock,
+    emulator: CloudTasksEmulator,
+    client: tasks_v2.CloudTasksClient,
+    receiver: Receiver,
+) -> None:
     queue = make_queue(client)
-    task = client.create_task(parent=queue, task=http_task(receiver.url(), at=later(1.0)))
+    task = client.create_task(parent=queue, task=http_task(receiver.url(), at=later(clock, 1.0)))
 
     client.delete_task(name=task.name)
-    time.sleep(2.0)
+    clock.advance(timedelta(hours=1))
+    emulator.dispatch_due()
 
     assert receiver.received() == []
+    assert emulator.dispatched() == []
     with pytest.raises(exceptions.NotFound):
         client.get_task(name=task.name)
     with pytest.raises(exceptions.NotFound):
@@ -305,61 +349,78 @@ def test_a_deleted_task_never_fires(client: tasks_v2.CloudTasksClient, receiver:
 
 
 def test_failed_attempts_are_retried_with_backoff_then_dropped(
-    emulator: CloudTasksEmulator, client: tasks_v2.CloudTasksClient, receiver: Receiver
+    clock: ManualClock,
+    emulator: CloudTasksEmulator,
+    client: tasks_v2.CloudTasksClient,
+    receiver: Receiver,
 ) -> None:
+    """Cloud Tasks' backoff (``RetryConfig``): ``min_backoff`` after the first failure, doubled
+    after each next one; dropped once ``max_attempts`` attempts failed."""
     receiver.status = 503
     queue = make_queue(client, max_attempts=3, min_backoff=timedelta(seconds=0.1))
     task = client.create_task(parent=queue, task=http_task(receiver.url()))
+    start = task.schedule_time
+    retries_at: list[datetime] = []
+    for backoff in (timedelta(seconds=0.1), timedelta(seconds=0.2)):
+        emulator.dispatch_due()
+        retry_at = client.get_task(name=task.name).schedule_time
+        assert retry_at == clock.now() + backoff  # from the failure's answer, by the clock
+        clock.set(retry_at - timedelta(microseconds=1))
+        emulator.dispatch_due()  # not a moment before its backoff is over
+        assert len(receiver.received()) == len(retries_at) + 1
+        retries_at.append(retry_at)
+        clock.set(retry_at)
+    emulator.dispatch_due()
+    assert gone(client, task.name)
+    clock.advance(timedelta(hours=1))  # the longest backoff: a fourth attempt would be due
+    emulator.dispatch_due()
 
-    attempts = receiver.wait_for(3)
-    wait_until_gone(client, task.name)
-    time.sleep(1.0)  # the backoff after a third failure would be 0.4 s
-
-    assert len(receiver.received()) == 3
+    attempts = receiver.received()
+    assert len(attempts) == 3
     retries = [a.headers["X-CloudTasks-TaskRetryCount"] for a in attempts]
     assert retries == ["0", "1", "2"]
     assert [a.headers["X-CloudTasks-TaskExecutionCount"] for a in attempts] == ["0", "1", "2"]
     previous = [a.headers.get("X-CloudTasks-TaskPreviousResponse") for a in attempts]
     assert previous == [None, "503", "503"]
-    first_gap, second_gap = (b.at - a.at for a, b in itertools.pairwise(attempts))
-    assert first_gap >= 0.1
-    assert second_gap >= 0.2
-    assert second_gap > first_gap
-    assert [d.status for d in emulator.dispatched() if d.task == task.name] == [503, 503, 503]
+    dispatched = [d for d in emulator.dispatched() if d.task == task.name]
+    assert [d.at for d in dispatched] == [start, *retries_at]
+    assert retries_at == [start + timedelta(seconds=0.1), start + timedelta(seconds=0.3)]
+    assert [d.status for d in dispatched] == [503, 503, 503]
     assert task.name not in [t.name for t in client.list_tasks(parent=queue)]
 
 
 def test_a_failed_attempt_is_recorded_on_the_task(
-    client: tasks_v2.CloudTasksClient, receiver: Receiver
+    emulator: CloudTasksEmulator, client: tasks_v2.CloudTasksClient, receiver: Receiver
 ) -> None:
     receiver.status = 500
     queue = make_queue(client, min_backoff=timedelta(seconds=30))
     task = client.create_task(parent=queue, task=http_task(receiver.url()))
-    receiver.wait_for(1)
 
-    deadline = time.monotonic() + 5.0
-    while (current := client.get_task(name=task.name)).response_count == 0:
-        assert time.monotonic() < deadline, "the failed attempt was never recorded"
-        time.sleep(0.05)
+    emulator.dispatch_due()
 
+    current = client.get_task(name=task.name)
+    assert current.response_count == 1
     assert current.dispatch_count == 1
     assert current.last_attempt.response_status.code == 13  # INTERNAL, from HTTP 500
     assert current.first_attempt.dispatch_time == current.last_attempt.dispatch_time
     retry_in = current.schedule_time - current.last_attempt.response_time
-    assert retry_in == pytest.approx(timedelta(seconds=30), abs=timedelta(milliseconds=1))
+    assert retry_in == timedelta(seconds=30)
     client.delete_task(name=task.name)
 
 
 def test_an_unreachable_target_is_retried(
-    emulator: CloudTasksEmulator, client: tasks_v2.CloudTasksClient
+    clock: ManualClock, emulator: CloudTasksEmulator, client: tasks_v2.CloudTasksClient
 ) -> None:
     queue = make_queue(client, max_attempts=2, min_backoff=timedelta(seconds=0.1))
     task = client.create_task(
         parent=queue, task=http_task(f"http://127.0.0.1:{free_port()}/closed")
     )
 
-    wait_until_gone(client, task.name)
+    emulator.dispatch_due()
+    clock.advance(timedelta(seconds=0.1))
+    emulator.dispatch_due()
 
+    assert gone(client, task.name)
     attempts = [d for d in emulator.dispatched() if d.task == task.name]
     assert len(attempts) == 2
     assert all(d.status is None and d.error for d in attempts)
@@ -369,48 +430,79 @@ def test_an_unreachable_target_is_retried(
 
 
 def test_a_used_task_name_is_refused_while_pending_after_completion_and_after_deletion(
-    client: tasks_v2.CloudTasksClient, receiver: Receiver
+    clock: ManualClock,
+    emulator: CloudTasksEmulator,
+    client: tasks_v2.CloudTasksClient,
+    receiver: Receiver,
 ) -> None:
     queue = make_queue(client)
     pending, deleted, completed = (f"{queue}/tasks/{kind}" for kind in ("p", "d", "c"))
-    client.create_task(parent=queue, task=http_task(receiver.url(), name=pending, at=later(600)))
-    client.create_task(parent=queue, task=http_task(receiver.url(), name=deleted, at=later(600)))
+    for name in (pending, deleted):
+        client.create_task(
+            parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 600))
+        )
     client.delete_task(name=deleted)
     client.create_task(parent=queue, task=http_task(receiver.url(), name=completed))
-    receiver.wait_for(1)
-    wait_until_gone(client, completed)
+    emulator.dispatch_due()
+    assert len(receiver.received()) == 1
+    assert gone(client, completed)
 
     for name in (pending, deleted, completed):
         with pytest.raises(exceptions.AlreadyExists):
             client.create_task(parent=queue, task=http_task(receiver.url(), name=name))
 
 
-def test_a_name_is_free_again_after_the_dedup_window(receiver: Receiver) -> None:
-    with CloudTasksEmulator(dedup_window=timedelta(seconds=0.2)) as emulator:
+def test_a_name_is_free_again_after_the_dedup_window(
+    clock: ManualClock, client: tasks_v2.CloudTasksClient, receiver: Receiver
+) -> None:
+    """A name cannot be reused for about an hour after its task was deleted or executed (tasks
+    v2 ``CreateTaskRequest``): the emulator's default window is that hour."""
+    queue = make_queue(client)
+    name = f"{queue}/tasks/again"
+    client.create_task(parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 60)))
+    client.delete_task(name=name)
+    clock.advance(timedelta(hours=1) - timedelta(microseconds=1))
+    with pytest.raises(exceptions.AlreadyExists):
+        client.create_task(parent=queue, task=http_task(receiver.url(), name=name))
+    clock.advance(timedelta(microseconds=1))
+
+    again = client.create_task(
+        parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 60))
+    )
+
+    assert again.name == name
+
+
+def test_the_dedup_window_can_be_set(clock: ManualClock, receiver: Receiver) -> None:
+    with CloudTasksEmulator(dedup_window=timedelta(seconds=0.2), clock=clock) as emulator:
         client = emulator.client()
         queue = make_queue(client)
         name = f"{queue}/tasks/again"
-        client.create_task(parent=queue, task=http_task(receiver.url(), name=name, at=later(60)))
+        client.create_task(
+            parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 60))
+        )
         client.delete_task(name=name)
         with pytest.raises(exceptions.AlreadyExists):
             client.create_task(parent=queue, task=http_task(receiver.url(), name=name))
-        time.sleep(0.3)
+        clock.advance(timedelta(seconds=0.2))
 
         again = client.create_task(
-            parent=queue, task=http_task(receiver.url(), name=name, at=later(60))
+            parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 60))
         )
 
         assert again.name == name
 
 
 def test_a_task_more_than_30_days_ahead_is_refused(
-    client: tasks_v2.CloudTasksClient, receiver: Receiver
+    clock: ManualClock, client: tasks_v2.CloudTasksClient, receiver: Receiver
 ) -> None:
     queue = make_queue(client)
 
     with pytest.raises(exceptions.InvalidArgument, match="30 days"):
-        client.create_task(parent=queue, task=http_task(receiver.url(), at=later(30 * 86400 + 60)))
-    client.create_task(parent=queue, task=http_task(receiver.url(), at=later(29 * 86400)))
+        client.create_task(
+            parent=queue, task=http_task(receiver.url(), at=later(clock, 30 * 86400 + 60))
+        )
+    client.create_task(parent=queue, task=http_task(receiver.url(), at=later(clock, 29 * 86400)))
 
 
 def test_a_task_name_outside_its_queue_is_invalid(
@@ -430,9 +522,14 @@ def test_a_task_name_outside_its_queue_is_invalid(
 # ---------------------------------------------------------------------- get, list, delete
 
 
-def test_get_list_and_delete(client: tasks_v2.CloudTasksClient, receiver: Receiver) -> None:
+def test_get_list_and_delete(
+    clock: ManualClock,
+    emulator: CloudTasksEmulator,
+    client: tasks_v2.CloudTasksClient,
+    receiver: Receiver,
+) -> None:
     queue = make_queue(client)
-    at = later(3600)
+    at = later(clock, 3600)
     names = [f"{queue}/tasks/{n}" for n in ("b", "a")]
     for name in names:
         client.create_task(
@@ -446,6 +543,7 @@ def test_get_list_and_delete(client: tasks_v2.CloudTasksClient, receiver: Receiv
         request=tasks_v2.GetTaskRequest(name=names[0], response_view=tasks_v2.Task.View.FULL)
     )
     client.delete_task(name=names[1])
+    emulator.dispatch_due()
 
     assert generated.name.startswith(f"{queue}/tasks/")
     assert [t.name for t in listed] == sorted([*names, generated.name])
@@ -465,25 +563,29 @@ def test_get_list_and_delete(client: tasks_v2.CloudTasksClient, receiver: Receiv
     assert receiver.received() == []
 
 
-def test_reset_forgets_queues_tasks_and_names(receiver: Receiver) -> None:
-    with CloudTasksEmulator() as emulator:
-        client = emulator.client()
-        queue = make_queue(client)
-        name = f"{queue}/tasks/kept"
-        client.create_task(parent=queue, task=http_task(receiver.url(), name=name, at=later(60)))
+def test_reset_forgets_queues_tasks_and_names(
+    clock: ManualClock,
+    emulator: CloudTasksEmulator,
+    client: tasks_v2.CloudTasksClient,
+    receiver: Receiver,
+) -> None:
+    queue = make_queue(client)
+    name = f"{queue}/tasks/kept"
+    client.create_task(parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 60)))
 
-        emulator.reset()
+    emulator.reset()
 
-        with pytest.raises(exceptions.NotFound):
-            client.get_queue(name=queue)
-        client.create_queue(parent=LOCATION, queue=tasks_v2.Queue(name=queue))
-        client.create_task(parent=queue, task=http_task(receiver.url(), name=name, at=later(60)))
+    with pytest.raises(exceptions.NotFound):
+        client.get_queue(name=queue)
+    client.create_queue(parent=LOCATION, queue=tasks_v2.Queue(name=queue))
+    client.create_task(parent=queue, task=http_task(receiver.url(), name=name, at=later(clock, 60)))
 
 
 # ---------------------------------------------------------------------- running it
 
 
 def test_stopping_leaves_no_thread_running(receiver: Receiver) -> None:
+    """On the system clock, as the local stack runs it: retries go on until it stops."""
     receiver.status = 500
     before = set(threading.enumerate())
     emulator = CloudTasksEmulator().start()
