@@ -270,10 +270,11 @@ def run_strategy(strategy: Strategy, requests: Sequence[CapacityRequest], seed: 
     """Drive one strategy over ``requests`` on its own simulated cloud and emulator."""
     from emulators import ComputeEmulator
     from opendws.bootstrap import capacity_providers
-    from opendws.sim import SimClock, SimulatedCloud
+    from opendws.clock import ManualClock
+    from opendws.sim import SimulatedCloud
 
     started = time.perf_counter()
-    clock = SimClock(START, frozen=True)
+    clock = ManualClock(START)
     cloud = SimulatedCloud(clock, provisioning_latency=LATENCY)
     for zone, (phase, initial, low, high, step, every) in STOCK.items():
         cloud.advance(START + timedelta(seconds=phase) - clock.now())

@@ -40,11 +40,12 @@ from opendws.adapters.memory import (  # noqa: E402
     MemoryRequestStore,
 )
 from opendws.catalog import TPU_API_TYPES  # noqa: E402
+from opendws.clock import ManualClock  # noqa: E402
 from opendws.domain import Provider, Snapshot, admit  # noqa: E402
 from opendws.ports import ConfigStore, Configuration, RequestStore  # noqa: E402
 from opendws.service.reconcile import PassReport, Providers, ReconcileService  # noqa: E402
 from planner import NOW, build_snapshot  # noqa: E402
-from tests.world import ManualClock, submit  # noqa: E402
+from tests.world import submit  # noqa: E402
 
 
 def pending_only(size: int) -> Snapshot:
@@ -112,10 +113,10 @@ def on_emulators(size: int) -> dict[str, Any] | None:
 
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
     from opendws.bootstrap import capacity_providers
-    from opendws.sim import SimClock, SimulatedCloud
+    from opendws.sim import SimulatedCloud
 
     snapshot = pending_only(size)
-    cloud = SimulatedCloud(SimClock(NOW, frozen=True))
+    cloud = SimulatedCloud(ManualClock(NOW))
     for pool in snapshot.pools:
         shape = TPU_API_TYPES[pool.shape] if pool.provider is Provider.TPU else pool.shape
         cloud.set_stock(pool.zone, shape, pool.capacity)

@@ -34,11 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opendws.domain.model import PolicySettings  # noqa: E402
-from opendws.replay import Replayed, replay_many  # noqa: E402
-from opendws.sim.baselines import Policy  # noqa: E402
-from opendws.sim.metrics import PolicyReport, utilization_series, waits  # noqa: E402
-from opendws.sim.philly import HELIOS_END, HELIOS_START, convert, largest_gangs  # noqa: E402
-from opendws.sim.trace import PoolsFile, TraceJob  # noqa: E402
+from opendws.replay.baselines import Policy  # noqa: E402
+from opendws.replay.metrics import PolicyReport, utilization_series, waits  # noqa: E402
+from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs  # noqa: E402
+from opendws.replay.runner import Replayed, replay_many  # noqa: E402
+from opendws.replay.traces import PoolsFile, TraceJob  # noqa: E402
 
 TRACES = Path(os.environ.get("OPENDWS_TRACES") or ROOT.parent / "shared" / "traces" / "philly")
 CONTENDED = 0.4

@@ -41,7 +41,8 @@ from emulators.cloud_tasks import CloudTasksEmulator
 from emulators.compute import ComputeEmulator
 from emulators.functions import serving
 from emulators.official import free_port, running
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.clock import ManualClock
+from opendws.sim import SimulatedCloud
 
 PROJECT = "demo-opendws"
 TOPICS = ("capacity-requests", "capacity-admin-requests", "capacity-events", "reconcile-ticks")
@@ -107,7 +108,7 @@ def local_stack(
         progress("starting the Firestore and Pub/Sub emulators")
         official = stack.enter_context(running())
         progress("starting the Compute Engine / Cloud TPU emulator")
-        cloud = SimulatedCloud(SimClock(), provisioning_latency=latency)
+        cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=latency)
         cloud.set_review_delay(review_delay)
         for zone, shape, units in DEFAULT_STOCK:
             cloud.set_stock(zone, shape, units)

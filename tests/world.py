@@ -1,12 +1,12 @@
-"""A reconciler's world for tests: a clock the test moves, a store, the configuration, the
-providers and the event bus — in memory by default — plus helpers to submit requests and run
-passes. Integration tests build the same world over the emulators."""
+"""A reconciler's world for tests: a clock the test moves (a frozen ManualClock at NOW), a
+store, the configuration, the providers and the event bus — in memory by default — plus helpers
+to submit requests and run passes. Integration tests build the same world over the emulators."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from opendws.adapters.memory import (
     MemoryCapacityProvider,
@@ -16,6 +16,7 @@ from opendws.adapters.memory import (
     MemoryRequestStore,
     MemoryTimerQueue,
 )
+from opendws.clock import ManualClock
 from opendws.domain.model import CapacityRequest, PolicySettings, Pool, Tenant
 from opendws.domain.states import RequestState
 from opendws.ports import (
@@ -28,19 +29,6 @@ from opendws.ports import (
 from opendws.service.reconcile import PassReport, Providers, ReconcileService, ReconcileSettings
 from opendws.service.release import EndResult, EndService
 from tests.builders import NOW, quota, tenant
-
-
-class ManualClock:
-    """A clock that only moves when told."""
-
-    def __init__(self, now: datetime = NOW) -> None:
-        self.current = now
-
-    def now(self) -> datetime:
-        return self.current
-
-    def advance(self, delta: timedelta) -> None:
-        self.current += delta
 
 
 def submit(store: RequestStore, request: CapacityRequest) -> RequestRecord:
@@ -121,7 +109,7 @@ def memory_world(
     policy: PolicySettings | None = None,
 ) -> tuple[World, MemoryCapacityProvider]:
     """A world in memory: one fake cloud serves all three provider kinds."""
-    clock = ManualClock()
+    clock = ManualClock(NOW)
     cloud = MemoryCapacityProvider(clock, latency=latency)
     world = World(
         clock=clock,

@@ -117,9 +117,9 @@ def _publisher() -> Any:
 
 def _parts(settings: Settings) -> tuple[Any, Any, Any, Any, Any]:
     """Store, configuration, event bus, nudger and clock on the real adapters."""
-    from opendws.adapters.clock import SystemClock
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
     from opendws.adapters.pubsub import PubSubEventBus, PubSubNudger
+    from opendws.clock import SystemClock
 
     client = _firestore(settings.project)
     publisher = _publisher()

@@ -25,11 +25,11 @@ from rich.table import Table
 from opendws.cli_stack import UsageFailure, project_option
 from opendws.domain.model import InvalidModel, PolicySettings
 from opendws.durations import format_duration, parse_duration
-from opendws.replay import replay_many
-from opendws.sim.baselines import Policy
-from opendws.sim.metrics import PolicyReport
-from opendws.sim.philly import HELIOS_END, HELIOS_START, convert, largest_gangs
-from opendws.sim.trace import (
+from opendws.replay.baselines import Policy
+from opendws.replay.metrics import PolicyReport
+from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs
+from opendws.replay.runner import replay_many
+from opendws.replay.traces import (
     PoolsFile,
     PoolSpec,
     TenantSpec,
@@ -334,7 +334,7 @@ def export_command(
     configured pools (in accelerators) and quotas, for `dws simulate` to ask what if."""
     from opendws.bootstrap import config_store, request_store
     from opendws.domain.states import RequestState
-    from opendws.sim.history import history_trace
+    from opendws.replay.history import history_trace
 
     try:
         since = None if since_text is None else _day(since_text, "--since")

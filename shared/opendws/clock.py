@@ -22,8 +22,10 @@ from datetime import UTC, datetime, timedelta
 
 
 def utc(moment: datetime) -> datetime:
-    """``moment`` in UTC; a naive one is taken to be UTC already."""
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    """``moment`` in UTC; ValueError for a naive one (whose zone nobody knows)."""
+    if moment.tzinfo is None:
+        raise ValueError(f"a clock's time must be timezone-aware, not {moment!r}")
+    return moment.astimezone(UTC)
 
 
 class SystemClock:

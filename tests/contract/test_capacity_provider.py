@@ -18,12 +18,12 @@ from emulators import ComputeEmulator
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.bootstrap import capacity_providers
 from opendws.catalog import TPU_API_TYPES
+from opendws.clock import ManualClock
 from opendws.domain.model import CapacityRequest, Pool, Provider
 from opendws.ports import CalendarBlocks, CapacityProvider, Order, ProvisionPhase, Withdrawal
 from opendws.service.reconcile import Providers
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from tests.builders import A3, HOUR, NOW, calendar, flex, pool, tpu_pool
-from tests.world import ManualClock
 
 KINDS = ("mig_flex", "tpu", "calendar", "tpu_calendar")
 REVIEW = timedelta(minutes=2)  # Google's review of a block, in both clouds
@@ -120,7 +120,7 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
     kind, backend = request.param
     main, other = _pools(kind)
     if backend == "memory":
-        clock = ManualClock()
+        clock = ManualClock(NOW)
         fake = MemoryCapacityProvider(clock, latency=LATENCY)
         yield Kit(
             kind=kind, provider=fake, pool=main, other=other,
@@ -131,7 +131,7 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
             created=lambda name: fake.created().get(name, 0),
         )  # fmt: skip
         return
-    cloud = SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=LATENCY)
     resource_kind = {
         "mig_flex": "resizeRequests", "tpu": "queuedResources", "calendar": "futureReservations",
         "tpu_calendar": "futureReservations",

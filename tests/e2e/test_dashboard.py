@@ -16,10 +16,11 @@ import pytest
 from emulators import Emulators
 from emulators.functions import serving
 from opendws.adapters.memory import MemoryCapacityProvider, MemoryEventBus
+from opendws.clock import ManualClock
 from opendws.ports import Configuration
 from opendws.service.reconcile import Providers, ReconcileService
 from tests.builders import A3, H100, MINUTE, flex, pool
-from tests.world import ManualClock, submit, tenants_for
+from tests.world import submit, tenants_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"

@@ -20,10 +20,11 @@ import pytest
 
 from emulators import CloudTasksEmulator, ComputeEmulator, Emulators, free_port
 from emulators.functions import serving
+from opendws.clock import ManualClock
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, Order, RequestRecord, StatusEvent
 from opendws.service.timers import release_timer
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from tests.builders import A3, H100, flex, pool
 from tests.world import submit, tenants_for
 
@@ -78,7 +79,7 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
     publisher = pubsub_v1.PublisherClient(credentials=credentials)
     for topic in ("capacity-events", "reconcile-ticks"):
         publisher.create_topic(name=publisher.topic_path(emulator_project, topic))
-    cloud = SimulatedCloud(SimClock(), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=timedelta(0))
     cloud.set_stock(ZONE, A3, 4)
     certs = tmp_path / "certs.json"
     port = free_port()

@@ -13,12 +13,13 @@ import pytest
 from emulators import ComputeEmulator
 from opendws.adapters.memory import MemoryEventBus
 from opendws.bootstrap import capacity_providers
+from opendws.clock import ManualClock
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, order_name
 from opendws.service.reconcile import ReconcileSettings, submitted
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from tests.builders import A3, H100, NOW, V5E, pool, tpu_pool
-from tests.world import ManualClock, World, tenants_for
+from tests.world import World, tenants_for
 
 ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
 POOL_A, POOL_B = f"{ZONE_A}/{A3}", f"{ZONE_B}/{A3}"
@@ -80,7 +81,7 @@ def stack(emulator_project: str) -> Iterator[Stack]:
 
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
-    cloud = SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=LATENCY)
     for zone in (ZONE_A, ZONE_B):
         cloud.set_stock(zone, A3, 4)
     cloud.set_stock(ZONE_A, "V5LITE_POD", 16)
@@ -98,7 +99,7 @@ def stack(emulator_project: str) -> Iterator[Stack]:
     )
     with ComputeEmulator(cloud) as emulator:
         world = World(
-            clock=ManualClock(),
+            clock=ManualClock(NOW),
             store=FirestoreRequestStore(client),
             config=config,
             providers=capacity_providers(emulator_project, endpoint=emulator.endpoint),

@@ -24,8 +24,9 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, tpu_v2
 
 from emulators import ComputeEmulator, EmulatorAdmin
+from opendws.clock import ManualClock
 from opendws.domain.calendar import CancellationRule
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from opendws.sim.cloud import REVIEW_DELAY
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -52,7 +53,7 @@ class Clients:
 
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[ComputeEmulator]:
-    cloud = SimulatedCloud(SimClock(START, frozen=True), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
     with ComputeEmulator(cloud) as running:
         yield running
 

@@ -14,8 +14,9 @@ from google.cloud import compute_v1
 from emulators import ComputeEmulator
 from opendws.adapters.mig import group_name, template_name
 from opendws.bootstrap import capacity_providers
+from opendws.clock import ManualClock
 from opendws.ports import Order
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from tests.builders import A3, NOW, flex, pool
 
 PROJECT = "mig-provider"
@@ -24,7 +25,7 @@ ZONE = "us-central1-a"
 
 @pytest.fixture
 def emulator() -> Iterator[ComputeEmulator]:
-    cloud = SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=timedelta(0))
     cloud.set_stock(ZONE, A3, 8)
     with ComputeEmulator(cloud) as running:
         yield running

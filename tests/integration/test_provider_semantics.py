@@ -20,8 +20,9 @@ from opendws.adapters.gce import CloudSettings
 from opendws.adapters.mig import MigFlexProvider, TemplateNotFlexStart, group_name, template_name
 from opendws.adapters.tpu import TpuQueuedProvider
 from opendws.catalog import vm_profile
+from opendws.clock import ManualClock
 from opendws.ports import Order, ProvisionPhase
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from tests.builders import A3, DAY, NOW, flex, pool, tpu_pool
 
 PROJECT = "semantics"
@@ -33,7 +34,7 @@ MUTATIONS = ("insert", "delete", "cancel", "delete_instances")
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    return SimulatedCloud(SimClock(NOW, frozen=True), provisioning_latency=timedelta(0))
+    return SimulatedCloud(ManualClock(NOW), provisioning_latency=timedelta(0))
 
 
 @pytest.fixture

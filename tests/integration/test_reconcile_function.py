@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from emulators import ComputeEmulator, Emulators
+from opendws.clock import ManualClock
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, RequestStore
-from opendws.sim import SimClock, SimulatedCloud
+from opendws.sim import SimulatedCloud
 from tests.builders import A3, H100, flex, pool
 from tests.pubsub import pull
 from tests.world import submit, tenants_for
@@ -47,7 +48,7 @@ def wired(
     from opendws import bootstrap
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
-    cloud = SimulatedCloud(SimClock(), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=timedelta(0))
     cloud.set_stock(ZONE, A3, 4)
     with ComputeEmulator(cloud) as emulator:
         monkeypatch.setenv("OPENDWS_PROJECT", emulator_project)

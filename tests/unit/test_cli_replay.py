@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from opendws.cli import main
-from opendws.sim.trace import read_pools, read_trace
+from opendws.replay.traces import read_pools, read_trace
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "philly"
 PHILLY = Path(__file__).resolve().parents[3] / "shared" / "traces" / "philly"

@@ -16,8 +16,8 @@ from opendws.cli import main
 from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, RequestRecord, UsageEntry, content_digest
-from opendws.sim.history import history_trace
-from opendws.sim.trace import TraceError, read_pools, read_trace
+from opendws.replay.history import history_trace
+from opendws.replay.traces import TraceError, read_pools, read_trace
 from tests.builders import H100, NOW, V5E, calendar, flex, pool, quota, tenant, tpu_pool
 
 S = RequestState

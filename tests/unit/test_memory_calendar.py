@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from opendws.adapters.memory import MemoryCapacityProvider
+from opendws.clock import ManualClock
 from opendws.domain.calendar import CANCEL_FAR_AHEAD, CancellationRule, cancel_deadline
 from opendws.domain.model import Pool
 from opendws.ports import (
@@ -23,7 +24,6 @@ from opendws.ports import (
     Withdrawal,
 )
 from tests.builders import A3, DAY, HOUR, MINUTE, NOW, calendar, pool
-from tests.world import ManualClock
 
 ZONE, OTHER_ZONE = "us-central1-a", "us-central1-b"
 LATENCY = timedelta(seconds=20)
@@ -39,7 +39,7 @@ class Cloud:
         self, stock: int = 8, other: int = 0, *, review_delay: timedelta = REVIEW,
         cancellation: CancellationRule = CancellationRule.WINDOWS,
     ) -> None:  # fmt: skip
-        self.clock = ManualClock()
+        self.clock = ManualClock(NOW)
         self.fake = MemoryCapacityProvider(
             self.clock, latency=LATENCY, review_delay=review_delay, cancellation=cancellation
         )
@@ -72,7 +72,7 @@ class Cloud:
 
     def at(self, when: datetime) -> None:
         """Move the clock to ``when``."""
-        self.clock.current = when
+        self.clock.set(when)
 
     def later(self, delta: timedelta) -> None:
         self.clock.advance(delta)

@@ -7,10 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from opendws.replay import HeapTimerQueue, components, replay, replay_opendws
-from opendws.sim.baselines import Policy, list_schedule
-from opendws.sim.metrics import summarize, utilization_series
-from opendws.sim.trace import TRACE_EPOCH, PoolsFile, PoolSpec, TenantSpec, TraceJob
+from opendws.replay.baselines import Policy, list_schedule
+from opendws.replay.metrics import summarize, utilization_series
+from opendws.replay.runner import HeapTimerQueue, components, replay, replay_opendws
+from opendws.replay.traces import TRACE_EPOCH, PoolsFile, PoolSpec, TenantSpec, TraceJob
 
 T0 = TRACE_EPOCH
 MINUTE = timedelta(minutes=1)

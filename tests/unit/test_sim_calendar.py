@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from opendws.catalog import TPU_COMPUTE_ACCELERATORS, TPU_VM_FAMILIES
+from opendws.clock import ManualClock
 from opendws.domain.calendar import (
     GPU_MAX_VMS,
     CancellationRule,
@@ -20,7 +21,7 @@ from opendws.domain.calendar import (
     lead_of,
 )
 from opendws.domain.model import CALENDAR_MAX_RUN, CALENDAR_MIN_RUN
-from opendws.sim import CloudError, SimClock, SimulatedCloud
+from opendws.sim import CloudError, SimulatedCloud
 from opendws.sim.cloud import REVIEW_DELAY
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -36,7 +37,7 @@ JSON = dict[str, Any]
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    cloud = SimulatedCloud(SimClock(START, frozen=True), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
     cloud.set_stock(Z, SHAPE, 4)
     cloud.set_stock(Z, TPU, 16)
     return cloud

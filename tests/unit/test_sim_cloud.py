@@ -1,5 +1,5 @@
-"""The simulated cloud on its own: the clock, steering, lazy deterministic settling, stock
-accounting and each resource's life cycle, through its Python API."""
+"""The simulated cloud on its own: steering, lazy deterministic settling, stock accounting and
+each resource's life cycle, through its Python API (its clock is tested in test_clock)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import opendws.sim
-from opendws.sim import FAILURE_KINDS, CloudError, SimClock, SimulatedCloud
+from opendws.clock import ManualClock
+from opendws.sim import FAILURE_KINDS, CloudError, SimulatedCloud
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 LATENCY = timedelta(seconds=20)
@@ -19,7 +20,7 @@ P, Z, SHAPE = "proj", "us-central1-a", "a3-highgpu-8g"
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    cloud = SimulatedCloud(SimClock(START, frozen=True), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
     cloud.insert_instance_template(P, {"name": "tpl", "properties": {"machineType": SHAPE}})
     cloud.insert_instance_group_manager(
         P, Z, {"name": "mig", "instanceTemplate": "global/instanceTemplates/tpl"}
@@ -40,28 +41,6 @@ def state_of(cloud: SimulatedCloud, name: str) -> str:
     state = cloud.get_resize_request(P, Z, "mig", name)["state"]
     assert isinstance(state, str)
     return state
-
-
-def test_a_frozen_clock_moves_only_when_told() -> None:
-    clock = SimClock(START, frozen=True)
-    assert clock.now() == START
-    clock.advance(timedelta(minutes=3))
-    assert clock.now() == START + timedelta(minutes=3)
-    clock.set(START + timedelta(hours=1))
-    assert clock.now() == START + timedelta(hours=1)
-    with pytest.raises(ValueError, match="forward"):
-        clock.advance(timedelta(seconds=-1))
-    with pytest.raises(ValueError, match="timezone-aware"):
-        SimClock(datetime(2026, 1, 1), frozen=True)  # noqa: DTZ001 - the point of the test
-
-
-def test_a_running_clock_follows_wall_time_plus_its_offset() -> None:
-    clock = SimClock(START)
-    first = clock.now()
-    clock.advance(timedelta(days=1))
-    assert clock.now() - first >= timedelta(days=1)
-    assert clock.now().tzinfo is not None
-    assert abs(SimClock().now() - datetime.now(UTC)) < timedelta(seconds=5)
 
 
 def test_steering_refuses_bad_input(cloud: SimulatedCloud) -> None:

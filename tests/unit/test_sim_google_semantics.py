@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from opendws.sim import CloudError, SimClock, SimulatedCloud
+from opendws.clock import ManualClock
+from opendws.sim import CloudError, SimulatedCloud
 from opendws.sim.cloud import RETRY_AFTER
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -20,7 +21,7 @@ HOUR = 3600
 
 
 def world(stock: int = 0, *, mode: str | None = None) -> SimulatedCloud:
-    cloud = SimulatedCloud(SimClock(START, frozen=True), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
     cloud.insert_instance_template(P, {"name": "tpl", "properties": {"machineType": SHAPE}})
     mig: dict[str, object] = {"name": "mig", "instanceTemplate": "global/instanceTemplates/tpl"}
     if mode is not None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from opendws.sim.philly import convert, largest_gangs, read_vc_nodes
-from opendws.sim.trace import (
+from opendws.replay.philly import convert, largest_gangs, read_vc_nodes
+from opendws.replay.traces import (
     TRACE_EPOCH,
     PoolsFile,
     PoolSpec,

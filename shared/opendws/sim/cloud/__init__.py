@@ -12,7 +12,8 @@ libraries unchanged; requests are read in camelCase or snake_case.
 
 One module per resource kind (``migs``, ``instances``, ``reservations``, ``tpu``) over the shared
 ``world`` (clock, events, stock, stock process, queue, operations); ``SimulatedCloud`` is all of
-them together. The invariants and the serving rule are in ``world``'s docstring.
+them together, on an :class:`opendws.clock.ManualClock`. The invariants and the serving rule are
+in ``world``'s docstring.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from opendws.sim.cloud.world import (
     RETRY_AFTER,
     REVIEW_DELAY,
     SHORTER_FIRST,
-    SimClock,
     settled,
 )
 
@@ -39,7 +39,6 @@ __all__ = [
     "REVIEW_DELAY",
     "SHORTER_FIRST",
     "CloudError",
-    "SimClock",
     "SimulatedCloud",
 ]
 

@@ -11,6 +11,9 @@ Invariants:
 - The world is settled lazily and deterministically: every call first runs the scheduled events
   that are due at ``clock.now()``, in time order (ties in scheduling order), each at its own
   scheduled moment. Moving the clock is all it takes to make things happen.
+- The clock is an :class:`opendws.clock.ManualClock`, running (wall time plus an offset) unless
+  the caller passes a frozen one; it never goes backwards, so events already settled cannot be
+  undone.
 - The serving rule (``serving_key``), one for resize requests, flex-start VMs and TPU queued
   resources alike: per (zone, shape), the requests whose provisioning latency has passed are
   ordered by ``created_at + SHORTER_FIRST × requested run duration`` (no duration counts as the
@@ -38,9 +41,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Concatenate, ParamSpec, TypeVar
 
+from opendws.clock import ManualClock
 from opendws.domain.calendar import CancellationRule
 from opendws.sim.cloud.errors import CloudError
-from opendws.sim.cloud.parsing import JSON, nonempty, scope_path, scope_url, stamp, utc
+from opendws.sim.cloud.parsing import JSON, nonempty, scope_path, scope_url, stamp
 
 FAILURE_KINDS = ("stockout", "hang", "error")
 CREATED_KINDS = ("resizeRequests", "queuedResources", "futureReservations", "instances")
@@ -62,39 +66,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _HTTP_MESSAGES = {400: "BAD REQUEST", 409: "CONFLICT", 503: "SERVICE UNAVAILABLE"}
 
 Key = tuple[str, str]
-
-
-class SimClock:
-    """The simulated world's clock, always timezone-aware UTC.
-
-    Running (``frozen=False``), it is wall time plus an offset that ``advance``/``set`` move;
-    frozen, only ``advance``/``set`` move it. It never goes backwards: events already settled
-    cannot be undone.
-    """
-
-    def __init__(self, start: datetime | None = None, *, frozen: bool = False) -> None:
-        wall = datetime.now(UTC)
-        begin = wall if start is None else utc(start)
-        self._lock = threading.Lock()
-        self._frozen = frozen
-        self._frozen_at = begin
-        self._offset = begin - wall
-
-    def now(self) -> datetime:
-        with self._lock:
-            if self._frozen:
-                return self._frozen_at
-            return datetime.now(UTC) + self._offset
-
-    def advance(self, delta: timedelta) -> None:
-        if delta < timedelta(0):
-            raise ValueError(f"the clock only moves forward, not by {delta}")
-        with self._lock:
-            self._frozen_at += delta
-            self._offset += delta
-
-    def set(self, moment: datetime) -> None:
-        self.advance(utc(moment) - self.now())
 
 
 @dataclass(eq=False)
@@ -277,7 +248,7 @@ class World:
 
     def __init__(
         self,
-        clock: SimClock | None = None,
+        clock: ManualClock | None = None,
         *,
         provisioning_latency: timedelta = timedelta(seconds=20),
         review_delay: timedelta = REVIEW_DELAY,
@@ -287,7 +258,7 @@ class World:
             raise ValueError("the provisioning latency cannot be negative")
         if review_delay < timedelta(0):
             raise ValueError("the review delay cannot be negative")
-        self.clock = clock if clock is not None else SimClock()
+        self.clock = clock if clock is not None else ManualClock(running=True)
         self._lock = threading.RLock()
         self._latency = provisioning_latency
         self._review_delay = review_delay

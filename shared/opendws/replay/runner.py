@@ -1,5 +1,6 @@
-"""Trace replay: the real scheduler on a workload trace, on a virtual clock, side by side with
-the baselines of :mod:`opendws.sim.baselines` on the same input.
+"""Trace replay: the real scheduler on a workload trace, on a virtual clock (a frozen
+:class:`~opendws.clock.ManualClock` that the replay moves from event to event, never backwards),
+side by side with the baselines of :mod:`opendws.replay.baselines` on the same input.
 
 The ``opendws`` policy is not a model of opendws: each job is stored as a flex_start request
 (one VM of one GPU per traced GPU, all in one pool; run duration as its user would ask, see
@@ -31,6 +32,7 @@ from opendws.adapters.memory import (
     MemoryNudger,
     MemoryRequestStore,
 )
+from opendws.clock import ManualClock
 from opendws.domain.model import (
     CapacityRequest,
     GangShape,
@@ -44,28 +46,18 @@ from opendws.domain.model import (
 )
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, StatusEvent, Timer, accepted
+from opendws.replay.baselines import JobOutcome, Policy, list_schedule
+from opendws.replay.metrics import PolicyReport, summarize
+from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
 from opendws.service.reconcile import Providers, ReconcileService
 from opendws.service.release import EndService
 from opendws.service.timers import expiry_timer
-from opendws.sim.baselines import JobOutcome, Policy, list_schedule
-from opendws.sim.metrics import PolicyReport, summarize
-from opendws.sim.trace import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
 
 # Every traced GPU is one VM of a one-GPU machine type, so a pool's units are its GPUs.
 MACHINE_TYPE = "a2-highgpu-1g"
 ACCELERATOR = "nvidia-tesla-a100"
 HOLDER = "replay"
 S = RequestState
-
-
-class VirtualClock:
-    """The replay's clock: it moves only when the replay moves it."""
-
-    def __init__(self, now: datetime) -> None:
-        self.current = now
-
-    def now(self) -> datetime:
-        return self.current
 
 
 class HeapTimerQueue:
@@ -217,7 +209,7 @@ def _replay_component(
     jobs: Sequence[TraceJob], pools: PoolsFile, policy: PolicySettings | None
 ) -> dict[str, JobOutcome]:
     ordered = sorted(jobs, key=lambda job: (job.submitted_at, job.job_id))
-    clock = VirtualClock(ordered[0].submitted_at)
+    clock = ManualClock(ordered[0].submitted_at)
     store = MemoryRequestStore()
     config = MemoryConfigStore(configuration(pools, [job.tenant for job in ordered], policy))
     cloud = MemoryCapacityProvider(clock, latency=timedelta(0))
@@ -248,12 +240,11 @@ def _replay_component(
                 upcoming.submitted_at if upcoming is not None else None,
                 finishes[0][0] if finishes else None,
                 timers.next_due(),
-                _next_held_start(store, clock.current),
+                _next_held_start(store, clock.now()),
             )
             if moment is not None
         ]
-        clock.current = max(min(candidates), clock.current)
-        now = clock.current
+        now = clock.set_at_least(min(candidates))
         while upcoming is not None and upcoming.submitted_at <= now:
             _submit(store, timers, as_request(upcoming, zones))
             live += 1

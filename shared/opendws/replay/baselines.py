@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from opendws.sim.trace import MAX_WAIT, PoolsFile, TraceJob
+from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob
 
 
 class Policy(StrEnum):
     """Who decides which job starts."""
 
-    OPENDWS = "opendws"  # the real admission core and reconciler (opendws.replay)
+    OPENDWS = "opendws"  # the real admission core and reconciler (opendws.replay.runner)
     FIFO = "fifo"
     STRICT_FIFO = "strict_fifo"
     SJF = "sjf"

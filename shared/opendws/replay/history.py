@@ -21,7 +21,7 @@ from opendws.catalog import MACHINE_TYPES
 from opendws.domain.model import Mode, Pool, Provider, QueueingStrategy
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, RequestRecord, UsageEntry
-from opendws.sim.trace import PoolsFile, PoolSpec, TenantSpec, TraceError, TraceJob
+from opendws.replay.traces import PoolsFile, PoolSpec, TenantSpec, TraceError, TraceJob
 
 S = RequestState
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from opendws.sim.trace import PoolsFile, PoolSpec, TraceError, TraceJob
+from opendws.replay.traces import PoolsFile, PoolSpec, TraceError, TraceJob
 
 GPUS_PER_NODE = 8
 # Helios replayed the jobs submitted in these two months (the end is exclusive).

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from opendws.sim.baselines import JobOutcome
-from opendws.sim.trace import MAX_WAIT
+from opendws.replay.baselines import JobOutcome
+from opendws.replay.traces import MAX_WAIT
 
 
 @dataclass(frozen=True, slots=True)
