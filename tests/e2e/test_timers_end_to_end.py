@@ -2,7 +2,13 @@
 ``timer`` function under functions-framework, which verifies the task's OIDC token and ends
 the run — in Firestore (official emulator), on the Compute Engine emulator, and with its event
 on Pub/Sub. An early release deletes the timer so it never fires; a lost timer is caught by
-the reconciler's sweep; a forged or misdirected call changes nothing."""
+the reconciler's sweep; a forged or misdirected call changes nothing.
+
+The Cloud Tasks emulator runs on a frozen clock of the test's, a while behind the wall clock
+that the function reads: a timer due now by the function's clock is still ahead for the
+emulator until the test moves its clock there, and ``dispatch_due()`` returns once the function
+has answered. So "it never fired" is a fact once the clock has passed the timer, not a wait.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +25,11 @@ from typing import Any
 import pytest
 
 from emulators import CloudTasksEmulator, ComputeEmulator, Emulators, free_port
+from emulators.cloud_tasks import Dispatch
 from emulators.functions import serving
 from opendws.clock import ManualClock
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, Order, RequestRecord, StatusEvent
+from opendws.ports import Change, Configuration, Order, RequestRecord, StatusEvent
 from opendws.service.timers import release_timer
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, H100, flex, pool
@@ -34,6 +41,10 @@ POOL = f"{ZONE}/{A3}"
 INVOKER = "opendws-tasks@test-project.iam.gserviceaccount.com"
 AUDIENCE = "opendws-timer"
 RUN = timedelta(minutes=10)
+# How far the emulator's clock starts behind the wall clock: more than a test takes, so that a
+# timer due by the function's clock is not yet due for the emulator; less than a token's hour,
+# so that the tokens it dates by its clock are neither expired nor issued in the future.
+LAG = timedelta(minutes=1)
 
 
 @dataclass
@@ -41,6 +52,7 @@ class Stack:
     project: str
     url: str  # the timer function
     tasks: CloudTasksEmulator
+    clock: ManualClock  # the emulator's, frozen
     cloud: SimulatedCloud
     store: Any
     ending: Any  # an EndService wired as in production, from the test's side
@@ -57,10 +69,21 @@ class Stack:
         record = submit(self.store, request)
         for version, state in enumerate((S.PROVISIONING, S.ACTIVE), start=1):
             self.store.change(
-                request_id, expected_version=version, state=state, pool=POOL, attempt=1,
-                event=StatusEvent(request_id=request_id, tenant="t", state=state,
-                                  previous_state=record.state, at=started),
-            )  # fmt: skip
+                request_id,
+                Change(
+                    expected_version=version,
+                    state=state,
+                    pool=POOL,
+                    attempt=1,
+                    event=StatusEvent(
+                        request_id=request_id,
+                        tenant="t",
+                        state=state,
+                        previous_state=record.state,
+                        at=started,
+                    ),
+                ),
+            )
         home = pool(zone=ZONE, capacity=4)
         self.providers.mig_flex.provision(Order(request=request, pool=home, attempt=1))
         stored = self.store.get(request_id)
@@ -84,7 +107,11 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
     certs = tmp_path / "certs.json"
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    with CloudTasksEmulator(certs_path=certs) as tasks, ComputeEmulator(cloud) as compute:
+    clock = ManualClock(datetime.now(UTC) - LAG)
+    with (
+        CloudTasksEmulator(certs_path=certs, clock=clock) as tasks,
+        ComputeEmulator(cloud) as compute,
+    ):
         environment = {
             **official_emulators.environment(),
             "OPENDWS_PROJECT": emulator_project,
@@ -111,7 +138,7 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
         )
         with serving("timer", "http", environment, port=port):
             yield Stack(
-                project=emulator_project, url=url, tasks=tasks, cloud=cloud,
+                project=emulator_project, url=url, tasks=tasks, clock=clock, cloud=cloud,
                 store=FirestoreRequestStore(db), ending=end_service(settings), timers=queue,
                 providers=capacity_providers(emulator_project, endpoint=compute.endpoint),
             )  # fmt: skip
@@ -120,27 +147,26 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
         db.close()
 
 
-def wait_for(check: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return bool(check())
+def dispatches(stack: Stack, name: str) -> list[Dispatch]:
+    return [d for d in stack.tasks.dispatched() if d.task.endswith(name)]
 
 
 def test_a_timer_fires_on_time_and_releases_the_capacity(stack: Stack) -> None:
-    record = stack.active("train", ends_in=timedelta(seconds=2))
+    record = stack.active("train", ends_in=timedelta(0))  # by the function's clock
     timer = release_timer(record, record.since)  # type: ignore[arg-type]
     assert stack.cloud.stock(ZONE, A3) == 2
     stack.timers.arm(timer, datetime.now(UTC))
+    stack.clock.set(timer.fire_at - timedelta(microseconds=1))
+    stack.tasks.dispatch_due()
+    assert dispatches(stack, timer.name) == []  # not a moment early
+    stack.clock.set(timer.fire_at)
     # (The function's first call also builds its clients: allow for that cold start.)
-    assert wait_for(lambda: stack.store.get("train").state is S.EXPIRED, 15)
-    # The dispatch is logged once the function has answered (after its last step).
-    assert wait_for(lambda: any(d.task.endswith(timer.name) for d in stack.tasks.dispatched()), 5)
-    [dispatch] = [d for d in stack.tasks.dispatched() if d.task.endswith(timer.name)]
+    stack.tasks.dispatch_due(timeout=30)
+    # dispatch_due returned once the function had answered, after its last step.
+    assert stack.store.get("train").state is S.EXPIRED
+    [dispatch] = dispatches(stack, timer.name)
     assert dispatch.status == 200
-    assert timedelta(0) <= dispatch.at - timer.fire_at < timedelta(seconds=1)
+    assert dispatch.at == timer.fire_at  # on time, by the emulator's clock
     assert stack.cloud.stock(ZONE, A3) == 4
     events = stack.store.events("train")
     assert (events[-1].state, events[-1].reason) == (S.EXPIRED, "RUN_TIME_UP")
@@ -152,13 +178,14 @@ def test_a_timer_fires_on_time_and_releases_the_capacity(stack: Stack) -> None:
 
 
 def test_an_early_release_deletes_the_timer_and_it_never_fires(stack: Stack) -> None:
-    record = stack.active("early", ends_in=timedelta(seconds=3))
+    record = stack.active("early", ends_in=timedelta(minutes=1))
     timer = release_timer(record, record.since)  # type: ignore[arg-type]
     stack.timers.arm(timer, datetime.now(UTC))
     result = stack.ending.release("early", "t")
     assert result.state is S.RELEASED
-    time.sleep(4)
-    assert [d for d in stack.tasks.dispatched() if d.task.endswith(timer.name)] == []
+    stack.clock.set(timer.fire_at + timedelta(seconds=1))  # past the moment it was due
+    stack.tasks.dispatch_due()
+    assert dispatches(stack, timer.name) == []
     assert stack.store.get("early").state is S.RELEASED
     assert stack.cloud.stock(ZONE, A3) == 4
 
@@ -220,8 +247,8 @@ def test_a_forged_missing_or_misdirected_timer_call_changes_nothing(stack: Stack
                       url=stack.url, service_account=INVOKER, audience="another-service"),
     )  # fmt: skip
     elsewhere.arm(timer, datetime.now(UTC))
-    assert wait_for(lambda: any(d.task.endswith(timer.name) for d in stack.tasks.dispatched()), 5)
-    statuses = {d.status for d in stack.tasks.dispatched() if d.task.endswith(timer.name)}
-    assert statuses == {403}
+    stack.clock.set(timer.fire_at)
+    stack.tasks.dispatch_due()
+    assert {d.status for d in dispatches(stack, timer.name)} == {403}
     assert stack.store.get("guarded").state is S.ACTIVE
     assert stack.cloud.stock(ZONE, A3) == 2
