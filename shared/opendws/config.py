@@ -1,85 +1,49 @@
 """The operators' configuration — pools, tenants with their quotas, policy knobs — as a document.
 
 The same shape is read from a YAML/JSON file (``dws config apply``) and from Firestore
-(``config/scheduler``), validated by the scenario file's pydantic specs, so a configuration that
-loads is a valid one and a bad one is refused with a message that says where and what to fix.
+(``config/scheduler``), validated by the pydantic specs of ``opendws.schema.config`` (whose pools,
+tenants and policy what-if scenarios share), so a configuration that loads is a valid one and a
+bad one is refused with a message that says where and what to fix.
+
+Loading never reads the clock: :func:`configuration_from_document` checks what holds whenever
+the configuration is used. One rule depends on the time: a CI template with a ``start_at`` (a
+calendar block) makes valid requests only while that start lies ahead within Google's lead
+times. :func:`configuration_to_apply` checks it too, at the ``now`` its caller passes, where a
+configuration is applied; after that, intake checks each request a CI job makes at its own now.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, StrictBool, ValidationError
+from pydantic import ValidationError
 
+from opendws.domain.calendar import lead_of
 from opendws.domain.model import PolicySettings, Pool, Tenant
 from opendws.durations import format_duration
-from opendws.ports import CiMapping, Configuration, Price
-from opendws.scenario import (
-    PolicySpec,
-    PoolSpec,
-    ScenarioError,
-    Spec,
-    TenantSpec,
-    build_items,
-    build_policy,
-    describe_validation,
-)
+from opendws.ports import CiMapping, Configuration
+from opendws.schema.common import ScenarioError, build_items, describe_validation
+from opendws.schema.config import ConfigSpec, PoolSpec, TenantSpec, build_policy
 from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
 
-
-class PriceSpec(Spec):
-    """``prices[i]``: the on-demand price of one accelerator-hour and the modes' factors."""
-
-    accelerator: str
-    per_hour: float = Field(ge=0)
-    flex_factor: float = Field(default=1.0, ge=0)
-    calendar_factor: float = Field(default=1.0, ge=0)
-
-    def build(self) -> Price:
-        return Price(
-            accelerator=self.accelerator,
-            per_hour=self.per_hour,
-            flex_factor=self.flex_factor,
-            calendar_factor=self.calendar_factor,
-        )
-
-
-class CiSpec(Spec):
-    """``ci[i]``: CI jobs that get capacity and the request they make."""
-
-    provider: Literal["github", "gitlab", "generic"]
-    labels: list[str] = Field(min_length=1)
-    request: dict[str, Any]
-
-    def build(self) -> CiMapping:
-        return CiMapping(
-            provider=self.provider, labels=frozenset(self.labels), template=dict(self.request)
-        )
-
-
-class ConfigSpec(Spec):
-    """The whole configuration document."""
-
-    policy: PolicySpec | None = None
-    # Take requests from the shared capacity-requests topic, trusting every publisher's
-    # claimed tenant (small single-team installs only); off: tenants' own topics only.
-    shared_requests_topic: StrictBool = False
-    prices: list[PriceSpec] = Field(default_factory=list)
-    ci: list[CiSpec] = Field(default_factory=list)
-    pools: list[PoolSpec] = Field(default_factory=list)
-    tenants: list[TenantSpec] = Field(default_factory=list)
+# Any instant: a request without a start time obeys the same rules whenever it is submitted.
+_ANY_TIME = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def configuration_from_document(data: object, *, source: str) -> Configuration:
-    """Validate ``data`` and build the configuration; ScenarioError says what is wrong."""
+    """Validate ``data`` and build the configuration; ScenarioError says what is wrong. Checks
+    every rule that does not depend on the time (see :func:`configuration_to_apply`)."""
     try:
         spec = ConfigSpec.model_validate(data)
     except ValidationError as error:
-        raise ScenarioError(describe_validation(error, data, source)) from None
-    pools: tuple[Pool, ...] = build_items(source, "pools", spec.pools, PoolSpec.build)
-    tenants: tuple[Tenant, ...] = build_items(source, "tenants", spec.tenants, TenantSpec.build)
+        raise ScenarioError(describe_validation(error, data, source, ConfigSpec)) from None
+    pools: tuple[Pool, ...] = build_items(ConfigSpec, source, "pools", spec.pools, PoolSpec.build)
+    tenants: tuple[Tenant, ...] = build_items(
+        ConfigSpec, source, "tenants", spec.tenants, TenantSpec.build
+    )
     policy: PolicySettings = build_policy(spec.policy, source)
     for section, names in (
         ("pools", [p.pool_id for p in pools]),
@@ -93,27 +57,66 @@ def configuration_from_document(data: object, *, source: str) -> Configuration:
     if len(set(accelerators)) != len(accelerators):
         raise ScenarioError(f"{source}: prices: one price per accelerator")
     ci = tuple(mapping.build() for mapping in spec.ci)
-    for index, mapping in enumerate(ci):
-        problem = template_problem(mapping.template)
-        if problem is not None:
-            raise ScenarioError(f"{source}: ci[{index}].request: {problem}")
+    _check_templates(ci, source, lasting_template_problem)
     return Configuration(
         pools=pools, tenants=tenants, policy=policy, prices=prices, ci=ci,
         shared_requests_topic=spec.shared_requests_topic,
     )  # fmt: skip
 
 
-def template_problem(template: dict[str, Any]) -> str | None:
-    """What is wrong with a CI request template (None: a job's message will be valid)."""
-    message = {"schema": "opendws.request/v1", "action": "submit", **template,
-               "request_id": "ci-template-check"}  # fmt: skip
+def configuration_to_apply(data: object, *, source: str, now: datetime) -> Configuration:
+    """:func:`configuration_from_document`, and every CI template's requests valid if a job
+    asks at ``now`` (a calendar template's start still ahead, within Google's lead times)."""
+    configuration = configuration_from_document(data, source=source)
+    _check_templates(configuration.ci, source, lambda template: template_problem(template, now=now))
+    return configuration
+
+
+def lasting_template_problem(template: dict[str, Any]) -> str | None:
+    """What is wrong with a CI request template whenever a job asks (None: some instant makes
+    its requests valid). A template without a start time obeys the same rules whenever a job
+    asks; one with a start (a calendar block) is checked as asked at the latest instant
+    Google's lead times allow for that start, so that only the start's distance from the
+    instant a job asks is left unchecked."""
     try:
-        submit = parse_message(json.dumps(message).encode())
-        assert isinstance(submit, Submit)
-        to_capacity_request(submit, default_request_id="ci", submitted_at=datetime.now(UTC))
+        submit = _submission(template)
+        submitted_at = _ANY_TIME
+        if submit.start_at is not None:
+            tpu = submit.gang.machine_type is None  # a TPU slice, as GangShape.provider says
+            submitted_at = submit.start_at - lead_of(tpu).earliest
+        to_capacity_request(submit, default_request_id="ci", submitted_at=submitted_at)
     except MessageError as error:
         return str(error)
     return None
+
+
+def template_problem(template: dict[str, Any], *, now: datetime) -> str | None:
+    """What is wrong with a CI request template (None: a job's message will be valid) if a
+    job asks at ``now``."""
+    try:
+        to_capacity_request(_submission(template), default_request_id="ci", submitted_at=now)
+    except MessageError as error:
+        return str(error)
+    return None
+
+
+def _submission(template: dict[str, Any]) -> Submit:
+    """The submission a CI job's message makes from ``template``; MessageError if invalid."""
+    message = {"schema": "opendws.request/v1", "action": "submit", **template,
+               "request_id": "ci-template-check"}  # fmt: skip
+    submit = parse_message(json.dumps(message).encode())
+    assert isinstance(submit, Submit)
+    return submit
+
+
+def _check_templates(
+    ci: tuple[CiMapping, ...], source: str, problem_of: Callable[[dict[str, Any]], str | None]
+) -> None:
+    """ScenarioError naming the first CI mapping whose template ``problem_of`` finds wrong."""
+    for index, mapping in enumerate(ci):
+        problem = problem_of(mapping.template)
+        if problem is not None:
+            raise ScenarioError(f"{source}: ci[{index}].request: {problem}")
 
 
 def configuration_to_document(configuration: Configuration) -> dict[str, Any]:

@@ -1,0 +1,153 @@
+"""The configuration document's parts: policy, pools, tenants with their quotas, prices and CI
+mappings, and the whole document (:class:`ConfigSpec`).
+
+A what-if scenario describes the same pools, tenants and policy (``opendws.schema.scenario``
+reuses these parts). Each part builds its domain value; a broken domain rule raises
+:class:`~opendws.domain.InvalidModel`, which :func:`~opendws.schema.common.build_items` names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, StrictBool, StrictInt
+
+from opendws.domain import (
+    InvalidModel,
+    PolicySettings,
+    Pool,
+    Provider,
+    QueueingStrategy,
+    Quota,
+    Tenant,
+)
+from opendws.domain.calendar import CancellationRule
+from opendws.ports import CiMapping, Price
+from opendws.schema.common import Document, Duration, ScenarioError, Spec, Timestamp
+
+
+class PolicySpec(Spec):
+    """``policy``: knobs of the admission order."""
+
+    aging_half_life: Duration | None = None  # None: the domain's default
+    race_width: StrictInt | None = None  # None: the domain's default (pools raced at once)
+    race_eagerly: StrictBool | None = None  # None: the domain's default (race once a pool is short)
+    # None: the domain's default (Google's newest cancellation rule for calendar blocks).
+    calendar_cancellation: CancellationRule | None = None
+
+
+class PoolSpec(Spec):
+    """``pools[i]``: capacity of one shape in one zone."""
+
+    pool_id: str
+    zone: str
+    shape: str
+    accelerator: str
+    provider: Provider
+    capacity: StrictInt
+    short_until: Timestamp | None = None
+
+    def build(self) -> Pool:
+        """The domain pool."""
+        return Pool(
+            pool_id=self.pool_id,
+            zone=self.zone,
+            shape=self.shape,
+            accelerator=self.accelerator,
+            provider=self.provider,
+            capacity=self.capacity,
+            short_until=self.short_until,
+        )
+
+
+class QuotaSpec(Spec):
+    """``tenants[i].quotas[j]``: a tenant's share of one accelerator type."""
+
+    accelerator: str
+    nominal: StrictInt
+    borrowing_limit: StrictInt | None = None
+
+
+class TenantSpec(Spec):
+    """``tenants[i]``: a team, its cohort and its quotas."""
+
+    name: str
+    cohort: str | None = None
+    queueing: QueueingStrategy = QueueingStrategy.BEST_EFFORT
+    quotas: list[QuotaSpec] = Field(default_factory=list)
+
+    def build(self) -> Tenant:
+        """The domain tenant (quota rules are checked here too)."""
+        quotas = tuple(
+            Quota(
+                accelerator=quota.accelerator,
+                nominal=quota.nominal,
+                borrowing_limit=quota.borrowing_limit,
+            )
+            for quota in self.quotas
+        )
+        return Tenant(name=self.name, quotas=quotas, cohort=self.cohort, queueing=self.queueing)
+
+
+class PriceSpec(Spec):
+    """``prices[i]``: the on-demand price of one accelerator-hour and the modes' factors."""
+
+    accelerator: str
+    per_hour: float = Field(ge=0)
+    flex_factor: float = Field(default=1.0, ge=0)
+    calendar_factor: float = Field(default=1.0, ge=0)
+
+    def build(self) -> Price:
+        return Price(
+            accelerator=self.accelerator,
+            per_hour=self.per_hour,
+            flex_factor=self.flex_factor,
+            calendar_factor=self.calendar_factor,
+        )
+
+
+class CiSpec(Spec):
+    """``ci[i]``: CI jobs that get capacity and the request they make."""
+
+    provider: Literal["github", "gitlab", "generic"]
+    labels: list[str] = Field(min_length=1)
+    request: dict[str, Any]
+
+    def build(self) -> CiMapping:
+        return CiMapping(
+            provider=self.provider, labels=frozenset(self.labels), template=dict(self.request)
+        )
+
+
+class ConfigSpec(Document):
+    """The whole configuration document."""
+
+    item_keys: ClassVar[dict[str, str]] = {"pools": "pool_id", "tenants": "name"}
+
+    policy: PolicySpec | None = None
+    # Take requests from the shared capacity-requests topic, trusting every publisher's
+    # claimed tenant (small single-team installs only); off: tenants' own topics only.
+    shared_requests_topic: StrictBool = False
+    prices: list[PriceSpec] = Field(default_factory=list)
+    ci: list[CiSpec] = Field(default_factory=list)
+    pools: list[PoolSpec] = Field(default_factory=list)
+    tenants: list[TenantSpec] = Field(default_factory=list)
+
+
+def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
+    """The policy a document sets, the domain's defaults where it is silent."""
+    if spec is None:
+        return PolicySettings()
+    given: dict[str, Any] = {}
+    if spec.aging_half_life is not None:
+        given["aging_half_life"] = spec.aging_half_life
+    if spec.race_width is not None:
+        given["race_width"] = spec.race_width
+    if spec.race_eagerly is not None:
+        given["race_eagerly"] = spec.race_eagerly
+    if spec.calendar_cancellation is not None:
+        given["calendar_cancellation"] = spec.calendar_cancellation
+    try:
+        return PolicySettings(**given)
+    except InvalidModel as error:
+        raise ScenarioError(f"{source}: policy: {error.field}: {error.rule}") from None
