@@ -279,10 +279,12 @@ def _load_config(path: Path) -> list[str]:
     from google.cloud import firestore
 
     from opendws.adapters.firestore import FirestoreConfigStore
-    from opendws.config import configuration_from_document
+    from opendws.clock import SystemClock
+    from opendws.config import configuration_to_apply
     from opendws.scenario import read_document
 
-    configuration = configuration_from_document(read_document(path), source=str(path))
+    now = SystemClock().now()
+    configuration = configuration_to_apply(read_document(path), source=str(path), now=now)
     client = firestore.Client(project=PROJECT, credentials=AnonymousCredentials())  # type: ignore[no-untyped-call]
     FirestoreConfigStore(client).save(configuration)
     client.close()  # type: ignore[no-untyped-call]
