@@ -25,6 +25,7 @@ import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from opendws.domain import (
     CapacityRequest,
@@ -140,7 +141,7 @@ def build_request(rng: random.Random, index: int) -> CapacityRequest:
     tenant = f"team-{min(TENANTS - 1, int(rng.expovariate(1 / 5))):02d}"
     submitted = NOW - timedelta(seconds=rng.randint(0, 3 * 86400))
     shape_of = gang(rng, shape)
-    common = {
+    common: dict[str, Any] = {
         "request_id": f"req-{index:06d}",
         "tenant": tenant,
         "gang": shape_of,

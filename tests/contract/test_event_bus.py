@@ -35,7 +35,8 @@ def bus(request: pytest.FixtureRequest) -> Iterator[tuple[EventBus, Callable[[in
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import pubsub_v1
 
-    from opendws.adapters.pubsub import EVENTS_TOPIC, PubSubEventBus
+    from opendws.adapters.pubsub import PubSubEventBus
+    from opendws.ports import EVENTS_TOPIC
 
     publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())
     subscriber = pubsub_v1.SubscriberClient(credentials=AnonymousCredentials())

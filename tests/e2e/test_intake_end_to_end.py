@@ -83,7 +83,7 @@ def test_a_message_that_keeps_failing_goes_to_the_dead_letter_topic(
     Pub/Sub retries); after the policy's attempts the message lands on the dead-letter topic."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import pubsub_v1
-    from google.protobuf.duration_pb2 import Duration
+    from google.protobuf.duration_pb2 import Duration  # type: ignore[import-untyped]
     from google.pubsub_v1.types import DeadLetterPolicy, PushConfig, RetryPolicy
 
     credentials = AnonymousCredentials()

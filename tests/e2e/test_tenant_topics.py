@@ -36,7 +36,7 @@ class Bus:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import pubsub_v1
 
-        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+        credentials = AnonymousCredentials()
         self.publisher = pubsub_v1.PublisherClient(credentials=credentials)
         self.subscriber = pubsub_v1.SubscriberClient(credentials=credentials)
         self.watch = self.subscriber.subscription_path(PROJECT, "e2e-all-events")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 from google.api_core import exceptions
@@ -102,8 +103,8 @@ def test_cancel_then_delete_and_the_refused_orders(emu: ComputeEmulator, clients
     custom_delete/compute_mig_resize_request_delete.go.tmpl)."""
     emu.cloud.set_stock(ZONE, SHAPE, 0)
     mig, name = make_mig(clients), unique("rr")
-    target = {"project": PROJECT, "zone": ZONE, "instance_group_manager": mig,
-              "resize_request": name}  # fmt: skip
+    target: dict[str, Any] = {"project": PROJECT, "zone": ZONE, "instance_group_manager": mig,
+                              "resize_request": name}  # fmt: skip
     resize(clients, mig, name, [unique("vm")])
     with pytest.raises(exceptions.BadRequest, match="cancel it before deleting"):
         clients.resize.delete(**target)
@@ -248,7 +249,7 @@ def test_the_stock_process_is_deterministic_bounded_and_stopped_by_an_explicit_s
     first = run()
     assert first == run()
     assert all(1 <= units <= 6 for units in first)
-    (process,) = admin.state()["stock_processes"]  # type: ignore[misc]
+    (process,) = cast("list[dict[str, Any]]", admin.state()["stock_processes"])
     assert process["low"] == 1
     admin.set_stock(ZONE, SHAPE, 9)
     admin.advance(timedelta(hours=1))

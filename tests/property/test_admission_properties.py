@@ -7,10 +7,12 @@ and its caches play no part in the checking).
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,6 +36,7 @@ from opendws.domain.calendar import count_problem, lead_of
 from opendws.domain.model import PolicySettings
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
+T = TypeVar("T")
 ZONES = ("us-central1-a", "us-central1-b", "europe-west4-a")
 # (shape, accelerator, provider, accelerators per VM)
 SHAPES = (
@@ -211,7 +214,7 @@ def request_strategy(
         gang = draw(gang_strategy())
         locations = draw(st.sampled_from([("us-central1",), ("europe-west4-a",)]))
     names = [*tenant_names, "ghost"] if index == 0 else tenant_names
-    common = {
+    common: dict[str, Any] = {
         "request_id": f"r{index:02d}",
         "tenant": draw(st.sampled_from(names)),
         "gang": gang,
@@ -396,14 +399,19 @@ def test_racing_never_delays_anyone(snapshot: Snapshot) -> None:
 
 
 @given(snapshots(), st.randoms(use_true_random=False))
-def test_the_plan_is_the_same_for_any_input_order(snapshot: Snapshot, rng: object) -> None:
-    shuffled = []
-    for items in (snapshot.pools, snapshot.tenants, snapshot.grants, snapshot.pending):
+def test_the_plan_is_the_same_for_any_input_order(snapshot: Snapshot, rng: random.Random) -> None:
+    def shuffled(items: tuple[T, ...]) -> tuple[T, ...]:
         copy = list(items)
-        rng.shuffle(copy)  # type: ignore[attr-defined]
-        shuffled.append(tuple(copy))
+        rng.shuffle(copy)
+        return tuple(copy)
+
+    # Shuffled in this order (keyword arguments are evaluated left to right).
     permuted = replace(
-        snapshot, pools=shuffled[0], tenants=shuffled[1], grants=shuffled[2], pending=shuffled[3]
+        snapshot,
+        pools=shuffled(snapshot.pools),
+        tenants=shuffled(snapshot.tenants),
+        grants=shuffled(snapshot.grants),
+        pending=shuffled(snapshot.pending),
     )
     assert admit(permuted, NOW).decisions == admit(snapshot, NOW).decisions
 

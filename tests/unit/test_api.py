@@ -54,7 +54,7 @@ def test_a_tenant_sees_only_its_own_requests(world_api: tuple[World, ApiService]
     assert api.handle("GET", "/requests/theirs", auth("k-vision")).status == 404
     assert api.handle("GET", "/queue", auth("k-vision")).body == []
     queue = api.handle("GET", "/queue", auth("k-admin")).body
-    assert [e["request_id"] for e in queue] == ["theirs"]  # type: ignore[index, union-attr]
+    assert [e["request_id"] for e in queue] == ["theirs"]  # type: ignore[index]
     timeline = api.handle("GET", "/timeline", auth("k-vision")).body
     assert isinstance(timeline, dict)
     [spans] = timeline["pools"].values()
@@ -70,15 +70,15 @@ def test_cancel_and_release_through_the_api(world_api: tuple[World, ApiService])
     assert world.state("theirs") is RequestState.PENDING
     assert api.handle("POST", "/requests/ghost/cancel", auth("k-vision")).status == 404
     done = api.handle("POST", "/requests/theirs/cancel", auth("k-speech"))
-    assert (done.status, done.body["state"]) == (200, "CANCELLED")  # type: ignore[index]
+    assert (done.status, done.body["state"]) == (200, "CANCELLED")  # type: ignore[call-overload, index]
     running = api.handle("POST", "/requests/theirs/release", auth("k-speech"))
     assert running.status == 200  # already cancelled: nothing more to do
-    assert running.body["outcome"] == "ALREADY_ENDED"  # type: ignore[index]
+    assert running.body["outcome"] == "ALREADY_ENDED"  # type: ignore[call-overload, index]
     released = api.handle("POST", "/requests/mine/release", auth("k-admin"))
     assert released.status == 200
     assert world.state("mine") is RequestState.CANCELLED  # it was still provisioning
     usage = api.handle("GET", "/usage", auth("k-speech")).body
-    assert [(u["tenant"], u["outcomes"]) for u in usage] == [  # type: ignore[index, union-attr]
+    assert [(u["tenant"], u["outcomes"]) for u in usage] == [  # type: ignore[index]
         ("speech", {"CANCELLED": 1})
     ]
 
@@ -90,4 +90,4 @@ def test_cancelling_a_running_request_is_a_conflict(world_api: tuple[World, ApiS
     assert world.state("mine") is RequestState.ACTIVE
     answer = api.handle("POST", "/requests/mine/cancel", auth("k-vision"))
     assert answer.status == 409
-    assert "release it" in answer.body["message"]  # type: ignore[index]
+    assert "release it" in answer.body["message"]  # type: ignore[call-overload, index]

@@ -162,7 +162,9 @@ def test_intake_listens_to_the_request_topics_and_reconcile_to_ticks_with_the_ri
     """Intake's own trigger is on the admins' topic, which always exists; every other request
     topic (each tenant's, the shared one when made) reaches it through an Eventarc trigger of
     the function module (tests/unit/test_infra_tenants.py evaluates which)."""
-    topics = {key: unquote(name) for key, name in module_locals("pubsub")["topics"].items()}
+    topics: dict[str, str] = {
+        key: unquote(name) for key, name in module_locals("pubsub")["topics"].items()
+    }
     functions = function_modules()
 
     def topic_of(entry_point: str) -> str:

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -79,15 +79,15 @@ class View:
         raise Unknown(f"{self} cannot be indexed")
 
 
-def trees(node: Tree) -> list[Tree]:
+def trees(node: Tree[Token]) -> list[Tree[Token]]:
     return [c for c in node.children if isinstance(c, Tree) and c.data != "new_line_or_comment"]
 
 
-def has_token(node: Tree, text: str) -> bool:
+def has_token(node: Tree[Token], text: str) -> bool:
     return any(isinstance(c, Token) and str(c).strip() == text for c in node.children)
 
 
-def name_of(node: Tree) -> str:
+def name_of(node: Tree[Token]) -> str:
     """The text of an identifier, keyword or quoted label."""
     if node.data == "string":
         return "".join(str(part.children[0]) for part in trees(node))
@@ -195,11 +195,11 @@ def known(value: Any) -> Any:
     return value
 
 
-def evaluate(node: Tree, scope: dict[str, Any], lookup: Callable[[str], Any]) -> Any:
+def evaluate(node: Tree[Token], scope: dict[str, Any], lookup: Callable[[str], Any]) -> Any:
     """The value of an HCL expression: names from ``scope`` (for-expression and ``each``
     variables) or else from ``lookup`` (``var``, ``local``, ``module``, resource types)."""
 
-    def ev(n: Tree, s: dict[str, Any] = scope) -> Any:
+    def ev(n: Tree[Token], s: dict[str, Any] = scope) -> Any:
         return evaluate(n, s, lookup)
 
     kind = node.data
@@ -218,8 +218,8 @@ def evaluate(node: Tree, scope: dict[str, Any], lookup: Callable[[str], Any]) ->
     if kind == "string":
         pieces = []
         for part in parts:
-            (inner,) = part.children
-            pieces.append(render(ev(inner)) if isinstance(inner, Tree) else unescape(str(inner)))
+            (child,) = part.children
+            pieces.append(render(ev(child)) if isinstance(child, Tree) else unescape(str(child)))
         return "".join(pieces)
     if kind in ("heredoc_template", "heredoc_template_trim"):
         return str(node.children[0])
@@ -265,8 +265,8 @@ def evaluate(node: Tree, scope: dict[str, Any], lookup: Callable[[str], Any]) ->
             values = values[:-1] + list(values[-1])
         return FUNCTIONS[name](*values)
     if kind == "conditional":
-        condition, yes, no = parts
-        return ev(yes) if known(ev(condition)) else ev(no)
+        test, yes, no = parts
+        return ev(yes) if known(ev(test)) else ev(no)
     if kind == "binary_op":
         left, term = parts
         operator_node, right = trees(term)
@@ -311,7 +311,7 @@ def evaluate(node: Tree, scope: dict[str, Any], lookup: Callable[[str], Any]) ->
 
 
 @cache
-def parse(path: Path) -> Tree:
+def parse(path: Path) -> Tree[Token]:
     with path.open() as handle:
         return hcl2.parses_to_tree(handle.read())
 
@@ -320,10 +320,10 @@ def parse(path: Path) -> Tree:
 class Block:
     kind: str
     labels: tuple[str, ...]
-    body: Tree
+    body: Tree[Token]
 
     @property
-    def attributes(self) -> dict[str, Tree]:
+    def attributes(self) -> dict[str, Tree[Token]]:
         found = {}
         for node in trees(self.body):
             if node.data == "attribute":
@@ -336,7 +336,7 @@ class Block:
         return [block_of(node) for node in trees(self.body) if node.data == "block"]
 
 
-def block_of(node: Tree) -> Block:
+def block_of(node: Tree[Token]) -> Block:
     kind, *labels, body = trees(node)
     return Block(name_of(kind), tuple(name_of(label) for label in labels), body)
 
@@ -345,7 +345,7 @@ def file_blocks(path: Path) -> list[Block]:
     return [block_of(node) for node in trees(trees(parse(path))[0]) if node.data == "block"]
 
 
-def apply_type(type_node: Tree, value: Any, lookup: Callable[[str], Any]) -> Any:
+def apply_type(type_node: Tree[Token], value: Any, lookup: Callable[[str], Any]) -> Any:
     """``value`` converted to a variable's type as far as defaults go: the optional
     attributes of objects (``optional(T, default)``) that the value leaves out."""
     node = type_node
@@ -477,7 +477,7 @@ class Module(View):
             return Namespace(name, lambda resource: self.resource(name, resource))
         return Ref(f"{self.address}{name}")
 
-    def evaluate(self, node: Tree, scope: dict[str, Any] | None = None) -> Any:
+    def evaluate(self, node: Tree[Token], scope: dict[str, Any] | None = None) -> Any:
         return evaluate(node, scope or {}, self.lookup)
 
     def var(self, name: str) -> Any:
@@ -537,8 +537,8 @@ class Module(View):
         if name not in self._modules:
             block = self.of("module")[(name,)]
             source = str(self.evaluate(block.attributes["source"]))
-            arguments = {
-                key: (lambda node=value: self.evaluate(node))
+            arguments: dict[str, Callable[[], Any]] = {
+                key: partial(self.evaluate, value)
                 for key, value in block.attributes.items()
                 if key not in ("source", "count", "for_each", "depends_on", "providers")
             }
@@ -565,10 +565,15 @@ def tfvars(path: Path = EXAMPLE, **overrides: Any) -> dict[str, Any]:
     return {**values, **overrides}
 
 
+def constant(value: Any) -> Callable[[], Any]:
+    """A module argument whose value is already known."""
+    return lambda: value
+
+
 def root_with(**overrides: Any) -> Module:
     """infra/ as ``terraform plan`` would see it with the example's values and ``overrides``."""
     values = tfvars(**overrides)
-    return Module(INFRA, {name: (lambda v=value: v) for name, value in values.items()})
+    return Module(INFRA, {name: constant(value) for name, value in values.items()})
 
 
 @cache
@@ -932,7 +937,7 @@ def test_a_function_that_does_not_retry_gets_eventarc_triggers_that_do_not_eithe
         "more_pubsub_topics": {"x": "projects/p/topics/x"},
     }  # fmt: skip
     module = Module(
-        MODULES / "function", {k: (lambda v=v: v) for k, v in arguments.items()}, "module.f."
+        MODULES / "function", {k: constant(v) for k, v in arguments.items()}, "module.f."
     )
     (trigger,) = instances(module, "google_eventarc_trigger", "more").values()
     (policy,) = trigger.attr("retry_policy")
