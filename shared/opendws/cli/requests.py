@@ -1,12 +1,12 @@
-"""``dws`` commands that work against a running system — the local stack (``dws up``) or a real
+"""``dws`` commands on requests in a running system — the local stack (``dws up``) or a real
 project (``--project``, application default credentials):
 
-- ``dws up`` starts the whole system on this machine and runs until Ctrl-C;
 - ``dws submit`` publishes a request (from a YAML/JSON file or from flags), validated against
   the ``opendws.request/v1`` schema first, so a bad request is refused here and never sent;
 - ``dws status ID``, ``dws wait ID`` (until ACTIVE or a final state; the exit code says which);
 - ``dws cancel ID`` and ``dws release ID``;
-- ``dws usage`` and ``dws config apply FILE``.
+- ``dws queue``, ``dws timeline`` and ``dws usage``: what waits, what holds each pool, what was
+  used.
 
 Every error a user can fix is one red line and exit code 2.
 """
@@ -14,135 +14,26 @@ Every error a user can fix is one red line and exit code 2.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
-from rich.text import Text
 
+from opendws.cli.common import UsageFailure, console, iso_seconds, project_option
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import MessageError, parse_message
 
-console = Console()
 S = RequestState
 # `dws wait` exit codes.
 WAIT_ACTIVE = 0  # the capacity is running
 WAIT_ENDED = 1  # it reached a final state without running (timed out, cancelled, rejected)
 WAIT_TIMEOUT = 3  # still waiting when --timeout passed
-
-
-class UsageFailure(click.ClickException):
-    """An error the user can fix: one red line on stderr and exit code 2, no traceback."""
-
-    exit_code = 2
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        """Print the message as one red line (on stderr unless ``file`` is given)."""
-        console = Console(stderr=True) if file is None else Console(file=file)
-        console.print(Text(f"error: {self.format_message()}", style="bold red"), soft_wrap=True)
-
-
-def project_option(function: Any) -> Any:
-    """``--project``: a real project (application default credentials) instead of the stack."""
-
-    def set_project(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
-        if value:
-            os.environ["OPENDWS_PROJECT"] = value
-        return value
-
-    return click.option(
-        "--project",
-        help="Google Cloud project (default: OPENDWS_PROJECT, else the local stack's).",
-        callback=set_project,
-        expose_value=False,
-        is_eager=True,
-    )(function)
-
-
-def register(main: click.Group) -> None:
-    """Add the commands of this module to ``dws``."""
-    commands = (up, demo, submit, status, wait, cancel, release, queue, timeline, usage, config)
-    for command in commands:
-        main.add_command(command)
-
-
-# dws up ---------------------------------------------------------------------------------------
-
-
-@click.command(short_help="Run the whole system on this machine until Ctrl-C.")
-@click.option("--tick", default=60.0, show_default=True, help="Seconds between reconcile ticks.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="Configuration to load (default: the example local configuration).")  # fmt: skip
-def up(tick: float, config_path: Path | None) -> None:
-    """Start the emulators, every function, the topics and subscriptions, the configuration
-    and the reconcile ticker; print what clients need; stop everything on Ctrl-C."""
-    try:
-        from emulators import EmulatorError, missing_reason
-        from emulators.stack import DEFAULT_CONFIG, local_stack
-    except ImportError as error:  # pragma: no cover - the package ships them
-        raise UsageFailure(f"the local stack is not installed with this package: {error}") from None
-    reason = missing_reason()
-    if reason is not None:
-        raise UsageFailure(f"cannot start the local stack: {reason}")
-    try:
-        with local_stack(
-            tick=timedelta(seconds=tick),
-            config=config_path or DEFAULT_CONFIG,
-            progress=lambda step: console.print(f"[dim]·[/dim] {step}"),
-        ) as stack:
-            console.print("[bold green]opendws is up.[/bold green] Point clients at it with:")
-            for name, value in stack.client_environment().items():
-                click.echo(f"export {name}={value}")
-            for name, url in stack.urls.items():
-                console.print(f"[dim]{name} function: {url}[/dim]")
-            console.print("Ctrl-C stops everything.")
-            while True:
-                time.sleep(3600)
-    except KeyboardInterrupt:
-        console.print("stopped")
-    except (EmulatorError, ScenarioError) as error:
-        raise UsageFailure(str(error)) from None
-
-
-@click.command(short_help="Run a scripted mixed workload on a fresh local stack.")
-@click.option("--json", "as_json_flag", is_flag=True, help="Print the summary as JSON.")
-def demo(as_json_flag: bool) -> None:
-    """Start the local stack, drive flex requests, a CI job, a TPU slice, a calendar block, a
-    cancel, an early release and a stockout with failover through it, then summarise."""
-    from emulators import EmulatorError, missing_reason
-    from emulators.demo import as_json, run_demo
-    from emulators.stack import local_stack
-
-    reason = missing_reason()
-    if reason is not None:
-        raise UsageFailure(f"cannot start the local stack: {reason}")
-    try:
-        with local_stack(
-            tick=timedelta(seconds=5),
-            latency=timedelta(seconds=3),
-            review_delay=timedelta(seconds=5),
-            progress=lambda step: console.print(f"[dim]· {step}[/dim]"),
-        ) as stack:
-            outcomes = run_demo(stack, lambda line: console.print(f"[bold]›[/bold] {line}"))
-    except (EmulatorError, TimeoutError) as error:
-        raise click.ClickException(f"demo failed: {error}") from None
-    if as_json_flag:
-        click.echo(as_json(outcomes))
-        return
-    table = Table("request", "tenant", "state", "pool", "attempts", "events", "story",
-                  "reasons", "after", title="opendws demo")  # fmt: skip
-    for o in outcomes:
-        table.add_row(o.request_id, o.tenant, o.state, o.pool or "", str(o.attempts),
-                      str(o.events), o.story, o.reasons, o.times)  # fmt: skip
-    console.print(table)
 
 
 # dws submit -----------------------------------------------------------------------------------
@@ -313,14 +204,14 @@ def queue(tenant: str | None, as_json: bool) -> None:
 
     entries = query_service().queue(datetime.now(UTC), tenant=tenant)
     if as_json:
-        click.echo(json.dumps([{**asdict(e), "eta": _iso(e.eta),
+        click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
                                 "waited_s": e.waited.total_seconds()} for e in entries],
                               default=str, indent=2))  # fmt: skip
         return
     table = Table("request", "tenant", "units", "pool", "position", "ETA", "reason", "waited")
     for e in entries:
         table.add_row(e.request_id, e.tenant, f"{e.units} × {e.accelerator}", e.pool or "",
-                      str(e.position or ""), _iso(e.eta) or "", e.reason or "",
+                      str(e.position or ""), iso_seconds(e.eta) or "", e.reason or "",
                       format_duration(e.waited))  # fmt: skip
     console.print(table)
 
@@ -341,18 +232,14 @@ def timeline(pool: str | None, as_json: bool) -> None:
     for name, spans in pools.items():
         table = Table("request", "tenant", "state", "units", "from", "until", title=name)
         for s in spans:
-            table.add_row(s.request_id, s.tenant, s.state, str(s.units), _iso(s.start) or "",
-                          _iso(s.end) or "")  # fmt: skip
+            table.add_row(s.request_id, s.tenant, s.state, str(s.units), iso_seconds(s.start) or "",
+                          iso_seconds(s.end) or "")  # fmt: skip
         console.print(table)
     if not pools:
         console.print("no pool holds or plans anything")
 
 
-def _iso(at: datetime | None) -> str | None:
-    return None if at is None else at.astimezone(UTC).isoformat(timespec="seconds")
-
-
-# dws usage / config -----------------------------------------------------------------------------
+# dws usage ---------------------------------------------------------------------------------------
 
 
 @click.command(short_help="Accelerator-hours granted and used, cost, outcomes per tenant.")
@@ -377,45 +264,3 @@ def usage(tenant: str | None, as_json: bool) -> None:
         table.add_row(row.tenant, row.accelerator, f"{row.granted_hours:,.2f}",
                       f"{row.used_hours:,.2f}", cost, outcomes)  # fmt: skip
     console.print(table)
-
-
-@click.group(short_help="Show or replace the configuration.")
-def config() -> None:
-    """The configuration: pools, tenants and quotas, prices."""
-
-
-@config.command("apply", short_help="Validate FILE and make it the configuration.")
-@click.argument("file", type=click.Path(path_type=Path))
-@project_option
-def config_apply(file: Path) -> None:
-    """Replace the configuration with FILE (YAML or JSON), after validating all of it."""
-    from opendws.config import configuration_from_document
-
-    try:
-        configuration = configuration_from_document(read_document(file), source=str(file))
-    except ScenarioError as error:
-        raise UsageFailure(str(error)) from None
-    from opendws.bootstrap import config_store
-
-    store = config_store()
-    before = {tenant.name for tenant in store.load().tenants}
-    store.save(configuration)
-    tenants = [tenant.name for tenant in configuration.tenants]
-    intake_url = os.environ.get("OPENDWS_LOCAL_INTAKE_URL")
-    if intake_url:  # the local stack: a new tenant gets its topic and subscriptions here
-        from emulators.stack import wire_tenants
-
-        project = os.environ.get("OPENDWS_PROJECT", "")
-        for tenant in wire_tenants(project, tenants, intake_url):
-            console.print(f"tenant {tenant}: its topic capacity-requests-{tenant} is wired")
-    else:
-        for tenant in sorted(set(tenants) - before):
-            console.print(
-                f"tenant {tenant} is new: on Google Cloud its topic capacity-requests-{tenant}, "
-                "its event subscription and who may use them come from Terraform's `tenants` "
-                "variable (infra/); until it lists the tenant, nobody can publish for it"
-            )
-    console.print(
-        f"applied {file}: {len(configuration.pools)} pools, {len(configuration.tenants)} "
-        f"tenants, {len(configuration.prices)} prices"
-    )

@@ -4,7 +4,9 @@ and beside the baselines (see :mod:`opendws.replay`):
 - ``dws simulate --trace FILE --pools FILE`` compares the policies on one trace; ``--add`` and
   ``--quota`` answer "what if this pool had more GPUs, or this team another quota";
 - ``dws trace convert PHILLY_CSV --nodes NODES_CSV`` writes the Philly trace in the canonical
-  form, with a pools file of its virtual clusters.
+  form, with a pools file of its virtual clusters;
+- ``dws trace export --accelerator A`` writes a running system's own history (``--project``)
+  in that form, with its configured pools and quotas.
 
 Every error a user can fix is one red line and exit code 2.
 """
@@ -22,7 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from opendws.cli_stack import UsageFailure, project_option
+from opendws.cli.common import PIPED_WIDTH, UsageFailure, project_option
 from opendws.domain.model import InvalidModel, PolicySettings
 from opendws.durations import format_duration, parse_duration
 from opendws.replay.baselines import Policy
@@ -42,15 +44,7 @@ from opendws.replay.traces import (
     write_trace,
 )
 
-# Table width when stdout is not a terminal (a pipe or a file) and COLUMNS is unset.
-PIPED_WIDTH = 160
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
-
-
-def register(main: click.Group) -> None:
-    """Add the commands of this module to ``dws``."""
-    main.add_command(simulate)
-    main.add_command(trace)
 
 
 # dws simulate ---------------------------------------------------------------------------------

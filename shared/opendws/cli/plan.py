@@ -1,4 +1,4 @@
-"""The ``dws`` command line.
+"""``dws plan``: the admission core on a what-if scenario, no system needed.
 
 ``dws plan FILE`` runs one admission pass over a what-if scenario file and shows what it decided,
 as a table or as JSON. Errors a user can fix (a missing file, a bad field) are one red line on
@@ -20,9 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from opendws import __version__
-from opendws.cli_replay import register as register_replay
-from opendws.cli_stack import UsageFailure, register
+from opendws.cli.common import PIPED_WIDTH, UsageFailure
 from opendws.domain import Alternative, Decision, Outcome, Plan, admit
 from opendws.durations import format_duration
 from opendws.scenario import ScenarioError, load_scenario, parse_timestamp
@@ -40,19 +38,11 @@ _OUTCOME_STYLE = {
 }
 # Outcomes whose pool and start columns say everything the message would.
 _SELF_EXPLAINED = frozenset({Outcome.ADMIT, Outcome.HOLD, Outcome.CONFIRM})
-# Table width when stdout is not a terminal (a pipe or a file) and COLUMNS is unset.
-PIPED_WIDTH = 160
 # Below this width the table has no message column; the messages follow it as notes.
 WIDE_TABLE = 130
 
 
-@click.group()
-@click.version_option(version=__version__, prog_name="dws")
-def main() -> None:
-    """opendws: admission of accelerator capacity, from the command line."""
-
-
-@main.command("plan", short_help="Plan a what-if scenario: admit, hold, confirm, refuse.")
+@click.command("plan", short_help="Plan a what-if scenario: admit, hold, confirm, refuse.")
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option(
     "--at",
@@ -207,10 +197,3 @@ def _start_cell(start_at: datetime | None, now: datetime) -> str:
         return f"{stamp}Z now"
     sign = "+" if delta > timedelta(0) else ""  # format_duration writes the minus itself
     return f"{stamp}Z {sign}{format_duration(delta)}"
-
-
-register(main)
-register_replay(main)
-
-if __name__ == "__main__":
-    main()

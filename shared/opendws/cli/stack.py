@@ -1,0 +1,90 @@
+"""``dws`` commands that run the whole system on this machine:
+
+- ``dws up`` starts the local stack (the emulators, every function, the topics and
+  subscriptions, the configuration and the reconcile ticker) and runs until Ctrl-C;
+- ``dws demo`` drives a scripted mixed workload through a fresh local stack and summarises it.
+
+Every error a user can fix is one red line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from opendws.cli.common import UsageFailure, console
+from opendws.scenario import ScenarioError
+
+# dws up ---------------------------------------------------------------------------------------
+
+
+@click.command(short_help="Run the whole system on this machine until Ctrl-C.")
+@click.option("--tick", default=60.0, show_default=True, help="Seconds between reconcile ticks.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="Configuration to load (default: the example local configuration).")  # fmt: skip
+def up(tick: float, config_path: Path | None) -> None:
+    """Start the emulators, every function, the topics and subscriptions, the configuration
+    and the reconcile ticker; print what clients need; stop everything on Ctrl-C."""
+    try:
+        from emulators import EmulatorError, missing_reason
+        from emulators.stack import DEFAULT_CONFIG, local_stack
+    except ImportError as error:  # pragma: no cover - the package ships them
+        raise UsageFailure(f"the local stack is not installed with this package: {error}") from None
+    reason = missing_reason()
+    if reason is not None:
+        raise UsageFailure(f"cannot start the local stack: {reason}")
+    try:
+        with local_stack(
+            tick=timedelta(seconds=tick),
+            config=config_path or DEFAULT_CONFIG,
+            progress=lambda step: console.print(f"[dim]·[/dim] {step}"),
+        ) as stack:
+            console.print("[bold green]opendws is up.[/bold green] Point clients at it with:")
+            for name, value in stack.client_environment().items():
+                click.echo(f"export {name}={value}")
+            for name, url in stack.urls.items():
+                console.print(f"[dim]{name} function: {url}[/dim]")
+            console.print("Ctrl-C stops everything.")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("stopped")
+    except (EmulatorError, ScenarioError) as error:
+        raise UsageFailure(str(error)) from None
+
+
+@click.command(short_help="Run a scripted mixed workload on a fresh local stack.")
+@click.option("--json", "as_json_flag", is_flag=True, help="Print the summary as JSON.")
+def demo(as_json_flag: bool) -> None:
+    """Start the local stack, drive flex requests, a CI job, a TPU slice, a calendar block, a
+    cancel, an early release and a stockout with failover through it, then summarise."""
+    from emulators import EmulatorError, missing_reason
+    from emulators.demo import as_json, run_demo
+    from emulators.stack import local_stack
+
+    reason = missing_reason()
+    if reason is not None:
+        raise UsageFailure(f"cannot start the local stack: {reason}")
+    try:
+        with local_stack(
+            tick=timedelta(seconds=5),
+            latency=timedelta(seconds=3),
+            review_delay=timedelta(seconds=5),
+            progress=lambda step: console.print(f"[dim]· {step}[/dim]"),
+        ) as stack:
+            outcomes = run_demo(stack, lambda line: console.print(f"[bold]›[/bold] {line}"))
+    except (EmulatorError, TimeoutError) as error:
+        raise click.ClickException(f"demo failed: {error}") from None
+    if as_json_flag:
+        click.echo(as_json(outcomes))
+        return
+    table = Table("request", "tenant", "state", "pool", "attempts", "events", "story",
+                  "reasons", "after", title="opendws demo")  # fmt: skip
+    for o in outcomes:
+        table.add_row(o.request_id, o.tenant, o.state, o.pool or "", str(o.attempts),
+                      str(o.events), o.story, o.reasons, o.times)  # fmt: skip
+    console.print(table)
