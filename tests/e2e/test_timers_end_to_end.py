@@ -86,7 +86,7 @@ class Stack:
             )
         home = pool(zone=ZONE, capacity=4)
         self.providers.mig_flex.provision(Order(request=request, pool=home, attempt=1))
-        stored = self.store.get(request_id)
+        stored: RequestRecord | None = self.store.get(request_id)
         assert stored is not None
         return stored
 
@@ -228,7 +228,8 @@ def forged_token(audience: str) -> str:
     claims = {"iss": "opendws-cloud-tasks-emulator", "aud": audience, "email": INVOKER,
               "email_verified": True, "iat": now, "exp": now + 600}  # fmt: skip
     signer = crypt.RSASigner.from_string(pem, key_id="forged")
-    return jwt.encode(signer, claims).decode()  # type: ignore[no-untyped-call]
+    token: bytes = jwt.encode(signer, claims)
+    return token.decode()
 
 
 def test_a_forged_missing_or_misdirected_timer_call_changes_nothing(stack: Stack) -> None:
