@@ -299,7 +299,8 @@ def test_a_failing_provider_call_holds_up_no_one_and_fails_over_once_never_taken
 ) -> None:
     world, cloud = two_zones
     refusing = RefusingZone(cloud, ZONE_A)
-    world.providers = Providers(mig_flex=refusing, tpu=refusing, calendar=refusing)
+    # No calendar block here: RefusingZone has no advise() or withdraw().
+    world.providers = Providers(mig_flex=refusing, tpu=refusing, calendar=refusing)  # type: ignore[arg-type]
     submit(world.store, flex("stuck", vm_count=1, locations=(ZONE_A, ZONE_B)))
     submit(world.store, flex("fine", vm_count=1, locations=(ZONE_B,), submitted_at=NOW + MINUTE))
     report = world.run()

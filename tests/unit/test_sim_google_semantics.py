@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -222,7 +223,9 @@ def an_injected_stockout_is_one_failed_attempt() -> None:
 # ---------------------------------------------------------------------- flex-start VMs
 
 
-def flex_vm(cloud: SimulatedCloud, name: str, valid_for: str = "600s", run: str = "3600s") -> dict:
+def flex_vm(
+    cloud: SimulatedCloud, name: str, valid_for: str = "600s", run: str = "3600s"
+) -> dict[str, Any]:
     body = {
         "name": name,
         "machineType": f"zones/{Z}/machineTypes/{SHAPE}",
@@ -349,7 +352,9 @@ def tpu_flex_start_is_v6e_and_v5e_only_and_only_in_v2alpha1() -> None:
     (tpu/docs/request-using-flex-start); the v2 QueuedResource has no provisioningModel (TPU-α
     vs v2), so v2 refuses it as an unknown field."""
     cloud = world()
-    flex = {"provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "3600s"}}
+    flex: dict[str, Any] = {
+        "provisioningModel": "FLEX_START", "runDuration": {"maxRunDuration": "3600s"},
+    }  # fmt: skip
     refused(lambda: cloud.create_queued_resource(P, "z", "a", qr_body("v5p-8", **flex), "v2alpha1"),
             "only v6e and v5e")  # fmt: skip
     refused(lambda: cloud.create_queued_resource(P, "z", "b", qr_body(**flex)), "Unknown name")
