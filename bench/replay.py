@@ -99,7 +99,7 @@ def show(title: str, reports: dict[Policy, PolicyReport]) -> None:
 def judge(reports: dict[Policy, PolicyReport], results: dict[Policy, Replayed]) -> dict[str, Any]:
     ours, sjf, fifo = reports[Policy.OPENDWS], reports[Policy.SJF], reports[Policy.FIFO]
     servable = servable_time_outs(results)
-    targets = {
+    targets: dict[str, dict[str, Any]] = {
         "mean_wait_vs_sjf": {
             "ratio": ours.mean_wait_s / max(sjf.mean_wait_s, 1e-9),
             "opendws_s": ours.mean_wait_s, "sjf_s": sjf.mean_wait_s,
@@ -153,7 +153,11 @@ def plot(results: dict[Policy, Replayed], capacity: int, out: Path, tag: str) ->
     usage, axes = plt.subplots(figsize=(10, 4))
     for policy in ORDER:
         series = utilization_series(results[policy].outcomes, capacity)
-        axes.plot([at for at, _ in series], [value for _, value in series], label=policy.value)
+        axes.plot(
+            [at for at, _ in series],  # type: ignore[arg-type]  # stubs: numbers only; dates work
+            [value for _, value in series],
+            label=policy.value,
+        )
     axes.set_ylabel("utilization (6 h bins)")
     axes.set_ylim(0, 1.05)
     axes.set_title(f"Philly Oct–Nov 2017, {tag}: utilization over time")

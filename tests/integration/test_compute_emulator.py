@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from google.api_core import exceptions
@@ -311,7 +311,7 @@ def test_a_hanging_resize_request_waits_until_cancelled_then_can_be_deleted(
     resize(clients, mig, name, [unique("vm")])
     emu.cloud.advance(timedelta(days=3))
     assert resize_state(clients, mig, name).state == "ACCEPTED"
-    target = {
+    target: dict[str, Any] = {
         "project": PROJECT,
         "zone": ZONE,
         "instance_group_manager": mig,
@@ -689,7 +689,7 @@ def test_standalone_server_prints_its_endpoint_and_stops_on_sigterm() -> None:
         admin = EmulatorAdmin(line.partition("=")[2])
         assert admin.stock(ZONE, SHAPE) == 7
         assert admin.state()["latency_seconds"] == 1
-        (process,) = admin.state()["stock_processes"]  # type: ignore[misc]
+        (process,) = cast("list[dict[str, Any]]", admin.state()["stock_processes"])
         assert (process["shape"], process["low"], process["high"], process["seed"]) == (
             "g2-standard-8", 2, 5, 3)  # fmt: skip
         assert admin.stock(ZONE, "g2-standard-8") == 2  # it starts at LOW

@@ -34,7 +34,7 @@ def emulator() -> Iterator[ComputeEmulator]:
 def client_options(emulator: ComputeEmulator) -> dict[str, object]:
     return {
         "client_options": {"api_endpoint": emulator.endpoint},
-        "credentials": AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        "credentials": AnonymousCredentials(),
     }
 
 

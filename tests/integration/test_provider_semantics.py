@@ -46,7 +46,7 @@ def emulator(cloud: SimulatedCloud) -> Iterator[ComputeEmulator]:
 def options(emulator: ComputeEmulator) -> dict[str, Any]:
     return {
         "client_options": {"api_endpoint": emulator.endpoint},
-        "credentials": AnonymousCredentials(),  # type: ignore[no-untyped-call]
+        "credentials": AnonymousCredentials(),
     }
 
 
@@ -274,7 +274,7 @@ def test_a_release_crashed_after_any_step_leaves_something_observed_and_converge
 
 
 def tpu_provider(emulator: ComputeEmulator, tier: str = "flex_start") -> TpuQueuedProvider:
-    session = AuthorizedSession(AnonymousCredentials())  # type: ignore[no-untyped-call]
+    session = AuthorizedSession(AnonymousCredentials())
     settings = CloudSettings(project=PROJECT, tpu_tier=tier)
     return TpuQueuedProvider(settings, session, endpoint=emulator.endpoint)
 
