@@ -1,0 +1,189 @@
+"""The cloud's side: orders and their deterministic names, what a provider observes, the
+capacity providers (MIG flex-start, TPU queued resources, calendar blocks) and which one
+serves which order."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Protocol
+
+from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
+from opendws.domain.provisioning import ProvisionPhase
+
+# Order names are cloud resource names: RFC 1035, at most 63 characters, and each VM of the
+# gang is named after its order plus ``-{index}``.
+_NAME_UNSAFE = re.compile(r"[^a-z0-9]+")
+ORDER_PREFIX = "odws-"
+
+
+@functools.lru_cache(maxsize=65_536)  # a pure function, asked every pass for every live request
+def order_name(request_id: str, attempt: int) -> str:
+    """The deterministic name of ``request_id``'s ``attempt``-th provisioning: a retried call
+    always names the same resource, so the cloud refuses a second creation. A readable slug of
+    the id keeps it recognisable; a hash of the exact id keeps distinct ids apart."""
+    slug = _NAME_UNSAFE.sub("-", request_id.lower()).strip("-")[:28].strip("-")
+    digest = hashlib.sha256(request_id.encode()).hexdigest()[:10]
+    return f"{ORDER_PREFIX}{slug + '-' if slug else ''}{digest}-{attempt}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Order:
+    """One attempt to provision one request's gang in one pool."""
+
+    request: CapacityRequest
+    pool: Pool
+    attempt: int  # 1-based
+
+    @property
+    def name(self) -> str:
+        """The cloud name of everything this order creates (see :func:`order_name`)."""
+        return order_name(self.request.request_id, self.attempt)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observed:
+    """One order's resources as a provider sees them now. Providers report every owned
+    resource they find by name — a request, or VMs and queued resources left without one — so
+    that nothing opendws made can run unseen."""
+
+    name: str  # the order name
+    pool_id: str
+    phase: ProvisionPhase
+    error_code: str | None = None  # FAILED: the cloud's final code (status.error)
+    message: str = ""  # what the cloud said, for events
+    # WAITING: the temporary error of Google's latest attempt (status.lastAttempt), e.g.
+    # ZONE_RESOURCE_POOL_EXHAUSTED; None while no attempt failed yet.
+    last_attempt: str | None = None
+    # Calendar blocks: the last instant Google still lets it be cancelled (status.lockTime;
+    # None: not approved yet, or never cancellable) and the end of its time window.
+    locked_at: datetime | None = None
+    ends_at: datetime | None = None
+
+
+class CapacityProvider(Protocol):
+    """A kind of cloud capacity (MIG flex-start, TPU queued resources, calendar reservations).
+
+    Implementers guarantee: every call is safe to repeat (creating what already exists, or
+    releasing what is gone, succeeds without a second resource); no call waits for the cloud to
+    finish — progress is read with :meth:`observe` on a later pass; only resources whose names
+    start with :data:`ORDER_PREFIX` are ever touched.
+    """
+
+    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        """Every order of this provider's kind in ``pools``, by order name."""
+        ...
+
+    def reserve(self, order: Order) -> None:
+        """Calendar: submit the block (a calendar-mode future reservation) for Google's review
+        ahead of its start. Others: nothing to do."""
+        ...
+
+    def provision(self, order: Order) -> None:
+        """Start creating the order's gang (for a calendar block: its VMs, in the reservation)."""
+        ...
+
+    def release(self, name: str, pool: Pool) -> None:
+        """Cancel and delete everything the order ``name`` created in ``pool``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Advised:
+    """One start Google's Advice API recommends for a calendar block (advice.calendarMode):
+    ``units`` free in ``zone`` from ``start_at`` to ``end_at``."""
+
+    start_at: datetime
+    end_at: datetime
+    zone: str
+
+
+class Withdrawal(StrEnum):
+    """What asking Google to cancel a submitted calendar block did."""
+
+    WITHDRAWN = "WITHDRAWN"  # cancelled now, or there was nothing to cancel (gone, declined)
+    REFUSED = "REFUSED"  # Google keeps it: past its cancellation window (billed in full)
+
+
+class CalendarBlocks(Protocol):
+    """What calendar blocks need of the cloud beyond a CapacityProvider: Google's advice
+    before booking and a cancellation Google may refuse. Implemented by the providers of
+    calendar blocks (GPU VMs, TPU chips) and by the memory fake."""
+
+    def advise(
+        self, request: CapacityRequest, pools: Sequence[Pool], *, earliest: datetime,
+        latest: datetime,
+    ) -> tuple[Advised, ...]:  # fmt: skip
+        """Starts in ``[earliest, latest]`` at which the request's block would fit, in the
+        zones of ``pools``, earliest first (advice.calendarMode); () when none."""
+        ...
+
+    def withdraw(self, name: str, pool: Pool) -> Withdrawal:
+        """Cancel the submitted block ``name`` at Google. Safe to repeat; never deletes a
+        block Google keeps (see :class:`Withdrawal`)."""
+        ...
+
+
+class BlockProvider(CapacityProvider, CalendarBlocks, Protocol):
+    """A provider of calendar blocks: a CapacityProvider whose ``reserve`` submits a
+    calendar-mode future reservation for Google's review, and whose ``release`` deletes the
+    block's VMs and then withdraws and deletes the reservation where Google allows it (a
+    block Google keeps is left to its end: it is billed in full either way)."""
+
+
+class Providers:
+    """Which provider serves which order: flex requests use flex-start resize requests (MIG
+    pools) or flex-start queued resources (TPU pools); calendar blocks use calendar-mode
+    future reservations, consumed by VMs (``calendar``) or by queued resources naming the
+    reservation (``tpu_calendar``; the ``calendar`` provider when not given)."""
+
+    def __init__(
+        self, *, mig_flex: CapacityProvider, tpu: CapacityProvider, calendar: BlockProvider,
+        tpu_calendar: BlockProvider | None = None,
+    ) -> None:  # fmt: skip
+        self.mig_flex = mig_flex
+        self.tpu = tpu
+        self.calendar = calendar
+        self.tpu_calendar = calendar if tpu_calendar is None else tpu_calendar
+
+    def for_order(self, pool: Pool, mode: Mode) -> CapacityProvider:
+        """The provider of an order of ``mode`` in ``pool``."""
+        if mode is Mode.CALENDAR:
+            return self.blocks(pool)
+        return self.tpu if pool.provider is Provider.TPU else self.mig_flex
+
+    def blocks(self, pool: Pool) -> BlockProvider:
+        """The provider of calendar blocks in ``pool``."""
+        return self.tpu_calendar if pool.provider is Provider.TPU else self.calendar
+
+    def observe(self, pools: Iterable[Pool]) -> dict[str, Sighting]:
+        """Every owned resource in ``pools``, by order name, across all providers (a provider
+        serving several kinds is asked once per kind of pool)."""
+        by_kind = {kind: [pool for pool in pools if pool.provider is kind] for kind in Provider}
+        observed: dict[str, Sighting] = {}
+        asked: set[tuple[int, Provider]] = set()
+        for provider, kind in (
+            (self.mig_flex, Provider.MIG),
+            (self.tpu, Provider.TPU),
+            (self.calendar, Provider.MIG),
+            (self.tpu_calendar, Provider.TPU),
+        ):
+            if not by_kind[kind] or (id(provider), kind) in asked:
+                continue
+            asked.add((id(provider), kind))
+            for name, seen in provider.observe(by_kind[kind]).items():
+                observed[name] = Sighting(provider=provider, observed=seen)
+        return observed
+
+
+@dataclass(frozen=True, slots=True)
+class Sighting:
+    """One observed resource and the provider that owns it."""
+
+    provider: CapacityProvider
+    observed: Observed
