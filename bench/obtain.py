@@ -92,8 +92,16 @@ from opendws.domain.model import (  # noqa: E402
     Tenant,
 )
 from opendws.domain.states import RequestState  # noqa: E402
-from opendws.ports import Configuration, Observed, Order, accepted  # noqa: E402
-from opendws.service.reconcile import Providers, ReconcileService, ReconcileSettings  # noqa: E402
+from opendws.ports import (  # noqa: E402
+    Advised,
+    Configuration,
+    Observed,
+    Order,
+    Providers,
+    Withdrawal,
+    accepted,
+)
+from opendws.service.reconcile import ReconcileService, ReconcileSettings  # noqa: E402
 
 S = RequestState
 START = datetime(2026, 12, 1, tzinfo=UTC)
@@ -342,6 +350,15 @@ class NoCalendar:
     provision = reserve
 
     def release(self, name: str, pool: Pool) -> None:
+        raise AssertionError("no calendar block in this benchmark")
+
+    def advise(
+        self, request: CapacityRequest, pools: Sequence[Pool], *, earliest: datetime,
+        latest: datetime,
+    ) -> tuple[Advised, ...]:  # fmt: skip
+        raise AssertionError("no calendar block in this benchmark")
+
+    def withdraw(self, name: str, pool: Pool) -> Withdrawal:
         raise AssertionError("no calendar block in this benchmark")
 
 

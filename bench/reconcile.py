@@ -42,8 +42,13 @@ from opendws.adapters.memory import (  # noqa: E402
 from opendws.catalog import TPU_API_TYPES  # noqa: E402
 from opendws.clock import ManualClock  # noqa: E402
 from opendws.domain import Provider, Snapshot, admit  # noqa: E402
-from opendws.ports import ConfigStore, Configuration, RequestStore  # noqa: E402
-from opendws.service.reconcile import PassReport, Providers, ReconcileService  # noqa: E402
+from opendws.ports import (  # noqa: E402
+    ConfigStore,
+    Configuration,
+    Providers,
+    RequestStore,
+)
+from opendws.service.reconcile import PassReport, ReconcileService  # noqa: E402
 from planner import NOW, build_snapshot  # noqa: E402
 from tests.world import submit  # noqa: E402
 
@@ -123,7 +128,8 @@ def on_emulators(size: int) -> dict[str, Any] | None:
     with running() as emulators, ComputeEmulator(cloud) as compute:
         os.environ.update(emulators.environment())
         project = f"bench-reconcile-{uuid.uuid4().hex[:6]}"
-        client = firestore.Client(project=project, credentials=AnonymousCredentials())
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
+        client = firestore.Client(project=project, credentials=credentials)
         raw_s = raw_transactions(client, size)
         reconciler = service(
             snapshot,

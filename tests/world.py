@@ -22,11 +22,12 @@ from opendws.domain.states import RequestState
 from opendws.ports import (
     ConfigStore,
     Configuration,
+    Providers,
     RequestRecord,
     RequestStore,
     accepted,
 )
-from opendws.service.reconcile import PassReport, Providers, ReconcileService, ReconcileSettings
+from opendws.service.reconcile import PassReport, ReconcileService, ReconcileSettings
 from opendws.service.release import EndResult, EndService
 from tests.builders import NOW, quota, tenant
 

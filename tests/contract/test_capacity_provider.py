@@ -20,8 +20,14 @@ from opendws.bootstrap import capacity_providers
 from opendws.catalog import TPU_API_TYPES
 from opendws.clock import ManualClock
 from opendws.domain.model import CapacityRequest, Pool, Provider
-from opendws.ports import CalendarBlocks, CapacityProvider, Order, ProvisionPhase, Withdrawal
-from opendws.service.reconcile import Providers
+from opendws.ports import (
+    CalendarBlocks,
+    CapacityProvider,
+    Order,
+    Providers,
+    ProvisionPhase,
+    Withdrawal,
+)
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, HOUR, NOW, calendar, flex, pool, tpu_pool
 
@@ -46,7 +52,7 @@ class Kit:
     set_stock: Callable[[Pool, int], None]
     stock: Callable[[Pool], int]
     inject: Callable[[Pool, str], None]
-    advance: Callable[[timedelta], None]
+    advance: Callable[[timedelta], object]
     created: Callable[[str], int]
 
     @property

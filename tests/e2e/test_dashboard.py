@@ -17,8 +17,8 @@ from emulators import Emulators
 from emulators.functions import serving
 from opendws.adapters.memory import MemoryCapacityProvider, MemoryEventBus
 from opendws.clock import ManualClock
-from opendws.ports import Configuration
-from opendws.service.reconcile import Providers, ReconcileService
+from opendws.ports import Configuration, Providers
+from opendws.service.reconcile import ReconcileService
 from tests.builders import A3, H100, MINUTE, flex, pool
 from tests.world import submit, tenants_for
 

@@ -15,8 +15,8 @@ from opendws.adapters.memory import MemoryEventBus
 from opendws.bootstrap import capacity_providers
 from opendws.clock import ManualClock
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, order_name
-from opendws.service.reconcile import ReconcileSettings, submitted
+from opendws.ports import Configuration, order_name, submitted
+from opendws.service.reconcile import ReconcileSettings
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, H100, NOW, V5E, pool, tpu_pool
 from tests.world import World, tenants_for

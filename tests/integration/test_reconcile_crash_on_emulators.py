@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from opendws.domain.states import RequestState
-from opendws.service.reconcile import Providers
+from opendws.ports import Providers
 from tests.builders import A3, MINUTE, NOW, flex
 from tests.crashing import PROVIDER_CALLS, STORE_WRITES, Crash, Crashing, Steps
 from tests.integration.conftest import ZONE_A, ZONE_B, Stack

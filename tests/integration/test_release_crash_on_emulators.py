@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -33,8 +34,7 @@ from opendws.adapters.memory import MemoryTimerQueue
 from opendws.adapters.mig import group_name
 from opendws.domain.model import PolicySettings, Pool
 from opendws.domain.states import RequestState
-from opendws.ports import Order, Timer, order_name
-from opendws.service.reconcile import Providers
+from opendws.ports import Order, Providers, Timer, order_name
 from opendws.service.release import EndOutcome, EndService
 from tests.builders import A3, MINUTE, flex
 from tests.crashing import (
@@ -198,7 +198,8 @@ def leak_sweep(stack: Stack) -> Scenario:
     # The held-out crash probe: a release killed after the request was deleted, before the VMs.
     killed = EndService(
         world.store, world.config,
-        Providers(mig_flex=KilledAfterTheRequest(stack), tpu=world.providers.tpu,
+        Providers(mig_flex=KilledAfterTheRequest(stack),  # type: ignore[arg-type]  # release only
+                  tpu=world.providers.tpu,
                   calendar=world.providers.calendar),
         None, world.bus, world.nudger, world.clock,
     )  # fmt: skip
@@ -244,10 +245,10 @@ COUNTS = {
 }
 
 
-def resources(stack: Stack, kind: str) -> list[dict[str, object]]:
+def resources(stack: Stack, kind: str) -> list[dict[str, Any]]:
     state = stack.cloud.state()["resources"]
     assert isinstance(state, dict)
-    listed: list[dict[str, object]] = state.get(stack.project, {}).get(kind, [])
+    listed: list[dict[str, Any]] = state.get(stack.project, {}).get(kind, [])
     return listed
 
 
@@ -261,9 +262,10 @@ def crashing(stack: Stack, steps: Steps) -> None:
         calendar=world.providers.calendar,
     )
     world.store = Crashing(world.store, STORE_WRITES, steps)
-    world.bus = Crashing(world.bus, BUS_CALLS, steps)
+    # The World's bus and timers are the memory fakes; a Crashing proxy stands in for them.
+    world.bus = Crashing(world.bus, BUS_CALLS, steps)  # type: ignore[assignment]
     if world.timers is not None:
-        world.timers = Crashing(world.timers, TIMER_CALLS, steps)
+        world.timers = Crashing(world.timers, TIMER_CALLS, steps)  # type: ignore[assignment]
 
 
 def drive(stack: Stack, path: str, steps: Steps) -> Scenario:

@@ -12,7 +12,7 @@ import pytest
 
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.states import RequestState
-from opendws.service.reconcile import Providers, submitted
+from opendws.ports import Providers, submitted
 from tests.builders import A3, H100, MINUTE, NOW, calendar, flex, pool
 from tests.crashing import PROVIDER_CALLS, STORE_WRITES, Crash, Crashing, Steps
 from tests.world import World, memory_world, submit, tenants_for

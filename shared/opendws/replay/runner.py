@@ -45,11 +45,11 @@ from opendws.domain.model import (
     Tenant,
 )
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, StatusEvent, Timer, accepted
+from opendws.ports import Configuration, Providers, StatusEvent, Timer, accepted
 from opendws.replay.baselines import JobOutcome, Policy, list_schedule
 from opendws.replay.metrics import PolicyReport, summarize
 from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
-from opendws.service.reconcile import Providers, ReconcileService
+from opendws.service.reconcile import ReconcileService
 from opendws.service.release import EndService
 from opendws.service.timers import expiry_timer
 
