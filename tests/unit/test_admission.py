@@ -57,7 +57,7 @@ def snapshot(**parts: object) -> Snapshot:
     return build_snapshot(**parts)  # type: ignore[arg-type]
 
 
-View = dict[str, tuple[Outcome, Reason | None, str | None, timedelta | None]]
+View = dict[str, tuple[Outcome, Reason | Expiry | None, str | None, timedelta | None]]
 
 
 def view(plan: Plan) -> View:
