@@ -49,9 +49,10 @@ class Outcome:
 
 def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     """Drive the workload on ``stack`` (whose variables are in this process's environment)."""
-    from opendws.bootstrap import request_publisher, request_store
+    from opendws.bootstrap import container
 
-    publisher, store = request_publisher(), request_store()
+    adapters = container().adapters
+    publisher, store = adapters.publisher, adapters.store
     events = _EventWatcher(stack.project)
 
     def events_seen(request_id: str) -> list[dict[str, Any]]:
@@ -154,7 +155,7 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     for request_id in ("train", "nightly", "slice", "block", "later", "oops", "queued"):
         record = store.get(request_id)
         assert record is not None
-        events = store.events(request_id)
+        recorded = store.events(request_id)
         outcomes.append(
             Outcome(
                 request_id=request_id,
@@ -162,11 +163,12 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
                 state=record.state.value,
                 pool=record.pool,
                 attempts=record.attempt,
-                events=len(events),
-                story=" → ".join(event.state.value for event in events),
-                reasons=" → ".join(event.reason or "-" for event in events),
+                events=len(recorded),
+                story=" → ".join(event.state.value for event in recorded),
+                reasons=" → ".join(event.reason or "-" for event in recorded),
                 times=" → ".join(
-                    f"{max((event.at - events[0].at).total_seconds(), 0):.0f}s" for event in events
+                    f"{max((event.at - recorded[0].at).total_seconds(), 0):.0f}s"
+                    for event in recorded
                 ),
             )
         )

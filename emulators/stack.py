@@ -266,10 +266,9 @@ def wire_tenants(project: str, tenants: Iterable[str], intake_url: str) -> list[
 
 
 def _ensure_timer_queue() -> None:
-    from opendws.bootstrap import Settings, timer_queue
+    from opendws.bootstrap import Container, Settings
 
-    queue = timer_queue(Settings.from_environment())
-    timer_queue.cache_clear()
+    queue = Container(Settings.from_environment()).timers
     if queue is not None:
         queue.ensure_queue()  # type: ignore[attr-defined]
 

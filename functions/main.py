@@ -13,16 +13,8 @@ import flask
 import functions_framework
 from cloudevents.http import CloudEvent
 
+from opendws import bootstrap
 from opendws.adapters.oidc import Forbidden, Unauthorized
-from opendws.bootstrap import (
-    api_service,
-    end_service,
-    hook_service,
-    intake_service,
-    reconcile_follow_up,
-    reconcile_service,
-    timer_verifier,
-)
 from opendws.ports import Timer, topic_of_source
 from opendws.service.intake import Delivery
 from opendws.service.reconcile import PassReport
@@ -38,7 +30,7 @@ def intake(event: CloudEvent) -> None:
     Firestore: one Pub/Sub message (Eventarc's messagePublished CloudEvent, whose ``source``
     names the topic: who the message speaks for). Bad input is answered with a REJECTED
     event; only transient faults raise."""
-    intake_service().handle(delivery_of(event))
+    bootstrap.container().intake.handle(delivery_of(event))
 
 
 @functions_framework.cloud_event
@@ -47,10 +39,10 @@ def reconcile(event: CloudEvent) -> None:
     message's content does not matter). While requests are provisioning, it follows up with a
     pass every few seconds for a while, so capacity becomes ACTIVE without waiting for the next
     tick. A pass that finds the lease taken does nothing."""
-    follow_up = reconcile_follow_up()
-    deadline = time.monotonic() + follow_up.total_seconds()
+    container = bootstrap.container()
+    deadline = time.monotonic() + container.settings.reconcile_follow_up.total_seconds()
     while True:
-        report = reconcile_service().run_pass()
+        report = container.reconcile.run_pass()
         log.info(
             json.dumps({"message": "reconcile pass", "trigger": event["id"], **summary(report)})
         )
@@ -79,7 +71,7 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
     timer is for. 401/403 for a caller that is not the configured invoker, 400 for a body that
     is not a timer; a timer that no longer applies is acknowledged (200) and ignored."""
     try:
-        timer_verifier().verify(request.headers.get("Authorization"))
+        bootstrap.container().verifier.verify(request.headers.get("Authorization"))
     except Unauthorized as error:
         return {"error": str(error)}, 401
     except Forbidden as error:
@@ -88,7 +80,7 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
         due = Timer.from_json(request.get_json(force=True, silent=False))
     except (ValueError, KeyError, TypeError) as error:
         return {"error": f"not a timer: {error}"}, 400
-    result = end_service().fire(due)
+    result = bootstrap.container().end.fire(due)
     return {"outcome": result.outcome.value, "message": result.message}, 200
 
 
@@ -96,14 +88,14 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
 def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
     """A CI system's webhook (GitHub workflow_job, GitLab job events, or the generic signed
     hook) → a submit or release on capacity-requests. 401 for a bad signature."""
-    result = hook_service().handle(dict(request.headers), request.get_data())
+    result = bootstrap.container().hooks.handle(dict(request.headers), request.get_data())
     return {"message": result.message, "request_id": result.request_id}, result.status
 
 
 @functions_framework.http
 def api(request: flask.Request) -> flask.Response:
     """The HTTP API and the dashboard (see opendws.service.api)."""
-    answer = api_service().handle(request.method, request.path, dict(request.headers))
+    answer = bootstrap.container().api.handle(request.method, request.path, dict(request.headers))
     if isinstance(answer.body, str):
         return flask.Response(answer.body, status=answer.status, mimetype="text/html")
     return flask.Response(

@@ -1,10 +1,12 @@
 """Settings → adapters → services: the one place that wires opendws together.
 
-Settings come from the environment:
+:class:`Settings` is everything the environment says, read once by
+:meth:`Settings.from_environment` (from ``os.environ`` unless given another mapping):
 
 - ``OPENDWS_PROJECT`` (else ``GOOGLE_CLOUD_PROJECT``, else the local stack's ``demo-opendws``);
-  the Google clients find the Firestore and Pub/Sub emulators themselves through
-  ``FIRESTORE_EMULATOR_HOST`` and ``PUBSUB_EMULATOR_HOST`` when those are set;
+  with ``FIRESTORE_EMULATOR_HOST`` or ``PUBSUB_EMULATOR_HOST`` set, the Firestore and Pub/Sub
+  clients talk to the emulators (which they find through those variables themselves) with
+  anonymous credentials;
 - ``OPENDWS_COMPUTE_ENDPOINT``: the Compute Engine / Cloud TPU emulator's URL on one machine;
 - timers: ``OPENDWS_TIMER_URL`` (the ``timer`` function's URL; without it there are no timers
   and the reconciler's sweep alone ends runs), ``OPENDWS_TIMER_SERVICE_ACCOUNT`` (the invoker
@@ -13,41 +15,82 @@ Settings come from the environment:
   ``CLOUD_TASKS_EMULATOR_HOST`` (the Cloud Tasks emulator) and ``OPENDWS_TIMER_CERTS`` (a JSON
   file of the emulator's token certificates, which then replace Google's);
 - how capacity is created: ``OPENDWS_BOOT_IMAGE``, ``OPENDWS_NETWORK`` (the VMs' image and
-  network), ``OPENDWS_TPU_RUNTIME_VERSION`` and ``OPENDWS_TPU_TIER`` (``guaranteed`` or ``spot``);
+  network), ``OPENDWS_TPU_RUNTIME_VERSION`` and ``OPENDWS_TPU_TIER`` (one of
+  :data:`TPU_TIERS`); unset or empty, CloudSettings' defaults hold;
 - ``OPENDWS_RECONCILE_FOLLOW_UP_SECONDS``: how long one reconcile invocation keeps passing
   every few seconds while requests are provisioning (default 20; the function's timeout must
-  be longer).
+  be longer);
+- the CI hooks' secrets ``OPENDWS_GITHUB_WEBHOOK_SECRET``, ``OPENDWS_GITLAB_WEBHOOK_TOKEN`` and
+  ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:key,admin:key``);
+  in Google Cloud, Secret Manager values mounted as these variables.
 
-Every builder is cached: one set of clients and services per process.
+A :class:`Container` turns one Settings into adapters and services, each built on first use
+and only once (thread-safe), so a process holds one set of clients. :func:`container` is the
+process's own, built from the environment when first asked for; tests and tools build their
+own containers (on the Google clients over emulators, or on :class:`Adapters` they choose) and
+install one with :func:`use`.
+
+The Google client libraries are never imported here: the adapters build their clients
+(:mod:`opendws.adapters.clients`). Adapters are imported where they are first needed, so a
+process loads only the client libraries it uses.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
+import threading
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Generic, TypeVar, cast, overload
 
-from opendws.ports import TimerQueue
+from opendws.ports import (
+    Clock,
+    ConfigStore,
+    EventBus,
+    Nudger,
+    Providers,
+    RequestPublisher,
+    RequestStore,
+    TimerQueue,
+)
 from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
 from opendws.service.queries import QueryService
-from opendws.service.reconcile import Providers, ReconcileService
+from opendws.service.reconcile import ReconcileService
 from opendws.service.release import EndService
 from opendws.service.usage import UsageService
 
+if TYPE_CHECKING:
+    from opendws.adapters.gce import CloudSettings
+    from opendws.adapters.oidc import OidcVerifier
+
 LOCAL_PROJECT = "demo-opendws"
+
+# The environment variables that say how capacity is created (Terraform sets them from its
+# ``vm_*`` and ``tpu_*`` variables).
+CLOUD_SETTINGS_ENVIRONMENT = (
+    "OPENDWS_BOOT_IMAGE",
+    "OPENDWS_NETWORK",
+    "OPENDWS_TPU_RUNTIME_VERSION",
+    "OPENDWS_TPU_TIER",
+)
+# flex_start (the default): FLEX_START queued resources for the request's run duration; spot
+# and guaranteed: the queued resource's tier, the slice runs until released.
+TPU_TIERS = ("flex_start", "guaranteed", "spot")
+# Any of these set: the Firestore and Pub/Sub clients talk to the official emulators.
+EMULATOR_HOSTS = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST")
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Where opendws runs."""
+    """Where opendws runs and how: everything it takes from its environment. A value, so that
+    a test or tool states the whole configuration it runs with."""
 
     project: str
     events_topic: str = "capacity-events"
@@ -63,11 +106,33 @@ class Settings:
     timer_certs: str | None = None  # path of the emulator's certificates (JSON)
     # How long one reconcile invocation keeps following up on provisioning requests.
     reconcile_follow_up: timedelta = timedelta(seconds=20)
+    # True: Firestore and Pub/Sub are the official emulators (anonymous credentials).
+    on_emulators: bool = False
+    # How capacity is created; None: CloudSettings' default (see cloud_settings).
+    boot_image: str | None = None
+    network: str | None = None
+    tpu_runtime_version: str | None = None  # None: each TPU generation its own version
+    tpu_tier: str | None = None  # one of TPU_TIERS
+    hook_secrets: HookSecrets = field(default_factory=HookSecrets)
+    api_keys: Mapping[str, str] = field(default_factory=dict)  # key → tenant (or "admin")
+
+    def __post_init__(self) -> None:
+        if self.tpu_tier is not None and self.tpu_tier not in TPU_TIERS:
+            raise ValueError(f"tpu_tier is {self.tpu_tier!r}; it must be one of {_tiers()}")
 
     @classmethod
-    def from_environment(cls) -> Settings:
-        env = os.environ.get
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        """The settings ``environ`` gives (the names in this module's docstring); an empty
+        variable counts as unset. Raises ValueError for an OPENDWS_TPU_TIER that is not one of
+        :data:`TPU_TIERS`."""
+
+        def env(name: str) -> str | None:
+            return environ.get(name) or None
+
         project = env("OPENDWS_PROJECT") or env("GOOGLE_CLOUD_PROJECT") or LOCAL_PROJECT
+        tier = env("OPENDWS_TPU_TIER")
+        if tier is not None and tier not in TPU_TIERS:
+            raise ValueError(f"OPENDWS_TPU_TIER is {tier!r}; it must be one of {_tiers()}")
         return cls(
             project=project,
             compute_endpoint=env("OPENDWS_COMPUTE_ENDPOINT"),
@@ -82,304 +147,287 @@ class Settings:
             reconcile_follow_up=timedelta(
                 seconds=float(env("OPENDWS_RECONCILE_FOLLOW_UP_SECONDS") or 20)
             ),
+            on_emulators=any(env(name) for name in EMULATOR_HOSTS),
+            boot_image=env("OPENDWS_BOOT_IMAGE"),
+            network=env("OPENDWS_NETWORK"),
+            tpu_runtime_version=env("OPENDWS_TPU_RUNTIME_VERSION"),
+            tpu_tier=tier,
+            hook_secrets=HookSecrets(
+                github=env("OPENDWS_GITHUB_WEBHOOK_SECRET"),
+                gitlab=env("OPENDWS_GITLAB_WEBHOOK_TOKEN"),
+                generic=env("OPENDWS_HOOK_SECRET"),
+            ),
+            api_keys=_api_keys(env("OPENDWS_API_KEYS") or ""),
         )
 
 
-def _credentials() -> object | None:
-    """Anonymous credentials against the emulators (they need none); None means the default
-    (application default credentials) in a real project."""
-    if os.environ.get("FIRESTORE_EMULATOR_HOST") or os.environ.get("PUBSUB_EMULATOR_HOST"):
-        from google.auth.credentials import AnonymousCredentials
-
-        return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth is untyped here
-    return None
+def _tiers() -> str:
+    return ", ".join(TPU_TIERS)
 
 
-# Clients ------------------------------------------------------------------------------------
+def _api_keys(text: str) -> dict[str, str]:
+    """``tenant:key,admin:key`` as ``{key: tenant}``; pairs without a key are left out."""
+    keys: dict[str, str] = {}
+    for pair in text.split(","):
+        tenant, _, key = pair.strip().partition(":")
+        if tenant and key:
+            keys[key] = tenant
+    return keys
 
 
-@functools.cache
-def _firestore(project: str) -> Any:
-    from google.cloud import firestore
-
-    return firestore.Client(project=project, credentials=_credentials())
-
-
-@functools.cache
-def _publisher() -> Any:
-    from google.cloud import pubsub_v1
-
-    # One message per call: send at once instead of waiting up to 10 ms to fill a batch.
-    return pubsub_v1.PublisherClient(
-        batch_settings=pubsub_v1.types.BatchSettings(max_messages=1), credentials=_credentials()
-    )
-
-
-def _parts(settings: Settings) -> tuple[Any, Any, Any, Any, Any]:
-    """Store, configuration, event bus, nudger and clock on the real adapters."""
-    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
-    from opendws.adapters.pubsub import PubSubEventBus, PubSubNudger
-    from opendws.clock import SystemClock
-
-    client = _firestore(settings.project)
-    publisher = _publisher()
-    return (
-        FirestoreRequestStore(client),
-        FirestoreConfigStore(client),
-        PubSubEventBus(publisher, settings.project, settings.events_topic),
-        PubSubNudger(publisher, settings.project, settings.ticks_topic),
-        SystemClock(),
-    )
-
-
-# Services -----------------------------------------------------------------------------------
-
-
-@functools.cache
-def intake_service(settings: Settings | None = None) -> IntakeService:
-    """The intake service: submissions, and cancel/release through the end service."""
-    settings = settings or Settings.from_environment()
-    store, config, bus, nudger, clock = _parts(settings)
-    return IntakeService(
-        store, bus, clock, config=config, ending=lambda: end_service(settings),
-        timers=timer_queue(settings), nudger=nudger,
-    )  # fmt: skip
-
-
-@functools.cache
-def reconcile_service(settings: Settings | None = None) -> ReconcileService:
-    """The reconciler (the lease holder's name is this process's own)."""
-    settings = settings or Settings.from_environment()
-    store, config, bus, _, clock = _parts(settings)
-    return ReconcileService(
-        store, config, capacity_providers(settings.project, endpoint=settings.compute_endpoint),
-        bus, clock, holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-        timers=timer_queue(settings),
-    )  # fmt: skip
-
-
-def reconcile_follow_up(settings: Settings | None = None) -> timedelta:
-    """How long a reconcile invocation follows up on provisioning requests."""
-    return (settings or Settings.from_environment()).reconcile_follow_up
-
-
-@functools.cache
-def end_service(settings: Settings | None = None) -> EndService:
-    """Release, cancel and timers."""
-    settings = settings or Settings.from_environment()
-    store, config, bus, nudger, clock = _parts(settings)
-    providers = capacity_providers(settings.project, endpoint=settings.compute_endpoint)
-    return EndService(store, config, providers, timer_queue(settings), bus, nudger, clock)
-
-
-@functools.cache
-def usage_service(settings: Settings | None = None) -> UsageService:
-    """Usage totals."""
-    settings = settings or Settings.from_environment()
-    return UsageService(_parts(settings)[0])
-
-
-@functools.cache
-def timer_queue(settings: Settings | None = None) -> TimerQueue | None:
-    """Cloud Tasks timers, or None where no timer URL is configured."""
-    settings = settings or Settings.from_environment()
-    if not settings.timer_url:
-        return None
-    from google.cloud import tasks_v2
-
-    from opendws.adapters.cloud_tasks import CloudTasksTimerQueue, TimerSettings
-
-    if settings.tasks_emulator_host:
-        import grpc
-        from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
-
-        channel = grpc.insecure_channel(settings.tasks_emulator_host)
-        client = tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
-    else:
-        client = tasks_v2.CloudTasksClient()
-    return CloudTasksTimerQueue(
-        client,
-        TimerSettings(
-            project=settings.project,
-            location=settings.tasks_location,
-            queue=settings.tasks_queue,
-            url=settings.timer_url,
-            service_account=settings.timer_service_account,
-            audience=settings.timer_audience,
-        ),
-    )
-
-
-@functools.cache
-def timer_verifier(settings: Settings | None = None) -> Any:
-    """Who may call the timer function: Google-issued tokens checked against Google's
-    certificates, or — locally, where OPENDWS_TIMER_CERTS names the Cloud Tasks emulator's
-    certificates — the emulator's tokens (its own issuer, never Google's)."""
-    from opendws.adapters.oidc import EMULATOR_ISSUER, GOOGLE_ISSUERS, OidcVerifier
-
-    settings = settings or Settings.from_environment()
-    certs = None
-    issuers = GOOGLE_ISSUERS
-    if settings.timer_certs:
-        certs = json.loads(Path(settings.timer_certs).read_text())
-        issuers = frozenset({EMULATOR_ISSUER})
-    return OidcVerifier(
-        audience=settings.timer_audience or settings.timer_url or "",
-        callers=frozenset({settings.timer_service_account}),
-        certs=certs,
-        issuers=issuers,
-    )
-
-
-def capacity_providers(
-    project: str, *, endpoint: str | None = None, credentials: object | None = None
-) -> Providers:
-    """The capacity providers on the real Compute Engine clients and the Cloud TPU
-    ``v2alpha1`` REST API (an authorized session: google-cloud-tpu has no flex-start fields) —
-    against ``endpoint`` (an emulator) when given, with anonymous credentials there; with
-    application default credentials otherwise."""
-    import google.auth
-    from google.auth.transport.requests import AuthorizedSession
-    from google.cloud import compute_v1
-
-    from opendws.adapters.mig import MigFlexProvider
-    from opendws.adapters.reservations import CalendarReservationProvider, TpuCalendarProvider
-    from opendws.adapters.tpu import TpuQueuedProvider
-
-    if endpoint is not None and credentials is None:
-        from google.auth.credentials import AnonymousCredentials
-
-        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
-    options = {"api_endpoint": endpoint} if endpoint is not None else None
-    common: dict[str, Any] = {"client_options": options, "credentials": credentials}
-    settings = cloud_settings(project)
-    if credentials is None:
-        credentials, _ = google.auth.default(
-            scopes=["https://www.googleapis.com/auth/cloud-platform"]
-        )
-    instances = compute_v1.InstancesClient(**common)
-    future_reservations = compute_v1.FutureReservationsClient(**common)
-    advice = compute_v1.AdviceClient(**common)
-    reservations = compute_v1.ReservationsClient(**common)
-    return Providers(
-        mig_flex=MigFlexProvider(
-            settings,
-            templates=compute_v1.InstanceTemplatesClient(**common),
-            groups=compute_v1.InstanceGroupManagersClient(**common),
-            resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**common),
-            instances=instances,
-        ),
-        tpu=TpuQueuedProvider(
-            settings,
-            AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
-            endpoint=endpoint,
-        ),
-        calendar=CalendarReservationProvider(
-            settings,
-            future_reservations=future_reservations,
-            instances=instances,
-            advice=advice,
-            reservations=reservations,
-        ),
-        tpu_calendar=TpuCalendarProvider(
-            settings,
-            future_reservations=future_reservations,
-            session=AuthorizedSession(credentials),  # type: ignore[no-untyped-call]
-            endpoint=endpoint,
-            advice=advice,
-            reservations=reservations,
-        ),
-    )
-
-
-# The environment variables that say how capacity is created (Terraform sets them from its
-# ``vm_*`` and ``tpu_*`` variables).
-CLOUD_SETTINGS_ENVIRONMENT = (
-    "OPENDWS_BOOT_IMAGE",
-    "OPENDWS_NETWORK",
-    "OPENDWS_TPU_RUNTIME_VERSION",
-    "OPENDWS_TPU_TIER",
-)
-# flex_start (the default): FLEX_START queued resources for the request's run duration; spot
-# and guaranteed: the queued resource's tier, the slice runs until released.
-TPU_TIERS = ("flex_start", "guaranteed", "spot")
-
-
-def cloud_settings(project: str) -> Any:
-    """How capacity is created: CloudSettings' defaults, except where the environment says
-    otherwise. Raises ValueError for a TPU tier that is not one of :data:`TPU_TIERS`. An empty
-    or absent OPENDWS_TPU_RUNTIME_VERSION leaves each TPU generation its own version (from the
-    catalog)."""
+def cloud_settings(settings: Settings) -> CloudSettings:
+    """How capacity is created: CloudSettings' defaults, except where ``settings`` say
+    otherwise. No TPU runtime version leaves each TPU generation its own (from the catalog)."""
     from opendws.adapters.gce import CloudSettings
 
-    env = os.environ.get
-    defaults = CloudSettings(project=project)
-    tier = env("OPENDWS_TPU_TIER") or defaults.tpu_tier
-    if tier not in TPU_TIERS:
-        raise ValueError(f"OPENDWS_TPU_TIER is {tier!r}; it must be one of {', '.join(TPU_TIERS)}")
+    defaults = CloudSettings(project=settings.project)
     return CloudSettings(
-        project=project,
-        boot_image=env("OPENDWS_BOOT_IMAGE") or defaults.boot_image,
-        network=env("OPENDWS_NETWORK") or defaults.network,
-        tpu_runtime_version=env("OPENDWS_TPU_RUNTIME_VERSION") or defaults.tpu_runtime_version,
-        tpu_tier=tier,
+        project=settings.project,
+        boot_image=settings.boot_image or defaults.boot_image,
+        network=settings.network or defaults.network,
+        tpu_runtime_version=settings.tpu_runtime_version or defaults.tpu_runtime_version,
+        tpu_tier=settings.tpu_tier or defaults.tpu_tier,
         tpu_valid_for=defaults.tpu_valid_for,
         operation_timeout=defaults.operation_timeout,
     )
 
 
-@functools.cache
-def request_publisher(settings: Settings | None = None) -> Any:
-    """What the CLI publishes request messages with."""
-    from opendws.adapters.pubsub import PubSubRequestPublisher
+def capacity_providers(
+    project: str, *, endpoint: str | None = None, cloud: CloudSettings | None = None
+) -> Providers:
+    """The capacity providers on the real Compute Engine and Cloud TPU clients, against
+    ``endpoint`` (an emulator, anonymously) when given, else Google with application default
+    credentials; ``cloud``: how capacity is created (CloudSettings' defaults when not given).
+    See :func:`opendws.adapters.clients.capacity_providers`."""
+    from opendws.adapters import clients
 
-    settings = settings or Settings.from_environment()
-    return PubSubRequestPublisher(_publisher(), settings.project)
-
-
-@functools.cache
-def request_store(settings: Settings | None = None) -> Any:
-    """The request store (for reading state and events)."""
-    return _parts(settings or Settings.from_environment())[0]
+    return clients.capacity_providers(project, endpoint=endpoint, cloud=cloud)
 
 
-@functools.cache
-def config_store(settings: Settings | None = None) -> Any:
-    """The configuration store."""
-    return _parts(settings or Settings.from_environment())[1]
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Adapters:
+    """What the services keep and exchange their state through (everything but the capacity
+    providers and the timers): the store, the configuration, the event bus, the reconciler's
+    nudger, the request publisher and the clock. On Google by default; a test may give its
+    own (the in-memory fakes) to a :class:`Container`."""
+
+    store: RequestStore
+    config: ConfigStore
+    events: EventBus
+    nudger: Nudger
+    publisher: RequestPublisher
+    clock: Clock
 
 
-@functools.cache
-def query_service(settings: Settings | None = None) -> QueryService:
-    """Queue and timeline views."""
-    return QueryService(_parts(settings or Settings.from_environment())[0])
+T = TypeVar("T")
 
 
-@functools.cache
-def hook_service(settings: Settings | None = None) -> HookService:
-    """CI webhooks, with the secrets from the environment (in Google Cloud, Secret Manager
-    values mounted as these variables)."""
-    settings = settings or Settings.from_environment()
-    secrets = HookSecrets(
-        github=os.environ.get("OPENDWS_GITHUB_WEBHOOK_SECRET") or None,
-        gitlab=os.environ.get("OPENDWS_GITLAB_WEBHOOK_TOKEN") or None,
-        generic=os.environ.get("OPENDWS_HOOK_SECRET") or None,
-    )
-    return HookService(_parts(settings)[1], request_publisher(settings), secrets)
+class _Once(Generic[T]):
+    """A container member: built by the decorated method on first use, under the container's
+    lock, and kept in the instance (where later reads find it without the lock)."""
+
+    def __init__(self, build: Callable[[Container], T]) -> None:
+        self._build = build
+        self._name = build.__name__
+        self.__doc__ = build.__doc__
+
+    def __set_name__(self, owner: type[Container], name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type[Container]) -> _Once[T]: ...
+
+    @overload
+    def __get__(self, instance: Container, owner: type[Container]) -> T: ...
+
+    def __get__(self, instance: Container | None, owner: type[Container]) -> _Once[T] | T:
+        if instance is None:
+            return self
+        built = instance._built
+        if self._name not in built:
+            # One reentrant lock per container: a member's build reads other members.
+            with instance._lock:
+                if self._name not in built:
+                    built[self._name] = self._build(instance)
+        return cast(T, built[self._name])  # stored by this descriptor, as built
 
 
-@functools.cache
-def api_service(settings: Settings | None = None) -> ApiService:
-    """The HTTP API; keys from ``OPENDWS_API_KEYS`` (``tenant:key,admin:key``; in Google
-    Cloud, a Secret Manager value mounted as that variable)."""
-    settings = settings or Settings.from_environment()
-    store = _parts(settings)[0]
-    keys: dict[str, str] = {}
-    for pair in (os.environ.get("OPENDWS_API_KEYS") or "").split(","):
-        tenant, _, key = pair.strip().partition(":")
-        if tenant and key:
-            keys[key] = tenant
-    return ApiService(
-        store, QueryService(store), UsageService(store), lambda: end_service(settings),
-        _parts(settings)[4], keys,
-    )  # fmt: skip
+class Container:
+    """One Settings' adapters and services, each built on first use and then kept: one
+    Firestore client, one Pub/Sub publisher, one set of capacity providers per container.
+    Building connects to nothing; the first call does.
+
+    ``adapters``: the store, configuration, event bus, nudger, publisher and clock to wire the
+    services on (a test's fakes); by default the Google ones the settings name."""
+
+    def __init__(self, settings: Settings, *, adapters: Adapters | None = None) -> None:
+        self.settings = settings
+        self._lock = threading.RLock()
+        self._built: dict[str, object] = {}
+        if adapters is not None:
+            self._built["adapters"] = adapters
+
+    # Adapters ---------------------------------------------------------------------------
+
+    @_Once
+    def adapters(self) -> Adapters:
+        """The Firestore stores, the Pub/Sub event bus, nudger and request publisher (one
+        client each, shared), and the system clock."""
+        from opendws.adapters import clients
+        from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+        from opendws.adapters.pubsub import PubSubEventBus, PubSubNudger, PubSubRequestPublisher
+        from opendws.clock import SystemClock
+
+        settings = self.settings
+        client = clients.firestore_client(settings.project, anonymous=settings.on_emulators)
+        publisher = clients.publisher_client(anonymous=settings.on_emulators)
+        return Adapters(
+            store=FirestoreRequestStore(client),
+            config=FirestoreConfigStore(client),
+            events=PubSubEventBus(publisher, settings.project, settings.events_topic),
+            nudger=PubSubNudger(publisher, settings.project, settings.ticks_topic),
+            publisher=PubSubRequestPublisher(publisher, settings.project),
+            clock=SystemClock(),
+        )
+
+    @_Once
+    def cloud(self) -> CloudSettings:
+        """How capacity is created (:func:`cloud_settings`)."""
+        return cloud_settings(self.settings)
+
+    @_Once
+    def providers(self) -> Providers:
+        """The capacity providers on Compute Engine and Cloud TPU (the emulator's, anonymously,
+        when the settings name a compute endpoint)."""
+        from opendws.adapters import clients
+
+        settings = self.settings
+        return clients.capacity_providers(
+            settings.project, endpoint=settings.compute_endpoint, cloud=self.cloud
+        )
+
+    @_Once
+    def timers(self) -> TimerQueue | None:
+        """Cloud Tasks timers, or None where no timer URL is configured."""
+        settings = self.settings
+        if not settings.timer_url:
+            return None
+        from opendws.adapters import clients
+        from opendws.adapters.cloud_tasks import CloudTasksTimerQueue, TimerSettings
+
+        return CloudTasksTimerQueue(
+            clients.tasks_client(emulator_host=settings.tasks_emulator_host),
+            TimerSettings(
+                project=settings.project,
+                location=settings.tasks_location,
+                queue=settings.tasks_queue,
+                url=settings.timer_url,
+                service_account=settings.timer_service_account,
+                audience=settings.timer_audience,
+            ),
+        )
+
+    @_Once
+    def verifier(self) -> OidcVerifier:
+        """Who may call the timer function: Google-issued tokens checked against Google's
+        certificates, or — where the settings name the Cloud Tasks emulator's certificates
+        (OPENDWS_TIMER_CERTS) — the emulator's tokens (its own issuer, never Google's)."""
+        from opendws.adapters.oidc import EMULATOR_ISSUER, GOOGLE_ISSUERS, OidcVerifier
+
+        settings = self.settings
+        certs = None
+        issuers = GOOGLE_ISSUERS
+        if settings.timer_certs:
+            certs = json.loads(Path(settings.timer_certs).read_text())
+            issuers = frozenset({EMULATOR_ISSUER})
+        return OidcVerifier(
+            audience=settings.timer_audience or settings.timer_url or "",
+            callers=frozenset({settings.timer_service_account}),
+            certs=certs,
+            issuers=issuers,
+        )
+
+    # Services ---------------------------------------------------------------------------
+
+    @_Once
+    def intake(self) -> IntakeService:
+        """The intake service: submissions, and cancel/release through the end service (built
+        when first needed: submissions need no cloud clients)."""
+        adapters = self.adapters
+        return IntakeService(
+            adapters.store, adapters.events, adapters.clock, config=adapters.config,
+            ending=lambda: self.end, timers=self.timers, nudger=adapters.nudger,
+        )  # fmt: skip
+
+    @_Once
+    def reconcile(self) -> ReconcileService:
+        """The reconciler (the lease holder's name is this process's own)."""
+        adapters = self.adapters
+        return ReconcileService(
+            adapters.store, adapters.config, self.providers, adapters.events, adapters.clock,
+            holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            timers=self.timers,
+        )  # fmt: skip
+
+    @_Once
+    def end(self) -> EndService:
+        """Release, cancel and timers."""
+        adapters = self.adapters
+        return EndService(
+            adapters.store, adapters.config, self.providers, self.timers, adapters.events,
+            adapters.nudger, adapters.clock,
+        )  # fmt: skip
+
+    @_Once
+    def usage(self) -> UsageService:
+        """Usage totals."""
+        return UsageService(self.adapters.store)
+
+    @_Once
+    def queries(self) -> QueryService:
+        """Queue and timeline views."""
+        return QueryService(self.adapters.store)
+
+    @_Once
+    def hooks(self) -> HookService:
+        """CI webhooks, checked with the settings' secrets."""
+        adapters = self.adapters
+        return HookService(adapters.config, adapters.publisher, self.settings.hook_secrets)
+
+    @_Once
+    def api(self) -> ApiService:
+        """The HTTP API, with the settings' keys (the end service is built when first
+        needed: reading needs no cloud clients)."""
+        adapters = self.adapters
+        return ApiService(
+            adapters.store, self.queries, self.usage, lambda: self.end, adapters.clock,
+            self.settings.api_keys,
+        )  # fmt: skip
+
+
+class _Process:
+    """The process's container, swapped under a lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.container: Container | None = None
+
+
+_process = _Process()
+
+
+def container() -> Container:
+    """The process's container: the one :func:`use` installed, else one built from
+    ``Settings.from_environment()`` on first use (what the functions run on)."""
+    with _process.lock:
+        if _process.container is None:
+            _process.container = Container(Settings.from_environment())
+        return _process.container
+
+
+def use(replacement: Container | None) -> Container | None:
+    """Make ``replacement`` the process's container (None: the next :func:`container` builds
+    a fresh one from the environment); returns the one it replaces, to put back."""
+    with _process.lock:
+        previous, _process.container = _process.container, replacement
+        return previous

@@ -96,7 +96,7 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import firestore, pubsub_v1
 
-    from opendws.bootstrap import Settings, capacity_providers, end_service, timer_queue
+    from opendws.bootstrap import Container, Settings, capacity_providers
 
     credentials = AnonymousCredentials()
     publisher = pubsub_v1.PublisherClient(credentials=credentials)
@@ -125,9 +125,10 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
         settings = Settings(
             project=emulator_project, compute_endpoint=compute.endpoint, timer_url=url,
             timer_audience=AUDIENCE, timer_service_account=INVOKER,
-            tasks_emulator_host=tasks.address,
+            tasks_emulator_host=tasks.address, on_emulators=True,
         )  # fmt: skip
-        queue = timer_queue(settings)
+        container = Container(settings)
+        queue = container.timers
         assert queue is not None
         queue.ensure_queue()  # type: ignore[attr-defined]
         db = firestore.Client(project=emulator_project, credentials=credentials)
@@ -139,11 +140,9 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
         with serving("timer", "http", environment, port=port):
             yield Stack(
                 project=emulator_project, url=url, tasks=tasks, clock=clock, cloud=cloud,
-                store=FirestoreRequestStore(db), ending=end_service(settings), timers=queue,
+                store=FirestoreRequestStore(db), ending=container.end, timers=queue,
                 providers=capacity_providers(emulator_project, endpoint=compute.endpoint),
             )  # fmt: skip
-        end_service.cache_clear()
-        timer_queue.cache_clear()
         db.close()
 
 

@@ -20,9 +20,7 @@ ENVELOPE = json.loads((ROOT / "tests" / "data" / "pubsub_message_published.json"
 
 
 @pytest.fixture
-def wired(
-    official_emulators: Emulators, emulator_project: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Any, Any, str]]:
+def wired(official_emulators: Emulators, emulator_project: str) -> Iterator[tuple[Any, Any, str]]:
     """A functions-framework test client for ``intake``, wired to a fresh emulator project
     with a ``capacity-events`` topic and a subscription to read it, and tenant ``vision``
     configured."""
@@ -40,8 +38,8 @@ def wired(
         firestore.Client(project=emulator_project, credentials=AnonymousCredentials())
     ).save(Configuration(tenants=(tenant("vision"),)))
 
-    monkeypatch.setenv("OPENDWS_PROJECT", emulator_project)
-    bootstrap.intake_service.cache_clear()
+    settings = bootstrap.Settings(project=emulator_project, on_emulators=True)
+    previous = bootstrap.use(bootstrap.Container(settings))
     publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())
     subscriber = pubsub_v1.SubscriberClient(credentials=AnonymousCredentials())
     topic = publisher.topic_path(emulator_project, "capacity-events")
@@ -50,7 +48,7 @@ def wired(
     subscriber.create_subscription(request={"name": subscription, "topic": topic})
     client = create_app("intake", str(ROOT / "functions" / "main.py"), "cloudevent").test_client()
     yield client, subscriber, subscription
-    bootstrap.intake_service.cache_clear()
+    bootstrap.use(previous)
     subscriber.close()
 
 
@@ -80,9 +78,9 @@ def test_the_saved_envelope_lands_in_firestore_once(wired: tuple[Any, Any, str])
     client, subscriber, subscription = wired
     assert post(client).status_code == 200
     assert post(client, message_id="22222222222222").status_code == 200  # the same request again
-    from opendws.bootstrap import intake_service
+    from opendws.bootstrap import container
 
-    store = intake_service()._store
+    store = container().intake._store
     record = store.get("train-42")
     assert record is not None
     assert record.state.value == "PENDING"
@@ -113,6 +111,6 @@ def test_the_source_topic_is_who_the_message_speaks_for(wired: tuple[Any, Any, s
     assert post(client, topic="capacity-requests-speech", message_id="3").status_code == 200
     reasons = [event["reason"] for event in events(subscriber, subscription, 2)]
     assert sorted(reasons) == ["UNKNOWN_TOPIC", "UNTRUSTED_TOPIC"]
-    from opendws.bootstrap import intake_service
+    from opendws.bootstrap import container
 
-    assert intake_service()._store.get("train-42") is None
+    assert container().intake._store.get("train-42") is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,9 +37,7 @@ class Wired:
 
 
 @pytest.fixture
-def wired(
-    official_emulators: Emulators, emulator_project: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Wired]:
+def wired(official_emulators: Emulators, emulator_project: str) -> Iterator[Wired]:
     del official_emulators
     from functions_framework import create_app
     from google.auth.credentials import AnonymousCredentials
@@ -51,9 +49,10 @@ def wired(
     cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=timedelta(0))
     cloud.set_stock(ZONE, A3, 4)
     with ComputeEmulator(cloud) as emulator:
-        monkeypatch.setenv("OPENDWS_PROJECT", emulator_project)
-        monkeypatch.setenv("OPENDWS_COMPUTE_ENDPOINT", emulator.endpoint)
-        bootstrap.reconcile_service.cache_clear()
+        settings = bootstrap.Settings(
+            project=emulator_project, compute_endpoint=emulator.endpoint, on_emulators=True
+        )
+        previous = bootstrap.use(bootstrap.Container(settings))
         publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())
         subscriber = pubsub_v1.SubscriberClient(credentials=AnonymousCredentials())
         topic = publisher.topic_path(emulator_project, "capacity-events")
@@ -68,7 +67,7 @@ def wired(
             "reconcile", str(ROOT / "functions" / "main.py"), "cloudevent"
         ).test_client()
         yield Wired(client, FirestoreRequestStore(db), subscriber, subscription)
-        bootstrap.reconcile_service.cache_clear()
+        bootstrap.use(previous)
         subscriber.close()
         db.close()
 
@@ -101,11 +100,11 @@ def test_one_tick_admits_and_follows_the_request_up_to_active(wired: Wired) -> N
     assert again.version == record.version
 
 
-def test_follow_up_ends_when_its_time_is_up(wired: Wired, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_follow_up_ends_when_its_time_is_up(wired: Wired) -> None:
     from opendws import bootstrap
 
-    monkeypatch.setenv("OPENDWS_RECONCILE_FOLLOW_UP_SECONDS", "0")
-    bootstrap.reconcile_service.cache_clear()
+    settings = replace(bootstrap.container().settings, reconcile_follow_up=timedelta(0))
+    bootstrap.use(bootstrap.Container(settings))  # the fixture puts the previous one back
     now = datetime.now(UTC)
     submit(wired.store, flex("train", vm_count=2, hours=1, locations=(ZONE,), submitted_at=now))
     assert tick(wired.client, "tick-1").status_code == 200

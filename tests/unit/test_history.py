@@ -11,8 +11,15 @@ import pytest
 from click.testing import CliRunner
 
 import opendws.bootstrap
-from opendws.adapters.memory import MemoryConfigStore
+from opendws.adapters.memory import (
+    MemoryConfigStore,
+    MemoryEventBus,
+    MemoryNudger,
+    MemoryRequestPublisher,
+)
+from opendws.bootstrap import Adapters, Container, Settings
 from opendws.cli import main
+from opendws.clock import SystemClock
 from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, RequestRecord, UsageEntry, content_digest
@@ -115,8 +122,13 @@ class EndedStore:
 
 def test_export_then_simulate_what_if(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = EndedStore([record for record, _ in HISTORY], [entry for _, entry in HISTORY])
-    monkeypatch.setattr(opendws.bootstrap, "request_store", lambda: store)
-    monkeypatch.setattr(opendws.bootstrap, "config_store", lambda: MemoryConfigStore(CONFIGURATION))
+    adapters = Adapters(
+        store=store,  # type: ignore[arg-type]  # only the two queries the export makes
+        config=MemoryConfigStore(CONFIGURATION), events=MemoryEventBus(), nudger=MemoryNudger(),
+        publisher=MemoryRequestPublisher(), clock=SystemClock(),
+    )  # fmt: skip
+    wired = Container(Settings(project="p"), adapters=adapters)
+    monkeypatch.setattr(opendws.bootstrap, "container", lambda: wired)
     runner = CliRunner()
     trace, pools = tmp_path / "history.csv", tmp_path / "pools.json"
     result = runner.invoke(main, [

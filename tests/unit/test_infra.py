@@ -559,7 +559,7 @@ def test_flex_templates_take_the_disk_and_nic_of_their_machine_family_as_the_cat
     assert declared == VM_PROFILES
     # No prefix shadows another, so the order of the map's keys does not matter.
     assert not [(a, b) for a in declared for b in declared if a != b and b.startswith(a)]
-    settings = cloud_settings("p")
+    settings = cloud_settings(Settings(project="p"))
     for machine_type in MACHINE_TYPES:
         disk = boot_disk(settings, machine_type).initialize_params.disk_type
         nic = network(settings, machine_type).nic_type or None
@@ -605,7 +605,7 @@ def test_tpu_slices_get_their_generations_runtime_unless_one_is_configured(
     environment = root_locals()["common_environment"]
     assert environment["OPENDWS_TPU_RUNTIME_VERSION"] == "${var.tpu_runtime_version}"
     monkeypatch.setenv("OPENDWS_TPU_RUNTIME_VERSION", "")
-    settings = cloud_settings("p")
+    settings = cloud_settings(Settings.from_environment())
     for accelerator, version in TPU_RUNTIME_VERSIONS.items():
         assert settings.runtime_version(accelerator) == version
     assert TPU_RUNTIME_VERSIONS["tpu-v6e"] == "v2-alpha-tpuv6e"

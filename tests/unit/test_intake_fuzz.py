@@ -13,10 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opendws.adapters.memory import MemoryConfigStore, MemoryEventBus, MemoryRequestStore
+from opendws.adapters.memory import (
+    MemoryConfigStore,
+    MemoryEventBus,
+    MemoryNudger,
+    MemoryRequestPublisher,
+    MemoryRequestStore,
+)
 from opendws.domain import RequestState
 from opendws.ports import Configuration
-from opendws.service.intake import IntakeService
 from tests.unit.test_intake_service import FixedClock
 from tests.unit.test_request_schema import DESIGN_EXAMPLE
 
@@ -74,9 +79,12 @@ def wired() -> Any:
     store, bus = MemoryRequestStore(), MemoryEventBus()
     # The shared topic, trusted: the fuzz is about content, not who may speak for whom.
     config = MemoryConfigStore(Configuration(shared_requests_topic=True))
-    service = IntakeService(store, bus, FixedClock(), config=config)
-    original = bootstrap.intake_service
-    bootstrap.intake_service = lambda settings=None: service  # type: ignore[assignment]
+    adapters = bootstrap.Adapters(
+        store=store, config=config, events=bus, nudger=MemoryNudger(),
+        publisher=MemoryRequestPublisher(), clock=FixedClock(),
+    )  # fmt: skip
+    container = bootstrap.Container(bootstrap.Settings(project="fuzz"), adapters=adapters)
+    previous = bootstrap.use(container)
     import sys
 
     sys.modules.pop("main", None)
@@ -84,7 +92,7 @@ def wired() -> Any:
     try:
         yield client, store, bus
     finally:
-        bootstrap.intake_service = original
+        bootstrap.use(previous)
         sys.modules.pop("main", None)
 
 

@@ -221,19 +221,19 @@ def test_bootstrap_picks_the_emulators_issuer_only_with_the_emulators_certs(
 ) -> None:
     import json
 
-    from opendws.bootstrap import Settings, timer_verifier
+    from opendws.bootstrap import Container, Settings
 
     certs = tmp_path / "certs.json"
     certs.write_text(json.dumps(signer.certs))
     local = Settings(project="p", timer_url=AUDIENCE, timer_service_account=INVOKER,
                      timer_certs=str(certs))  # fmt: skip
-    verifier = timer_verifier(local)
+    verifier = Container(local).verifier
     verifier.verify(bearer(signer.token(iss=EMULATOR_ISSUER)))
     with pytest.raises(Unauthorized, match="issuer"):
         verifier.verify(bearer(signer.token()))
-    google = timer_verifier(
+    google = Container(
         Settings(project="p", timer_url=AUDIENCE, timer_service_account=INVOKER)
-    )
+    ).verifier
     assert google._issuers == GOOGLE_ISSUERS
     assert google._certs is None
 

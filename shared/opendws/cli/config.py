@@ -31,9 +31,9 @@ def config_apply(file: Path) -> None:
         configuration = configuration_from_document(read_document(file), source=str(file))
     except ScenarioError as error:
         raise UsageFailure(str(error)) from None
-    from opendws.bootstrap import config_store
+    from opendws.bootstrap import container
 
-    store = config_store()
+    store = container().adapters.config
     before = {tenant.name for tenant in store.load().tenants}
     store.save(configuration)
     tenants = [tenant.name for tenant in configuration.tenants]

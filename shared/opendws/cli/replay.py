@@ -326,16 +326,16 @@ def export_command(
 ) -> None:
     """Write the flex requests that ran (or timed out) on ACCELERATOR as a trace, with the
     configured pools (in accelerators) and quotas, for `dws simulate` to ask what if."""
-    from opendws.bootstrap import config_store, request_store
+    from opendws.bootstrap import container
     from opendws.domain.states import RequestState
     from opendws.replay.history import history_trace
 
     try:
         since = None if since_text is None else _day(since_text, "--since")
-        store = request_store()
+        store = container().adapters.store
         ended = (RequestState.RELEASED, RequestState.EXPIRED, RequestState.TIMED_OUT)
         history = history_trace(
-            store.in_states(*ended), store.usage(), config_store().load(),
+            store.in_states(*ended), store.usage(), container().adapters.config.load(),
             accelerator=accelerator, since=since,
         )  # fmt: skip
         if not history.jobs:

@@ -63,9 +63,9 @@ def submit(file: Path | None, **flags: Any) -> None:
         parse_message(json.dumps(message).encode())
     except MessageError as error:
         raise UsageFailure(f"the request is not valid: {error}") from None
-    from opendws.bootstrap import request_publisher
+    from opendws.bootstrap import container
 
-    message_id = request_publisher().publish(message)
+    message_id = container().adapters.publisher.publish(message)
     request_id = message.get("request_id") or message_id
     console.print(f"submitted [bold]{request_id}[/bold]; follow it with: dws wait {request_id}")
 
@@ -109,9 +109,9 @@ def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
 @project_option
 def status(request_id: str, as_json: bool) -> None:
     """Show where a request is."""
-    from opendws.bootstrap import request_store
+    from opendws.bootstrap import container
 
-    store = request_store()
+    store = container().adapters.store
     record = store.get(request_id)
     if record is None:
         raise UsageFailure(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
@@ -139,9 +139,9 @@ def status(request_id: str, as_json: bool) -> None:
 def wait(request_id: str, timeout: float) -> None:
     """Follow a request: exit 0 once ACTIVE (or released/expired after running), 1 if it ended
     without running, 3 if still waiting after --timeout."""
-    from opendws.bootstrap import request_store
+    from opendws.bootstrap import container
 
-    store = request_store()
+    store = container().adapters.store
     deadline = time.monotonic() + timeout
     seen = 0
     while True:
@@ -170,17 +170,18 @@ def _end_command(action: str) -> click.Command:
     @click.option("--tenant", required=True, help="The request's tenant (yours).")
     @project_option
     def command(request_id: str, tenant: str) -> None:
-        from opendws.bootstrap import config_store, request_publisher, request_store
+        from opendws.bootstrap import container
         from opendws.service.release import block_cancel_refusal
 
-        record = request_store().get(request_id)
+        adapters = container().adapters
+        record = adapters.store.get(request_id)
         if action == "cancel" and record is not None and record.tenant == tenant:
             # A booked block Google would keep: say so now, rather than in an event only.
-            refusal = block_cancel_refusal(record, config_store().load(), datetime.now(UTC))
+            refusal = block_cancel_refusal(record, adapters.config.load(), datetime.now(UTC))
             if refusal is not None:
                 raise click.ClickException(refusal)
-        request_publisher().publish({"schema": "opendws.request/v1", "action": action,
-                                     "request_id": request_id, "tenant": tenant})  # fmt: skip
+        adapters.publisher.publish({"schema": "opendws.request/v1", "action": action,
+                                    "request_id": request_id, "tenant": tenant})  # fmt: skip
         console.print(f"{action} of {request_id} sent; see it with: dws status {request_id}")
 
     command.__doc__ = f"Publish a {action} for a request (only its tenant may)."
@@ -200,9 +201,9 @@ release = _end_command("release")
 @project_option
 def queue(tenant: str | None, as_json: bool) -> None:
     """The queue as the last reconcile pass left it."""
-    from opendws.bootstrap import query_service
+    from opendws.bootstrap import container
 
-    entries = query_service().queue(datetime.now(UTC), tenant=tenant)
+    entries = container().queries.queue(datetime.now(UTC), tenant=tenant)
     if as_json:
         click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
                                 "waited_s": e.waited.total_seconds()} for e in entries],
@@ -222,9 +223,9 @@ def queue(tenant: str | None, as_json: bool) -> None:
 @project_option
 def timeline(pool: str | None, as_json: bool) -> None:
     """Per pool: running and provisioning grants, booked blocks, planned starts."""
-    from opendws.bootstrap import query_service
+    from opendws.bootstrap import container
 
-    pools = query_service().timeline(datetime.now(UTC), pool=pool)
+    pools = container().queries.timeline(datetime.now(UTC), pool=pool)
     if as_json:
         click.echo(json.dumps({name: [asdict(s) for s in spans] for name, spans in pools.items()},
                               default=str, indent=2))  # fmt: skip
@@ -248,9 +249,9 @@ def timeline(pool: str | None, as_json: bool) -> None:
 @project_option
 def usage(tenant: str | None, as_json: bool) -> None:
     """Usage totals per tenant and accelerator."""
-    from opendws.bootstrap import usage_service
+    from opendws.bootstrap import container
 
-    rows = usage_service().summary(tenant=tenant)
+    rows = container().usage.summary(tenant=tenant)
     if as_json:
         click.echo(json.dumps([{"tenant": r.tenant, "accelerator": r.accelerator,
                                 "granted_hours": r.granted_hours, "used_hours": r.used_hours,
