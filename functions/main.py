@@ -56,7 +56,7 @@ def summary(report: PassReport) -> dict[str, Any]:
     return {
         "ran": report.ran,
         "stale": report.stale,
-        "transitions": dict(report.transitions),
+        "transitions": report.transition_counts(),
         "provisioned": len(report.provisioned),
         "released": len(report.released),
         "leaks": len(report.leaks),

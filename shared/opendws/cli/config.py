@@ -7,6 +7,7 @@ Every error a user can fix is one red line and exit code 2.
 from __future__ import annotations
 
 import os
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -25,10 +26,12 @@ def config() -> None:
 @project_option
 def config_apply(file: Path) -> None:
     """Replace the configuration with FILE (YAML or JSON), after validating all of it."""
-    from opendws.config import configuration_from_document
+    from opendws.config import configuration_to_apply
 
     try:
-        configuration = configuration_from_document(read_document(file), source=str(file))
+        configuration = configuration_to_apply(
+            read_document(file), source=str(file), now=datetime.now(UTC)
+        )
     except ScenarioError as error:
         raise UsageFailure(str(error)) from None
     from opendws.bootstrap import container
