@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from opendws.bootstrap import Container
 
 # Table width when stdout is not a terminal (a pipe or a file) and COLUMNS is unset.
 PIPED_WIDTH = 160
@@ -34,13 +38,23 @@ class UsageFailure(click.ClickException):
         console.print(Text(f"error: {self.format_message()}", style="bold red"), soft_wrap=True)
 
 
-def project_option(function: F) -> F:
-    """``--project``: a real project (application default credentials) instead of the stack."""
+@dataclass
+class Wiring:
+    """What a command runs on, kept on its click context: the project ``--project`` named
+    (None: the environment's), and the container built from it once, when first asked for."""
 
-    def set_project(_: click.Context, __: click.Parameter, value: str | None) -> str | None:
+    project: str | None = None
+    built: Container | None = None
+
+
+def project_option(function: F) -> F:
+    """``--project``: a real project (application default credentials) instead of the stack.
+    The option only records the project on the command's context (:class:`Wiring`); the
+    environment is never changed."""
+
+    def set_project(context: click.Context, _: click.Parameter, value: str | None) -> None:
         if value:
-            os.environ["OPENDWS_PROJECT"] = value
-        return value
+            context.ensure_object(Wiring).project = value
 
     return click.option(
         "--project",
@@ -49,6 +63,21 @@ def project_option(function: F) -> F:
         expose_value=False,
         is_eager=True,
     )(function)
+
+
+def container() -> Container:
+    """The adapters and services of the running command: with ``--project``, a container of
+    its own, built once from the environment with that project; without it, the process's
+    (:func:`opendws.bootstrap.container`, built from the environment)."""
+    from opendws import bootstrap
+
+    wiring = click.get_current_context().find_object(Wiring)
+    if wiring is None or wiring.project is None:
+        return bootstrap.container()
+    if wiring.built is None:
+        environ = {**os.environ, "OPENDWS_PROJECT": wiring.project}
+        wiring.built = bootstrap.Container(bootstrap.Settings.from_environment(environ))
+    return wiring.built
 
 
 def iso_seconds(at: datetime | None) -> str | None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from opendws.cli.common import UsageFailure, console, project_option
+from opendws.cli.common import UsageFailure, console, container, project_option
 from opendws.scenario import ScenarioError, read_document
 
 
@@ -34,7 +34,6 @@ def config_apply(file: Path) -> None:
         )
     except ScenarioError as error:
         raise UsageFailure(str(error)) from None
-    from opendws.bootstrap import container
 
     store = container().adapters.config
     before = {tenant.name for tenant in store.load().tenants}
@@ -44,8 +43,7 @@ def config_apply(file: Path) -> None:
     if intake_url:  # the local stack: a new tenant gets its topic and subscriptions here
         from emulators.stack import wire_tenants
 
-        project = os.environ.get("OPENDWS_PROJECT", "")
-        for tenant in wire_tenants(project, tenants, intake_url):
+        for tenant in wire_tenants(container().settings.project, tenants, intake_url):
             console.print(f"tenant {tenant}: its topic capacity-requests-{tenant} is wired")
     else:
         for tenant in sorted(set(tenants) - before):

@@ -24,7 +24,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from opendws.cli.common import PIPED_WIDTH, UsageFailure, project_option
+from opendws.cli.common import PIPED_WIDTH, UsageFailure, container, project_option
 from opendws.domain.model import InvalidModel, PolicySettings
 from opendws.durations import format_duration, parse_duration
 from opendws.replay.baselines import Policy
@@ -326,7 +326,6 @@ def export_command(
 ) -> None:
     """Write the flex requests that ran (or timed out) on ACCELERATOR as a trace, with the
     configured pools (in accelerators) and quotas, for `dws simulate` to ask what if."""
-    from opendws.bootstrap import container
     from opendws.domain.states import RequestState
     from opendws.replay.history import history_trace
 

@@ -23,7 +23,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from opendws.cli.common import UsageFailure, console, iso_seconds, project_option
+from opendws.cli.common import UsageFailure, console, container, iso_seconds, project_option
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
 from opendws.scenario import ScenarioError, read_document
@@ -63,7 +63,6 @@ def submit(file: Path | None, **flags: Any) -> None:
         parse_message(json.dumps(message).encode())
     except MessageError as error:
         raise UsageFailure(f"the request is not valid: {error}") from None
-    from opendws.bootstrap import container
 
     message_id = container().adapters.publisher.publish(message)
     request_id = message.get("request_id") or message_id
@@ -109,7 +108,6 @@ def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
 @project_option
 def status(request_id: str, as_json: bool) -> None:
     """Show where a request is."""
-    from opendws.bootstrap import container
 
     store = container().adapters.store
     record = store.get(request_id)
@@ -139,7 +137,6 @@ def status(request_id: str, as_json: bool) -> None:
 def wait(request_id: str, timeout: float) -> None:
     """Follow a request: exit 0 once ACTIVE (or released/expired after running), 1 if it ended
     without running, 3 if still waiting after --timeout."""
-    from opendws.bootstrap import container
 
     store = container().adapters.store
     deadline = time.monotonic() + timeout
@@ -170,7 +167,6 @@ def _end_command(action: str) -> click.Command:
     @click.option("--tenant", required=True, help="The request's tenant (yours).")
     @project_option
     def command(request_id: str, tenant: str) -> None:
-        from opendws.bootstrap import container
         from opendws.service.release import block_cancel_refusal
 
         adapters = container().adapters
@@ -201,7 +197,6 @@ release = _end_command("release")
 @project_option
 def queue(tenant: str | None, as_json: bool) -> None:
     """The queue as the last reconcile pass left it."""
-    from opendws.bootstrap import container
 
     entries = container().queries.queue(datetime.now(UTC), tenant=tenant)
     if as_json:
@@ -223,7 +218,6 @@ def queue(tenant: str | None, as_json: bool) -> None:
 @project_option
 def timeline(pool: str | None, as_json: bool) -> None:
     """Per pool: running and provisioning grants, booked blocks, planned starts."""
-    from opendws.bootstrap import container
 
     pools = container().queries.timeline(datetime.now(UTC), pool=pool)
     if as_json:
@@ -249,7 +243,6 @@ def timeline(pool: str | None, as_json: bool) -> None:
 @project_option
 def usage(tenant: str | None, as_json: bool) -> None:
     """Usage totals per tenant and accelerator."""
-    from opendws.bootstrap import container
 
     rows = container().usage.summary(tenant=tenant)
     if as_json:
