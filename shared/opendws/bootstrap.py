@@ -22,7 +22,9 @@
   be longer);
 - the CI hooks' secrets ``OPENDWS_GITHUB_WEBHOOK_SECRET``, ``OPENDWS_GITLAB_WEBHOOK_TOKEN`` and
   ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:key,admin:key``);
-  in Google Cloud, Secret Manager values mounted as these variables.
+  in Google Cloud, Secret Manager values mounted as these variables;
+- ``OPENDWS_LOCAL_INTAKE_URL``: on one machine, the local stack's intake endpoint, where
+  ``dws config apply`` wires a new tenant's topic.
 
 A :class:`Container` turns one Settings into adapters and services, each built on first use
 and only once (thread-safe), so a process holds one set of clients. :func:`container` is the
@@ -115,6 +117,9 @@ class Settings:
     tpu_tier: str | None = None  # one of TPU_TIERS
     hook_secrets: HookSecrets = field(default_factory=HookSecrets)
     api_keys: Mapping[str, str] = field(default_factory=dict)  # key → tenant (or "admin")
+    # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
+    # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
+    local_intake_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.tpu_tier is not None and self.tpu_tier not in TPU_TIERS:
@@ -158,6 +163,7 @@ class Settings:
                 generic=env("OPENDWS_HOOK_SECRET"),
             ),
             api_keys=_api_keys(env("OPENDWS_API_KEYS") or ""),
+            local_intake_url=env("OPENDWS_LOCAL_INTAKE_URL"),
         )
 
 

@@ -86,6 +86,7 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
         "OPENDWS_GITLAB_WEBHOOK_TOKEN": "gl",
         "OPENDWS_HOOK_SECRET": "generic",
         "OPENDWS_API_KEYS": "vision:k1, admin:k2,broken,:nokey,notenant:",
+        "OPENDWS_LOCAL_INTAKE_URL": "http://127.0.0.1:8081",
     })  # fmt: skip
     assert settings == Settings(
         project="prod",
@@ -105,6 +106,7 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
         tpu_tier="spot",
         hook_secrets=HookSecrets(github="gh", gitlab="gl", generic="generic"),
         api_keys={"k1": "vision", "k2": "admin"},
+        local_intake_url="http://127.0.0.1:8081",
     )
 
 

@@ -6,7 +6,6 @@ Every error a user can fix is one red line and exit code 2.
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,7 +38,7 @@ def config_apply(file: Path) -> None:
     before = {tenant.name for tenant in store.load().tenants}
     store.save(configuration)
     tenants = [tenant.name for tenant in configuration.tenants]
-    intake_url = os.environ.get("OPENDWS_LOCAL_INTAKE_URL")
+    intake_url = container().settings.local_intake_url
     if intake_url:  # the local stack: a new tenant gets its topic and subscriptions here
         from emulators.stack import wire_tenants
 
