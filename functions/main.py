@@ -38,14 +38,20 @@ def reconcile(event: CloudEvent) -> None:
     """``reconcile-ticks`` → reconcile passes (a tick from Cloud Scheduler or a nudge; the
     message's content does not matter). While requests are provisioning, it follows up with a
     pass every few seconds for a while, so capacity becomes ACTIVE without waiting for the next
-    tick. A pass that finds the lease taken does nothing."""
+    tick. A pass that finds the lease taken asks its holder for one more pass and returns;
+    the holder runs it at once when its own ends (nudges during a pass are coalesced, never
+    dropped), for up to twice the follow-up time (an ask still open then is served by the
+    next nudge or tick)."""
     container = bootstrap.container()
-    deadline = time.monotonic() + container.settings.reconcile_follow_up.total_seconds()
+    window = container.settings.reconcile_follow_up.total_seconds()
+    deadline = time.monotonic() + window
     while True:
         report = container.reconcile.run_pass()
         log.info(
             json.dumps({"message": "reconcile pass", "trigger": event["id"], **summary(report)})
         )
+        if report.again and time.monotonic() < deadline + window:
+            continue
         if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
             return
         time.sleep(FOLLOW_UP_INTERVAL.total_seconds())
@@ -62,6 +68,7 @@ def summary(report: PassReport) -> dict[str, Any]:
         "leaks": len(report.leaks),
         "published": report.published,
         "in_flight": report.in_flight,
+        "again": report.again,
     }
 
 

@@ -476,3 +476,71 @@ def test_firestore_event_records_carry_their_ttl_timestamp(
     assert CALENDAR_MAX_LEAD + CALENDAR_MAX_RUN < EVENT_RETENTION  # a block's whole life
     assert store.events("r1") == [first, second]
     client.close()
+
+
+def test_a_first_read_of_changes_is_every_request_not_final_and_then_only_what_changed(
+    store: RequestStore,
+) -> None:
+    """What the reconciler's mirror reads (issue: a pass costs what changed): a first read
+    returns the requests not yet final; each later read returns what was written since —
+    creations, changes (final ones too, so a reader drops them) and announcements — and
+    nothing else but, at most, the newest write before the watermark, read again (Firestore:
+    ``changed_at >= the newest seen``, the commit times Firestore's strongly consistent queries
+    order)."""
+    for request_id in ("r1", "r2", "r3"):
+        record = record_of(request_id)
+        store.create(record, event_of(record, S.PENDING, None))
+    ended = record_of("r3")
+    store.change(
+        "r3",
+        Change(
+            expected_version=1, state=S.CANCELLED, event=event_of(ended, S.CANCELLED, S.PENDING)
+        ),
+    )
+    first = store.changes(None)
+    assert sorted(r.request_id for r in first.records) == ["r1", "r2"]
+    quiet = store.changes(first.watermark)
+    assert {r.request_id for r in quiet.records} <= {"r3"}  # nothing new: at most the newest
+    record = record_of("r4")
+    store.create(record, event_of(record, S.PENDING, None))
+    admitted = store.change(
+        "r1",
+        Change(
+            expected_version=1,
+            state=S.PROVISIONING,
+            event=event_of(record_of("r1"), S.PROVISIONING, S.PENDING),
+            pool="p",
+            attempt=1,
+        ),
+    )
+    delta = store.changes(quiet.watermark)
+    by_id = {r.request_id: r for r in delta.records}
+    assert {"r1", "r4"} <= set(by_id) <= {"r1", "r3", "r4"}
+    assert by_id["r1"] == admitted
+    store.mark_announced("r4", 1)
+    announced = store.changes(delta.watermark)
+    assert {"r4"} <= {r.request_id for r in announced.records} <= {"r1", "r4"}
+    assert next(r for r in announced.records if r.request_id == "r4").announced == 1
+
+
+def test_a_pass_asked_for_while_the_lease_is_held_is_owed_once_by_its_holder(
+    store: RequestStore,
+) -> None:
+    """Nudges that arrive during a pass are coalesced into one more pass, never dropped: a
+    refused acquire that asks again makes the holder's release say so; the next holder's
+    acquire clears the ask, a renewal keeps it."""
+    ttl = timedelta(minutes=2)
+    holder = store.acquire_lease("a#1", NOW, ttl)
+    assert holder is not None
+    assert store.acquire_lease("b#1", NOW, ttl) is None  # no ask: nothing owed
+    assert store.acquire_lease("b#2", NOW, ttl, ask_again=True) is None
+    assert store.acquire_lease("b#3", NOW, ttl, ask_again=True) is None  # one ask, coalesced
+    renewed = store.acquire_lease("a#1", NOW + timedelta(seconds=30), ttl)
+    assert renewed is not None
+    assert store.release_lease(renewed) is True
+    following = store.acquire_lease("a#2", NOW + timedelta(minutes=1), ttl)
+    assert following is not None
+    assert store.release_lease(following) is False  # its acquire served the ask
+    taken = store.acquire_lease("c#1", NOW + timedelta(minutes=1), ttl)
+    assert taken is not None
+    assert store.release_lease(holder) is False  # no longer a's: nothing released, nothing owed

@@ -6,6 +6,12 @@
 #   requests where outbox == true                          -> automatic single-field index
 #   usage where tenant == T                                -> automatic single-field index
 #   requests/{id}/events order by seq                      -> automatic single-field index
+#   requests where changed_at >= T order by changed_at     -> automatic single-field index
+#   requests order by changed_at desc limit 1              -> automatic single-field index
+# changed_at (every write's commit time) is what the reconciler reads changes by. A collection
+# with an indexed, sequentially increasing field takes at most 500 writes per second
+# (firestore/docs/best-practices, "Index exemptions"); requests already index submitted_at and
+# updated_at, and the scheduler writes far below that rate.
 
 resource "google_firestore_database" "this" {
   project                           = var.project

@@ -15,20 +15,24 @@ transaction, so a reconciler that lost the lease cannot write. Learned pool cool
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from datetime import datetime, timedelta
-from typing import Any
+import threading
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from google.api_core.exceptions import Aborted, AlreadyExists, NotFound
 from google.cloud import firestore
+from google.cloud.firestore import SERVER_TIMESTAMP
 from google.cloud.firestore_v1.base_query import FieldFilter
 
 from opendws.config import configuration_from_document, configuration_to_document
 from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
 from opendws.ports import (
+    NOT_FINAL,
     Change,
+    Changes,
     Configuration,
     CreateOutcome,
     Fence,
@@ -37,6 +41,8 @@ from opendws.ports import (
     StatusEvent,
     UnknownRequest,
     UsageEntry,
+    Watermark,
+    asked_again,
     check_fence,
     cooldown_after,
     lanes_from_document,
@@ -46,6 +52,8 @@ from opendws.ports import (
     request_from_document,
     request_to_document,
 )
+
+T = TypeVar("T")
 
 REQUESTS = "requests"
 EVENTS = "events"
@@ -58,6 +66,12 @@ SCHEDULER_CONFIG = "scheduler"
 # How long an event record is kept: longer than any request lives (a calendar block may start
 # 120 days ahead and run 90), so a live request never loses its history.
 EVENT_RETENTION = timedelta(days=400)
+# Every write of a request sets this to its commit time (a server timestamp): what
+# FirestoreRequestStore.changes reads by.
+CHANGED_AT = "changed_at"
+_BEGINNING = datetime.min.replace(tzinfo=UTC)  # the watermark of a store never written
+# On the lease: another pass was asked for while it was held (ReconcilerLease.acquire_lease).
+AGAIN = "again"
 # The event record's TTL field (infra/modules/firestore sets the TTL policy on it).
 EVENT_EXPIRY_FIELD = "expire_at"
 
@@ -75,11 +89,20 @@ class FirestoreRequestStore:
         self._lease = client.collection(LEASES).document(RECONCILER_LEASE)
         self._pool_status = client.collection(POOL_STATUS)
         self._usage = client.collection(USAGE)
+        self._reads = _ReadCount()
+
+    @property
+    def documents_read(self) -> int:
+        """How many documents this store has read so far (each a billed read): every get,
+        in or out of a transaction, and every document a query returned."""
+        return self._reads.total
 
     def create(self, record: RequestRecord, event: StatusEvent) -> CreateOutcome:
         document = self._requests.document(record.request_id)
         batch = self._client.batch()
-        batch.create(document, {**_record_fields(record), "events": 1})
+        batch.create(
+            document, {**_record_fields(record), "events": 1, CHANGED_AT: SERVER_TIMESTAMP}
+        )
         batch.create(document.collection(EVENTS).document(_event_id(1)), _event_fields(event, 1))
         try:
             batch.commit()
@@ -91,7 +114,7 @@ class FirestoreRequestStore:
         return CreateOutcome.CREATED
 
     def get(self, request_id: str) -> RequestRecord | None:
-        snapshot = self._requests.document(request_id).get()
+        snapshot = self._reads.one(self._requests.document(request_id).get())
         data = snapshot.to_dict() if snapshot.exists else None
         return None if data is None else _record(data)
 
@@ -103,7 +126,7 @@ class FirestoreRequestStore:
         @firestore.transactional
         def apply(transaction: firestore.Transaction) -> RequestRecord:
             self._check_fence(transaction, fence)
-            snapshot = document.get(transaction=transaction)
+            snapshot = self._reads.one(document.get(transaction=transaction))
             data = snapshot.to_dict() if snapshot.exists else None
             if data is None:
                 raise UnknownRequest(request_id)
@@ -111,9 +134,8 @@ class FirestoreRequestStore:
             # Only what a change may change is written (the outbox cursor, moved by
             # mark_announced, is left alone); ``outbox`` until its event is published.
             fields = _record_fields(changed)
-            transaction.update(
-                document, {**{name: fields[name] for name in _CHANGED_FIELDS}, "outbox": True}
-            )
+            written = {name: fields[name] for name in _CHANGED_FIELDS}
+            transaction.update(document, {**written, "outbox": True, CHANGED_AT: SERVER_TIMESTAMP})
             transaction.create(
                 document.collection(EVENTS).document(_event_id(changed.events)),
                 _event_fields(change.event, changed.events),
@@ -128,7 +150,7 @@ class FirestoreRequestStore:
 
     def events(self, request_id: str) -> list[StatusEvent]:
         stream = self._requests.document(request_id).collection(EVENTS).order_by("seq").stream()
-        return [_event(snapshot.to_dict() or {}) for snapshot in stream]
+        return [_event(snapshot.to_dict() or {}) for snapshot in self._reads.each(stream)]
 
     def mark_announced(self, request_id: str, count: int) -> None:
         document = self._requests.document(request_id)
@@ -136,27 +158,32 @@ class FirestoreRequestStore:
             # A creation's event (intake): one write with a server-side maximum, monotonic
             # without a read; created records are not in the outbox (redelivery covers them).
             try:
-                document.update({"announced": firestore.Maximum(count)})
+                document.update(
+                    {"announced": firestore.Maximum(count), CHANGED_AT: SERVER_TIMESTAMP}
+                )
             except NotFound:
                 raise UnknownRequest(request_id) from None
             return
 
         @firestore.transactional
         def mark(transaction: firestore.Transaction) -> None:
-            snapshot = document.get(transaction=transaction)
+            snapshot = self._reads.one(document.get(transaction=transaction))
             data = snapshot.to_dict() if snapshot.exists else None
             if data is None:
                 raise UnknownRequest(request_id)
             announced = max(int(data.get("announced", 0)), count)
             outbox = int(data.get("events", 1)) > announced
-            transaction.update(document, {"announced": announced, "outbox": outbox})
+            transaction.update(
+                document,
+                {"announced": announced, "outbox": outbox, CHANGED_AT: SERVER_TIMESTAMP},
+            )
 
         with _contention(f"{request_id} was changed by another writer meanwhile"):
             mark(self._client.transaction())
 
     def unannounced(self) -> list[RequestRecord]:
         query = self._requests.where(filter=FieldFilter("outbox", "==", True))
-        records = [_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+        records = [_record(s.to_dict() or {}) for s in self._reads.each(query.stream())]
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
 
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
@@ -164,25 +191,56 @@ class FirestoreRequestStore:
         query = self._requests.where(
             filter=FieldFilter("state", "in", [s.value for s in states])
         ).order_by("submitted_at")
-        records = [_record(snapshot.to_dict() or {}) for snapshot in query.stream()]
+        records = [_record(s.to_dict() or {}) for s in self._reads.each(query.stream())]
         # Equal submission times come back in any order: settle them by id.
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
+
+    def changes(self, since: Watermark | None) -> Changes:
+        # Every write sets CHANGED_AT to its commit time (a server timestamp), and Firestore's
+        # queries are strongly consistent: once a read has seen a commit time, every later
+        # commit gets a later one. So "CHANGED_AT >= the newest seen" misses nothing; the
+        # newest ones are read again (the reader keeps the higher version). The single-field
+        # index Firestore keeps on CHANGED_AT makes this cost what changed.
+        if since is None:
+            newest = self._requests.order_by(CHANGED_AT, direction=firestore.Query.DESCENDING)
+            latest = [s.to_dict() or {} for s in self._reads.each(newest.limit(1).stream())]
+            mark = latest[0].get(CHANGED_AT) if latest else None
+            records = tuple(self.in_states(*NOT_FINAL))
+            return Changes(records, Watermark(mark or _BEGINNING))
+        mark = since.position
+        if not isinstance(mark, datetime):
+            raise TypeError(f"not a watermark of this store: {since!r}")
+        query = self._requests.where(filter=FieldFilter(CHANGED_AT, ">=", mark)).order_by(
+            CHANGED_AT
+        )
+        found: list[RequestRecord] = []
+        for snapshot in self._reads.each(query.stream()):
+            data = snapshot.to_dict() or {}
+            mark = max(mark, data[CHANGED_AT])
+            found.append(_record(data))
+        return Changes(tuple(found), Watermark(mark))
 
     def usage(self, tenant: str | None = None) -> list[UsageEntry]:
         query = self._usage
         if tenant is not None:
             query = query.where(filter=FieldFilter("tenant", "==", tenant))  # type: ignore[assignment]
-        entries = [_usage_entry(snapshot.to_dict() or {}) for snapshot in query.stream()]
+        entries = [_usage_entry(s.to_dict() or {}) for s in self._reads.each(query.stream())]
         return sorted(entries, key=lambda u: (u.ended_at, u.request_id))
 
-    def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
+    def acquire_lease(
+        self, holder: str, now: datetime, ttl: timedelta, *, ask_again: bool = False
+    ) -> Fence | None:
         @firestore.transactional
         def take(transaction: firestore.Transaction) -> Fence | None:
-            lease = next_lease(
-                _fence(self._lease.get(transaction=transaction).to_dict()), holder, now, ttl
-            )
+            data = self._reads.one(self._lease.get(transaction=transaction)).to_dict()
+            current = _fence(data)
+            asked = bool((data or {}).get(AGAIN))
+            lease = next_lease(current, holder, now, ttl)
+            again = asked_again(asked, current, lease, ask=ask_again)
             if lease is not None:
-                transaction.set(self._lease, _fence_fields(lease))
+                transaction.set(self._lease, {**_fence_fields(lease), AGAIN: again})
+            elif again != asked:
+                transaction.update(self._lease, {AGAIN: again})
             return lease
 
         try:
@@ -192,16 +250,22 @@ class FirestoreRequestStore:
             return None  # another reconciler is taking it right now
         return result
 
-    def release_lease(self, fence: Fence) -> None:
+    def release_lease(self, fence: Fence) -> bool:
         @firestore.transactional
-        def give_up(transaction: firestore.Transaction) -> None:
-            lease = _fence(self._lease.get(transaction=transaction).to_dict())
-            released = lease_released(lease, fence)
-            if released is not None:
-                transaction.update(self._lease, {"expires_at": released.expires_at})
+        def give_up(transaction: firestore.Transaction) -> bool:
+            data = self._reads.one(self._lease.get(transaction=transaction)).to_dict()
+            released = lease_released(_fence(data), fence)
+            if released is None:
+                return False
+            transaction.update(self._lease, {"expires_at": released.expires_at})
+            return bool((data or {}).get(AGAIN))
 
-        with contextlib.suppress(StaleWrite), _contention("the lease changed hands meanwhile"):
-            give_up(self._client.transaction())
+        try:
+            with _contention("the lease changed hands meanwhile"):
+                again: bool = give_up(self._client.transaction())
+        except StaleWrite:
+            return False  # taken over meanwhile: its holder serves what was asked
+        return again
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
         document = self._pool_status.document(quote(pool_id, safe=""))
@@ -209,7 +273,7 @@ class FirestoreRequestStore:
         @firestore.transactional
         def mark(transaction: firestore.Transaction) -> None:
             self._check_fence(transaction, fence)
-            snapshot = document.get(transaction=transaction)
+            snapshot = self._reads.one(document.get(transaction=transaction))
             current = (snapshot.to_dict() or {}).get("short_until") if snapshot.exists else None
             cooldown = cooldown_after(current, until)
             if cooldown is not None:
@@ -220,7 +284,7 @@ class FirestoreRequestStore:
 
     def pool_shortages(self) -> dict[str, datetime]:
         shortages: dict[str, datetime] = {}
-        for snapshot in self._pool_status.stream():
+        for snapshot in self._reads.each(self._pool_status.stream()):
             data = snapshot.to_dict() or {}
             if data.get("short_until") is not None:
                 shortages[data["pool_id"]] = data["short_until"]
@@ -231,7 +295,8 @@ class FirestoreRequestStore:
         in the transaction makes a concurrent takeover conflict with it: one of them retries
         and then sees the other."""
         if fence is not None:
-            check_fence(fence, _fence(self._lease.get(transaction=transaction).to_dict()))
+            lease = self._reads.one(self._lease.get(transaction=transaction)).to_dict()
+            check_fence(fence, _fence(lease))
 
 
 class FirestoreConfigStore:
@@ -249,6 +314,27 @@ class FirestoreConfigStore:
 
     def save(self, configuration: Configuration) -> None:
         self._document.set(configuration_to_document(configuration))
+
+
+class _ReadCount:
+    """Counts documents read (thread-safe: one store serves concurrent requests)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._lock = threading.Lock()
+
+    def one(self, snapshot: T) -> T:
+        self._add(1)
+        return snapshot
+
+    def each(self, snapshots: Iterable[T]) -> Iterator[T]:
+        for snapshot in snapshots:
+            self._add(1)
+            yield snapshot
+
+    def _add(self, n: int) -> None:
+        with self._lock:
+            self.total += n
 
 
 @contextlib.contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -14,8 +14,10 @@ from opendws.domain.calendar import CancellationRule, cancel_deadline, may_cance
 from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
 from opendws.domain.states import RequestState
 from opendws.ports import (
+    NOT_FINAL,
     Advised,
     Change,
+    Changes,
     Clock,
     Configuration,
     CreateOutcome,
@@ -28,7 +30,9 @@ from opendws.ports import (
     Timer,
     UnknownRequest,
     UsageEntry,
+    Watermark,
     Withdrawal,
+    asked_again,
     check_fence,
     cooldown_after,
     lease_released,
@@ -42,7 +46,7 @@ class MemoryRequestStore:
     only persists: each write's rules are the pure ones of :mod:`opendws.ports.records`. Ids
     are also indexed by state and by unpublished events, so that the reconciler's queries cost
     what they return rather than every request ever stored (a trace replay stores tens of
-    thousands)."""
+    thousands); a write log makes :meth:`changes` cost what changed."""
 
     def __init__(self) -> None:
         self._records: dict[str, RequestRecord] = {}
@@ -50,6 +54,9 @@ class MemoryRequestStore:
         self._by_state: dict[RequestState, set[str]] = {state: set() for state in RequestState}
         self._outbox: set[str] = set()  # ids with unpublished events after their first
         self._lease: Fence | None = None
+        self._again = False  # another pass was asked for while the lease was held
+        # The write log: the id of the n-th write at position n - 1 (a watermark is a length).
+        self._log: list[str] = []
         self._shortages: dict[str, datetime] = {}
         self._usage: dict[str, UsageEntry] = {}
         self._lock = threading.Lock()
@@ -100,6 +107,18 @@ class MemoryRequestStore:
             found = [self._records[i] for state in set(states) for i in self._by_state[state]]
         return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
 
+    def changes(self, since: Watermark | None) -> Changes:
+        with self._lock:
+            if since is None:
+                ids: Iterable[str] = (i for state in NOT_FINAL for i in self._by_state[state])
+            else:
+                position = since.position
+                if not isinstance(position, int):
+                    raise TypeError(f"not a watermark of this store: {since!r}")
+                ids = dict.fromkeys(self._log[position:])  # each once, in write order
+            found = [self._records[i] for i in ids]
+            return Changes(tuple(found), Watermark(len(self._log)))
+
     def unannounced(self) -> list[RequestRecord]:
         with self._lock:
             found = [self._records[request_id] for request_id in self._outbox]
@@ -113,6 +132,7 @@ class MemoryRequestStore:
             self._by_state[previous.state].discard(request_id)
         self._records[request_id] = record
         self._by_state[record.state].add(request_id)
+        self._log.append(request_id)
         if record.events > record.announced and record.version > 1:
             self._outbox.add(request_id)
         else:
@@ -123,18 +143,23 @@ class MemoryRequestStore:
             entries = [u for u in self._usage.values() if tenant is None or u.tenant == tenant]
         return sorted(entries, key=lambda u: (u.ended_at, u.request_id))
 
-    def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
+    def acquire_lease(
+        self, holder: str, now: datetime, ttl: timedelta, *, ask_again: bool = False
+    ) -> Fence | None:
         with self._lock:
             lease = next_lease(self._lease, holder, now, ttl)
+            self._again = asked_again(self._again, self._lease, lease, ask=ask_again)
             if lease is not None:
                 self._lease = lease
             return lease
 
-    def release_lease(self, fence: Fence) -> None:
+    def release_lease(self, fence: Fence) -> bool:
         with self._lock:
             released = lease_released(self._lease, fence)
-            if released is not None:
-                self._lease = released
+            if released is None:
+                return False
+            self._lease = released
+            return self._again
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
         with self._lock:

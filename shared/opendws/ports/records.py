@@ -46,6 +46,10 @@ class Fenced(StaleWrite):
     reconciler has taken over, so this one's view is stale and its change is dropped."""
 
 
+# The states a request can still leave: what a first read of changes returns, and what the
+# reconciler's mirror holds.
+NOT_FINAL = tuple(state for state in RequestState if not state.is_final)
+
 # A released lease expires at the beginning of time: anyone may take it at once.
 LEASE_FREE = datetime.min.replace(tzinfo=UTC)
 
@@ -98,6 +102,18 @@ def lease_released(current: Fence | None, fence: Fence) -> Fence | None:
     if current is None or not fence.admits(current):
         return None
     return replace(current, expires_at=LEASE_FREE)
+
+
+def asked_again(asked: bool, current: Fence | None, granted: Fence | None, *, ask: bool) -> bool:
+    r"""Whether another pass is asked for after an acquire: a refused acquire that ``ask``\s
+    sets the flag (the holder runs one more pass when it ends: nudges that arrive during a
+    pass are coalesced into one, never dropped); a new holder clears it (the pass it is about
+    to run serves every ask before it); a renewal keeps it."""
+    if granted is None:
+        return asked or ask
+    if current is None or current.holder != granted.holder:
+        return False
+    return asked
 
 
 def cooldown_after(current: datetime | None, until: datetime) -> datetime | None:
@@ -291,6 +307,25 @@ def lanes_from_document(data: object) -> tuple[Lane, ...]:
     if not isinstance(data, list):
         return ()
     return tuple(Lane(str(item["pool"]), int(item["attempt"])) for item in data)
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """How far a reader of changes has read (:meth:`~opendws.ports.store.Requests.changes`):
+    opaque to services, each store's own (a commit time in Firestore, a write count in
+    memory)."""
+
+    position: object
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What a read of changes returned: every request written since the watermark given (in
+    any state, final ones included, so a reader drops them) — or, for a first read, every
+    request not yet final — and the watermark to read from next time."""
+
+    records: tuple[RequestRecord, ...]
+    watermark: Watermark
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

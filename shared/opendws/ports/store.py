@@ -22,11 +22,13 @@ from typing import Protocol
 from opendws.domain.states import RequestState
 from opendws.ports.records import (
     Change,
+    Changes,
     CreateOutcome,
     Fence,
     RequestRecord,
     StatusEvent,
     UsageEntry,
+    Watermark,
 )
 
 
@@ -63,6 +65,13 @@ class Requests(Protocol):
         """Every request currently in one of ``states``, oldest submission first."""
         ...
 
+    def changes(self, since: Watermark | None) -> Changes:
+        """What changed since ``since``: every request created or written after it, in any
+        state (a write landing while the read runs comes now or next time: it is never lost).
+        ``None`` is a first read: every request not in a final state. Reads cost what
+        changed, not what is stored (an index on the write time; a write log in memory)."""
+        ...
+
 
 class Outbox(Protocol):
     """Which of a request's events are published (an outbox cursor per request)."""
@@ -83,13 +92,19 @@ class ReconcilerLease(Protocol):
     that refuses the writes of a holder that lost it (:func:`~opendws.ports.records.next_lease`,
     :meth:`~opendws.ports.records.Fence.admits`)."""
 
-    def acquire_lease(self, holder: str, now: datetime, ttl: timedelta) -> Fence | None:
+    def acquire_lease(
+        self, holder: str, now: datetime, ttl: timedelta, *, ask_again: bool = False
+    ) -> Fence | None:
         """Take or renew the lease for ``ttl`` as :func:`next_lease` rules, atomically. None
-        if another holder's lease is still running."""
+        if another holder's lease is still running — and then, with ``ask_again``, ask that
+        holder for one more pass when its own ends (:func:`asked_again`: coalesced, in the
+        same atomic write)."""
         ...
 
-    def release_lease(self, fence: Fence) -> None:
-        """Give the lease up at once if ``fence`` still holds it (else do nothing)."""
+    def release_lease(self, fence: Fence) -> bool:
+        """Give the lease up at once if ``fence`` still holds it (else do nothing). True when
+        another pass was asked for while it held the lease: the caller runs one (whose
+        acquire clears the ask)."""
         ...
 
 

@@ -1,8 +1,11 @@
 """Reconcile: turn admission decisions into cloud capacity, safely under retries, crashes and
 concurrent runs. One pass reads as the numbered cycle of the design:
 
-1. Take the reconciler lease (holder, expiry, fencing token). Without it, do nothing; with it,
-   every write of this pass carries the token and is refused once another reconciler takes over.
+1. Take the reconciler lease (holder, expiry, fencing token). Without it, ask its holder for one
+   more pass when its own ends (nudges during a pass are coalesced, never dropped) and do
+   nothing; with it, every write of this pass carries the token and is refused once another
+   reconciler takes over. Then bring the mirror of the requests not yet final up to date,
+   reading only what changed since the last pass (:mod:`opendws.service.mirror`).
 2. Observe the providers: every resource opendws owns in every configured pool.
 3. Sweep the live requests against what was observed, through the pure table of
    ``opendws.domain.sweep``: provisioning that Google served (ACTIVE; a race's other orders
@@ -80,6 +83,7 @@ from opendws.ports import (
     order_name,
     submitted,
 )
+from opendws.service.mirror import RequestMirror
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
 
@@ -167,6 +171,8 @@ class PassReport:
     # Requests left PROVISIONING or under Google's review: a pass soon will see them through.
     in_flight: int = 0
     published: int = 0
+    # Another pass was asked for while this one held the lease: the caller runs one more.
+    again: bool = False
 
     @property
     def ran(self) -> bool:
@@ -218,6 +224,8 @@ class ReconcileService:
         self._lock = threading.Lock()
         # request id → (record version, grant) of live runs and blocks, across passes.
         self._grants: dict[str, tuple[int, Grant]] = {}
+        # The requests not yet final, kept between passes (service.mirror).
+        self._mirror = RequestMirror()
 
     def run_pass(self) -> PassReport:
         """One pass. Returns at once if another reconciler holds the lease.
@@ -228,7 +236,9 @@ class ReconcileService:
         now = self._clock.now()
         with self._lock:
             holder = f"{self._holder}#{next(self._passes)}"
-        fence = self._store.acquire_lease(holder, now, self._settings.lease_ttl)
+        # A pass that finds the lease held asks its holder for one more (coalesced): the
+        # change that caused this call is then seen by a pass that starts after it.
+        fence = self._store.acquire_lease(holder, now, self._settings.lease_ttl, ask_again=True)
         report = PassReport()
         if fence is None:
             return report
@@ -242,7 +252,7 @@ class ReconcileService:
             log.warning("reconcile pass stopped: %s", error)
             report.outcome = PassOutcome.FENCED if isinstance(error, Fenced) else PassOutcome.STALE
             return report
-        self._store.release_lease(fence)
+        report.again = self._store.release_lease(fence)
         return report
 
 
@@ -270,12 +280,15 @@ class _Cycle:
         self.timers = service._timers
         self.writes = 0
         self.grant_cache = service._grants
+        self.mirror = service._mirror
         self.grants_lock = service._lock
 
     def run(self) -> None:
         # 1. The lease is held (run_pass took it).
-        live = self.store.in_states(S.PROVISIONING, S.ACTIVE, S.BOOKED)
-        pending = self.store.in_states(S.PENDING)
+        # What changed since the last pass, on top of what it left (every request not final).
+        held = self.mirror.refresh(self.store)
+        live = [record for record in held if record.state is not S.PENDING]
+        pending = [record for record in held if record.state is S.PENDING]
         self.records = {record.request_id: record for record in (*live, *pending)}
         # Calendar blocks at Google's review are swept with the live ones.
         live = [*live, *(record for record in pending if submitted(record))]
@@ -681,6 +694,7 @@ class _Cycle:
             lanes=lanes, usage=usage_of(current, state, self.now, self.config) if final else None,
         )  # fmt: skip
         changed = self.store.change(current.request_id, change, fence=self.fence)
+        self.mirror.record(changed)
         if state is not current.state:
             self._set_timers(current, changed)
         self.records[current.request_id] = changed

@@ -1,0 +1,72 @@
+"""The reconciler's mirror of the store: the requests not yet final, kept in memory between
+passes and brought up to date by reading only what changed since the last pass.
+
+Why a watermark read and not a Firestore listener: a Cloud Functions instance is idle between
+invocations (a listener's stream would stall or reconnect, and bill, when the instance is
+frozen), the replay and the tests run without any listener, and one indexed query per pass
+(:meth:`~opendws.ports.store.Requests.changes`) works alike on Firestore and on the memory
+fake. A cold instance reads everything once.
+
+Invariant: the mirror is only ever a view. Every write the reconciler makes is guarded by the
+record's version and the lease's fence, so a stale copy can cause a refused write (then the
+next read brings the newer one), never a wrong one. A copy is replaced only by a newer version
+of itself; a request that reached a final state leaves the mirror.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from opendws.ports import Changes, RequestRecord, Requests, Watermark
+
+
+class RequestMirror:
+    """The requests not yet final, by id; safe to share between the passes of one process."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, RequestRecord] = {}
+        self._watermark: Watermark | None = None
+        self._lock = threading.Lock()
+
+    def refresh(self, store: Requests) -> list[RequestRecord]:
+        """Read what changed since the last refresh (everything, the first time) and return
+        every request not yet final, oldest submission first (the order the store's queries
+        give)."""
+        with self._lock:
+            since = self._watermark
+        changes = store.changes(since)
+        with self._lock:
+            if since is None:
+                self._records = {}
+            self._apply(changes)
+            self._watermark = changes.watermark
+            records = list(self._records.values())
+        return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
+
+    def record(self, record: RequestRecord) -> None:
+        """Keep what a write of this process stored (a final state leaves the mirror)."""
+        with self._lock:
+            self._keep(record)
+
+    def forget(self) -> None:
+        """Drop everything: the next refresh reads the whole store again."""
+        with self._lock:
+            self._records = {}
+            self._watermark = None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def _apply(self, changes: Changes) -> None:
+        for record in changes.records:
+            self._keep(record)
+
+    def _keep(self, record: RequestRecord) -> None:
+        held = self._records.get(record.request_id)
+        if held is not None and held.version > record.version:
+            return  # an older copy (read again at the watermark): the newer one stays
+        if record.state.is_final:
+            self._records.pop(record.request_id, None)
+        else:
+            self._records[record.request_id] = record
