@@ -9,24 +9,40 @@ grants would need live records), in one run:
    against the baseline of ``admit()`` alone on the same snapshot;
 2. with ``--emulators``: a first pass over E pending requests on Firestore (official emulator)
    and the real Compute/TPU clients over the project's emulator, against E raw Firestore
-   transactional writes in the same run (a pass makes about one transaction per request).
+   transactional writes in the same run (a pass makes about one transaction per request);
+3. with ``--emulators``, steady passes on the same emulators: N requests submitted as intake
+   stores them (``FirestoreRequestStore.create`` of ``ports.accepted``), a first pass and one
+   more to settle, then for k = 0, 1, 100 in turn: k new arrivals written by someone else
+   (created through the store as intake does), then one pass — the Firestore documents it read
+   and its wall time. Documents read are every document snapshot the two stores read during
+   the pass (the lease, the configuration, pool status, queries, the reads inside each
+   transaction): the stores' own ``documents_read`` when they count it, else a counter on the
+   Firestore client's reads (the run says which). Target (issue 17): reads ≈ k + a constant,
+   not ≈ the backlog.
 
     python bench/reconcile.py                  # N = 1,000 and 10,000 in memory
     python bench/reconcile.py --quick          # N = 1,000 (CI keeps it working)
-    python bench/reconcile.py --emulators      # ...and E = 300 on the emulators
-    python bench/reconcile.py --json           # ...and one JSON object as the last line
+    python bench/reconcile.py --emulators      # ...and E = 300, steady N = 1,000 and 10,000
+    python bench/reconcile.py --quick --emulators  # ...steady N = 1,000 only
+    python bench/reconcile.py --json           # ...and one JSON object as the last line:
+        {"memory": …, "emulators": …, "steady_reads": {"1000": {"0": n, "1": n, "100": n},
+         "10000": …}, "steady_pass_s": {same shape}, "steady_backlog": {"1000": {"pending":
+         n, "live": n}, …}, "reads_counted_by": "…"}  (the last four with --emulators)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +57,7 @@ from opendws.adapters.memory import (  # noqa: E402
 )
 from opendws.catalog import TPU_API_TYPES  # noqa: E402
 from opendws.clock import ManualClock  # noqa: E402
-from opendws.domain import Provider, Snapshot, admit  # noqa: E402
+from opendws.domain import Provider, RequestState, Snapshot, admit  # noqa: E402
 from opendws.ports import (  # noqa: E402
     ConfigStore,
     Configuration,
@@ -169,18 +185,180 @@ def raw_transactions(client: Any, count: int) -> float:
     return time.perf_counter() - started
 
 
+# Steady passes: documents read when k requests changed -----------------------------------
+
+STEADY_SIZES = (1_000, 10_000)
+CHANGES = (0, 1, 100)
+WRITERS = 8  # threads that submit the backlog (setup only, not measured)
+
+
+class Reads:
+    """Firestore documents read by ``stores``, which share ``client``.
+
+    The stores' own ``documents_read`` (every document snapshot an adapter reads: gets,
+    query streams, listeners) when every one of them has it; otherwise a counter put on the
+    client library's reads for as long as the ``counting`` block lasts, limited to
+    ``client``: ``DocumentReference.get`` (plain or in a transaction) counts one snapshot,
+    ``Query.stream`` each snapshot it yields."""
+
+    def __init__(self, client: Any, stores: Sequence[Any]) -> None:
+        self._client = client
+        self._stores = stores
+        self.own = all(isinstance(getattr(s, "documents_read", None), int) for s in stores)
+        self.source = (
+            "the stores' documents_read" if self.own else "a counter on the Firestore client"
+        )
+        self._counted = 0
+
+    def total(self) -> int:
+        if self.own:
+            return sum(int(store.documents_read) for store in self._stores)
+        return self._counted
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Reads]:
+        if self.own:
+            yield self
+            return
+        from google.cloud.firestore_v1.document import DocumentReference
+        from google.cloud.firestore_v1.query import Query
+
+        get, stream = DocumentReference.get, Query.stream
+        client = self._client
+
+        def counting_get(reference: Any, *args: Any, **kwargs: Any) -> Any:
+            if reference._client is client:
+                self._counted += 1
+            return get(reference, *args, **kwargs)
+
+        def counting_stream(query: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            ours = query._client is client
+            for snapshot in stream(query, *args, **kwargs):
+                if ours:
+                    self._counted += 1
+                yield snapshot
+
+        # Put on the classes: the stores build their references and queries themselves.
+        DocumentReference.get = counting_get  # type: ignore[method-assign,assignment]
+        Query.stream = counting_stream  # type: ignore[method-assign,assignment]
+        try:
+            yield self
+        finally:
+            DocumentReference.get = get  # type: ignore[method-assign]
+            Query.stream = stream  # type: ignore[method-assign]
+
+
+def arrivals(snapshot: Snapshot, round_: int, count: int) -> list[Any]:
+    """``count`` new requests like the first ones of the load, under new ids, arriving now."""
+    return [
+        replace(request, request_id=f"arrival-{round_}-{index:04d}", submitted_at=NOW)
+        for index, request in enumerate(snapshot.pending[:count])
+    ]
+
+
+def submit_all(store: RequestStore, requests: Sequence[Any]) -> None:
+    """Store ``requests`` as intake does, several at a time (setup: not measured)."""
+    with ThreadPoolExecutor(WRITERS) as pool:
+        list(pool.map(lambda request: submit(store, request), requests))
+
+
+def steady(size: int) -> dict[str, Any] | None:
+    """Documents read and wall time of one pass after k changes, k in CHANGES, over ``size``
+    submitted requests on the emulators (see the module docstring, part 3)."""
+    from emulators import ComputeEmulator, missing_reason, running
+
+    reason = missing_reason()
+    if reason is not None:
+        print(f"steady passes: skipped ({reason})")
+        return None
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import firestore
+
+    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+    from opendws.bootstrap import capacity_providers
+    from opendws.sim import SimulatedCloud
+
+    snapshot = pending_only(size)
+    cloud = SimulatedCloud(ManualClock(NOW))
+    for pool in snapshot.pools:
+        shape = TPU_API_TYPES[pool.shape] if pool.provider is Provider.TPU else pool.shape
+        cloud.set_stock(pool.zone, shape, pool.capacity)
+    with running() as emulators, ComputeEmulator(cloud) as compute:
+        os.environ.update(emulators.environment())
+        project = f"bench-steady-{uuid.uuid4().hex[:6]}"
+        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
+        client = firestore.Client(project=project, credentials=credentials)
+        store, config = FirestoreRequestStore(client), FirestoreConfigStore(client)
+        started = time.perf_counter()
+        submit_all(store, snapshot.pending)
+        submit_s = time.perf_counter() - started
+        config.save(Configuration(pools=snapshot.pools, tenants=snapshot.tenants))
+        reconciler = ReconcileService(
+            store, config, capacity_providers(project, endpoint=compute.endpoint),
+            MemoryEventBus(), ManualClock(NOW), holder="bench",
+        )  # fmt: skip
+        reads = Reads(client, (store, config))
+        with reads.counting():
+            started = time.perf_counter()
+            reconciler.run_pass()
+            first_s = time.perf_counter() - started
+            first_reads = reads.total()
+            reconciler.run_pass()  # settles what the first pass left moving
+            pending = len(store.in_states(RequestState.PENDING))
+            live = len(
+                store.in_states(RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED)
+            )
+            counts: dict[str, int] = {}
+            times: dict[str, float] = {}
+            for round_, changed in enumerate(CHANGES):
+                submit_all(store, arrivals(snapshot, round_, changed))
+                before = reads.total()
+                started = time.perf_counter()
+                report = reconciler.run_pass()
+                times[str(changed)] = round(time.perf_counter() - started, 4)
+                counts[str(changed)] = reads.total() - before
+                if not report.ran:
+                    print(f"  k = {changed}: the pass did not run ({report.outcome})")
+        client.close()  # type: ignore[no-untyped-call]
+    shown = ", ".join(f"k = {k}: {counts[k]:,} reads in {times[k]:.2f} s" for k in counts)
+    print(
+        f"{size:>6,} submitted on the emulators ({pending:,} pending, {live:,} live after the "
+        f"first pass {first_s:.1f} s, {first_reads:,} reads; setup {submit_s:.1f} s): steady "
+        f"pass after k changes: {shown}",
+        flush=True,
+    )
+    return {
+        "reads": counts, "pass_s": times, "backlog": {"pending": pending, "live": live},
+        "first_pass_s": round(first_s, 3), "first_pass_reads": first_reads,
+        "source": reads.source,
+    }  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="N = 1,000 only")
-    parser.add_argument("--emulators", action="store_true", help="also time a pass on them")
+    parser.add_argument("--emulators", action="store_true", help="also time passes on them")
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args()
     sizes = [1_000] if args.quick else [1_000, 10_000]
     result: dict[str, Any] = {"memory": {str(size): in_memory(size) for size in sizes}}
     if args.emulators:
         result["emulators"] = on_emulators(300)
+        measured = {
+            size: steady(size) for size in (STEADY_SIZES[:1] if args.quick else STEADY_SIZES)
+        }
+        passes = {str(size): found for size, found in measured.items() if found is not None}
+        if passes:
+            result["steady_reads"] = {size: found["reads"] for size, found in passes.items()}
+            result["steady_pass_s"] = {size: found["pass_s"] for size, found in passes.items()}
+            result["steady_backlog"] = {
+                size: {**found["backlog"], "first_pass_s": found["first_pass_s"],
+                       "first_pass_reads": found["first_pass_reads"]}
+                for size, found in passes.items()
+            }  # fmt: skip
+            result["reads_counted_by"] = next(iter(passes.values()))["source"]
     if args.json:
         print(json.dumps(result))
     return 0
