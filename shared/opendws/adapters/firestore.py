@@ -304,9 +304,15 @@ class FirestoreConfigStore:
 
     def __init__(self, client: firestore.Client) -> None:
         self._document = client.collection(CONFIG).document(SCHEDULER_CONFIG)
+        self._reads = _ReadCount()
+
+    @property
+    def documents_read(self) -> int:
+        """How many documents this store has read so far (one per load)."""
+        return self._reads.total
 
     def load(self) -> Configuration:
-        snapshot = self._document.get()
+        snapshot = self._reads.one(self._document.get())
         data = snapshot.to_dict() if snapshot.exists else None
         if data is None:
             return Configuration()
