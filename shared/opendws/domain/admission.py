@@ -791,6 +791,15 @@ def _earliest_placement(
     few lookups), so the likely winner is searched first and any pool whose bound cannot beat
     it is never searched at all.
     """
+    if len(options) == 1:  # the common case needs no ranking
+        lowest, row, needs = options[0]
+        if not needs:
+            return (lowest, row, needs) if lowest <= last else (None, -1, ())
+        bounds = grid.bounds(needs, lowest, length)
+        if bounds[1] > last:
+            return None, -1, ()
+        start = grid.earliest_fit(needs, lowest, last, length, bounds)
+        return (start, row, needs) if start is not None else (None, -1, ())
     ranked = []
     for preference, (lowest, row, needs) in enumerate(options):
         bounds = grid.bounds(needs, lowest, length) if needs else (lowest, lowest)

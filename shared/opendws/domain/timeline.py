@@ -81,11 +81,10 @@ class MinuteGrid:
         ``(row, start_at, end_at, amount)``, each rounded outward to whole minutes."""
         self.origin = origin
         self.cells = cells
-        self._free: npt.NDArray[np.int32] = np.empty((len(limits), cells), dtype=np.int32)
-        self._free[:] = np.asarray(limits, dtype=np.int32)[:, np.newaxis]
+        limit_column = np.asarray(limits, dtype=np.int32)[:, np.newaxis]
         # Each commitment is a step up at its first cell and down after its last: add them
-        # all into one difference array, then one running sum per row (instead of a slice
-        # subtraction per commitment, which dominates with hundreds of running grants).
+        # all into one difference array, then one running sum per row, in place and in int32
+        # (a slice subtraction per commitment, or an int64 sum, costs several times more).
         rows: list[int] = []
         edges: list[int] = []
         amounts: list[int] = []
@@ -96,10 +95,17 @@ class MinuteGrid:
                 rows += (row, row)
                 edges += (first, last)
                 amounts += (amount, -amount)
+        self._free: npt.NDArray[np.int32]
         if rows:
-            steps = np.zeros((len(limits), cells + 1), dtype=np.int64)
-            np.add.at(steps, (np.asarray(rows), np.asarray(edges)), np.asarray(amounts))
-            self._free -= np.cumsum(steps[:, :cells], axis=1).astype(np.int32)
+            width = cells + 1
+            steps = np.zeros((len(limits), width), dtype=np.int32)
+            flat = np.asarray(rows, dtype=np.int64) * width + np.asarray(edges, dtype=np.int64)
+            np.add.at(steps.reshape(-1), flat, np.asarray(amounts, dtype=np.int32))
+            np.cumsum(steps, axis=1, out=steps)
+            self._free = np.subtract(limit_column, steps[:, :cells])
+        else:
+            self._free = np.empty((len(limits), cells), dtype=np.int32)
+            self._free[:] = limit_column
         self._flags = bytearray(cells)
         self._view: npt.NDArray[np.bool_] = np.frombuffer(self._flags, dtype=np.bool_)
         self._scratch = bytearray(cells)
@@ -140,15 +146,27 @@ class MinuteGrid:
         """What earlier searches proved, from ``lo``, for a run of ``length``: no fit of the
         pool (``needs[0]``) alone starts before the first number, and no fit of all ``needs``
         before the second. A few lookups, no scan."""
+        # The hottest call of a pass (several per request): _proven is inlined here.
         busy = self._busy_prefix
+        facts = self._no_fit
         bucket = length.bit_length()
         pool = needs[0]
-        pool_lo = self._proven(pool, bucket, lo, length, max(lo, busy.get(pool, 0)))
+        pool_lo = busy.get(pool, 0)
+        pool_lo = max(pool_lo, lo)
+        for slot in ((pool, bucket), (pool, bucket - 1)):
+            fact = facts.get(slot)
+            if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > pool_lo:
+                pool_lo = fact[2]
+        if len(needs) == 1:
+            return pool_lo, pool_lo
         start = pool_lo
-        if len(needs) > 1:
-            for need in needs:
-                start = max(start, busy.get(need, 0))
-            start = self._proven(needs, bucket, lo, length, start)
+        for need in needs:
+            prefix = busy.get(need, 0)
+            start = max(start, prefix)
+        for slot in ((needs, bucket), (needs, bucket - 1)):
+            fact = facts.get(slot)
+            if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > start:
+                start = fact[2]
         return pool_lo, start
 
     def lower_bound(self, needs: Sequence[tuple[int, int]], lo: int, length: int) -> int:
@@ -298,7 +316,7 @@ class StepProfile:
     is zero (every interval added also adds its end).
     """
 
-    __slots__ = ("_levels", "_times")
+    __slots__ = ("_levels", "_peak", "_times")
 
     def __init__(self, intervals: Iterable[tuple[int, int, int]] = ()) -> None:
         """Build from ``(start, end, amount)`` intervals in one sort-and-sum pass."""
@@ -309,6 +327,10 @@ class StepProfile:
                 deltas[end] = deltas.get(end, 0) - amount
         self._times = sorted(deltas)
         self._levels = list(itertools.accumulate(deltas[t] for t in self._times))
+        # The highest level anywhere (zero outside the breakpoints): lets ``above`` answer a
+        # threshold nothing reaches without a scan (a cohort's profile holds thousands of
+        # steps, and refused blocks ask it for every limit they count against).
+        self._peak = max(self._levels, default=0)
 
     def add(self, start: int, end: int, amount: int) -> None:
         """Add ``amount`` over ``[start, end)``."""
@@ -316,7 +338,12 @@ class StepProfile:
             return
         first = self._split(start)
         last = self._split(end)
-        self._levels[first:last] = [level + amount for level in self._levels[first:last]]
+        raised = [level + amount for level in self._levels[first:last]]
+        self._levels[first:last] = raised
+        if amount >= 0:
+            self._peak = max(self._peak, *raised)
+        else:
+            self._peak = max(self._levels, default=0)
 
     def peak(self, start: int, end: int) -> int:
         """Highest usage at any instant of ``[start, end)`` (zero where nothing is committed)."""
@@ -330,6 +357,8 @@ class StepProfile:
         """Maximal intervals ``[start, end)`` where usage exceeds ``threshold``."""
         if threshold < 0:  # even zero usage exceeds it: blocked at every instant
             return [(-FOREVER, FOREVER)]
+        if self._peak <= threshold:
+            return []
         spans: list[tuple[int, int]] = []
         open_at: int | None = None
         for time, level in zip(self._times, self._levels, strict=True):
