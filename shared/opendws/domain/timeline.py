@@ -151,18 +151,16 @@ class MinuteGrid:
         facts = self._no_fit
         bucket = length.bit_length()
         pool = needs[0]
-        pool_lo = busy.get(pool, 0)
-        pool_lo = max(pool_lo, lo)
-        for slot in ((pool, bucket), (pool, bucket - 1)):
-            fact = facts.get(slot)
+        pool_lo = max(busy.get(pool, 0), lo)
+        for pool_slot in ((pool, bucket), (pool, bucket - 1)):
+            fact = facts.get(pool_slot)
             if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > pool_lo:
                 pool_lo = fact[2]
         if len(needs) == 1:
             return pool_lo, pool_lo
         start = pool_lo
         for need in needs:
-            prefix = busy.get(need, 0)
-            start = max(start, prefix)
+            start = max(start, busy.get(need, 0))
         for slot in ((needs, bucket), (needs, bucket - 1)):
             fact = facts.get(slot)
             if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > start:
