@@ -43,7 +43,7 @@ from opendws.domain.model import (
     region_of,
     require_utc,
 )
-from opendws.domain.policy import calendar_key, flex_key
+from opendws.domain.policy import FlexKey, calendar_key, flex_key
 from opendws.domain.quotas import Limit, LimitKey, QuotaBook
 from opendws.domain.reasons import Expiry
 from opendws.domain.timeline import (
@@ -214,12 +214,71 @@ class _Allowed(NamedTuple):
     largest: int
 
 
-class _Pass:
-    """One admission pass; lives only inside :func:`admit`."""
+class _Entry:
+    """One flex request in policy order and what its search found, kept by a planner that
+    plans again (see :mod:`opendws.domain.incremental`)."""
 
-    def __init__(self, snapshot: Snapshot, now: datetime) -> None:
+    __slots__ = (
+        "best",
+        "candidate",
+        "floor",
+        "key",
+        "last",
+        "length",
+        "needs",
+        "reason",
+        "row",
+    )
+
+    def __init__(
+        self,
+        key: FlexKey,
+        candidate: _Candidate,
+        length: int,
+        last: int,
+        floor: int,
+        best: int | None,
+        row: int,
+        needs: tuple[tuple[int, int], ...],
+        reason: Reason | None,
+    ) -> None:
+        self.key = key
+        self.candidate = candidate
+        self.length = length  # run, in cells
+        self.last = last  # latest start cell (its deadline)
+        self.floor = floor  # the strict-FIFO floor its search started from
+        self.best = best  # start cell, None if no slot opens in its window
+        self.row = row  # pool row it is placed in (-1 if none)
+        self.needs = needs  # what it took in the grid from ``best`` for ``length`` cells
+        self.reason = reason  # why it is held (None if admitted or waiting)
+
+
+@dataclass(kw_only=False, slots=True)
+class _FlexState:
+    """What a flex step leaves for the next plan: the grid after every placement, its rows,
+    and each request's entry in policy order."""
+
+    entries: list[_Entry]
+    grid: MinuteGrid
+    limits: list[int]
+    limit_row: dict[LimitKey, int]
+    binding: list[bool]
+    lowest: list[int]  # per row, its least free amount from commitments alone
+    short: list[int]
+    cells: int
+
+
+class _Pass:
+    """One admission pass; lives inside :func:`admit`, or in a planner that keeps its state
+    (``keep``) to plan again."""
+
+    def __init__(self, snapshot: Snapshot, now: datetime, *, keep: bool = False) -> None:
         self.snapshot = snapshot
         self.now = now
+        self.keep = keep
+        self.flex: _FlexState | None = None
+        self.calendar: list[_Candidate] = []  # kept (``keep``) to decide them again
+        self.base_grants = 0  # kept: how many of self.grants the snapshot gave (then blocks)
         self.pools: tuple[Pool, ...] = tuple(sorted(snapshot.pools, key=lambda p: p.pool_id))
         self.pool_row = {pool.pool_id: row for row, pool in enumerate(self.pools)}
         self.quotas = QuotaBook(sorted(snapshot.tenants, key=lambda t: t.name))
@@ -239,6 +298,9 @@ class _Pass:
     def run(self) -> Plan:
         pending = sorted(self.snapshot.pending, key=lambda r: r.request_id)
         calendar, flex = self._screen(pending)  # 1
+        if self.keep:
+            self.calendar = calendar
+            self.base_grants = len(self.grants)
         self._decide_calendar(calendar)  # 2
         self._decide_flex(flex, self._racers())  # 3 and 4
         decisions = tuple(self.decisions[key] for key in sorted(self.decisions))
@@ -425,51 +487,38 @@ class _Pass:
             )
         )
         grid = MinuteGrid(now, cells, limits, self._commitments(limit_row))
+        lowest = [grid.lowest(row) for row in range(len(limits))] if self.keep else []
         binding = self._binding_rows(
             grid, limits, limit_row, [*flex, *(racer for racer, _ in racers)]
         )
         short = [_short_cell(pool, now) for pool in self.pools]
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
-        for rank, (_, candidate, length, last) in enumerate(queue, start=1):
+        entries: list[_Entry] = []
+        for rank, (key, candidate, length, last) in enumerate(queue, start=1):
             request = candidate.request
-            units = request.gang.units
-            amount = request.gang.accelerator_units
-            quota = tuple(
-                (row, amount)
-                for row in (limit_row[limit.key] for limit in candidate.limits)
-                if binding[row]
-            )
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
-            best, best_row, needs = _earliest_placement(
-                grid,
-                [
-                    (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
-                    for row in candidate.pools
-                ],
-                last,
-                length,
+            best, best_row, needs, reason = _place(
+                grid, candidate, length, last, floor, binding, limit_row, short
             )
+            if self.keep:
+                entries.append(
+                    _Entry(key, candidate, length, last, floor, best, best_row, needs, reason)
+                )
             if best is None:
                 if candidate.strict:
                     # It starts by its deadline or times out then: either way, no later.
                     fifo_floor[request.tenant] = max(floor, last)
-                self.decisions[request.request_id] = Decision(
-                    request_id=request.request_id,
-                    outcome=Outcome.WAIT,
-                    reason=Reason.WINDOW_TOO_SHORT,
-                    rank=rank,
-                )
+                self.decisions[request.request_id] = _waiting(request, rank)
                 continue
-            reason = None
-            if best > 0:
-                reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length)
             grid.take(needs, best, length)
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
+        if self.keep:
+            self.flex = _FlexState(entries, grid, limits, limit_row, binding, lowest, short, cells)
 
     def _race(
         self,
@@ -768,6 +817,51 @@ def calendar_alternatives(
         if not refused(ours):
             chosen.setdefault(ours.start_at, ours)
     return tuple(sorted(chosen.values(), key=lambda a: a.start_at))
+
+
+def _place(
+    grid: MinuteGrid,
+    candidate: _Candidate,
+    length: int,
+    last: int,
+    floor: int,
+    binding: Sequence[bool],
+    limit_row: dict[LimitKey, int],
+    short: Sequence[int],
+) -> tuple[int | None, int, tuple[tuple[int, int], ...], Reason | None]:
+    """One flex request's earliest placement on ``grid`` as it stands: start cell (None if no
+    slot opens in its window), pool row, the needs it would take and why it is held."""
+    request = candidate.request
+    units = request.gang.units
+    amount = request.gang.accelerator_units
+    quota = tuple(
+        (row, amount)
+        for row in (limit_row[limit.key] for limit in candidate.limits)
+        if binding[row]
+    )
+    best, best_row, needs = _earliest_placement(
+        grid,
+        [
+            (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
+            for row in candidate.pools
+        ],
+        last,
+        length,
+    )
+    reason = None
+    if best is not None and best > 0:
+        reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length)
+    return best, best_row, needs, reason
+
+
+def _waiting(request: CapacityRequest, rank: int) -> Decision:
+    """A flex request no slot opens for inside its window, as things stand."""
+    return Decision(
+        request_id=request.request_id,
+        outcome=Outcome.WAIT,
+        reason=Reason.WINDOW_TOO_SHORT,
+        rank=rank,
+    )
 
 
 def _rejection(request: CapacityRequest, reason: Reason, detail: str) -> Decision:

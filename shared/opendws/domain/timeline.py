@@ -142,6 +142,19 @@ class MinuteGrid:
             cells = self._free[row, start:stop]
             np.subtract(cells, amount, cells)
 
+    def give(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
+        """Return every ``(row, amount)`` need over cells ``[start, start + length)`` (undo a
+        :meth:`take`). Free amounts go up, so call :meth:`forget` before searching again."""
+        stop = start + length
+        for row, amount in needs:
+            cells = self._free[row, start:stop]
+            np.add(cells, amount, cells)
+
+    def forget(self) -> None:
+        """Drop what searches proved: it holds only while free amounts go down."""
+        self._busy_prefix.clear()
+        self._no_fit.clear()
+
     def bounds(self, needs: Sequence[tuple[int, int]], lo: int, length: int) -> tuple[int, int]:
         """What earlier searches proved, from ``lo``, for a run of ``length``: no fit of the
         pool (``needs[0]``) alone starts before the first number, and no fit of all ``needs``
