@@ -11,6 +11,11 @@ requests and prints the growth ratios; the snapshot is built outside the timing.
     python bench/planner.py --json     # ...and one JSON object as the last line
 
 Targets (DESIGN.md): 10k pending ≤ 0.25 s, 100k ≤ 3 s, t(100k)/t(10k) ≤ 12.
+
+Then the incremental planner (``opendws.domain.incremental``) at each size: after its full
+pass, the pass that follows one flex arrival, and the one that follows one release (a running
+grant ends early), at the same instant; each the median of three in a row, each checked equal
+to ``admit`` from scratch. Targets: ≤ 10 ms at 10k pending, ≤ 50 ms at 100k.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import itertools
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,6 +48,7 @@ from opendws.domain import (
     admit,
 )
 from opendws.domain.calendar import count_problem, lead_of
+from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.policy import flex_key
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -247,6 +255,40 @@ def time_baseline(snapshot: Snapshot, repeats: int) -> float:
     return best
 
 
+def time_incremental(snapshot: Snapshot) -> dict[str, float]:
+    """Median seconds of an incremental pass after one flex arrival and after one release,
+    three of each in a row on one planner; the last of each is checked against ``admit``."""
+    planner = IncrementalPlanner()
+    planner.plan(snapshot, NOW)
+    gc.collect()
+    gc.freeze()  # the planner's state is long-lived, like the snapshot
+    rng = random.Random(11)
+    timings: dict[str, list[float]] = {"arrival": [], "release": []}
+    current = snapshot
+    for index in range(3):
+        request = build_request(rng, 800_000 + index)
+        while request.mode is not Mode.FLEX_START:
+            request = build_request(rng, 800_000 + index)
+        current = replace(current, pending=(*current.pending, request))
+        started = time.perf_counter()
+        plan = planner.plan(current, NOW)
+        timings["arrival"].append(time.perf_counter() - started)
+        assert not planner.last_pass.full, planner.last_pass
+    assert plan == admit(current, NOW), "incremental plan after arrivals differs"
+    running = sorted(
+        (grant for grant in current.grants if grant.start_at < NOW), key=lambda g: g.request_id
+    )
+    for grant in running[:3]:
+        current = replace(current, grants=tuple(g for g in current.grants if g is not grant))
+        started = time.perf_counter()
+        plan = planner.plan(current, NOW)
+        timings["release"].append(time.perf_counter() - started)
+        assert not planner.last_pass.full, planner.last_pass
+    assert plan == admit(current, NOW), "incremental plan after releases differs"
+    gc.unfreeze()
+    return {kind: statistics.median(values) for kind, values in timings.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -280,6 +322,18 @@ def main() -> int:
         verdicts.append(f"100k: {seconds[100_000]:.3f} s (target 3 s)")
         verdicts.append(f"t(100k)/t(10k): {seconds[100_000] / seconds[10_000]:.2f} (target 12)")
     print("; ".join(verdicts))
+    incremental: dict[int, dict[str, float]] = {}
+    for size in sizes:
+        if size < 10_000:
+            continue
+        incremental[size] = time_incremental(build_snapshot(size))
+        target = 0.010 if size <= 10_000 else 0.050
+        print(
+            f"incremental {size:>7,}: after one arrival {incremental[size]['arrival'] * 1000:7.1f}"
+            f" ms, after one release {incremental[size]['release'] * 1000:7.1f} ms"
+            f" (target {target * 1000:.0f} ms)",
+            flush=True,
+        )
     if args.json:
         result = {
             "plan_seconds": {str(size): round(value, 4) for size, value in seconds.items()},
@@ -289,6 +343,10 @@ def main() -> int:
             "growth_10k_to_100k": (
                 round(seconds[100_000] / seconds[10_000], 3) if 100_000 in seconds else None
             ),
+            "incremental_s": {
+                str(size): {kind: round(value, 4) for kind, value in timings.items()}
+                for size, timings in incremental.items()
+            },
         }
         print(json.dumps(result))
     return 0
