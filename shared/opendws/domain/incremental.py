@@ -309,21 +309,44 @@ class IncrementalPlanner:
         start = min(starts)
         if start == len(entries) and not arrivals:
             return PassReport(full=False, from_rank=start + 1)
-        # Back to the grid as it stood before ``start``, then the releases.
-        for entry in entries[start:]:
-            if entry.best is not None:
-                grid.give(entry.needs, entry.best, entry.length)
-        grid.forget()
-        for row, first, cells, amount in freed:
-            grid.give(((row, amount),), first, cells)
-        for entry in leaving:
-            dirty.update(row for row, _ in entry.needs)
-            if entry.best is not None:
-                self._by_pool[entry.row].discard(entry)
         fresh = {id(entry) for entry in arrivals}
         suffix = [e for e in entries[start:] if e.candidate.request.request_id not in gone_set]
         suffix.extend(arrivals)
         suffix.sort(key=_key_of)
+        # A row is rolled back only once it must be read or changed: to the grid as it stood
+        # before the entry being walked, by giving back the takes of the entries not walked yet
+        # (``holders``: per row, the suffix indices holding a take on it). A row never rolled
+        # back is one no change reached: its final state is the same as before.
+        holders: dict[int, list[int]] = {}
+        for index, entry in enumerate(suffix):
+            if entry.best is not None and id(entry) not in fresh:
+                for row, _ in entry.needs:
+                    holders.setdefault(row, []).append(index)
+        rolled: set[int] = set()
+        grid.forget()
+
+        def roll(row: int, at: int) -> None:
+            rolled.add(row)
+            indices = holders.get(row, [])
+            for index in indices[bisect.bisect_left(indices, at) :]:
+                holder = suffix[index]
+                assert holder.best is not None
+                grid.give(
+                    [need for need in holder.needs if need[0] == row], holder.best, holder.length
+                )
+
+        for row in dirty:
+            roll(row, 0)
+        for row, first, cells, amount in freed:
+            grid.give(((row, amount),), first, cells)
+        for entry in leaving:
+            if entry.best is not None:
+                for row, _ in entry.needs:
+                    if row not in rolled:
+                        roll(row, 0)
+                grid.give(entry.needs, entry.best, entry.length)
+                self._by_pool[entry.row].discard(entry)
+            dirty.update(row for row, _ in entry.needs)
         # Each strict-FIFO tenant's floor after its last request before ``start``: walk back
         # until every such tenant is found (usually a few entries).
         floors: dict[str, int] = {}
@@ -340,16 +363,16 @@ class IncrementalPlanner:
         searched = 0
         moved: set[int] = set()  # entries whose decision may differ beyond rank and position
         touched = {entry.row for entry in leaving if entry.best is not None}
-        for entry in suffix:
+        for index, entry in enumerate(suffix):
             candidate = entry.candidate
             tenant = candidate.request.tenant
             floor = floors.get(tenant, 0) if candidate.strict else 0
-            if (
-                id(entry) in fresh
-                or floor != entry.floor
-                or not dirty.isdisjoint(self._reads_of(entry))
-            ):
+            reads = self._reads_of(entry)
+            if id(entry) in fresh or floor != entry.floor or not dirty.isdisjoint(reads):
                 searched += 1
+                for row in reads:
+                    if row not in rolled:
+                        roll(row, index)
                 best, row, needs, reason = _place(
                     grid,
                     candidate,
@@ -377,8 +400,12 @@ class IncrementalPlanner:
                     self._by_pool.setdefault(row, set()).add(entry)
                 entry.floor, entry.best, entry.row = floor, best, row
                 entry.needs, entry.reason = needs, reason
-            if entry.best is not None:
-                grid.take(entry.needs, entry.best, entry.length)
+                if best is not None:
+                    grid.take(needs, best, entry.length)
+            elif entry.best is not None and rolled:
+                again = [need for need in entry.needs if need[0] in rolled]
+                if again:
+                    grid.take(again, entry.best, entry.length)
             if candidate.strict:
                 floors[tenant] = _floor_after(entry)
         entries[start:] = suffix
