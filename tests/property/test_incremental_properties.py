@@ -70,7 +70,7 @@ def test_incremental_plans_equal_full_plans_after_every_change(
     now = NOW
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
-    for index in range(data.draw(st.integers(1, 8))):
+    for index in range(data.draw(st.integers(1, 12))):
         snapshot, seconds = data.draw(step(snapshot, plan, index))
         now += timedelta(seconds=seconds)
         plan = planner.plan(snapshot, now)
