@@ -10,8 +10,10 @@ import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner
+from opendws.domain.model import PolicySettings
 from tests.builders import HOUR, MINUTE, NOW, calendar, flex, grant, pool, quota, tenant
 from tests.builders import snapshot as build_snapshot
+from tests.property.test_admission_properties import applied
 
 
 def busy() -> Snapshot:
@@ -55,6 +57,25 @@ def test_a_departure_is_planned_incrementally() -> None:
     assert not planner.last_pass.full
 
 
+def test_an_admission_carried_out_is_planned_incrementally() -> None:
+    planner = IncrementalPlanner()
+    first = busy()
+    plan = planner.plan(first, NOW)
+    carried = applied(first, plan)
+    assert planner.plan(carried, NOW) == admit(carried, NOW)
+    assert not planner.last_pass.full
+    assert planner.last_pass.searched == 0  # every grant holds the slot its request took
+
+
+def test_a_new_grant_elsewhere_is_planned_incrementally() -> None:
+    planner = IncrementalPlanner()
+    first = busy()
+    planner.plan(first, NOW)
+    more = replace(first, grants=(*first.grants, grant("g2", units=2, start_at=NOW + HOUR)))
+    assert planner.plan(more, NOW) == admit(more, NOW)
+    assert not planner.last_pass.full
+
+
 def test_an_equal_request_read_again_is_no_change() -> None:
     planner = IncrementalPlanner()
     first = busy()
@@ -70,7 +91,7 @@ def test_an_equal_request_read_again_is_no_change() -> None:
     [
         (lambda s: s, "the clock moved"),
         (lambda s: replace(s, pools=(pool(capacity=9),)), "the pools changed"),
-        (lambda s: replace(s, grants=(*s.grants, grant("g2"))), "a grant appeared"),
+        (lambda s: replace(s, policy=PolicySettings(race_width=1)), "the policy changed"),
         (
             lambda s: replace(s, pending=(*s.pending, calendar("block"))),
             "a calendar request arrived",

@@ -6,23 +6,26 @@ It keeps the minute grid after every placement, each flex request's entry in pol
 strict-FIFO floor its search started from, its start, pool, needs and reason), the calendar
 blocks and the plan's decisions. The next call compares the snapshot with the last one:
 
-- Flex arrivals, departures (admitted, cancelled, timed out elsewhere) and releases (a grant
-  that is gone) are applied. Every placement from the first request they can reach onwards is
-  taken back out of the grid and the releases are given back; then those requests are walked in
-  policy order again. One none of whose grid rows (the pools and quota limits its search reads)
-  has changed so far, with the same strict-FIFO floor, finds what it found last time, so its
-  slot is taken again without a search; any other is searched, and if its slot moved, the rows
-  it left and took count as changed. Requests before the first one reached keep their
-  decisions; held slots are renumbered per pool and ranks follow the new order.
-- A release while calendar blocks are pending decides the blocks again (a release can make a
-  refused block fit, and moves the alternatives offered).
+- Flex arrivals, departures (cancelled, timed out, admitted), releases (a grant that is gone)
+  and new grants are applied. The walk starts at the first request in policy order they can
+  reach; requests before it keep their decisions. A grid row is rolled back (the takes of the
+  requests not walked yet given back) only once the walk must read or change it. A request none
+  of whose rows (the pools and quota limits its search reads) has changed so far, with the same
+  strict-FIFO floor, finds what it found last time: its slot is taken again without a search.
+  Any other is searched; if its slot moved, the rows it left and took count as changed. Ranks
+  follow the new order; held slots are renumbered in the pools where one came, left or moved.
+- An admission carried out (the request left, its grant came holding exactly the slot it took)
+  changes no row a search reads: nothing after it is searched again.
+- A grant that came or went while calendar blocks are pending decides the blocks again (it can
+  make a refused block fit or a confirmed one not, and moves the alternatives offered).
 
 Anything else is planned in full, and :attr:`IncrementalPlanner.last_pass` says why: the first
 pass; a different ``now`` (every grid cell, deadline and aging key is relative to it); changed
 pools, tenants or policy; racing (``snapshot.racing``, or ``race_eagerly``: lanes are taken
-after every placement); a calendar request that arrived or left; a grant that appeared; a
-release that changes which blocks are confirmed; an arrival that needs a longer grid, a quota
-row the grid lacks, or makes a row bind that the grid never tracked.
+after every placement); a calendar request that arrived or left; a grant that changes which
+blocks are confirmed; an arrival that needs a longer grid or a quota row the grid lacks; an
+arrival or a grant that makes a row bind that the grid never tracked (rows that could never
+bind are left out of every search).
 """
 
 from __future__ import annotations
@@ -180,10 +183,10 @@ class IncrementalPlanner:
             gone = sorted(left)
         grants = self._grants
         released: list[Grant] = []
+        added: list[Grant] = []
         if self._snapshot is None or snapshot.grants is not self._snapshot.grants:
             grants = Counter(snapshot.grants)
-            if +(grants - self._grants):
-                return "a grant appeared"
+            added = list((grants - self._grants).elements())
             released = list((self._grants - grants).elements())
         calendar_ids = {candidate.request.request_id for candidate in state.calendar}
         if any(key in calendar_ids for key in gone):
@@ -222,8 +225,6 @@ class IncrementalPlanner:
                 half_life=snapshot.policy.aging_half_life,
             )
             arrivals.append(_Entry(order, candidate, length, last, 0, None, -1, (), None))
-        if flex is None and released:
-            return "no flex step to give a release back to"
         if flex is not None:
             for entry in arrivals:
                 self._count(snapshot, flex, entry.candidate, 1)
@@ -233,8 +234,15 @@ class IncrementalPlanner:
                     demand = self._demand[row]
                     if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
                         return "an arrival makes a row bind that the grid never tracked"
-        if released and state.calendar:
-            why = self._recalendar(snapshot, state, released)
+            # A new grant lowers what commitments leave free (at most by its amount).
+            for grant in added:
+                for row, amount in _grant_rows(state, flex, grant):
+                    flex.lowest[row] -= amount
+                    demand = self._demand[row]
+                    if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
+                        return "a new grant makes a row bind that the grid never tracked"
+        if (released or added) and state.calendar:
+            why = self._recalendar(snapshot, state)
             if why is not None:
                 return why
         for key in gone:
@@ -245,18 +253,18 @@ class IncrementalPlanner:
             bisect.insort(self._ids, key)
         report = PassReport(full=False)
         if flex is not None:
-            report = self._walk(snapshot, state, flex, gone, arrivals, released)
+            report = self._walk(snapshot, state, flex, gone, arrivals, released, added)
         self._remember(snapshot, pending, grants)
         self.last_pass = report
         return None
 
-    def _recalendar(self, snapshot: Snapshot, state: _Pass, released: list[Grant]) -> str | None:
-        """Decide the calendar blocks again after ``released``; why not, if that confirms
+    def _recalendar(self, snapshot: Snapshot, state: _Pass) -> str | None:
+        """Decide the calendar blocks again on the new grants; why not, if that confirms
         another set of blocks (the flex grid holds the confirmed ones)."""
         fresh = _Pass(snapshot, state.now)
         fresh._decide_calendar(state.calendar)
         if fresh.grants[len(snapshot.grants) :] != state.grants[state.base_grants :]:
-            return "a release changes which calendar blocks are confirmed"
+            return "a grant that came or went changes which calendar blocks are confirmed"
         for candidate in state.calendar:
             key = candidate.request.request_id
             state.decisions[key] = fresh.decisions[key]
@@ -272,12 +280,39 @@ class IncrementalPlanner:
         gone: list[str],
         arrivals: list[_Entry],
         released: list[Grant],
+        added: list[Grant],
     ) -> PassReport:
         """Re-plan the flex requests from the first one the changes reach (module docstring)."""
         entries = flex.entries
         grid = flex.grid
         starts = [len(entries)]
         gone_set = set(gone)
+        # (row, first cell, cells, amount given back: negative for a new grant's take)
+        freed: list[tuple[int, int, int, int]] = []
+        # An admission carried out: the request left and its grant came, holding exactly the
+        # slot it took on every row a search reads. Nothing a search reads changes then; the
+        # grant's share of rows no search reads is taken as it is.
+        absorbed: set[str] = set()
+        for grant in added:
+            span = _grant_cells(flex, grant)
+            contributions = _grant_rows(state, flex, grant)
+            entry = self._entry_of.get(grant.request_id)
+            if (
+                entry is not None
+                and grant.request_id in gone_set
+                and grant.request_id not in absorbed
+                and entry.best is not None
+                and span == (entry.best, entry.length)
+                and state.pool_row.get(grant.pool_id) == entry.row
+                and sorted(c for c in contributions if flex.binding[c[0]]) == sorted(entry.needs)
+            ):
+                absorbed.add(grant.request_id)
+                for row, amount in contributions:
+                    if not flex.binding[row]:
+                        grid.give(((row, -amount),), span[0], span[1])
+                continue
+            if span[1] > 0:
+                freed.extend((row, span[0], span[1], -amount) for row, amount in contributions)
         leaving = [self._entry_of.pop(key) for key in gone if key in self._entry_of]
         for entry in leaving:
             starts.append(bisect.bisect_left(entries, entry.key, key=_key_of))
@@ -287,19 +322,12 @@ class IncrementalPlanner:
             starts.append(bisect.bisect_left(entries, entry.key, key=_key_of))
             self._reads[entry.candidate.request.request_id] = _reads(flex, entry.candidate)
             self._entry_of[entry.candidate.request.request_id] = entry
-        freed: list[tuple[int, int, int, int]] = []  # (row, first cell, cells, amount)
         for grant in released:
-            first = max(0, floor_cells(grant.start_at - grid.origin))
-            last = min(flex.cells, ceil_cells(grant.end_at - grid.origin))
-            if last <= first:
-                continue
-            row = state.pool_row.get(grant.pool_id)
-            if row is not None:
-                freed.append((row, first, last - first, grant.units))
-            for limit in state.quotas.limits(grant.tenant, grant.accelerator):
-                limit_row = flex.limit_row.get(limit.key)
-                if limit_row is not None:
-                    freed.append((limit_row, first, last - first, grant.accelerator_units))
+            first, cells = _grant_cells(flex, grant)
+            if cells > 0:
+                freed.extend(
+                    (row, first, cells, amount) for row, amount in _grant_rows(state, flex, grant)
+                )
         dirty = {row for row, _, _, _ in freed}
         if dirty:
             for index, entry in enumerate(entries):
@@ -340,6 +368,10 @@ class IncrementalPlanner:
         for row, first, cells, amount in freed:
             grid.give(((row, amount),), first, cells)
         for entry in leaving:
+            if entry.candidate.request.request_id in absorbed:
+                assert entry.best is not None
+                self._by_pool[entry.row].discard(entry)
+                continue
             if entry.best is not None:
                 for row, _ in entry.needs:
                     if row not in rolled:
@@ -362,7 +394,7 @@ class IncrementalPlanner:
                 floors[tenant] = _floor_after(entry)
         searched = 0
         moved: set[int] = set()  # entries whose decision may differ beyond rank and position
-        touched = {entry.row for entry in leaving if entry.best is not None}
+        touched = {entry.row for entry in leaving if entry.best is not None}  # renumber them
         for index, entry in enumerate(suffix):
             candidate = entry.candidate
             tenant = candidate.request.tenant
@@ -515,6 +547,28 @@ def _slot_order(entry: _Entry) -> tuple[int, FlexKey]:
 def _floor_after(entry: _Entry) -> int:
     """The strict-FIFO floor a tenant's next request starts from after ``entry``."""
     return entry.best if entry.best is not None else max(entry.floor, entry.last)
+
+
+def _grant_cells(flex: _FlexState, grant: Grant) -> tuple[int, int]:
+    """The grid cells ``grant`` covers, rounded outward as commitments are: (first, count)."""
+    origin = flex.grid.origin
+    first = max(0, floor_cells(grant.start_at - origin))
+    last = min(flex.cells, ceil_cells(grant.end_at - origin))
+    return first, max(0, last - first)
+
+
+def _grant_rows(state: _Pass, flex: _FlexState, grant: Grant) -> list[tuple[int, int]]:
+    """Every grid row ``grant`` counts against and by how much (its pool, if configured, and
+    each of its quota limits the grid has a row for)."""
+    rows: list[tuple[int, int]] = []
+    row = state.pool_row.get(grant.pool_id)
+    if row is not None:
+        rows.append((row, grant.units))
+    for limit in state.quotas.limits(grant.tenant, grant.accelerator):
+        limit_row = flex.limit_row.get(limit.key)
+        if limit_row is not None:
+            rows.append((limit_row, grant.accelerator_units))
+    return rows
 
 
 def _all_rows(flex: _FlexState, candidate: _Candidate) -> list[int]:
