@@ -122,36 +122,50 @@ def in_memory(size: int) -> dict[str, Any]:
     }
 
 
-def on_emulators(size: int) -> dict[str, Any] | None:
-    from emulators import ComputeEmulator, missing_reason, running
-
-    reason = missing_reason()
-    if reason is not None:
-        print(f"emulators: skipped ({reason})")
-        return None
+@contextlib.contextmanager
+def emulated(snapshot: Snapshot, name: str) -> Iterator[tuple[Any, Providers]]:
+    """The official Firestore emulator and the Compute/TPU emulator over a simulated cloud
+    stocked as ``snapshot``'s pools: a Firestore client of a fresh project, and the capacity
+    providers on the emulator."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import firestore
 
-    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+    from emulators import ComputeEmulator, running
     from opendws.bootstrap import capacity_providers
     from opendws.sim import SimulatedCloud
 
-    snapshot = pending_only(size)
     cloud = SimulatedCloud(ManualClock(NOW))
     for pool in snapshot.pools:
         shape = TPU_API_TYPES[pool.shape] if pool.provider is Provider.TPU else pool.shape
         cloud.set_stock(pool.zone, shape, pool.capacity)
     with running() as emulators, ComputeEmulator(cloud) as compute:
         os.environ.update(emulators.environment())
-        project = f"bench-reconcile-{uuid.uuid4().hex[:6]}"
+        project = f"bench-{name}-{uuid.uuid4().hex[:6]}"
         credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
         client = firestore.Client(project=project, credentials=credentials)
+        try:
+            yield client, capacity_providers(project, endpoint=compute.endpoint)
+        finally:
+            client.close()  # type: ignore[no-untyped-call]
+
+
+def on_emulators(size: int) -> dict[str, Any] | None:
+    from emulators import missing_reason
+
+    reason = missing_reason()
+    if reason is not None:
+        print(f"emulators: skipped ({reason})")
+        return None
+    from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+
+    snapshot = pending_only(size)
+    with emulated(snapshot, "reconcile") as (client, providers):
         raw_s = raw_transactions(client, size)
         reconciler = service(
             snapshot,
             FirestoreRequestStore(client),
             FirestoreConfigStore(client),
-            capacity_providers(project, endpoint=compute.endpoint),
+            providers,
         )
         started = time.perf_counter()
         report = reconciler.run_pass()
@@ -265,37 +279,23 @@ def submit_all(store: RequestStore, requests: Sequence[Any]) -> None:
 def steady(size: int) -> dict[str, Any] | None:
     """Documents read and wall time of one pass after k changes, k in CHANGES, over ``size``
     submitted requests on the emulators (see the module docstring, part 3)."""
-    from emulators import ComputeEmulator, missing_reason, running
+    from emulators import missing_reason
 
     reason = missing_reason()
     if reason is not None:
         print(f"steady passes: skipped ({reason})")
         return None
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import firestore
-
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
-    from opendws.bootstrap import capacity_providers
-    from opendws.sim import SimulatedCloud
 
     snapshot = pending_only(size)
-    cloud = SimulatedCloud(ManualClock(NOW))
-    for pool in snapshot.pools:
-        shape = TPU_API_TYPES[pool.shape] if pool.provider is Provider.TPU else pool.shape
-        cloud.set_stock(pool.zone, shape, pool.capacity)
-    with running() as emulators, ComputeEmulator(cloud) as compute:
-        os.environ.update(emulators.environment())
-        project = f"bench-steady-{uuid.uuid4().hex[:6]}"
-        credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]  # untyped here
-        client = firestore.Client(project=project, credentials=credentials)
+    with emulated(snapshot, "steady") as (client, providers):
         store, config = FirestoreRequestStore(client), FirestoreConfigStore(client)
         started = time.perf_counter()
         submit_all(store, snapshot.pending)
         submit_s = time.perf_counter() - started
         config.save(Configuration(pools=snapshot.pools, tenants=snapshot.tenants))
         reconciler = ReconcileService(
-            store, config, capacity_providers(project, endpoint=compute.endpoint),
-            MemoryEventBus(), ManualClock(NOW), holder="bench",
+            store, config, providers, MemoryEventBus(), ManualClock(NOW), holder="bench",
         )  # fmt: skip
         reads = Reads(client, (store, config))
         with reads.counting():
@@ -319,7 +319,6 @@ def steady(size: int) -> dict[str, Any] | None:
                 counts[str(changed)] = reads.total() - before
                 if not report.ran:
                     print(f"  k = {changed}: the pass did not run ({report.outcome})")
-        client.close()  # type: ignore[no-untyped-call]
     shown = ", ".join(f"k = {k}: {counts[k]:,} reads in {times[k]:.2f} s" for k in counts)
     print(
         f"{size:>6,} submitted on the emulators ({pending:,} pending, {live:,} live after the "
