@@ -52,11 +52,6 @@ class ManualClock:
         self._offset = begin - wall
         self._listeners: list[Callable[[datetime], None]] = []
 
-    @property
-    def running(self) -> bool:
-        """True when it follows wall time (plus its offset)."""
-        return self._running
-
     def now(self) -> datetime:
         with self._lock:
             if self._running:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 
-from opendws.ports import Changes, RequestRecord, Requests, Watermark
+from opendws.ports import RequestRecord, Requests, Watermark
 
 
 class RequestMirror:
@@ -38,7 +38,8 @@ class RequestMirror:
         with self._lock:
             if since is None:
                 self._records = {}
-            self._apply(changes)
+            for record in changes.records:
+                self._keep(record)
             self._watermark = changes.watermark
             records = list(self._records.values())
         return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
@@ -46,20 +47,6 @@ class RequestMirror:
     def record(self, record: RequestRecord) -> None:
         """Keep what a write of this process stored (a final state leaves the mirror)."""
         with self._lock:
-            self._keep(record)
-
-    def forget(self) -> None:
-        """Drop everything: the next refresh reads the whole store again."""
-        with self._lock:
-            self._records = {}
-            self._watermark = None
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._records)
-
-    def _apply(self, changes: Changes) -> None:
-        for record in changes.records:
             self._keep(record)
 
     def _keep(self, record: RequestRecord) -> None:
