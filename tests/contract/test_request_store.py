@@ -485,8 +485,9 @@ def test_a_first_read_of_changes_is_every_request_not_final_and_then_only_what_c
     returns the requests not yet final; each later read returns what was written since —
     creations, changes (final ones too, so a reader drops them) and announcements — and
     nothing else but, at most, the newest write before the watermark, read again (Firestore:
-    ``changed_at >= the newest seen``, the commit times Firestore's strongly consistent queries
-    order)."""
+    ``changed_at >= the newest seen``, where ``changed_at`` is the server timestamp of the
+    write's commit; the Firestore v1 API, ``CommitResponse.commit_time``: "any read with an
+    equal or greater read_time is guaranteed to see the effects of the commit")."""
     for request_id in ("r1", "r2", "r3"):
         record = record_of(request_id)
         store.create(record, event_of(record, S.PENDING, None))

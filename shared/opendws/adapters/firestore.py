@@ -197,8 +197,9 @@ class FirestoreRequestStore:
 
     def changes(self, since: Watermark | None) -> Changes:
         # Every write sets CHANGED_AT to its commit time (a server timestamp), and Firestore's
-        # queries are strongly consistent: once a read has seen a commit time, every later
-        # commit gets a later one. So "CHANGED_AT >= the newest seen" misses nothing; the
+        # queries are strongly consistent (v1 API, CommitResponse.commit_time: any read at an
+        # equal or later read_time sees the commit): once a read has seen a commit time, every
+        # later commit gets a later one. So "CHANGED_AT >= the newest seen" misses nothing; the
         # newest ones are read again (the reader keeps the higher version). The single-field
         # index Firestore keeps on CHANGED_AT makes this cost what changed.
         if since is None:
