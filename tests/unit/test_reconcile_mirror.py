@@ -5,14 +5,27 @@ asked for while another one runs is owed, not dropped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
 
 from opendws.adapters.memory import MemoryCapacityProvider, MemoryRequestStore
 from opendws.domain.model import Pool
 from opendws.domain.states import RequestState
-from opendws.ports import Change, Changes, Observed, StatusEvent, Watermark, order_name
+from opendws.domain.sweep import Step, SweepSettings, SweepView
+from opendws.ports import (
+    Change,
+    Changes,
+    Observed,
+    RequestRecord,
+    StatusEvent,
+    Watermark,
+    order_name,
+)
+from opendws.service import reconcile
 from opendws.service.reconcile import ReconcileService
-from tests.builders import A3, H100, NOW, flex, pool
+from tests.builders import A3, H100, NOW, calendar, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
 
 S = RequestState
@@ -170,3 +183,83 @@ def test_a_pass_asked_for_during_a_pass_is_owed_once() -> None:
     second = service.run_pass()
     assert second.ran
     assert not second.again  # served: owed once, not once per nudge
+
+
+class SweepSpy:
+    """Counts the sweep's table lookups per request (the pure ``sweep`` the service calls)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.swept: list[str] = []
+        self.views: dict[int, str] = {}
+        original = reconcile.sweep
+
+        def counting(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
+            self.swept.append(self.current)
+            return original(view, now, settings)
+
+        self.current = ""
+        original_sweep = reconcile._Cycle._sweep
+
+        def named(cycle: reconcile._Cycle, record: RequestRecord, *args: Any) -> None:
+            self.current = record.request_id
+            original_sweep(cycle, record, *args)
+
+        monkeypatch.setattr(reconcile, "sweep", counting)
+        monkeypatch.setattr(reconcile._Cycle, "_sweep", named)
+
+
+def running(world: World, service: ReconcileService, request_id: str) -> None:
+    for _ in range(5):
+        world.clock.advance(timedelta(minutes=1))
+        service.run_pass()
+        if world.state(request_id) is S.ACTIVE:
+            return
+    raise AssertionError(f"{request_id} never ran")
+
+
+def test_a_quiet_run_is_swept_again_only_once_what_was_observed_of_it_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A running gang whose pass found nothing to do costs no table lookup while its record
+    and its order stay as they were; once its VMs are gone, the next pass sweeps it and ends
+    it (the cloud ended the run)."""
+    world, cloud, store = world_with_backlog(0)
+    service = world.reconciler()
+    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
+    running(world, service, "small")
+    spy = SweepSpy(monkeypatch)
+    for _ in range(20):
+        world.clock.advance(timedelta(minutes=1))
+        service.run_pass()
+    assert spy.swept.count("small") == 1  # the first pass after it ran; then it was quiet
+    cloud.release(order_name("small", world.record("small").attempt), pool(zone=FREE))
+    report = service.run_pass()
+    assert spy.swept.count("small") == 2
+    assert world.state("small") is S.EXPIRED
+    assert report.transitions == {(S.ACTIVE, S.EXPIRED): 1}
+
+
+def test_a_quiet_booking_is_swept_again_when_its_start_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A booked block waits for its start with nothing to do; with no timer to start it, the
+    first pass at its start sweeps it and provisions it, however many passes left it alone."""
+    world, _, store = world_with_backlog(0)
+    service = world.reconciler()
+    start = NOW + timedelta(days=1)
+    submit(store, calendar("block", vm_count=2, days=1, start_at=start, locations=(FREE,)))
+    for _ in range(5):
+        world.clock.advance(timedelta(minutes=1))
+        service.run_pass()
+    assert world.state("block") is S.BOOKED
+    spy = SweepSpy(monkeypatch)
+    while world.clock.now() + timedelta(hours=1) < start:
+        world.clock.advance(timedelta(hours=1))
+        service.run_pass()
+    assert world.state("block") is S.BOOKED
+    assert spy.swept.count("block") == 0  # nothing to do until its start
+    world.clock.set(start)
+    service.run_pass()
+    assert spy.swept.count("block") == 1
+    assert world.state("block") is S.PROVISIONING
+    assert world.record("block").reason == "BLOCK_STARTED"

@@ -320,6 +320,33 @@ def sweep(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
     )  # fmt: skip
 
 
+def steady_until(view: SweepView, now: datetime, settings: SweepSettings) -> datetime | None:
+    """The first instant after ``now`` at which :func:`sweep` may give ``view`` another step;
+    None if it never will. Over ``[now, steady_until)`` the step is the one at ``now``.
+
+    Every deadline row compares the time against one instant of the view (``now >= X``, or
+    ``now - since >= d``, which is ``now >= since + d``), and no step's text reads the time, so
+    the step only changes where the time crosses one of the instants its state's rows read: the
+    earliest of them still ahead is the answer. The reconciler uses it to leave a live request
+    whose last sweep did nothing alone until its inputs change or this instant comes; the
+    property tests check it against :func:`sweep` itself.
+    """
+    instants: list[datetime | None] = []
+    if view.mode is Mode.CALENDAR:
+        instants.append(view.block_end)
+        if view.state is S.PENDING:
+            instants.append(view.since + settings.not_taken_after)
+        elif view.state is S.BOOKED:
+            instants.append(view.block_start)
+    if view.state is S.ACTIVE and view.run_end is not None:
+        instants.append(view.run_end + settings.grace)
+    if view.state is S.PROVISIONING and view.mode is Mode.FLEX_START:
+        instants += (view.since + settings.not_taken_after, view.deadline)
+        if settings.give_up_after is not None:
+            instants.append(view.since + settings.give_up_after)
+    return min((at for at in instants if at is not None and at > now), default=None)
+
+
 def _calendar(view: SweepView, seen: LaneView, now: datetime, settings: SweepSettings) -> Step:
     """A calendar block's one order: under Google's review (PENDING), booked (BOOKED), from
     its start (PROVISIONING, ACTIVE)."""

@@ -14,7 +14,9 @@ concurrent runs. One pass reads as the numbered cycle of the design:
    blocks under Google's review (approved: BOOKED; declined: REJECTED with alternatives),
    that start or end; provider calls a crash interrupted, issued again; and anything owned
    that no live request wants, released (a leak) — except a released block Google keeps,
-   and bills, to its end.
+   and bills, to its end. A request whose last sweep did nothing is swept again only once
+   its record or what was observed of it changes, or its next deadline comes
+   (``steady_until``): a quiet pass costs the lookups, not the table.
 4. Build an immutable snapshot and call the pure admission core.
 5. Apply the plan: each transition in one short fenced write, then the provider call with the
    order's deterministic name (a repeat finds the resource already there), then its event. A
@@ -59,6 +61,7 @@ from opendws.domain.sweep import (
     SweepReason,
     SweepSettings,
     SweepView,
+    steady_until,
     sweep,
 )
 from opendws.ports import (
@@ -140,6 +143,10 @@ class ReconcileSettings:
             grace=self.overdue_grace, not_taken_after=self.not_taken_after,
             give_up_after=self.give_up_after,
         )  # fmt: skip
+
+
+# What one live request's sweep reads besides the time (see _Cycle._inputs).
+_SweepInputs = tuple[int, tuple[tuple[bool, Observed | None], ...]]
 
 
 class PassOutcome(StrEnum):
@@ -224,6 +231,10 @@ class ReconcileService:
         self._lock = threading.Lock()
         # request id → (record version, grant) of live runs and blocks, across passes.
         self._grants: dict[str, tuple[int, Grant]] = {}
+        # request id → (the inputs of its last sweep, when that sweep may first differ) for
+        # live requests whose last sweep did nothing: record version, and per lane whether its
+        # pool is configured and what was observed under its order's name.
+        self._quiet: dict[str, tuple[_SweepInputs, datetime | None]] = {}
         # The requests not yet final, kept between passes (service.mirror).
         self._mirror = RequestMirror()
 
@@ -280,6 +291,7 @@ class _Cycle:
         self.timers = service._timers
         self.writes = 0
         self.grant_cache = service._grants
+        self.quiet = service._quiet
         self.mirror = service._mirror
         self.grants_lock = service._lock
 
@@ -301,8 +313,16 @@ class _Cycle:
                 lane: observed.pop(order_name(record.request_id, lane.attempt), None)
                 for lane in record.orders
             }
+            inputs = self._inputs(record, seen)
+            quiet = self.quiet.get(record.request_id)
+            if (
+                quiet is not None
+                and quiet[0] == inputs
+                and (quiet[1] is None or self.now < quiet[1])
+            ):
+                continue  # its last sweep did nothing, and nothing it reads has changed since
             with self._one_request(record.request_id):
-                self._sweep(record, seen)
+                self._sweep(record, seen, inputs)
         for name in sorted(observed):
             self._release_leak(observed[name])
         # 4. Snapshot and admission.
@@ -334,8 +354,26 @@ class _Cycle:
 
     # Step 3: the sweep ------------------------------------------------------------------
 
-    def _sweep(self, record: RequestRecord, seen: dict[Lane, Sighting | None]) -> None:
-        """Compute the record's step from the table (pure), then carry it out."""
+    def _inputs(self, record: RequestRecord, seen: dict[Lane, Sighting | None]) -> _SweepInputs:
+        """What the record's sweep reads besides the time: its record (by version) and, per
+        lane, whether its pool is configured and what was observed of its order."""
+        lanes = record.orders or (Lane(record.pool or "", record.attempt),)
+        return (
+            record.version,
+            tuple(
+                (
+                    lane.pool in self.pools,
+                    None if (sighting := seen.get(lane)) is None else sighting.observed,
+                )
+                for lane in lanes
+            ),
+        )
+
+    def _sweep(
+        self, record: RequestRecord, seen: dict[Lane, Sighting | None], inputs: _SweepInputs
+    ) -> None:
+        """Compute the record's step from the table (pure), then carry it out; remember a
+        step that does nothing, with the instant until which it stays so."""
         request = record.request
         lanes = record.orders or (Lane(record.pool or "", record.attempt),)
         views = []
@@ -369,6 +407,13 @@ class _Cycle:
             block_end=None if block_start is None else block_start + request.run_duration,
         )
         step = sweep(view, self.now, self.settings.sweep)
+        if step.writes or step.calls or step.short or step.double_wins:
+            self.quiet.pop(record.request_id, None)
+        else:
+            self.quiet[record.request_id] = (
+                inputs,
+                steady_until(view, self.now, self.settings.sweep),
+            )
         self._carry_out(record, step)
 
     def _carry_out(self, record: RequestRecord, step: Step) -> None:
@@ -462,6 +507,8 @@ class _Cycle:
         with self.grants_lock:  # drop what no live request needs any more
             for request_id in [i for i in self.grant_cache if i not in self.records]:
                 del self.grant_cache[request_id]
+            for request_id in [i for i in self.quiet if i not in self.records]:
+                del self.quiet[request_id]
         return Snapshot(
             pools=tuple(self.pools.values()),
             tenants=self.config.tenants,
