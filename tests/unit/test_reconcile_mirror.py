@@ -13,7 +13,7 @@ import pytest
 from opendws.adapters.memory import MemoryCapacityProvider, MemoryRequestStore
 from opendws.domain.model import Pool
 from opendws.domain.states import RequestState
-from opendws.domain.sweep import Step, SweepSettings, SweepView
+from opendws.domain.sweep import Step, SweepSettings, SweepView, sweep
 from opendws.ports import (
     Change,
     Changes,
@@ -191,7 +191,7 @@ class SweepSpy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.swept: list[str] = []
         self.views: dict[int, str] = {}
-        original = reconcile.sweep
+        original = sweep
 
         def counting(view: SweepView, now: datetime, settings: SweepSettings) -> Step:
             self.swept.append(self.current)
@@ -204,7 +204,7 @@ class SweepSpy:
             self.current = record.request_id
             original_sweep(cycle, record, *args)
 
-        monkeypatch.setattr(reconcile, "sweep", counting)
+        monkeypatch.setattr("opendws.service.reconcile.sweep", counting)
         monkeypatch.setattr(reconcile._Cycle, "_sweep", named)
 
 
