@@ -55,8 +55,11 @@ class MemoryRequestStore:
         self._outbox: set[str] = set()  # ids with unpublished events after their first
         self._lease: Fence | None = None
         self._again = False  # another pass was asked for while the lease was held
-        # The write log: the id of the n-th write at position n - 1 (a watermark is a length).
-        self._log: list[str] = []
+        # The write log, one entry per request: id → the number of its latest write, in the
+        # order of those writes (a write moves its id to the end). A watermark is the number
+        # of the last write it saw; the log stays as large as the store, however many writes.
+        self._log: dict[str, int] = {}
+        self._writes = 0
         self._shortages: dict[str, datetime] = {}
         self._usage: dict[str, UsageEntry] = {}
         self._lock = threading.Lock()
@@ -115,9 +118,14 @@ class MemoryRequestStore:
                 position = since.position
                 if not isinstance(position, int):
                     raise TypeError(f"not a watermark of this store: {since!r}")
-                ids = dict.fromkeys(self._log[position:])  # each once, in write order
+                newer: list[str] = []
+                for request_id in reversed(self._log):  # newest first, until what it saw
+                    if self._log[request_id] <= position:
+                        break
+                    newer.append(request_id)
+                ids = reversed(newer)  # each once, in write order
             found = [self._records[i] for i in ids]
-            return Changes(tuple(found), Watermark(len(self._log)))
+            return Changes(tuple(found), Watermark(self._writes))
 
     def unannounced(self) -> list[RequestRecord]:
         with self._lock:
@@ -132,7 +140,9 @@ class MemoryRequestStore:
             self._by_state[previous.state].discard(request_id)
         self._records[request_id] = record
         self._by_state[record.state].add(request_id)
-        self._log.append(request_id)
+        self._writes += 1
+        self._log.pop(request_id, None)
+        self._log[request_id] = self._writes
         if record.events > record.announced and record.version > 1:
             self._outbox.add(request_id)
         else:
