@@ -263,3 +263,20 @@ def test_a_quiet_booking_is_swept_again_when_its_start_comes(
     assert spy.swept.count("block") == 1
     assert world.state("block") is S.PROVISIONING
     assert world.record("block").reason == "BLOCK_STARTED"
+
+
+def test_a_pass_at_the_same_instant_plans_from_the_last_plan() -> None:
+    """The service keeps its planner between passes: a pass at the instant of the last one
+    plans incrementally (the domain's property tests show that this is the plan admit makes),
+    and its decisions are those of a fresh service's cold pass on the same store."""
+    world, _, store = world_with_backlog(30)
+    service = world.reconciler()
+    service.run_pass()
+    assert service._planner.last_pass.full
+    submit(store, flex("fits", vm_count=1, hours=1, locations=(FREE,)))
+    report = service.run_pass()  # the clock has not moved
+    assert not service._planner.last_pass.full
+    assert report.transitions == {(S.PENDING, S.PROVISIONING): 1}
+    held = {r.request_id: r.eta for r in store.in_states(S.PENDING)}
+    world.reconciler("cold").run_pass()  # plans from scratch: writes nothing new
+    assert {r.request_id: r.eta for r in store.in_states(S.PENDING)} == held

@@ -17,7 +17,9 @@ concurrent runs. One pass reads as the numbered cycle of the design:
    and bills, to its end. A request whose last sweep did nothing is swept again only once
    its record or what was observed of it changes, or its next deadline comes
    (``steady_until``): a quiet pass costs the lookups, not the table.
-4. Build an immutable snapshot and call the pure admission core.
+4. Build an immutable snapshot and call the pure admission core, through the service's
+   incremental planner: the same plan as ``admit``, made from the last one where the changes
+   allow (``opendws.domain.incremental``).
 5. Apply the plan: each transition in one short fenced write, then the provider call with the
    order's deterministic name (a repeat finds the resource already there), then its event. A
    calendar block the plan fits is first checked with Google's Advice API, then submitted.
@@ -46,11 +48,11 @@ from opendws.domain.admission import (
     Decision,
     Outcome,
     Race,
-    admit,
     calendar_alternatives,
     offered,
 )
 from opendws.domain.calendar import lead_of
+from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.states import RequestState
@@ -237,6 +239,10 @@ class ReconcileService:
         self._quiet: dict[str, tuple[_SweepInputs, datetime | None]] = {}
         # The requests not yet final, kept between passes (service.mirror).
         self._mirror = RequestMirror()
+        # The plan of the last pass, kept to plan the next one from (it gives exactly what
+        # admit would, see opendws.domain.incremental); one pass at a time uses it.
+        self._planner = IncrementalPlanner()
+        self._planner_lock = threading.Lock()
 
     def run_pass(self) -> PassReport:
         """One pass. Returns at once if another reconciler holds the lease.
@@ -292,6 +298,8 @@ class _Cycle:
         self.writes = 0
         self.grant_cache = service._grants
         self.quiet = service._quiet
+        self.planner = service._planner
+        self.planner_lock = service._planner_lock
         self.mirror = service._mirror
         self.grants_lock = service._lock
 
@@ -326,7 +334,9 @@ class _Cycle:
         for name in sorted(observed):
             self._release_leak(observed[name])
         # 4. Snapshot and admission.
-        plan = admit(self._snapshot(), self.now)
+        snapshot = self._snapshot()
+        with self.planner_lock:  # a pass whose lease expired may still be planning
+            plan = self.planner.plan(snapshot, self.now)
         # 5. Apply: starts first, so capacity is asked for as early as possible.
         order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
         for race in plan.races:
