@@ -35,7 +35,16 @@ sys.path.insert(0, str(ROOT))
 
 from opendws.domain.model import PolicySettings  # noqa: E402
 from opendws.replay.baselines import Policy  # noqa: E402
-from opendws.replay.metrics import PolicyReport, utilization_series, waits  # noqa: E402
+from opendws.replay.metrics import (  # noqa: E402
+    NAIVE_RATE_WINDOW,
+    EtaAccuracy,
+    PolicyReport,
+    eta_accuracy,
+    naive_accuracy,
+    naive_etas,
+    utilization_series,
+    waits,
+)
 from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs  # noqa: E402
 from opendws.replay.runner import Replayed, replay_many  # noqa: E402
 from opendws.replay.traces import PoolsFile, TraceJob  # noqa: E402
@@ -128,6 +137,90 @@ def judge(reports: dict[Policy, PolicyReport], results: dict[Policy, Replayed]) 
     return targets
 
 
+def etas(results: dict[Policy, Replayed]) -> dict[str, EtaAccuracy]:
+    """opendws's first ETAs against the naive estimate on the same jobs, printed."""
+    outcomes = results[Policy.OPENDWS].outcomes
+    figures = {"opendws": eta_accuracy(outcomes), "naive": naive_accuracy(outcomes)}
+    print(
+        f"\nETAs (contended): jobs told an ETA while waiting; error = actual start − first ETA; "
+        f"naive = queue place ÷ the pool's admissions in the {NAIVE_RATE_WINDOW} before"
+    )
+    print(
+        f"{'estimate':10} {'jobs':>7} {'started':>8} {'kept':>7} {'median error':>14} "
+        f"{'p90 error':>12} {'moved later':>12}"
+    )
+    for name, accuracy in figures.items():
+        moved = f"{accuracy.moved_later:12,}" if name == "opendws" else f"{'—':>12}"
+        print(
+            f"{name:10} {accuracy.jobs:7,} {accuracy.started:8,} {accuracy.kept_share:7.1%} "
+            f"{accuracy.median_error_s:12,.0f} s {accuracy.p90_error_s:10,.0f} s {moved}"
+        )
+    if figures["opendws"].moved_later_by_reason:
+        reasons = ", ".join(
+            f"{reason} {count:,}"
+            for reason, count in figures["opendws"].moved_later_by_reason.items()
+        )
+        print(f"  moved later, by the reason the event gave: {reasons}")
+    return figures
+
+
+def _eta_figures(figures: dict[str, EtaAccuracy]) -> dict[str, Any]:
+    ours, naive = figures["opendws"], figures["naive"]
+    return {
+        "opendws": {
+            "kept_share": ours.kept_share, "median_error_s": ours.median_error_s,
+            "p90_error_s": ours.p90_error_s, "moved_later": ours.moved_later,
+            "jobs": ours.jobs, "started": ours.started,
+            "moved_later_by_reason": ours.moved_later_by_reason,
+        },
+        "naive": {
+            "median_error_s": naive.median_error_s, "p90_error_s": naive.p90_error_s,
+            "kept_share": naive.kept_share, "jobs": naive.jobs, "started": naive.started,
+        },
+    }  # fmt: skip
+
+
+def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Path:
+    """CDF of actual start − first ETA: opendws's first ETA and the naive estimate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    outcomes = results[Policy.OPENDWS].outcomes
+    naive = naive_etas(outcomes)
+    series = {
+        "opendws (first ETA)": [
+            (o.started_at - o.etas[0].eta).total_seconds() / 3600
+            for o in outcomes
+            if o.etas and o.started_at is not None
+        ],
+        "naive (queue place ÷ admission rate)": [
+            (o.started_at - naive[o.job.job_id]).total_seconds() / 3600
+            for o in outcomes
+            if o.job.job_id in naive and o.started_at is not None
+        ],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for label, errors in series.items():
+        if errors:
+            ordered = np.sort(np.asarray(errors))
+            axes.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), label=label)
+    axes.axvline(0.0, color="grey", linewidth=0.8)
+    axes.set_xscale("symlog", linthresh=0.1)
+    axes.set_xlabel("actual start − estimate (hours, symmetric log; right of 0: later than told)")
+    axes.set_ylabel("fraction of jobs told an ETA")
+    axes.set_title(f"Philly Oct–Nov 2017, {tag}: ETA error")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    path = out / f"replay-{tag}-eta-error.png"
+    figure.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return path
+
+
 def plot(results: dict[Policy, Replayed], capacity: int, out: Path, tag: str) -> list[Path]:
     import matplotlib
 
@@ -208,6 +301,7 @@ def main() -> int:
     capacity = sum(pool.capacity for pool in contended.pools)
     show(f"contended: pools at {CONTENDED:.0%} of Helios capacity, {capacity:,} GPUs", reports)
     targets = judge(reports, results)
+    accuracy = etas(results)
     document: dict[str, Any] = {
         "policies": {policy.value: _figures(report) for policy, report in reports.items()},
         "wall_s": sum(report.wall_s for report in reports.values()),
@@ -215,8 +309,13 @@ def main() -> int:
         "jobs": len(jobs),
         "gpus": capacity,
         "targets": targets,
+        "eta": _eta_figures(accuracy),
     }
-    plots = plot(results, capacity, arguments.out, "quick" if arguments.quick else "contended")
+    tag = "quick" if arguments.quick else "contended"
+    plots = [
+        *plot(results, capacity, arguments.out, tag),
+        plot_eta_errors(results, arguments.out, tag),
+    ]
     if not arguments.quick:
         full_results, full_reports = regime(jobs, full, arguments.workers, settings)
         full_capacity = sum(pool.capacity for pool in full.pools)

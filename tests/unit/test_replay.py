@@ -8,7 +8,13 @@ from datetime import timedelta
 import pytest
 
 from opendws.replay.baselines import Policy, list_schedule
-from opendws.replay.metrics import summarize, utilization_series
+from opendws.replay.metrics import (
+    eta_accuracy,
+    naive_accuracy,
+    naive_etas,
+    summarize,
+    utilization_series,
+)
 from opendws.replay.runner import HeapTimerQueue, components, replay, replay_opendws
 from opendws.replay.traces import TRACE_EPOCH, PoolsFile, PoolSpec, TenantSpec, TraceJob
 
@@ -198,3 +204,38 @@ def test_metrics_count_a_timed_out_job_with_the_week_it_waited() -> None:
     assert report.utilization == pytest.approx(1.0)
     series = utilization_series(result.outcomes, 2, step=MINUTE)
     assert [round(fraction, 6) for _, fraction in series] == [1.0, 1.0, 1.0]
+
+
+def test_the_opendws_replay_records_every_eta_announced_and_measures_the_first() -> None:
+    """b is told 2 h (when a ends); c, smaller, arrives and is placed first, which pushes b's
+    ETA to 3 h (moved later, announced); c ends early, so b starts at 2 h 10 min: 10 minutes
+    after the first ETA it was told. c starts at the 2 h it was told."""
+    outcomes = {o.job.job_id: o for o in replay(QUEUE, pools(4), Policy.OPENDWS).outcomes}
+    assert outcomes["a"].etas == ()  # admitted at once: never told to wait
+    assert [(a.at - T0, a.eta - T0) for a in outcomes["b"].etas] == [
+        (MINUTE, 2 * HOUR), (2 * MINUTE, 3 * HOUR),
+    ]  # fmt: skip
+    assert [(a.at - T0, a.eta - T0) for a in outcomes["c"].etas] == [(2 * MINUTE, 2 * HOUR)]
+    accuracy = eta_accuracy(list(outcomes.values()))
+    assert (accuracy.jobs, accuracy.started, accuracy.kept_share) == (2, 2, 0.5)
+    assert accuracy.median_error_s == 300.0  # errors 0 s (c) and 600 s (b)
+    assert accuracy.moved_later == 1
+    assert accuracy.moved_later_by_reason == {"NO_CAPACITY_UNTIL": 1}
+
+
+def test_the_naive_estimate_is_queue_place_over_the_recent_admission_rate() -> None:
+    """When b is told its first ETA (at 1 min), it is alone in the queue and a was admitted
+    in the 6 hours before: 1 ÷ (1 per 6 h) = 6 h. When c is told (at 2 min), two wait: 12 h.
+    A job told nothing, or in a pool that admitted no one recently, gets no estimate."""
+    outcomes = replay(QUEUE, pools(4), Policy.OPENDWS).outcomes
+    estimates = {key: at - T0 for key, at in naive_etas(outcomes).items()}
+    assert estimates == {"b": MINUTE + 6 * HOUR, "c": 2 * MINUTE + 12 * HOUR}
+    assert naive_etas(outcomes, rate_window=timedelta(seconds=30)) == {}
+    naive = naive_accuracy(outcomes)
+    assert naive.jobs == 2
+    assert naive.median_error_s == pytest.approx(
+        (
+            (2 * HOUR + 10 * MINUTE - MINUTE - 6 * HOUR) + (2 * HOUR - 2 * MINUTE - 12 * HOUR)
+        ).total_seconds()
+        / 2
+    )

@@ -36,6 +36,16 @@ class Policy(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Announced:
+    """One ETA opendws announced for a waiting job: when, the start it promised, and the
+    reason the event gave."""
+
+    at: datetime
+    eta: datetime
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class JobOutcome:
     """What became of one job under one policy."""
 
@@ -43,6 +53,8 @@ class JobOutcome:
     started_at: datetime | None  # None: it never started
     pool: str | None
     timed_out: bool = False
+    # opendws: every ETA announced while it waited, in order (the baselines announce none).
+    etas: tuple[Announced, ...] = ()
 
     @property
     def finished_at(self) -> datetime | None:

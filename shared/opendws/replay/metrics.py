@@ -5,12 +5,22 @@
 - Job completion time: finish − submission, over the jobs that ran.
 - Utilization: busy GPU-seconds over the capacity's GPU-seconds, within the window in which jobs
   arrive (first to last submission), so that every policy is measured over the same span.
+- ETA accuracy (opendws): over the jobs that were announced an ETA while they waited, the share
+  that started no later than their first ETA, and actual start − first ETA (median, p90, over
+  those that started). An ETA that moves by less than the reconciler's ``eta_tolerance`` is not
+  announced again, so a start a few minutes after the last one announced counts as late.
+- The naive estimate, as the baseline: on the same jobs, at the moment opendws announced its
+  first ETA, the job's place in its pool's queue (every job of the pool waiting then, itself
+  included) divided by the pool's admission rate over the :data:`NAIVE_RATE_WINDOW` before —
+  what a queue without a planner can tell (queue depth ÷ drain rate). A pool that admitted no
+  one in the window gives no estimate.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -115,3 +125,115 @@ def utilization_series(
             busy[index] += (edge - position) * outcome.job.gpus
             position = edge
     return [(start + step * index, busy[index] / (capacity * width)) for index in range(bins)]
+
+
+# How far back the naive estimate looks for its pool's admission rate.
+NAIVE_RATE_WINDOW = timedelta(hours=6)
+
+
+@dataclass(frozen=True, slots=True)
+class EtaAccuracy:
+    """How well one way of telling a waiting job its start did (see the module docstring)."""
+
+    jobs: int  # jobs it gave an ETA
+    started: int  # of those, the jobs that started (the errors are over these)
+    kept_share: float  # started no later than the first ETA, over ``jobs``
+    median_error_s: float  # actual start − first ETA
+    p90_error_s: float
+    # ETA announcements later than the job's previous one, by the reason the event gave.
+    moved_later: int = 0
+    moved_later_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _accuracy(
+    firsts: Sequence[tuple[JobOutcome, datetime]], moves: Counter[str] | None = None
+) -> EtaAccuracy:
+    errors = np.array(
+        [
+            (outcome.started_at - eta).total_seconds()
+            for outcome, eta in firsts
+            if outcome.started_at is not None
+        ],
+        dtype=float,
+    )
+    kept = sum(
+        outcome.started_at is not None and outcome.started_at <= eta for outcome, eta in firsts
+    )
+    moves = moves or Counter()
+    return EtaAccuracy(
+        jobs=len(firsts),
+        started=len(errors),
+        kept_share=kept / len(firsts) if firsts else 1.0,
+        median_error_s=float(np.median(errors)) if len(errors) else 0.0,
+        p90_error_s=float(np.percentile(errors, 90)) if len(errors) else 0.0,
+        moved_later=sum(moves.values()),
+        moved_later_by_reason=dict(sorted(moves.items())),
+    )
+
+
+def eta_accuracy(outcomes: Sequence[JobOutcome]) -> EtaAccuracy:
+    """opendws's ETAs: the first one each waiting job was told, against its start; and how
+    many announcements moved a job's ETA later than the one before."""
+    firsts = [(outcome, outcome.etas[0].eta) for outcome in outcomes if outcome.etas]
+    moves: Counter[str] = Counter(
+        str(later.reason or "unknown")
+        for outcome in outcomes
+        for earlier, later in zip(outcome.etas, outcome.etas[1:], strict=False)
+        if later.eta > earlier.eta
+    )
+    return _accuracy(firsts, moves)
+
+
+def naive_etas(
+    outcomes: Sequence[JobOutcome], rate_window: timedelta = NAIVE_RATE_WINDOW
+) -> dict[str, datetime]:
+    """The naive estimate for each job opendws announced an ETA to, made when it announced
+    its first (see the module docstring); job id → estimated start."""
+    # A queue per set of pools the jobs may use (a Philly job: its virtual cluster's one).
+    by_pool: dict[tuple[str, ...], list[JobOutcome]] = {}
+    for outcome in outcomes:
+        by_pool.setdefault(outcome.job.pools, []).append(outcome)
+    estimates: dict[str, datetime] = {}
+    width = rate_window.total_seconds()
+    for members in by_pool.values():
+        submitted = np.sort([o.job.submitted_at.timestamp() for o in members])
+        started = np.sort([o.started_at.timestamp() for o in members if o.started_at])
+        gave_up = np.sort(
+            [(o.job.submitted_at + MAX_WAIT).timestamp() for o in members if o.timed_out]
+        )
+        for outcome in members:
+            if not outcome.etas:
+                continue
+            told = outcome.etas[0].at
+            at = told.timestamp()
+            # Submitted by then, less started by then, less given up by then: waiting.
+            waiting = int(
+                np.searchsorted(submitted, at, side="right")
+                - np.searchsorted(started, at, side="right")
+                - np.searchsorted(gave_up, at, side="right")
+            )
+            recent = int(
+                np.searchsorted(started, at, side="right")
+                - np.searchsorted(started, at - width, side="right")
+            )
+            if recent:
+                estimates[outcome.job.job_id] = told + timedelta(
+                    seconds=max(waiting, 1) * width / recent
+                )
+    return estimates
+
+
+def naive_accuracy(
+    outcomes: Sequence[JobOutcome], rate_window: timedelta = NAIVE_RATE_WINDOW
+) -> EtaAccuracy:
+    """The naive estimate's accuracy on the jobs it could estimate of those opendws told."""
+    estimates = naive_etas(outcomes, rate_window)
+    firsts = [
+        (outcome, estimates[outcome.job.job_id])
+        for outcome in outcomes
+        if outcome.job.job_id in estimates
+    ]
+    return _accuracy(firsts)

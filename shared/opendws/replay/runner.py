@@ -46,7 +46,7 @@ from opendws.domain.model import (
 )
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, Providers, StatusEvent, Timer, accepted
-from opendws.replay.baselines import JobOutcome, Policy, list_schedule
+from opendws.replay.baselines import Announced, JobOutcome, Policy, list_schedule
 from opendws.replay.metrics import PolicyReport, summarize
 from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
 from opendws.service.reconcile import ReconcileService
@@ -227,6 +227,7 @@ def _replay_component(
     by_id = {job.job_id: job for job in ordered}
     started: dict[str, tuple[datetime, str]] = {}
     timed_out: set[str] = set()
+    etas: dict[str, list[Announced]] = {}  # job id → the ETAs announced while it waited
     finishes: list[tuple[datetime, str]] = []  # (real end, job id)
     cursor = 0  # events of the bus already read
     arrivals = iter(ordered)
@@ -261,6 +262,10 @@ def _replay_component(
             while report.ran and report.in_flight and not report.stale:
                 report = reconciler.run_pass()  # the cloud is ready at once: see them through
         for event in bus.published[cursor:]:
+            if event.state is S.PENDING and event.eta is not None:
+                etas.setdefault(event.request_id, []).append(
+                    Announced(at=event.at, eta=event.eta, reason=event.reason)
+                )
             live -= _account(event, now, by_id, started, timed_out, finishes)
         cursor = len(bus.published)
 
@@ -270,6 +275,7 @@ def _replay_component(
             started_at=started[job.job_id][0] if job.job_id in started else None,
             pool=started[job.job_id][1] if job.job_id in started else None,
             timed_out=job.job_id in timed_out,
+            etas=tuple(etas.get(job.job_id, ())),
         )
         for job in ordered
     }
