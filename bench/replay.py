@@ -274,6 +274,11 @@ def main() -> int:
         "--aging-half-life", type=float, default=None, metavar="HOURS",
         help="opendws's aging half-life in hours (default: the admission order's own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--commit-within", type=float, default=None, metavar="HOURS",
+        help="opendws keeps announced ETAs less than this far ahead as commitments "
+        "(default: none, every pass plans every pending request again)",
+    )  # fmt: skip
     arguments = parser.parse_args()
 
     philly = arguments.traces / "philly.csv"
@@ -293,9 +298,15 @@ def main() -> int:
         f"left out: {dict(converted.skipped)}; workers: {arguments.workers}"
     )
     settings = None
+    knobs: dict[str, Any] = {}
     if arguments.aging_half_life is not None:
-        settings = PolicySettings(aging_half_life=timedelta(hours=arguments.aging_half_life))
+        knobs["aging_half_life"] = timedelta(hours=arguments.aging_half_life)
         print(f"opendws aging half-life: {arguments.aging_half_life:g} h")
+    if arguments.commit_within is not None:
+        knobs["commit_within"] = timedelta(hours=arguments.commit_within)
+        print(f"opendws commitments: announced ETAs less than {arguments.commit_within:g} h ahead")
+    if knobs:
+        settings = PolicySettings(**knobs)
     started = time.perf_counter()
     results, reports = regime(jobs, contended, arguments.workers, settings)
     capacity = sum(pool.capacity for pool in contended.pools)

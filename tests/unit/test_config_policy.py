@@ -1,6 +1,9 @@
-"""The configuration's policy section: racing knobs are read, written back and checked."""
+"""The configuration's policy section: racing and commitment knobs are read, written back and
+checked."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 
@@ -25,3 +28,27 @@ def test_racing_knobs_round_trip_and_default_to_two_lanes_raced_once_short() -> 
 def test_a_race_width_out_of_range_is_refused_naming_the_field(width: object) -> None:
     with pytest.raises(ScenarioError, match="race_width"):
         configuration_from_document({"policy": {"race_width": width}}, source="config.yaml")
+
+
+def test_commitments_are_off_by_default_and_round_trip_when_set() -> None:
+    assert PolicySettings().commit_within is None
+    assert (
+        "commit_within"
+        not in configuration_to_document(configuration_from_document({}, source="config.yaml"))[
+            "policy"
+        ]
+    )
+    configuration = configuration_from_document(
+        {"policy": {"commit_within": "6h"}}, source="config.yaml"
+    )
+    assert configuration.policy.commit_within == timedelta(hours=6)
+    again = configuration_from_document(
+        configuration_to_document(configuration), source="config.yaml"
+    )
+    assert again.policy == configuration.policy
+
+
+@pytest.mark.parametrize("value", ["0s", "-1h", "soon"])
+def test_a_commitment_horizon_that_is_not_a_positive_duration_is_refused(value: str) -> None:
+    with pytest.raises(ScenarioError, match="commit_within"):
+        configuration_from_document({"policy": {"commit_within": value}}, source="config.yaml")

@@ -48,6 +48,7 @@ from opendws.domain.quotas import Limit, LimitKey, QuotaBook
 from opendws.domain.reasons import Expiry
 from opendws.domain.timeline import (
     MICROSECOND,
+    MINUTE,
     MinuteGrid,
     StepProfile,
     ceil_cells,
@@ -495,8 +496,16 @@ class _Pass:
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         entries: list[_Entry] = []
+        kept = self._hold_commitments(grid, queue, binding, limit_row, short)
         for rank, (key, candidate, length, last) in enumerate(queue, start=1):
             request = candidate.request
+            promise = kept.get(request.request_id)
+            if promise is not None:  # held where it was promised; it may move earlier below
+                cell, row, needs, reason = promise
+                if candidate.strict:
+                    fifo_floor[request.tenant] = cell
+                placed.append((row, cell, rank, candidate, reason))
+                continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = _place(
                 grid, candidate, length, last, floor, binding, limit_row, short
@@ -515,10 +524,96 @@ class _Pass:
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
+        if kept:
+            placed = self._move_earlier(grid, placed, kept, binding, limit_row, short)
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
         if self.keep:
             self.flex = _FlexState(entries, grid, limits, limit_row, binding, lowest, short, cells)
+
+    def _hold_commitments(
+        self,
+        grid: MinuteGrid,
+        queue: Sequence[tuple[FlexKey, _Candidate, int, int]],
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]]:
+        """Commitments (``policy.commit_within``): in policy order, each pending flex request
+        whose announced ETA lies within the horizon takes its slot in its pool first, where it
+        still fits — at the minute of its ETA, or the next when the grid's minutes fall
+        between (under a minute's rounding). One that no longer fits (a stockout, a pool or a
+        quota shrunk, a run that started late) is planned again like any other. Returns
+        request id → (cell, pool row, needs, hold reason)."""
+        horizon = self.snapshot.policy.commit_within
+        if horizon is None or not self.snapshot.commitments:
+            return {}
+        promised = {c.request_id: c for c in self.snapshot.commitments}
+        kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]] = {}
+        for _, candidate, length, last in queue:
+            request = candidate.request
+            commitment = promised.get(request.request_id)
+            if commitment is None or commitment.start_at - self.now >= horizon:
+                continue
+            row = self.pool_row.get(commitment.pool_id)
+            if row is None or row not in candidate.pools:
+                continue
+            offset = commitment.start_at - self.now
+            first = max(0, floor_cells(offset))
+            cells = [first] if offset <= timedelta(0) or offset % MINUTE == timedelta(0) else [
+                first, first + 1]  # fmt: skip
+            amount = request.gang.accelerator_units
+            quota = tuple(
+                (limit_row[limit.key], amount)
+                for limit in candidate.limits
+                if binding[limit_row[limit.key]]
+            )
+            needs = ((row, request.gang.units), *quota) if binding[row] else quota
+            for cell in cells:
+                if cell > last or cell < short[row]:
+                    continue
+                if all(grid.fits(need, units, cell, length) for need, units in needs):
+                    reason = (
+                        _hold_reason(grid, row, request.gang.units, cell, 0, short[row], length)
+                        if cell > 0
+                        else None
+                    )
+                    grid.take(needs, cell, length)
+                    kept[request.request_id] = (cell, row, needs, reason)
+                    break
+        return kept
+
+    @staticmethod
+    def _move_earlier(
+        grid: MinuteGrid,
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]],
+        kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
+        """Each committed request, in policy order, moves to an earlier start where what the
+        plan left free allows (its own slot given back first, so it never moves later)."""
+        grid.forget()  # slots given back raise free amounts: what searches proved may not hold
+        moved = []
+        for row, cell, rank, candidate, reason in sorted(placed, key=lambda entry: entry[2]):
+            promise = kept.get(candidate.request.request_id)
+            # A strict-FIFO tenant's requests keep their order among themselves: they stay.
+            if promise is None or cell == 0 or candidate.strict:
+                moved.append((row, cell, rank, candidate, reason))
+                continue
+            length = ceil_cells(candidate.request.run_duration)
+            needs = promise[2]
+            grid.give(needs, cell, length)
+            grid.forget()
+            best, best_row, best_needs, best_reason = _place(
+                grid, candidate, length, cell, 0, binding, limit_row, short
+            )
+            if best is None or best >= cell:
+                best, best_row, best_needs, best_reason = cell, row, needs, reason
+            grid.take(best_needs, best, length)
+            moved.append((best_row, best, rank, candidate, best_reason))
+        return moved
 
     def _race(
         self,

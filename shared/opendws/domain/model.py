@@ -409,8 +409,16 @@ class PolicySettings:
     # When Google lets a submitted calendar block be cancelled (domain.calendar): the newest
     # Compute page's windows by default; NEVER as older Compute pages and the TPU page say.
     calendar_cancellation: CancellationRule = CancellationRule.WINDOWS
+    # Held slots as commitments: a pending flex request whose announced ETA lies less than
+    # this far ahead keeps it (see Snapshot.commitments) — a later pass may move it earlier,
+    # never later, unless it no longer fits — and newcomers backfill only into what no
+    # commitment needs. None (the default): every pass plans every pending request again in
+    # policy order, so a newcomer placed first can push a held slot later.
+    commit_within: timedelta | None = None
 
     def __post_init__(self) -> None:
+        if self.commit_within is not None and self.commit_within <= timedelta(0):
+            raise InvalidModel("commit_within", "must be positive")
         if self.aging_half_life <= timedelta(0):
             raise InvalidModel("aging_half_life", "must be positive")
         if isinstance(self.race_width, bool) or not 1 <= self.race_width <= MAX_RACE_WIDTH:
@@ -424,6 +432,16 @@ class Racer:
 
     request: CapacityRequest
     pools: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Commitment:
+    """The start an earlier pass announced to a pending flex request, in its pool (used when
+    :attr:`PolicySettings.commit_within` is set)."""
+
+    request_id: str
+    pool_id: str
+    start_at: datetime
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -443,6 +461,8 @@ class Snapshot:
     # Admitted flex requests whose every order waits in a pool Google reported short: they
     # may be offered to more of their pools (their current orders are among ``grants``).
     racing: tuple[Racer, ...] = ()
+    # ETAs announced to pending flex requests (see PolicySettings.commit_within).
+    commitments: tuple[Commitment, ...] = ()
 
     def __post_init__(self) -> None:
         _require_unique("pools", [pool.pool_id for pool in self.pools])

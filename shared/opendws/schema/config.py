@@ -34,6 +34,8 @@ class PolicySpec(Spec):
     race_eagerly: StrictBool | None = None  # None: the domain's default (race once a pool is short)
     # None: the domain's default (Google's newest cancellation rule for calendar blocks).
     calendar_cancellation: CancellationRule | None = None
+    # Announced ETAs less than this far ahead are commitments; None: the domain's default (none).
+    commit_within: Duration | None = None
 
 
 class PoolSpec(Spec):
@@ -147,6 +149,8 @@ def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
         given["race_eagerly"] = spec.race_eagerly
     if spec.calendar_cancellation is not None:
         given["calendar_cancellation"] = spec.calendar_cancellation
+    if spec.commit_within is not None:
+        given["commit_within"] = spec.commit_within
     try:
         return PolicySettings(**given)
     except InvalidModel as error:

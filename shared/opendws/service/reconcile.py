@@ -48,12 +48,13 @@ from opendws.domain.admission import (
     Decision,
     Outcome,
     Race,
+    Reason,
     calendar_alternatives,
     offered,
 )
 from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
+from opendws.domain.model import Commitment, Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (
@@ -146,6 +147,11 @@ class ReconcileSettings:
             give_up_after=self.give_up_after,
         )  # fmt: skip
 
+
+# The reasons of a held slot: a pending request with one of these was told its ETA and pool.
+_HELD = frozenset(
+    {Reason.NO_CAPACITY_UNTIL, Reason.QUOTA, Reason.POOL_SHORT_UNTIL, Reason.FIFO_BLOCKED}
+)
 
 # What one live request's sweep reads besides the time (see _Cycle._inputs).
 _SweepInputs = tuple[int, tuple[tuple[bool, Observed | None], ...]]
@@ -500,6 +506,8 @@ class _Cycle:
         """What admission reads; ``without`` leaves one request out (to plan around it)."""
         grants: list[Grant] = []
         pending = []
+        commitments = []
+        committing = self.config.policy.commit_within is not None
         for record in self.records.values():
             if record.request_id == without:
                 continue
@@ -507,6 +515,13 @@ class _Cycle:
                 grants.append(self._grant_of(record))  # held while Google reviews it
             elif record.state is S.PENDING:
                 pending.append(record.request)
+                if committing and record.reason in _HELD and record.eta and record.pool:
+                    # The ETA it was told is the promise (PolicySettings.commit_within).
+                    commitments.append(
+                        Commitment(
+                            request_id=record.request_id, pool_id=record.pool, start_at=record.eta
+                        )
+                    )
             elif record.state is S.PROVISIONING and len(record.lanes) > 1:
                 # Racing: every lane holds its own grant until one wins (see PolicySettings).
                 grants.extend(
@@ -526,6 +541,7 @@ class _Cycle:
             pending=tuple(pending),
             policy=self.config.policy,
             racing=tuple(self._racers()),
+            commitments=tuple(commitments),
         )
 
     def _racers(self) -> Iterator[Racer]:

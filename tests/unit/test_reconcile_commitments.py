@@ -1,0 +1,42 @@
+"""Commitments through the reconciler: the ETA a held request was told (its record's eta and
+pool) is what the next passes keep, when the policy's ``commit_within`` is set."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from opendws.domain.model import PolicySettings
+from opendws.domain.states import RequestState
+from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, ZONE, flex, pool
+from tests.world import memory_world, submit, tenants_for
+
+S = RequestState
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_a_told_eta_holds_against_a_smaller_newcomer_only_when_committed(committed: bool) -> None:
+    policy = PolicySettings(commit_within=14 * DAY) if committed else None
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), policy=policy)
+    cloud.set_stock(ZONE, A3, 4)
+    service = world.reconciler()
+    submit(world.store, flex("blocker", vm_count=4, hours=2))
+    service.run_pass()
+    world.clock.advance(MINUTE)
+    submit(world.store, flex("big", vm_count=4, hours=1, submitted_at=world.clock.now()))
+    service.run_pass()
+    told = world.record("big").eta
+    assert told is not None
+    assert told > NOW + HOUR
+    world.clock.advance(MINUTE)
+    submit(world.store, flex("small", vm_count=1, run=10 * MINUTE, submitted_at=world.clock.now()))
+    service.run_pass()
+    now_told = world.record("big").eta
+    assert now_told is not None
+    if committed:
+        assert now_told == told  # kept: small waits behind big's slot
+        assert world.record("small").eta == told + HOUR
+    else:
+        assert now_told - told == timedelta(minutes=10)  # pushed back by small
+    assert world.state("big") is S.PENDING
