@@ -94,3 +94,21 @@ def test_a_commitment_between_grid_minutes_is_kept_within_the_minute() -> None:
     blocker = grant("blocker", units=4, end_at=NOW + 2 * HOUR + timedelta(seconds=30))
     snap = snapshot(grants=[blocker], pending=[BIG], policy=STICKY)
     assert starts(replace(snap, commitments=(told,))) == {"big": 2 * HOUR + MINUTE}
+
+
+def test_held_slots_lie_on_whole_minutes_of_the_clock_whatever_the_instant_of_the_pass() -> None:
+    """The grid's cells are the clock's minutes, so a pass 30 s into a minute holds slots on
+    the same boundaries as any other pass: a start now runs from now (and reserves through
+    the minute its run ends in); a later start is at a whole minute."""
+    now = NOW + timedelta(seconds=30)
+    first = flex("first", vm_count=1, hours=1, submitted_at=NOW)
+    second = flex("second", vm_count=1, hours=1, submitted_at=NOW + MINUTE)
+    plan = admit(snapshot(pools=[pool(capacity=1)], pending=[first, second]), now)
+    assert (plan.decision("first").outcome, plan.decision("first").start_at) == (
+        Outcome.ADMIT, now,
+    )  # fmt: skip
+    # first runs to NOW + 1 h 30 s: second starts at the next whole minute.
+    assert plan.decision("second").start_at == NOW + HOUR + MINUTE
+    ended = grant("blocker", units=1, end_at=NOW + HOUR)
+    plan = admit(snapshot(pools=[pool(capacity=1)], grants=[ended], pending=[second]), now)
+    assert plan.decision("second").start_at == NOW + HOUR  # not now + 1 h: a whole minute

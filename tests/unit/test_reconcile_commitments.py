@@ -40,3 +40,16 @@ def test_a_told_eta_holds_against_a_smaller_newcomer_only_when_committed(committ
     else:
         assert now_told - told == timedelta(minutes=10)  # pushed back by small
     assert world.state("big") is S.PENDING
+
+
+def test_a_pass_reports_the_plans_earliest_held_start() -> None:
+    """So that whoever schedules passes (the replay; a timer) can run one exactly when a held
+    slot comes, even where the ETA announced is later (a move under eta_tolerance)."""
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100))
+    cloud.set_stock(ZONE, A3, 4)
+    service = world.reconciler()
+    submit(world.store, flex("blocker", vm_count=4, hours=2))
+    assert service.run_pass().next_start is None  # admitted: nothing held
+    submit(world.store, flex("big", vm_count=4, hours=1))
+    report = service.run_pass()
+    assert report.next_start == world.record("big").eta == NOW + 2 * HOUR

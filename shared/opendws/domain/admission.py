@@ -222,6 +222,7 @@ class _Entry:
     __slots__ = (
         "best",
         "candidate",
+        "first",
         "floor",
         "key",
         "last",
@@ -236,6 +237,7 @@ class _Entry:
         key: FlexKey,
         candidate: _Candidate,
         length: int,
+        first: int,
         last: int,
         floor: int,
         best: int | None,
@@ -245,13 +247,19 @@ class _Entry:
     ) -> None:
         self.key = key
         self.candidate = candidate
-        self.length = length  # run, in cells
+        self.length = length  # run, in cells, from a whole minute
+        self.first = first  # run, in cells, from now (cell 0): at most one more
         self.last = last  # latest start cell (its deadline)
         self.floor = floor  # the strict-FIFO floor its search started from
         self.best = best  # start cell, None if no slot opens in its window
         self.row = row  # pool row it is placed in (-1 if none)
         self.needs = needs  # what it took in the grid from ``best`` for ``length`` cells
         self.reason = reason  # why it is held (None if admitted or waiting)
+
+    @property
+    def span(self) -> int:
+        """Cells its placement takes: from now, or from a whole minute."""
+        return self.first if self.best == 0 else self.length
 
 
 @dataclass(kw_only=False, slots=True)
@@ -276,6 +284,10 @@ class _Pass:
     def __init__(self, snapshot: Snapshot, now: datetime, *, keep: bool = False) -> None:
         self.snapshot = snapshot
         self.now = now
+        # The flex grid's cells are the clock's whole minutes (UTC), the same in every pass:
+        # cell 0 is the minute ``now`` falls in, and a start there is now; a later start is at
+        # a whole minute. A slot one pass holds lies on the cell boundaries of the next.
+        self.origin = now.replace(second=0, microsecond=0)
         self.keep = keep
         self.flex: _FlexState | None = None
         self.calendar: list[_Candidate] = []  # kept (``keep``) to decide them again
@@ -307,6 +319,21 @@ class _Pass:
         decisions = tuple(self.decisions[key] for key in sorted(self.decisions))
         races = tuple(Race(request_id=key, pools=self.races[key]) for key in sorted(self.races))
         return Plan(now=self.now, decisions=decisions, races=races)
+
+    def first_cells(self, run: timedelta) -> int:
+        """Cells a run takes from now (inside cell 0): it may reach one further than from a
+        whole minute."""
+        return ceil_cells(self.now - self.origin + run)
+
+    def last_cell(self, request: CapacityRequest) -> int:
+        """The latest cell a flex request may start in: its deadline's minute (a deadline lies
+        at most max_wait after now, even for a request stamped in the future, which bounds
+        the grid to 14 days)."""
+        return floor_cells(min(request.submitted_at, self.now) + _max_wait(request) - self.origin)
+
+    def start_of(self, cell: int) -> datetime:
+        """The instant a start in ``cell`` means: now in cell 0, else the cell's minute."""
+        return self.now if cell == 0 else self.origin + cell * MINUTE
 
     def _racers(self) -> list[tuple[_Candidate, tuple[int, ...]]]:
         """The racing requests that may take more lanes: each with the rows it waits in."""
@@ -475,29 +502,28 @@ class _Pass:
                 flex_key(c.request, strict=c.strict, now=now, half_life=half_life),
                 c,
                 ceil_cells(c.request.run_duration),
-                # A deadline lies at most max_wait after now (a request stamped in the future
-                # gets no longer window), which bounds the grid to 14 days.
-                floor_cells(min(c.request.submitted_at, now) + _max_wait(c.request) - now),
+                self.first_cells(c.request.run_duration),
+                self.last_cell(c.request),
             )
             for c in flex
         )
         cells = 1 + max(
             (
-                *(length + last for _, _, length, last in queue),
-                *(ceil_cells(racer.request.run_duration) for racer, _ in racers),
+                *(first + last for _, _, _, first, last in queue),
+                *(self.first_cells(racer.request.run_duration) for racer, _ in racers),
             )
         )
-        grid = MinuteGrid(now, cells, limits, self._commitments(limit_row))
+        grid = MinuteGrid(self.origin, cells, limits, self._commitments(limit_row))
         lowest = [grid.lowest(row) for row in range(len(limits))] if self.keep else []
         binding = self._binding_rows(
             grid, limits, limit_row, [*flex, *(racer for racer, _ in racers)]
         )
-        short = [_short_cell(pool, now) for pool in self.pools]
+        short = [_short_cell(pool, now, self.origin) for pool in self.pools]
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         entries: list[_Entry] = []
         kept = self._hold_commitments(grid, queue, binding, limit_row, short)
-        for rank, (key, candidate, length, last) in enumerate(queue, start=1):
+        for rank, (key, candidate, length, first, last) in enumerate(queue, start=1):
             request = candidate.request
             promise = kept.get(request.request_id)
             if promise is not None:  # held where it was promised; it may move earlier below
@@ -508,11 +534,13 @@ class _Pass:
                 continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = _place(
-                grid, candidate, length, last, floor, binding, limit_row, short
+                grid, candidate, length, first, last, floor, binding, limit_row, short
             )
             if self.keep:
                 entries.append(
-                    _Entry(key, candidate, length, last, floor, best, best_row, needs, reason)
+                    _Entry(
+                        key, candidate, length, first, last, floor, best, best_row, needs, reason
+                    )
                 )
             if best is None:
                 if candidate.strict:
@@ -520,7 +548,7 @@ class _Pass:
                     fifo_floor[request.tenant] = max(floor, last)
                 self.decisions[request.request_id] = _waiting(request, rank)
                 continue
-            grid.take(needs, best, length)
+            grid.take(needs, best, first if best == 0 else length)
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
@@ -534,7 +562,7 @@ class _Pass:
     def _hold_commitments(
         self,
         grid: MinuteGrid,
-        queue: Sequence[tuple[FlexKey, _Candidate, int, int]],
+        queue: Sequence[tuple[FlexKey, _Candidate, int, int, int]],
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
@@ -550,7 +578,7 @@ class _Pass:
             return {}
         promised = {c.request_id: c for c in self.snapshot.commitments}
         kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]] = {}
-        for _, candidate, length, last in queue:
+        for _, candidate, length, first_length, last in queue:
             request = candidate.request
             commitment = promised.get(request.request_id)
             if commitment is None or commitment.start_at - self.now >= horizon:
@@ -558,9 +586,11 @@ class _Pass:
             row = self.pool_row.get(commitment.pool_id)
             if row is None or row not in candidate.pools:
                 continue
-            offset = commitment.start_at - self.now
+            # A start told by an earlier pass lies on a whole minute, one of this pass's cell
+            # boundaries; one that has come is now (cell 0).
+            offset = commitment.start_at - self.origin
             first = max(0, floor_cells(offset))
-            cells = [first] if offset <= timedelta(0) or offset % MINUTE == timedelta(0) else [
+            cells = [first] if first == 0 or offset % MINUTE == timedelta(0) else [
                 first, first + 1]  # fmt: skip
             amount = request.gang.accelerator_units
             quota = tuple(
@@ -570,21 +600,31 @@ class _Pass:
             )
             needs = ((row, request.gang.units), *quota) if binding[row] else quota
             for cell in cells:
+                span = first_length if cell == 0 else length
                 if cell > last or cell < short[row]:
                     continue
-                if all(grid.fits(need, units, cell, length) for need, units in needs):
+                if all(grid.fits(need, units, cell, span) for need, units in needs):
                     reason = (
-                        _hold_reason(grid, row, request.gang.units, cell, 0, short[row], length)
+                        _hold_reason(
+                            grid,
+                            row,
+                            request.gang.units,
+                            cell,
+                            0,
+                            short[row],
+                            length,
+                            first_length,
+                        )
                         if cell > 0
                         else None
                     )
-                    grid.take(needs, cell, length)
+                    grid.take(needs, cell, span)
                     kept[request.request_id] = (cell, row, needs, reason)
                     break
         return kept
 
-    @staticmethod
     def _move_earlier(
+        self,
         grid: MinuteGrid,
         placed: list[tuple[int, int, int, _Candidate, Reason | None]],
         kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
@@ -603,15 +643,16 @@ class _Pass:
                 moved.append((row, cell, rank, candidate, reason))
                 continue
             length = ceil_cells(candidate.request.run_duration)
+            first = self.first_cells(candidate.request.run_duration)
             needs = promise[2]
             grid.give(needs, cell, length)
             grid.forget()
             best, best_row, best_needs, best_reason = _place(
-                grid, candidate, length, cell, 0, binding, limit_row, short
+                grid, candidate, length, first, cell, 0, binding, limit_row, short
             )
             if best is None or best >= cell:
                 best, best_row, best_needs, best_reason = cell, row, needs, reason
-            grid.take(best_needs, best, length)
+            grid.take(best_needs, best, first if best == 0 else length)
             moved.append((best_row, best, rank, candidate, best_reason))
         return moved
 
@@ -649,8 +690,8 @@ class _Pass:
                     lanes[candidate.request.request_id] = extra
         return lanes
 
-    @staticmethod
     def _lanes(
+        self,
         grid: MinuteGrid,
         candidate: _Candidate,
         taken: tuple[int, ...],
@@ -662,7 +703,7 @@ class _Pass:
         """Up to ``width - len(taken)`` more pool rows for ``candidate``, most preferred
         first, each committed in the grid (the gang in the pool, its amount in every quota)."""
         request = candidate.request
-        length = ceil_cells(request.run_duration)
+        length = self.first_cells(request.run_duration)  # a lane starts now
         quota = tuple(
             (limit_row[limit.key], request.gang.accelerator_units)
             for limit in candidate.limits
@@ -715,7 +756,7 @@ class _Pass:
         previous_row = -1
         for row, start, rank, candidate, reason in placed:
             request = candidate.request
-            start_at = grid.at(start)
+            start_at = self.start_of(start)
             if start > 0:
                 position = position + 1 if row == previous_row else 1
                 previous_row = row
@@ -918,6 +959,7 @@ def _place(
     grid: MinuteGrid,
     candidate: _Candidate,
     length: int,
+    first: int,
     last: int,
     floor: int,
     binding: Sequence[bool],
@@ -925,7 +967,8 @@ def _place(
     short: Sequence[int],
 ) -> tuple[int | None, int, tuple[tuple[int, int], ...], Reason | None]:
     """One flex request's earliest placement on ``grid`` as it stands: start cell (None if no
-    slot opens in its window), pool row, the needs it would take and why it is held."""
+    slot opens in its window), pool row, the needs it would take and why it is held. A start
+    in cell 0 (now) takes ``first`` cells, a later one (at a whole minute) ``length``."""
     request = candidate.request
     units = request.gang.units
     amount = request.gang.accelerator_units
@@ -934,18 +977,21 @@ def _place(
         for row in (limit_row[limit.key] for limit in candidate.limits)
         if binding[row]
     )
-    best, best_row, needs = _earliest_placement(
-        grid,
-        [
-            (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
-            for row in candidate.pools
-        ],
-        last,
-        length,
-    )
+    options = [
+        (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
+        for row in candidate.pools
+    ]
+    if first != length:
+        # Now lies inside cell 0, so a run from now may reach one cell further than from a
+        # whole minute: cell 0 is probed with its own length, the search starts at cell 1.
+        for lowest, row, needs in options:
+            if lowest == 0 and all(grid.fits(r, a, 0, first) for r, a in needs):
+                return 0, row, needs, None
+        options = [(max(lowest, 1), row, needs) for lowest, row, needs in options]
+    best, best_row, needs = _earliest_placement(grid, options, last, length)
     reason = None
     if best is not None and best > 0:
-        reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length)
+        reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length, first)
     return best, best_row, needs, reason
 
 
@@ -1012,7 +1058,14 @@ def _earliest_placement(
 
 
 def _hold_reason(
-    grid: MinuteGrid, row: int, units: int, start: int, floor: int, short: int, length: int
+    grid: MinuteGrid,
+    row: int,
+    units: int,
+    start: int,
+    floor: int,
+    short: int,
+    length: int,
+    first: int,
 ) -> Reason:
     """What keeps a held request from starting before ``start`` in pool row ``row``: its own
     tenant's strict FIFO (``floor``), the pool's stockout cool-down (``short``), the pool's
@@ -1024,7 +1077,7 @@ def _hold_reason(
         return Reason.POOL_SHORT_UNTIL
     # What earlier searches proved usually settles it; only otherwise is the window compared.
     pool_bound = grid.bounds(((row, units),), lowest, length)[0]
-    if pool_bound > lowest or not grid.fits(row, units, lowest, length):
+    if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
 
@@ -1038,8 +1091,9 @@ def _max_wait(request: CapacityRequest) -> timedelta:
     return request.max_wait
 
 
-def _short_cell(pool: Pool, now: datetime) -> int:
-    """First grid cell at which something new may start in ``pool`` (after a stockout)."""
+def _short_cell(pool: Pool, now: datetime, origin: datetime) -> int:
+    """First grid cell (from ``origin``) at which something new may start in ``pool`` (after
+    a stockout)."""
     if pool.short_until is None or pool.short_until <= now:
         return 0
-    return ceil_cells(pool.short_until - now)
+    return ceil_cells(pool.short_until - origin)

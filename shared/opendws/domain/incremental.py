@@ -216,9 +216,9 @@ class IncrementalPlanner:
             if any(limit.key not in flex.limit_row for limit in candidate.limits):
                 return "an arrival counts against a quota row the grid lacks"
             length = ceil_cells(request.run_duration)
-            assert request.max_wait is not None  # a flex request always has one
-            last = floor_cells(min(request.submitted_at, now) + request.max_wait - now)
-            if 1 + length + last > flex.cells:
+            first = state.first_cells(request.run_duration)
+            last = state.last_cell(request)
+            if 1 + first + last > flex.cells:
                 return "an arrival needs a longer grid"
             order = flex_key(
                 request,
@@ -226,7 +226,7 @@ class IncrementalPlanner:
                 now=now,
                 half_life=snapshot.policy.aging_half_life,
             )
-            arrivals.append(_Entry(order, candidate, length, last, 0, None, -1, (), None))
+            arrivals.append(_Entry(order, candidate, length, first, last, 0, None, -1, (), None))
         if flex is not None:
             for entry in arrivals:
                 self._count(snapshot, flex, entry.candidate, 1)
@@ -304,7 +304,7 @@ class IncrementalPlanner:
                 and grant.request_id in gone_set
                 and grant.request_id not in absorbed
                 and entry.best is not None
-                and span == (entry.best, entry.length)
+                and span == (entry.best, entry.span)
                 and state.pool_row.get(grant.pool_id) == entry.row
                 and sorted(c for c in contributions if flex.binding[c[0]]) == sorted(entry.needs)
             ):
@@ -362,7 +362,7 @@ class IncrementalPlanner:
                 holder = suffix[index]
                 assert holder.best is not None
                 grid.give(
-                    [need for need in holder.needs if need[0] == row], holder.best, holder.length
+                    [need for need in holder.needs if need[0] == row], holder.best, holder.span
                 )
 
         for row in dirty:
@@ -378,7 +378,7 @@ class IncrementalPlanner:
                 for row, _ in entry.needs:
                     if row not in rolled:
                         roll(row, 0)
-                grid.give(entry.needs, entry.best, entry.length)
+                grid.give(entry.needs, entry.best, entry.span)
                 self._by_pool[entry.row].discard(entry)
             dirty.update(row for row, _ in entry.needs)
         # Each strict-FIFO tenant's floor after its last request before ``start``: walk back
@@ -411,6 +411,7 @@ class IncrementalPlanner:
                     grid,
                     candidate,
                     entry.length,
+                    entry.first,
                     entry.last,
                     floor,
                     flex.binding,
@@ -435,11 +436,11 @@ class IncrementalPlanner:
                 entry.floor, entry.best, entry.row = floor, best, row
                 entry.needs, entry.reason = needs, reason
                 if best is not None:
-                    grid.take(needs, best, entry.length)
+                    grid.take(needs, best, entry.span)
             elif entry.best is not None and rolled:
                 again = [need for need in entry.needs if need[0] in rolled]
                 if again:
-                    grid.take(again, entry.best, entry.length)
+                    grid.take(again, entry.best, entry.span)
             if candidate.strict:
                 floors[tenant] = _floor_after(entry)
         entries[start:] = suffix
@@ -504,7 +505,7 @@ class IncrementalPlanner:
         if entry.best is None:
             state.decisions[request.request_id] = _waiting(request, rank)
             return
-        start_at = flex.grid.at(entry.best)
+        start_at = state.start_of(entry.best)
         state.decisions[request.request_id] = Decision(
             request_id=request.request_id,
             outcome=Outcome.HOLD if entry.best else Outcome.ADMIT,

@@ -12,7 +12,8 @@ duration is ended by its release timer, and one still waiting after max_wait is 
 the admission core.
 
 Passes run when something happens: a job arrives or ends, a timer is due, or a held start time
-(a pending request's ETA) comes. Pools that no job and no tenant quota connect are replayed
+comes (the last plan's earliest, :attr:`PassReport.next_start`, or a pending request's
+announced ETA). Pools that no job and no tenant quota connect are replayed
 apart: nothing one of them does can change another.
 """
 
@@ -233,6 +234,7 @@ def _replay_component(
     arrivals = iter(ordered)
     upcoming: TraceJob | None = next(arrivals, None)
     live = 0  # requests not yet in a final state
+    next_start: datetime | None = None  # the last pass's earliest held start
 
     while upcoming is not None or live:
         candidates = [
@@ -241,6 +243,7 @@ def _replay_component(
                 upcoming.submitted_at if upcoming is not None else None,
                 finishes[0][0] if finishes else None,
                 timers.next_due(),
+                next_start if next_start is not None and next_start > clock.now() else None,
                 _next_held_start(store, clock.now()),
             )
             if moment is not None
@@ -261,6 +264,7 @@ def _replay_component(
             report = reconciler.run_pass()
             while report.ran and report.in_flight and not report.stale:
                 report = reconciler.run_pass()  # the cloud is ready at once: see them through
+            next_start = report.next_start
         for event in bus.published[cursor:]:
             if event.state is S.PENDING and event.eta is not None:
                 etas.setdefault(event.request_id, []).append(

@@ -188,6 +188,9 @@ class PassReport:
     published: int = 0
     # Another pass was asked for while this one held the lease: the caller runs one more.
     again: bool = False
+    # The plan's earliest held start: a pass then admits it on time (an ETA that moved by
+    # less than eta_tolerance is not announced, so the records' ETAs may say later).
+    next_start: datetime | None = None
 
     @property
     def ran(self) -> bool:
@@ -249,6 +252,10 @@ class ReconcileService:
         # admit would, see opendws.domain.incremental); one pass at a time uses it.
         self._planner = IncrementalPlanner()
         self._planner_lock = threading.Lock()
+        # request id → (pool, start) of the last plan's held slots: with commitments on, the
+        # slot a request holds, which may be earlier than the ETA it was told (a move under
+        # eta_tolerance is not announced). A cold instance starts from the announced ones.
+        self._held: dict[str, tuple[str, datetime]] = {}
 
     def run_pass(self) -> PassReport:
         """One pass. Returns at once if another reconciler holds the lease.
@@ -306,6 +313,7 @@ class _Cycle:
         self.quiet = service._quiet
         self.planner = service._planner
         self.planner_lock = service._planner_lock
+        self.service = service
         self.mirror = service._mirror
         self.grants_lock = service._lock
 
@@ -351,6 +359,15 @@ class _Cycle:
         for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
+        self.service._held = {
+            d.request_id: (d.pool_id, d.start_at)
+            for d in plan.decisions
+            if d.outcome is Outcome.HOLD and d.pool_id and d.start_at
+        }
+        self.report.next_start = min(
+            (d.start_at for d in plan.decisions if d.outcome is Outcome.HOLD and d.start_at),
+            default=None,
+        )
         self.report.in_flight = sum(
             r.state is S.PROVISIONING or submitted(r) for r in self.records.values()
         )
@@ -516,10 +533,16 @@ class _Cycle:
             elif record.state is S.PENDING:
                 pending.append(record.request)
                 if committing and record.reason in _HELD and record.eta and record.pool:
-                    # The ETA it was told is the promise (PolicySettings.commit_within).
+                    # The promise (PolicySettings.commit_within): the slot the last plan held,
+                    # no later than the ETA it was told; on a cold instance, that ETA.
+                    pool_id, start_at = self.service._held.get(
+                        record.request_id, (record.pool, record.eta)
+                    )
                     commitments.append(
                         Commitment(
-                            request_id=record.request_id, pool_id=record.pool, start_at=record.eta
+                            request_id=record.request_id,
+                            pool_id=pool_id,
+                            start_at=min(start_at, record.eta),
                         )
                     )
             elif record.state is S.PROVISIONING and len(record.lanes) > 1:
