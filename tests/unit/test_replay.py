@@ -221,6 +221,9 @@ def test_the_opendws_replay_records_every_eta_announced_and_measures_the_first()
     assert accuracy.median_error_s == 300.0  # errors 0 s (c) and 600 s (b)
     assert accuracy.moved_later == 1
     assert accuracy.moved_later_by_reason == {"NO_CAPACITY_UNTIL": 1}
+    # Within a horizon: only ETAs told less than that far ahead count (both were ~2 h ahead).
+    assert eta_accuracy(list(outcomes.values()), within=HOUR).jobs == 0
+    assert eta_accuracy(list(outcomes.values()), within=2 * HOUR) == accuracy
 
 
 def test_the_naive_estimate_is_queue_place_over_the_recent_admission_rate() -> None:

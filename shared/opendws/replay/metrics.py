@@ -174,10 +174,16 @@ def _accuracy(
     )
 
 
-def eta_accuracy(outcomes: Sequence[JobOutcome]) -> EtaAccuracy:
+def eta_accuracy(outcomes: Sequence[JobOutcome], within: timedelta | None = None) -> EtaAccuracy:
     """opendws's ETAs: the first one each waiting job was told, against its start; and how
-    many announcements moved a job's ETA later than the one before."""
-    firsts = [(outcome, outcome.etas[0].eta) for outcome in outcomes if outcome.etas]
+    many announcements moved a job's ETA later than the one before. With ``within``, the
+    first ETA each job was told that lay less than that far ahead when it was told (with
+    commitments over a horizon: the first promise), over the jobs told one."""
+    firsts = [
+        (outcome, told[0].eta)
+        for outcome in outcomes
+        if (told := [a for a in outcome.etas if within is None or a.eta - a.at < within])
+    ]
     moves: Counter[str] = Counter(
         str(later.reason or "unknown")
         for outcome in outcomes
