@@ -985,7 +985,14 @@ def _place(
         # Now lies inside cell 0, so a run from now may reach one cell further than from a
         # whole minute: cell 0 is probed with its own length, the search starts at cell 1.
         for lowest, row, needs in options:
-            if lowest == 0 and all(grid.fits(r, a, 0, first) for r, a in needs):
+            if (
+                lowest == 0
+                # Cheapest first: the first cell alone, then what earlier searches proved of
+                # the shorter run, then the whole run.
+                and all(grid.free(r, 0) >= a for r, a in needs)
+                and (not needs or grid.bounds(needs, 0, length)[1] == 0)
+                and all(grid.fits(r, a, 0, first) for r, a in needs)
+            ):
                 return 0, row, needs, None
         options = [(max(lowest, 1), row, needs) for lowest, row, needs in options]
     best, best_row, needs = _earliest_placement(grid, options, last, length)
@@ -1076,6 +1083,9 @@ def _hold_reason(
     if start == lowest and short > 0:
         return Reason.POOL_SHORT_UNTIL
     # What earlier searches proved usually settles it; only otherwise is the window compared.
+    # A run from now that is one cell longer was searched from cell 1: so is the pool.
+    if lowest == 0 and first != length and start > 1:
+        lowest = 1
     pool_bound = grid.bounds(((row, units),), lowest, length)[0]
     if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
