@@ -592,12 +592,7 @@ class _Pass:
             first = max(0, floor_cells(offset))
             cells = [first] if first == 0 or offset % MINUTE == timedelta(0) else [
                 first, first + 1]  # fmt: skip
-            amount = request.gang.accelerator_units
-            quota = tuple(
-                (limit_row[limit.key], amount)
-                for limit in candidate.limits
-                if binding[limit_row[limit.key]]
-            )
+            quota = _quota_needs(candidate, binding, limit_row)
             needs = ((row, request.gang.units), *quota) if binding[row] else quota
             for cell in cells:
                 span = first_length if cell == 0 else length
@@ -704,11 +699,7 @@ class _Pass:
         first, each committed in the grid (the gang in the pool, its amount in every quota)."""
         request = candidate.request
         length = self.first_cells(request.run_duration)  # a lane starts now
-        quota = tuple(
-            (limit_row[limit.key], request.gang.accelerator_units)
-            for limit in candidate.limits
-            if binding[limit_row[limit.key]]
-        )
+        quota = _quota_needs(candidate, binding, limit_row)
         extra: list[int] = []
         for other in candidate.pools:
             if len(taken) + len(extra) >= width:
@@ -955,6 +946,18 @@ def calendar_alternatives(
     return tuple(sorted(chosen.values(), key=lambda a: a.start_at))
 
 
+def _quota_needs(
+    candidate: _Candidate, binding: Sequence[bool], limit_row: dict[LimitKey, int]
+) -> tuple[tuple[int, int], ...]:
+    """What a candidate's gang takes of each quota row that can bind: ``(row, amount)``."""
+    amount = candidate.request.gang.accelerator_units
+    return tuple(
+        (row, amount)
+        for row in (limit_row[limit.key] for limit in candidate.limits)
+        if binding[row]
+    )
+
+
 def _place(
     grid: MinuteGrid,
     candidate: _Candidate,
@@ -971,12 +974,7 @@ def _place(
     in cell 0 (now) takes ``first`` cells, a later one (at a whole minute) ``length``."""
     request = candidate.request
     units = request.gang.units
-    amount = request.gang.accelerator_units
-    quota = tuple(
-        (row, amount)
-        for row in (limit_row[limit.key] for limit in candidate.limits)
-        if binding[row]
-    )
+    quota = _quota_needs(candidate, binding, limit_row)
     options = [
         (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
         for row in candidate.pools
