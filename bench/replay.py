@@ -211,20 +211,34 @@ def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Pat
             if o.job.job_id in naive and o.started_at is not None
         ],
     }
-    out.mkdir(parents=True, exist_ok=True)
     figure, axes = plt.subplots(figsize=(8, 5))
-    for label, errors in series.items():
-        if errors:
-            ordered = np.sort(np.asarray(errors))
-            axes.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), label=label)
     axes.axvline(0.0, color="grey", linewidth=0.8)
     axes.set_xscale("symlog", linthresh=0.1)
-    axes.set_xlabel("actual start − estimate (hours, symmetric log; right of 0: later than told)")
-    axes.set_ylabel("fraction of jobs told an ETA")
-    axes.set_title(f"Philly Oct–Nov 2017, {tag}: ETA error")
+    return _cdf(
+        figure, axes, {label: np.asarray(errors) for label, errors in series.items() if errors},
+        "actual start − estimate (hours, symmetric log; right of 0: later than told)",
+        "fraction of jobs told an ETA", f"Philly Oct–Nov 2017, {tag}: ETA error",
+        out / f"replay-{tag}-eta-error.png",
+    )  # fmt: skip
+
+
+def _cdf(
+    figure: Any, axes: Any, series: dict[str, Any], xlabel: str, ylabel: str, title: str,
+    path: Path,
+) -> Path:  # fmt: skip
+    """Draw each series' empirical CDF on ``axes`` and save ``figure`` to ``path``."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    for label, values in series.items():
+        ordered = np.sort(values)
+        axes.plot(ordered, np.arange(1, len(ordered) + 1) / len(ordered), label=label)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel(ylabel)
+    axes.set_title(title)
     axes.grid(True, which="both", alpha=0.3)
     axes.legend()
-    path = out / f"replay-{tag}-eta-error.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
     return path
@@ -237,20 +251,14 @@ def plot(results: dict[Policy, Replayed], capacity: int, out: Path, tag: str) ->
     import matplotlib.pyplot as plt
     import numpy as np
 
-    out.mkdir(parents=True, exist_ok=True)
     cdf, axes = plt.subplots(figsize=(8, 5))
-    for policy in ORDER:
-        delays = np.sort(np.maximum(waits(results[policy].outcomes), 1.0))
-        axes.plot(delays, np.arange(1, len(delays) + 1) / len(delays), label=policy.value)
     axes.set_xscale("log")
-    axes.set_xlabel("queueing delay (s, log; 0 shown as 1 s)")
-    axes.set_ylabel("fraction of jobs")
-    axes.set_title(f"Philly Oct–Nov 2017, {tag}: queueing delay CDF")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    cdf_path = out / f"replay-{tag}-wait-cdf.png"
-    cdf.savefig(cdf_path, dpi=110, bbox_inches="tight")
-    plt.close(cdf)
+    cdf_path = _cdf(
+        cdf, axes,
+        {p.value: np.maximum(waits(results[p].outcomes), 1.0) for p in ORDER},
+        "queueing delay (s, log; 0 shown as 1 s)", "fraction of jobs",
+        f"Philly Oct–Nov 2017, {tag}: queueing delay CDF", out / f"replay-{tag}-wait-cdf.png",
+    )  # fmt: skip
 
     usage, axes = plt.subplots(figsize=(10, 4))
     for policy in ORDER:
