@@ -359,15 +359,13 @@ class _Cycle:
         for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
-        self.service._held = {
+        slots = {
             d.request_id: (d.pool_id, d.start_at)
             for d in plan.decisions
             if d.outcome is Outcome.HOLD and d.pool_id and d.start_at
         }
-        self.report.next_start = min(
-            (d.start_at for d in plan.decisions if d.outcome is Outcome.HOLD and d.start_at),
-            default=None,
-        )
+        self.service._held = slots
+        self.report.next_start = min((start for _, start in slots.values()), default=None)
         self.report.in_flight = sum(
             r.state is S.PROVISIONING or submitted(r) for r in self.records.values()
         )
