@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 # Calls after which a crash is injected.
-STORE_WRITES = ("change", "mark_pool_short", "mark_announced")
+STORE_WRITES = ("change", "mark_pool_short", "record_ready", "mark_announced")
 PROVIDER_CALLS = ("provision", "reserve", "release")
 
 

@@ -392,7 +392,7 @@ class Container:
     @_Once
     def queries(self) -> QueryService:
         """Queue and timeline views."""
-        return QueryService(self.adapters.store)
+        return QueryService(self.adapters.store, self.adapters.store)
 
     @_Once
     def hooks(self) -> HookService:

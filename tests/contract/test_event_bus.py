@@ -99,6 +99,8 @@ def test_the_event_json_is_the_public_contract() -> None:
         "reason": "NO_CAPACITY_UNTIL",
         "message": "waiting for 16 × nvidia-h100-80gb",
         "eta": "2026-12-01T03:00:00+00:00",
+        "ready_eta": None,
+        "ready_eta_p90": None,
         "position": 3,
         "pool": "us-central1-a/a3-highgpu-8g",
     }

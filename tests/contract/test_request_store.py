@@ -14,6 +14,7 @@ from emulators import Emulators
 from opendws.adapters.memory import MemoryRequestStore
 from opendws.domain import IllegalTransition, RequestState
 from opendws.domain.model import CALENDAR_MAX_LEAD, CALENDAR_MAX_RUN
+from opendws.domain.readiness import KEPT_SAMPLES, ReadySample
 from opendws.ports import (
     Change,
     CreateOutcome,
@@ -379,6 +380,43 @@ def test_a_pool_cool_down_only_ever_grows(store: RequestStore) -> None:
     }
     store.mark_pool_short(pool_id, NOW + timedelta(minutes=20))
     assert store.pool_shortages()[pool_id] == NOW + timedelta(minutes=20)
+
+
+def test_ready_samples_are_kept_per_pool_once_per_request_and_beside_a_cool_down(
+    store: RequestStore,
+) -> None:
+    """A pool keeps its newest samples, one per request (a repeated pass records nothing
+    twice), and its cool-down and its samples live in one document without erasing each
+    other."""
+    pool_id = "us-central1-a/a3-highgpu-8g"
+    first = ReadySample(request_id="r1", at=NOW, took=timedelta(minutes=7, microseconds=5))
+    store.record_ready(pool_id, first)
+    store.mark_pool_short(pool_id, NOW + timedelta(minutes=10))
+    store.record_ready(pool_id, replace(first, took=timedelta(hours=1)))  # the same request
+    second = ReadySample(request_id="r2", at=NOW + timedelta(minutes=1), took=timedelta(0))
+    store.record_ready(pool_id, second)
+    assert store.ready_samples() == {pool_id: (first, second)}
+    assert store.pool_shortages() == {pool_id: NOW + timedelta(minutes=10)}
+    for index in range(KEPT_SAMPLES):
+        store.record_ready(
+            pool_id,
+            ReadySample(
+                request_id=f"n{index:03d}", at=NOW + timedelta(hours=1, seconds=index),
+                took=timedelta(seconds=index),
+            ),
+        )  # fmt: skip
+    kept = store.ready_samples()[pool_id]
+    assert len(kept) == KEPT_SAMPLES
+    assert [sample.request_id for sample in kept] == [f"n{i:03d}" for i in range(KEPT_SAMPLES)]
+
+
+def test_a_fenced_ready_sample_is_refused(store: RequestStore) -> None:
+    old = store.acquire_lease("old", NOW, timedelta(minutes=2))
+    assert old is not None
+    assert store.acquire_lease("new", NOW + timedelta(minutes=3), timedelta(minutes=2))
+    with pytest.raises(Fenced):
+        store.record_ready("p1", ReadySample(request_id="r", at=NOW, took=timedelta(0)), old)
+    assert store.ready_samples() == {}
 
 
 def test_changes_wait_in_the_outbox_until_their_events_are_announced(

@@ -239,8 +239,8 @@ COUNTS = {
     "release_timer": 8,
     "cancel_waiting": 10,
     "run_time_up": 6,
-    "failover": 7,
-    "double_win": 6,
+    "failover": 8,
+    "double_win": 7,
     "leak_sweep": 10,
 }
 

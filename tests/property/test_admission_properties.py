@@ -74,9 +74,16 @@ def cohort_totals(tenants: Iterable[Tenant]) -> dict[tuple[str, str], int]:
     return totals
 
 
-def violations(snapshot: Snapshot, holds: Iterable[Grant]) -> list[str]:
-    """Every pool, tenant or cohort limit exceeded at some instant by grants plus holds."""
-    everything = [*snapshot.grants, *holds]
+def violations(
+    snapshot: Snapshot, holds: Iterable[Grant], since: datetime | None = None
+) -> list[str]:
+    """Every pool, tenant or cohort limit exceeded at some instant (from ``since`` on, if
+    given: the past holds no capacity) by grants plus holds."""
+    everything = [
+        grant if since is None or grant.start_at >= since else replace(grant, start_at=since)
+        for grant in (*snapshot.grants, *holds)
+        if since is None or grant.end_at > since
+    ]
     problems = []
     per_pool: dict[str, list[Interval]] = defaultdict(list)
     per_tenant: dict[tuple[str, str], list[Interval]] = defaultdict(list)

@@ -27,7 +27,7 @@ def world_api() -> tuple[World, ApiService]:
     submit(world.store, flex("theirs", tenant="speech", vm_count=4, hours=3,
                              submitted_at=NOW + MINUTE))  # fmt: skip
     world.run()
-    api = ApiService(world.store, QueryService(world.store), UsageService(world.store),
+    api = ApiService(world.store, QueryService(world.store, world.store), UsageService(world.store),
                      world.ending, world.clock, KEYS)  # fmt: skip
     return world, api
 

@@ -23,7 +23,7 @@ def test_the_queue_and_the_timeline_show_what_the_pass_decided() -> None:
     world.run()
     world.clock.advance(timedelta(seconds=20))
     world.run()
-    queries = QueryService(world.store)
+    queries = QueryService(world.store, world.store)
     # The block waits for Google's approval in the queue, then it is booked.
     assert [e.reason for e in queries.queue(NOW) if e.request_id == "block"] == [
         "AWAITING_APPROVAL"

@@ -28,6 +28,7 @@ from google.cloud.firestore_v1.base_query import FieldFilter
 
 from opendws.config import configuration_from_document, configuration_to_document
 from opendws.domain.model import Mode
+from opendws.domain.readiness import ReadySample, samples_after
 from opendws.domain.states import RequestState
 from opendws.ports import (
     NOT_FINAL,
@@ -278,7 +279,8 @@ class FirestoreRequestStore:
             current = (snapshot.to_dict() or {}).get("short_until") if snapshot.exists else None
             cooldown = cooldown_after(current, until)
             if cooldown is not None:
-                transaction.set(document, {"pool_id": pool_id, "short_until": cooldown})
+                # Merged: the pool's other fields (its ready samples) stay as they are.
+                transaction.set(document, {"pool_id": pool_id, "short_until": cooldown}, merge=True)
 
         with _contention(f"{pool_id}'s status was changed by another writer meanwhile"):
             mark(self._client.transaction())
@@ -290,6 +292,34 @@ class FirestoreRequestStore:
             if data.get("short_until") is not None:
                 shortages[data["pool_id"]] = data["short_until"]
         return shortages
+
+    def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
+        document = self._pool_status.document(quote(pool_id, safe=""))
+
+        @firestore.transactional
+        def record(transaction: firestore.Transaction) -> None:
+            self._check_fence(transaction, fence)
+            snapshot = self._reads.one(document.get(transaction=transaction))
+            data = (snapshot.to_dict() or {}) if snapshot.exists else {}
+            kept = samples_after(_samples(data), sample)
+            if kept is not None:
+                ready = [
+                    {"request_id": k.request_id, "at": k.at, "took_us": _micros(k.took)}
+                    for k in kept
+                ]
+                transaction.set(document, {"pool_id": pool_id, "ready": ready}, merge=True)
+
+        with _contention(f"{pool_id}'s status was changed by another writer meanwhile"):
+            record(self._client.transaction())
+
+    def ready_samples(self) -> dict[str, tuple[ReadySample, ...]]:
+        samples: dict[str, tuple[ReadySample, ...]] = {}
+        for snapshot in self._reads.each(self._pool_status.stream()):
+            data = snapshot.to_dict() or {}
+            kept = _samples(data)
+            if kept:
+                samples[data["pool_id"]] = kept
+        return samples
 
     def _check_fence(self, transaction: firestore.Transaction, fence: Fence | None) -> None:
         """Refuse the transaction's write once the lease has changed hands. Reading the lease
@@ -458,3 +488,19 @@ def _event_fields(event: StatusEvent, seq: int) -> dict[str, Any]:
 def _event(data: dict[str, Any]) -> StatusEvent:
     stored = {"seq", EVENT_EXPIRY_FIELD}
     return StatusEvent.from_json({key: value for key, value in data.items() if key not in stored})
+
+
+def _samples(data: dict[str, Any]) -> tuple[ReadySample, ...]:
+    """A pool status document's ready samples, as stored by ``record_ready``."""
+    return tuple(
+        ReadySample(
+            request_id=item["request_id"],
+            at=item["at"],
+            took=timedelta(microseconds=int(item["took_us"])),
+        )
+        for item in data.get("ready") or ()
+    )
+
+
+def _micros(span: timedelta) -> int:
+    return (span.days * 86_400 + span.seconds) * 1_000_000 + span.microseconds

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 from opendws.domain.calendar import CancellationRule, cancel_deadline, may_cancel
 from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
+from opendws.domain.readiness import ReadySample, samples_after
 from opendws.domain.states import RequestState
 from opendws.ports import (
     NOT_FINAL,
@@ -61,6 +62,7 @@ class MemoryRequestStore:
         self._log: dict[str, int] = {}
         self._writes = 0
         self._shortages: dict[str, datetime] = {}
+        self._ready: dict[str, tuple[ReadySample, ...]] = {}
         self._usage: dict[str, UsageEntry] = {}
         self._lock = threading.Lock()
 
@@ -181,6 +183,17 @@ class MemoryRequestStore:
     def pool_shortages(self) -> dict[str, datetime]:
         with self._lock:
             return dict(self._shortages)
+
+    def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
+        with self._lock:
+            check_fence(fence, self._lease)
+            kept = samples_after(self._ready.get(pool_id, ()), sample)
+            if kept is not None:
+                self._ready[pool_id] = kept
+
+    def ready_samples(self) -> dict[str, tuple[ReadySample, ...]]:
+        with self._lock:
+            return dict(self._ready)
 
 
 class MemoryConfigStore:

@@ -114,14 +114,18 @@ def status(request_id: str, as_json: bool) -> None:
     if record is None:
         raise UsageFailure(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
     events = store.events(request_id)
+    ready, ready_p90 = container().queries.ready_etas(record, datetime.now(UTC))
     if as_json:
         click.echo(json.dumps({"request_id": request_id, "state": record.state.value,
+                               "eta": iso_seconds(record.eta), "ready_eta": iso_seconds(ready),
+                               "ready_eta_p90": iso_seconds(ready_p90),
                                "events": [e.to_json() for e in events]}, indent=2))  # fmt: skip
         return
     console.print(
         f"[bold]{request_id}[/bold] ({record.tenant}): [bold]{record.state}[/bold]"
         + (f" in {record.pool}" if record.pool else "")
-        + (f", ETA {record.eta.isoformat()}" if record.eta else "")
+        + (f", ETA {iso_seconds(record.eta)}" if record.eta else "")
+        + (f", running by {iso_seconds(ready)} (p90 {iso_seconds(ready_p90)})" if ready else "")
         + (f", position {record.position}" if record.position else "")
     )
     table = Table("at", "state", "reason", "message")
@@ -201,13 +205,19 @@ def queue(tenant: str | None, as_json: bool) -> None:
     entries = container().queries.queue(datetime.now(UTC), tenant=tenant)
     if as_json:
         click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
+                                "ready_eta": iso_seconds(e.ready_eta),
+                                "ready_eta_p90": iso_seconds(e.ready_eta_p90),
                                 "waited_s": e.waited.total_seconds()} for e in entries],
                               default=str, indent=2))  # fmt: skip
         return
-    table = Table("request", "tenant", "units", "pool", "position", "ETA", "reason", "waited")
+    table = Table("request", "tenant", "units", "pool", "position", "ETA", "running by (p90)",
+                  "reason", "waited")  # fmt: skip
     for e in entries:
+        ready = "" if e.ready_eta is None else (
+            f"{iso_seconds(e.ready_eta)} ({iso_seconds(e.ready_eta_p90)})"
+        )  # fmt: skip
         table.add_row(e.request_id, e.tenant, f"{e.units} × {e.accelerator}", e.pool or "",
-                      str(e.position or ""), iso_seconds(e.eta) or "", e.reason or "",
+                      str(e.position or ""), iso_seconds(e.eta) or "", ready, e.reason or "",
                       format_duration(e.waited))  # fmt: skip
     console.print(table)
 

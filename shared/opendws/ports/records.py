@@ -135,6 +135,10 @@ class StatusEvent:
     reason: str | None = None  # machine-readable: a domain Reason or an intake rule
     message: str = ""  # one line a person can act on
     eta: datetime | None = None
+    # When its capacity is expected to run: eta + its pool's recent admission → ACTIVE
+    # median (and 90th percentile); None until the pool has a history (domain.readiness).
+    ready_eta: datetime | None = None
+    ready_eta_p90: datetime | None = None
     position: int | None = None
     pool: str | None = None
 
@@ -150,6 +154,8 @@ class StatusEvent:
             "reason": self.reason,
             "message": self.message,
             "eta": None if self.eta is None else _iso(self.eta),
+            "ready_eta": None if self.ready_eta is None else _iso(self.ready_eta),
+            "ready_eta_p90": None if self.ready_eta_p90 is None else _iso(self.ready_eta_p90),
             "position": self.position,
             "pool": self.pool,
         }
@@ -158,7 +164,6 @@ class StatusEvent:
     def from_json(cls, data: dict[str, Any]) -> StatusEvent:
         """Read back what :meth:`to_json` wrote."""
         previous = data.get("previous_state")
-        eta = data.get("eta")
         return cls(
             request_id=data["request_id"],
             tenant=data["tenant"],
@@ -167,7 +172,9 @@ class StatusEvent:
             at=datetime.fromisoformat(data["at"]),
             reason=data.get("reason"),
             message=data.get("message", ""),
-            eta=None if eta is None else datetime.fromisoformat(eta),
+            eta=_instant(data.get("eta")),
+            ready_eta=_instant(data.get("ready_eta")),
+            ready_eta_p90=_instant(data.get("ready_eta_p90")),
             position=data.get("position"),
             pool=data.get("pool"),
         )
@@ -428,3 +435,7 @@ def content_digest(request: CapacityRequest) -> str:
 
 def _iso(at: datetime) -> str:
     return at.isoformat()
+
+
+def _instant(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text)

@@ -7,7 +7,8 @@ lease it checks, must land in one atomic write; but no service sees more than it
 - :class:`Requests` — requests and their event records (intake, queries, the API);
 - :class:`Outbox` — which events are published yet (whoever announces);
 - :class:`ReconcilerLease` — the one reconciler's lease and its fence;
-- :class:`PoolStatus` — pools that stocked out, and until when;
+- :class:`PoolStatus` — pools that stocked out, and until when; how long Google took lately
+  to serve an admitted request in each;
 - :class:`UsageLedger` — what finished requests used.
 
 The rules of each write live once, as pure functions beside the records
@@ -19,6 +20,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from opendws.domain.readiness import ReadySample
 from opendws.domain.states import RequestState
 from opendws.ports.records import (
     Change,
@@ -119,6 +121,17 @@ class PoolStatus(Protocol):
 
     def pool_shortages(self) -> dict[str, datetime]:
         """Every recorded cool-down, by pool id (past ones included; callers compare)."""
+        ...
+
+    def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
+        """Record that an order admitted in ``pool_id`` became ACTIVE after ``sample.took``.
+        The pool keeps what :func:`~opendws.domain.readiness.samples_after` says (its newest
+        samples, one per request: a repeat is a no-op). Raises Fenced as
+        :meth:`Requests.change` does."""
+        ...
+
+    def ready_samples(self) -> dict[str, tuple[ReadySample, ...]]:
+        """Every pool's kept samples, oldest first, by pool id (pools without any absent)."""
         ...
 
 

@@ -1,10 +1,11 @@
 """The HTTP API behind the ``api`` function and the dashboard, as plain routing over the
 services: method + path + headers → status + JSON.
 
-    GET  /requests/{id}            a request: state, pool, ETA, position, reason, its events
+    GET  /requests/{id}            a request: state, pool, ETA, ready ETA, position, reason,
+                                   its events
     POST /requests/{id}/cancel     cancel it (its tenant, or an admin)
     POST /requests/{id}/release    release it (its tenant, or an admin)
-    GET  /queue                    pending requests with positions, ETAs, reasons
+    GET  /queue                    pending requests with positions, ETAs, ready ETAs, reasons
     GET  /timeline                 per pool: runs, blocks and planned starts
     GET  /usage                    accelerator-hours granted and used, cost, outcomes
     GET  /                         the dashboard page (it calls the routes above)
@@ -94,9 +95,11 @@ class ApiService:
         if record is None or not (caller.admin or record.tenant == caller.tenant):
             # Another tenant's request is answered as absent: ids of others are not revealed.
             return Response(404, {"error": f"no request {request_id!r}"})
+        ready, ready_p90 = self._queries.ready_etas(record, self._clock.now())
         return Response(200, {
             "request_id": request_id, "tenant": record.tenant, "state": record.state.value,
-            "pool": record.pool, "eta": _iso(record.eta), "position": record.position,
+            "pool": record.pool, "eta": _iso(record.eta), "ready_eta": _iso(ready),
+            "ready_eta_p90": _iso(ready_p90), "position": record.position,
             "reason": record.reason, "message": record.message,
             "events": [event.to_json() for event in self._store.events(request_id)],
         })  # fmt: skip
@@ -120,7 +123,8 @@ class ApiService:
         tenant = None if caller.admin else caller.tenant
         entries = self._queries.queue(self._clock.now(), tenant=tenant)
         return Response(200, [
-            {**asdict(entry), "eta": _iso(entry.eta), "waited": entry.waited.total_seconds()}
+            {**asdict(entry), "eta": _iso(entry.eta), "ready_eta": _iso(entry.ready_eta),
+             "ready_eta_p90": _iso(entry.ready_eta_p90), "waited": entry.waited.total_seconds()}
             for entry in entries
         ])  # fmt: skip
 

@@ -1,4 +1,5 @@
-"""What users look at: the queue (pending requests with their positions, ETAs and reasons) and
+"""What users look at: the queue (pending requests with their positions, ETAs, ready ETAs and
+reasons) and
 the timeline of each pool (what holds it when: running grants, provisioning ones, booked
 blocks, and the planned starts of pending requests). Read from the stored records, as the last
 reconcile pass left them; the CLI and the API show these."""
@@ -8,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from opendws.domain.model import Mode
+from opendws.domain.readiness import Readiness, readiness, ready_etas
 from opendws.domain.states import RequestState
-from opendws.ports import RequestRecord, Requests, hold_end
+from opendws.ports import PoolStatus, RequestRecord, Requests, hold_end
 
 S = RequestState
 
@@ -25,7 +28,11 @@ class QueueEntry:
     accelerator: str
     pool: str | None  # where a slot is held for it (None: no slot yet)
     position: int | None  # place in line for that pool
-    eta: datetime | None  # the held slot's start: an upper bound as things stand
+    eta: datetime | None  # the held slot's start: when opendws admits it, as things stand
+    # When its capacity is expected to run: eta + the pool's recent admission → ACTIVE median
+    # and 90th percentile (a calendar block: its start); None while the pool has no history.
+    ready_eta: datetime | None
+    ready_eta_p90: datetime | None
     reason: str | None  # why it is not running yet
     waited: timedelta  # since it was submitted
 
@@ -45,13 +52,25 @@ class Span:
 class QueryService:
     """Queue and timeline views over the request store."""
 
-    def __init__(self, store: Requests) -> None:
+    def __init__(self, store: Requests, pools: PoolStatus) -> None:
         self._store = store
+        self._pools = pools
+
+    def readiness(self, now: datetime) -> dict[str, Readiness | None]:
+        """Per pool with a history: what Google took lately from admission to ACTIVE."""
+        return {pool: readiness(kept, now) for pool, kept in self._pools.ready_samples().items()}
+
+    def ready_etas(
+        self, record: RequestRecord, now: datetime
+    ) -> tuple[datetime | None, datetime | None]:
+        """``(ready_eta, ready_eta_p90)`` of one pending request (see :class:`QueueEntry`)."""
+        return _ready(record, self.readiness(now))
 
     def queue(self, now: datetime, *, tenant: str | None = None) -> list[QueueEntry]:
         """Pending requests, by pool then position (those without a slot last), then age."""
+        known = self.readiness(now)
         entries = [
-            _entry(record, now)
+            _entry(record, now, known)
             for record in self._store.in_states(S.PENDING)
             if tenant is None or record.tenant == tenant
         ]
@@ -83,8 +102,19 @@ class QueryService:
         }
 
 
-def _entry(record: RequestRecord, now: datetime) -> QueueEntry:
+def _ready(
+    record: RequestRecord, known: dict[str, Readiness | None]
+) -> tuple[datetime | None, datetime | None]:
+    if record.state is not S.PENDING or record.pool is None or record.eta is None:
+        return None, None
+    if record.request.mode is Mode.CALENDAR:  # its capacity is reserved from its start
+        return record.eta, record.eta
+    return ready_etas(record.eta, known.get(record.pool))
+
+
+def _entry(record: RequestRecord, now: datetime, known: dict[str, Readiness | None]) -> QueueEntry:
     request = record.request
+    ready, ready_p90 = _ready(record, known)
     return QueueEntry(
         request_id=request.request_id,
         tenant=request.tenant,
@@ -94,6 +124,8 @@ def _entry(record: RequestRecord, now: datetime) -> QueueEntry:
         pool=record.pool,
         position=record.position,
         eta=record.eta,
+        ready_eta=ready,
+        ready_eta_p90=ready_p90,
         reason=record.reason,
         waited=max(now - request.submitted_at, timedelta(0)),
     )

@@ -56,6 +56,7 @@ from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Commitment, Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
+from opendws.domain.readiness import Readiness, ReadySample, readiness, ready_etas
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (
     Call,
@@ -306,6 +307,7 @@ class _Cycle:
             for pool in self.config.pools
         }
         self.records: dict[str, RequestRecord] = {}
+        self.readiness: dict[str, Readiness | None] | None = None  # by pool; read when needed
         self.clock = service._clock
         self.timers = service._timers
         self.writes = 0
@@ -465,11 +467,12 @@ class _Cycle:
             message = step.message or record.message
             if step.reason is SweepReason.DECLINED:
                 message += offered(self._alternatives(record, refused_in=record.pool))
-            self._write(
+            changed = self._write(
                 record, state, step.reason or "", message,
                 pool=primary if step.lanes else KEEP, lanes=step.lanes,
                 attempt=record.attempt if submitted(record) else None,
             )  # fmt: skip
+            self._learn_ready(record, changed)
         for call, lane in step.calls:
             pool = self.pools.get(lane.pool)
             if pool is None:
@@ -483,6 +486,34 @@ class _Cycle:
                     self._call(call, order, provider.reserve)
                 case Call.PROVISION:
                     self._call(call, order, provider.provision)
+
+    def _learn_ready(self, before: RequestRecord, after: RequestRecord) -> None:
+        """A flex-start order Google served: one sample of its pool's admission → ACTIVE
+        time (what ``ready_eta`` is learned from). Written after the record, so a crash
+        between them loses one sample, never a state; a collision with another writer loses
+        it too, rather than the rest of the pass."""
+        served = before.state is S.PROVISIONING and after.state is S.ACTIVE
+        if not served or before.request.mode is not Mode.FLEX_START or after.pool is None:
+            return
+        admitted = before.since or before.updated_at
+        sample = ReadySample(
+            request_id=after.request_id, at=self.now, took=max(self.now - admitted, timedelta(0))
+        )
+        try:
+            self.store.record_ready(after.pool, sample, self.fence)
+        except Fenced:
+            raise
+        except StaleWrite as error:
+            log.warning("ready sample of %s not recorded: %s", after.request_id, error)
+        self.readiness = None  # read again when next needed
+
+    def _ready_of(self, pool_id: str) -> Readiness | None:
+        """What Google took lately to serve an admitted request in ``pool_id``; read once per
+        pass, and only by a pass that announces an ETA."""
+        if self.readiness is None:
+            samples = self.store.ready_samples()
+            self.readiness = {pool: readiness(kept, self.now) for pool, kept in samples.items()}
+        return self.readiness.get(pool_id)
 
     def _release_leak(self, sighting: Sighting) -> None:
         leak = sighting.observed
@@ -768,6 +799,12 @@ class _Cycle:
             keep_pool = None if state is S.PENDING else current.pool
         else:
             keep_pool = pool
+        ready, ready_p90 = None, None
+        if state is S.PENDING and keep_pool is not None and eta is not None:
+            if current.request.mode is Mode.FLEX_START:
+                ready, ready_p90 = ready_etas(eta, self._ready_of(keep_pool))
+            else:  # a calendar block's capacity is reserved for it from its start
+                ready, ready_p90 = eta, eta
         event = StatusEvent(
             request_id=current.request_id,
             tenant=current.tenant,
@@ -777,6 +814,8 @@ class _Cycle:
             reason=reason or None,
             message=message,
             eta=eta,
+            ready_eta=ready,
+            ready_eta_p90=ready_p90,
             position=position,
             pool=keep_pool,
         )
