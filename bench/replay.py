@@ -1,5 +1,6 @@
 """Trace replay: opendws (the real admission core and reconciler, on a virtual clock) beside
-best-effort FIFO, strict FIFO and SJF (oracle durations) on the Philly trace.
+best-effort FIFO, strict FIFO, SJF (oracle durations) and SJF on asked durations (what opendws
+knows) on the Philly trace.
 
 Jobs submitted 2017-10-01 .. 2017-11-30, one pool per virtual cluster, tenant = virtual
 cluster. Two regimes, in one run:
@@ -17,6 +18,7 @@ their own extract of the trace, so comparable in kind and magnitude only).
     python bench/replay.py                 # both regimes, plots in bench/out/
     python bench/replay.py --quick         # the first 3 days, contended only (CI)
     python bench/replay.py --json          # ...and one JSON object as the last line
+    python bench/replay.py --compare-commitments 2,6,336   # opendws per commitment horizon
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -46,7 +49,7 @@ from opendws.replay.metrics import (  # noqa: E402
     waits,
 )
 from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs  # noqa: E402
-from opendws.replay.runner import Replayed, replay_many  # noqa: E402
+from opendws.replay.runner import Replayed, replay, replay_many  # noqa: E402
 from opendws.replay.traces import PoolsFile, TraceJob  # noqa: E402
 
 TRACES = Path(os.environ.get("OPENDWS_TRACES") or ROOT.parent / "shared" / "traces" / "philly")
@@ -60,7 +63,7 @@ HELIOS = {
     "srtf (preemptive)": (1_138, 30_683),
     "qssf (predicted)": (7_783, 37_324),
 }
-ORDER = [Policy.OPENDWS, Policy.FIFO, Policy.STRICT_FIFO, Policy.SJF]
+ORDER = [Policy.OPENDWS, Policy.FIFO, Policy.STRICT_FIFO, Policy.SJF, Policy.SJF_ASKED]
 
 
 def regime(
@@ -222,6 +225,76 @@ def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Pat
     )  # fmt: skip
 
 
+def commitment_policies(
+    jobs: list[TraceJob], pools: PoolsFile, workers: int, base: PolicySettings | None,
+    horizons: list[float], default: Replayed,
+) -> tuple[dict[str, Any], dict[str, Replayed]]:  # fmt: skip
+    """opendws again under each commitment horizon (hours; 0: none), on the contended pools:
+    wait and ETA figures per horizon, printed as one table, and each replay by name."""
+    capacity = sum(pool.capacity for pool in pools.pools)
+    replays: dict[str, Replayed] = {"opendws (no commitments)": default}
+    within: dict[str, timedelta | None] = {"opendws (no commitments)": None}
+    rows: dict[str, Any] = {}
+    for hours_ahead in horizons:
+        name = f"opendws, commit {hours_ahead:g} h"
+        within[name] = timedelta(hours=hours_ahead)
+        settings = replace(base or PolicySettings(), commit_within=within[name])
+        replays[name] = replay(jobs, pools, Policy.OPENDWS, workers=workers, settings=settings)
+    print(
+        "\nopendws by commitment horizon (contended): kept = started by the first ETA; "
+        "within = the first ETA told less than the horizon ahead\n"
+        f"{'policy':28} {'mean wait':>10} {'p99':>10} {'timed out':>9} {'kept':>7} "
+        f"{'kept within':>11} {'moved later':>11} {'wall':>7}"
+    )
+    for name, result in replays.items():
+        report = result.report(capacity)
+        horizon = within[name]
+        ours = eta_accuracy(result.outcomes)
+        near = eta_accuracy(result.outcomes, horizon) if horizon is not None else None
+        rows[name] = {
+            "commit_within_s": None if horizon is None else horizon.total_seconds(),
+            "mean_wait_s": report.mean_wait_s, "p99_wait_s": report.p99_wait_s,
+            "timed_out": report.timed_out, "kept_share": ours.kept_share,
+            "kept_within_share": None if near is None else near.kept_share,
+            "moved_later": ours.moved_later, "median_error_s": ours.median_error_s,
+            "p90_error_s": ours.p90_error_s, "wall_s": result.wall_s,
+        }  # fmt: skip
+        kept_within = "—" if near is None else f"{near.kept_share:.1%}"
+        print(
+            f"{name:28} {report.mean_wait_s:10,.0f} {report.p99_wait_s:10,.0f} "
+            f"{report.timed_out:9,} {ours.kept_share:7.1%} {kept_within:>11} "
+            f"{ours.moved_later:11,} {result.wall_s:6.1f}s"
+        )
+    return rows, replays
+
+
+def plot_eta_errors_by_policy(replays: dict[str, Replayed], out: Path, tag: str) -> Path:
+    """CDF of actual start − first ETA, one curve per opendws policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    series = {
+        name: np.asarray([
+            (o.started_at - o.etas[0].eta).total_seconds() / 3600
+            for o in result.outcomes
+            if o.etas and o.started_at is not None
+        ])
+        for name, result in replays.items()
+    }  # fmt: skip
+    figure, axes = plt.subplots(figsize=(8, 5))
+    axes.axvline(0.0, color="grey", linewidth=0.8)
+    axes.set_xscale("symlog", linthresh=0.1)
+    return _cdf(
+        figure, axes, {name: errors for name, errors in series.items() if len(errors)},
+        "actual start − first ETA (hours, symmetric log; right of 0: later than told)",
+        "fraction of jobs told an ETA", f"Philly Oct–Nov 2017, {tag}: ETA error by policy",
+        out / f"replay-{tag}-eta-error-by-policy.png",
+    )  # fmt: skip
+
+
 def _cdf(
     figure: Any, axes: Any, series: dict[str, Any], xlabel: str, ylabel: str, title: str,
     path: Path,
@@ -296,7 +369,20 @@ def main() -> int:
         help="opendws keeps announced ETAs less than this far ahead as commitments "
         "(default: none, every pass plans every pending request again)",
     )  # fmt: skip
+    parser.add_argument(
+        "--compare-commitments", type=str, default="", metavar="HOURS,...",
+        help="replay opendws again under each of these commitment horizons (contended only) "
+        "and compare their waits and ETAs in a table and one plot",
+    )  # fmt: skip
     arguments = parser.parse_args()
+    try:
+        horizons = [float(h) for h in arguments.compare_commitments.split(",") if h.strip()]
+    except ValueError:
+        parser.error(
+            f"--compare-commitments takes hours, like 2,6: {arguments.compare_commitments}"
+        )
+    if any(h <= 0 for h in horizons):
+        parser.error("--compare-commitments: each horizon is a positive number of hours")
 
     philly = arguments.traces / "philly.csv"
     nodes = arguments.traces / "helios_qssf_philly_vc_nodes.csv"
@@ -345,6 +431,12 @@ def main() -> int:
         *plot(results, capacity, arguments.out, tag),
         plot_eta_errors(results, arguments.out, tag),
     ]
+    if horizons:
+        rows, replays = commitment_policies(
+            jobs, contended, arguments.workers, settings, horizons, results[Policy.OPENDWS]
+        )
+        document["commitments"] = rows
+        plots.append(plot_eta_errors_by_policy(replays, arguments.out, tag))
     if not arguments.quick:
         full_results, full_reports = regime(jobs, full, arguments.workers, settings)
         full_capacity = sum(pool.capacity for pool in full.pools)

@@ -57,7 +57,7 @@ def test_simulate_prints_one_json_object_with_every_policy(converted: tuple[Path
     code, output = run("simulate", "--trace", str(trace), "--pools", str(pools), "--json")
     assert code == 0, output
     document = json.loads(output)
-    assert set(document["policies"]) == {"opendws", "fifo", "strict_fifo", "sjf"}
+    assert set(document["policies"]) == {"opendws", "fifo", "strict_fifo", "sjf", "sjf_asked"}
     figures = document["policies"]["opendws"]
     assert set(figures) >= {
         "mean_wait_s", "p50_wait_s", "p95_wait_s", "p99_wait_s", "max_wait_s", "mean_jct_s",

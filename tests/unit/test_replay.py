@@ -65,6 +65,22 @@ def test_sjf_lets_the_shortest_go_first() -> None:
     }  # fmt: skip
 
 
+def test_sjf_on_asked_durations_cannot_tell_runs_within_one_hour_apart() -> None:
+    """Asked durations are the real ones rounded up to the hour: a 10-minute and a 50-minute
+    job look alike, so they go in arrival order, where the oracle puts the shorter first."""
+    jobs = [
+        job("a", timedelta(0), 4, 2 * HOUR),
+        job("long", MINUTE, 4, 50 * MINUTE),
+        job("short", 2 * MINUTE, 4, 10 * MINUTE),
+    ]
+    assert starts(Policy.SJF, jobs, pools(4)) == {
+        "a": timedelta(0), "short": 2 * HOUR, "long": 2 * HOUR + 10 * MINUTE,
+    }  # fmt: skip
+    assert starts(Policy.SJF_ASKED, jobs, pools(4)) == {
+        "a": timedelta(0), "long": 2 * HOUR, "short": 2 * HOUR + 50 * MINUTE,
+    }  # fmt: skip
+
+
 def test_opendws_orders_by_asked_size_and_holds_the_rest() -> None:
     # c asks 1 GPU for an hour (its 10 minutes rounded up); b 4 GPUs for an hour: c goes
     # first when a ends, and b is held from c's (real) end, when c releases early.
@@ -103,7 +119,7 @@ def test_a_job_still_waiting_after_seven_days_times_out(policy: Policy) -> None:
     ]
     outcomes = {o.job.job_id: o for o in replay(jobs, pools(2), policy).outcomes}
     assert outcomes["a"].started_at == T0
-    if policy is Policy.SJF or policy is Policy.OPENDWS:
+    if policy in (Policy.SJF, Policy.SJF_ASKED, Policy.OPENDWS):
         # The short job goes first when a ends; b's week is up before c's hour is.
         assert outcomes["c"].started_at == T0 + 7 * DAY
         assert outcomes["b"].timed_out

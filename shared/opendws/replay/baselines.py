@@ -7,6 +7,9 @@ scheduling with no reservations and no preemption.
   use one of its pools.
 - ``sjf``: the greedy list scheduling of ``fifo``, ordered by the jobs' real durations (an
   oracle no real scheduler has).
+- ``sjf_asked``: the same, ordered by the durations users ask for (:attr:`TraceJob.asked`,
+  the real one rounded up to the hour): what a scheduler that knows only the request can do,
+  and what opendws knows.
 
 Every policy runs a job for its real duration, capped at a flex-start run's 7 days, places it
 in the first of its pools with room, counts a tenant's quota (if the pools file gives one) as
@@ -33,6 +36,7 @@ class Policy(StrEnum):
     FIFO = "fifo"
     STRICT_FIFO = "strict_fifo"
     SJF = "sjf"
+    SJF_ASKED = "sjf_asked"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ _ORDER: dict[Policy, _Key] = {
     Policy.FIFO: lambda job: (job.submitted_at, job.job_id),
     Policy.STRICT_FIFO: lambda job: (job.submitted_at, job.job_id),
     Policy.SJF: lambda job: (job.runs, job.submitted_at, job.job_id),
+    Policy.SJF_ASKED: lambda job: (job.asked, job.submitted_at, job.job_id),
 }
 
 # Event kinds, in the order they are handled at one instant: what ends frees its GPUs before
