@@ -67,7 +67,11 @@ def test_incremental_plans_equal_full_plans_after_every_change(
 ) -> None:
     # Racing eagerly always plans in full; keep it rare so the incremental path is exercised.
     eager = data.draw(st.sampled_from([False, False, False, True]))
-    snapshot = replace(snapshot, policy=replace(snapshot.policy, race_eagerly=eager))
+    # A commitment horizon with no commitment yet changes nothing: still incremental.
+    horizon = data.draw(st.sampled_from([None, timedelta(hours=2)]))
+    snapshot = replace(
+        snapshot, policy=replace(snapshot.policy, race_eagerly=eager, commit_within=horizon)
+    )
     planner = IncrementalPlanner()
     now = NOW
     plan = planner.plan(snapshot, now)

@@ -53,3 +53,31 @@ def test_a_pass_reports_the_plans_earliest_held_start() -> None:
     submit(world.store, flex("big", vm_count=4, hours=1))
     report = service.run_pass()
     assert report.next_start == world.record("big").eta == NOW + 2 * HOUR
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_within_the_horizon_a_later_eta_is_always_told(committed: bool) -> None:
+    """A run still being created holds its pool from now on, so the slot behind it drifts
+    later with the clock (a cause outside the plan). An estimate's drift under eta_tolerance
+    is not announced; within the commitment horizon the ETA is a promise, so every later one
+    is — and the next pass commits to the slot it holds, not to an earlier ETA told before."""
+    policy = PolicySettings(commit_within=2 * HOUR) if committed else None
+    world, cloud = memory_world(
+        [pool(capacity=4)], tenants_for(H100), policy=policy, latency=DAY
+    )  # fmt: skip
+    cloud.set_stock(ZONE, A3, 4)
+    service = world.reconciler()
+    submit(world.store, flex("creating", vm_count=4, hours=1))
+    service.run_pass()
+    assert world.state("creating") is S.PROVISIONING
+    submit(world.store, flex("behind", vm_count=4, hours=1))
+    service.run_pass()
+    assert world.record("behind").eta == NOW + HOUR
+    world.clock.advance(2 * MINUTE)
+    service.run_pass()
+    told = [e.eta for e in world.bus.published if e.request_id == "behind" and e.eta]
+    if committed:
+        assert told == [NOW + HOUR, NOW + HOUR + 2 * MINUTE]
+        assert world.record("behind").eta == NOW + HOUR + 2 * MINUTE
+    else:
+        assert told == [NOW + HOUR]  # a 2-minute move of an estimate is not news

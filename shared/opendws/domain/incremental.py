@@ -21,8 +21,9 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
 
 Anything else is planned in full, and :attr:`IncrementalPlanner.last_pass` says why: the first
 pass; a different ``now`` (every grid cell, deadline and aging key is relative to it); changed
-pools, tenants or policy; commitments (``commit_within``); racing (``snapshot.racing``, or
-``race_eagerly``: lanes are taken after every placement); a calendar request that arrived or
+pools, tenants or policy; commitments (``commit_within`` with any commitment); racing
+(``snapshot.racing``, or ``race_eagerly``: lanes are taken after every placement); a calendar
+request that arrived or
 left; a grant that changes which blocks are confirmed; an arrival that needs a longer grid or
 a quota row the grid lacks; an arrival or a grant that makes a row bind that the grid never
 tracked (rows that could never bind are left out of every search).
@@ -151,7 +152,8 @@ class IncrementalPlanner:
             return "the pools changed"
         if snapshot.tenants is not last.tenants and set(snapshot.tenants) != set(last.tenants):
             return "the tenants changed"
-        if snapshot.policy.commit_within is not None:
+        if snapshot.policy.commit_within is not None and (snapshot.commitments or last.commitments):
+            # Without any, a horizon changes nothing: admit plans as without one.
             return "commitments are held before the policy order is planned"
         if snapshot.racing or last.racing:
             return "racing requests take lanes after every placement"

@@ -562,17 +562,16 @@ class _Cycle:
             elif record.state is S.PENDING:
                 pending.append(record.request)
                 if committing and record.reason in _HELD and record.eta and record.pool:
-                    # The promise (PolicySettings.commit_within): the slot the last plan held,
-                    # no later than the ETA it was told; on a cold instance, that ETA.
+                    # The promise (PolicySettings.commit_within): the slot the last plan held
+                    # (the slots of one plan fit together; an ETA told earlier may not, when
+                    # the plan moved it later by less than the tolerance); on a cold
+                    # instance, the ETA it was told. Within the horizon every later move is
+                    # announced (_news), so what was told is what is held.
                     pool_id, start_at = self.service._held.get(
                         record.request_id, (record.pool, record.eta)
                     )
                     commitments.append(
-                        Commitment(
-                            request_id=record.request_id,
-                            pool_id=pool_id,
-                            start_at=min(start_at, record.eta),
-                        )
+                        Commitment(request_id=record.request_id, pool_id=pool_id, start_at=start_at)
                     )
             elif record.state is S.PROVISIONING and len(record.lanes) > 1:
                 # Racing: every lane holds its own grant until one wins (see PolicySettings).
@@ -776,11 +775,14 @@ class _Cycle:
         """Whether a waiting request's new estimate is worth a write and an event: another
         reason or pool, an ETA appearing or vanishing, or one that moved by more than the
         tolerance (ETAs behind a provisioning grant drift with the clock; a shifted queue
-        position alone is not news)."""
+        position alone is not news) — or, within the commitment horizon, any later one."""
         if (record.reason, record.pool) != (decision.reason, decision.pool_id):
             return True
         if record.eta is None or decision.eta is None:
             return record.eta != decision.eta
+        horizon = self.config.policy.commit_within
+        if horizon is not None and decision.eta > record.eta and decision.eta - self.now < horizon:
+            return True  # within the horizon an ETA is a promise: a later one is always told
         return abs(decision.eta - record.eta) > self.settings.eta_tolerance
 
     # Writes and events ------------------------------------------------------------------
