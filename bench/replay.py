@@ -18,7 +18,7 @@ their own extract of the trace, so comparable in kind and magnitude only).
     python bench/replay.py                 # both regimes, plots in bench/out/
     python bench/replay.py --quick         # the first 3 days, contended only (CI)
     python bench/replay.py --json          # ...and one JSON object as the last line
-    python bench/replay.py --compare-commitments 2,6,336   # opendws per commitment horizon
+    python bench/replay.py --compare-commitments 0,6,336   # opendws per commitment horizon
 """
 
 from __future__ import annotations
@@ -229,17 +229,25 @@ def commitment_policies(
     jobs: list[TraceJob], pools: PoolsFile, workers: int, base: PolicySettings | None,
     horizons: list[float], default: Replayed,
 ) -> tuple[dict[str, Any], dict[str, Replayed]]:  # fmt: skip
-    """opendws again under each commitment horizon (hours; 0: none), on the contended pools:
-    wait and ETA figures per horizon, printed as one table, and each replay by name."""
+    """opendws again under each commitment horizon (hours; 0: none), on the contended pools,
+    beside ``default`` (the run under ``base``): wait and ETA figures per horizon, printed as
+    one table, and each replay by name."""
     capacity = sum(pool.capacity for pool in pools.pools)
-    replays: dict[str, Replayed] = {"opendws (no commitments)": default}
-    within: dict[str, timedelta | None] = {"opendws (no commitments)": None}
+    settings = base or PolicySettings()
+    first = _policy_name(settings.commit_within)
+    replays: dict[str, Replayed] = {first: default}
+    within: dict[str, timedelta | None] = {first: settings.commit_within}
     rows: dict[str, Any] = {}
     for hours_ahead in horizons:
-        name = f"opendws, commit {hours_ahead:g} h"
-        within[name] = timedelta(hours=hours_ahead)
-        settings = replace(base or PolicySettings(), commit_within=within[name])
-        replays[name] = replay(jobs, pools, Policy.OPENDWS, workers=workers, settings=settings)
+        horizon = timedelta(hours=hours_ahead) if hours_ahead > 0 else None
+        name = _policy_name(horizon)
+        if name in replays:
+            continue
+        within[name] = horizon
+        replays[name] = replay(
+            jobs, pools, Policy.OPENDWS, workers=workers,
+            settings=replace(settings, commit_within=horizon),
+        )  # fmt: skip
     print(
         "\nopendws by commitment horizon (contended): kept = started by the first ETA; "
         "within = the first ETA told less than the horizon ahead\n"
@@ -266,6 +274,12 @@ def commitment_policies(
             f"{ours.moved_later:11,} {result.wall_s:6.1f}s"
         )
     return rows, replays
+
+
+def _policy_name(horizon: timedelta | None) -> str:
+    if horizon is None:
+        return "opendws, no commitments"
+    return f"opendws, commit {horizon / timedelta(hours=1):g} h"
 
 
 def plot_eta_errors_by_policy(replays: dict[str, Replayed], out: Path, tag: str) -> Path:
@@ -366,13 +380,14 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument(
         "--commit-within", type=float, default=None, metavar="HOURS",
-        help="opendws keeps announced ETAs less than this far ahead as commitments "
-        "(default: none, every pass plans every pending request again)",
+        help="opendws keeps announced ETAs less than this far ahead as commitments; 0: none, "
+        "every pass plans every pending request again (default: the policy's own, "
+        f"{PolicySettings().commit_within})",
     )  # fmt: skip
     parser.add_argument(
         "--compare-commitments", type=str, default="", metavar="HOURS,...",
-        help="replay opendws again under each of these commitment horizons (contended only) "
-        "and compare their waits and ETAs in a table and one plot",
+        help="replay opendws again under each of these commitment horizons (hours; 0: none; "
+        "contended only) and compare their waits and ETAs in a table and one plot",
     )  # fmt: skip
     arguments = parser.parse_args()
     try:
@@ -381,8 +396,8 @@ def main() -> int:
         parser.error(
             f"--compare-commitments takes hours, like 2,6: {arguments.compare_commitments}"
         )
-    if any(h <= 0 for h in horizons):
-        parser.error("--compare-commitments: each horizon is a positive number of hours")
+    if any(h < 0 for h in horizons) or (arguments.commit_within or 0) < 0:
+        parser.error("a commitment horizon is a number of hours, 0 for none")
 
     philly = arguments.traces / "philly.csv"
     nodes = arguments.traces / "helios_qssf_philly_vc_nodes.csv"
@@ -406,25 +421,30 @@ def main() -> int:
         knobs["aging_half_life"] = timedelta(hours=arguments.aging_half_life)
         print(f"opendws aging half-life: {arguments.aging_half_life:g} h")
     if arguments.commit_within is not None:
-        knobs["commit_within"] = timedelta(hours=arguments.commit_within)
-        print(f"opendws commitments: announced ETAs less than {arguments.commit_within:g} h ahead")
+        hours_ahead = arguments.commit_within
+        knobs["commit_within"] = timedelta(hours=hours_ahead) if hours_ahead > 0 else None
     if knobs:
         settings = PolicySettings(**knobs)
+    horizon = (settings or PolicySettings()).commit_within
+    print(
+        "opendws commitments: "
+        + ("none" if horizon is None else f"ETAs told less than {horizon} ahead")
+    )
     started = time.perf_counter()
     results, reports = regime(jobs, contended, arguments.workers, settings)
     capacity = sum(pool.capacity for pool in contended.pools)
     show(f"contended: pools at {CONTENDED:.0%} of Helios capacity, {capacity:,} GPUs", reports)
     targets = judge(reports, results)
-    within = settings.commit_within if settings is not None else None
-    accuracy = etas(results, within)
+    accuracy = etas(results, horizon)
     document: dict[str, Any] = {
+        "commit_within_s": None if horizon is None else horizon.total_seconds(),
         "policies": {policy.value: _figures(report) for policy, report in reports.items()},
         "wall_s": sum(report.wall_s for report in reports.values()),
         "opendws_wall_s": reports[Policy.OPENDWS].wall_s,
         "jobs": len(jobs),
         "gpus": capacity,
         "targets": targets,
-        "eta": _eta_figures(accuracy, within),
+        "eta": _eta_figures(accuracy, horizon),
     }
     tag = "quick" if arguments.quick else "contended"
     plots = [

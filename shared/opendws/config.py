@@ -127,11 +127,9 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
             "race_width": configuration.policy.race_width,
             "race_eagerly": configuration.policy.race_eagerly,
             "calendar_cancellation": configuration.policy.calendar_cancellation.value,
-            **(
-                {}
-                if configuration.policy.commit_within is None
-                else {"commit_within": format_duration(configuration.policy.commit_within)}
-            ),
+            "commit_within": False
+            if configuration.policy.commit_within is None
+            else format_duration(configuration.policy.commit_within),
         },
         "shared_requests_topic": configuration.shared_requests_topic,
         "pools": [_pool(pool) for pool in configuration.pools],

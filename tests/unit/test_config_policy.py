@@ -30,13 +30,17 @@ def test_a_race_width_out_of_range_is_refused_naming_the_field(width: object) ->
         configuration_from_document({"policy": {"race_width": width}}, source="config.yaml")
 
 
-def test_commitments_are_off_by_default_and_round_trip_when_set() -> None:
-    assert PolicySettings().commit_within is None
+def test_commitments_are_two_hours_by_default_off_with_false_and_round_trip() -> None:
+    assert PolicySettings().commit_within == timedelta(hours=2)
+    default = configuration_from_document({}, source="config.yaml")
+    assert default.policy.commit_within == timedelta(hours=2)
+    assert configuration_to_document(default)["policy"]["commit_within"] == "2h"
+    off = configuration_from_document({"policy": {"commit_within": False}}, source="config.yaml")
+    assert off.policy.commit_within is None
+    assert configuration_to_document(off)["policy"]["commit_within"] is False
     assert (
-        "commit_within"
-        not in configuration_to_document(configuration_from_document({}, source="config.yaml"))[
-            "policy"
-        ]
+        configuration_from_document(configuration_to_document(off), source="config.yaml").policy
+        == off.policy
     )
     configuration = configuration_from_document(
         {"policy": {"commit_within": "6h"}}, source="config.yaml"
@@ -48,7 +52,7 @@ def test_commitments_are_off_by_default_and_round_trip_when_set() -> None:
     assert again.policy == configuration.policy
 
 
-@pytest.mark.parametrize("value", ["0s", "-1h", "soon"])
+@pytest.mark.parametrize("value", ["0s", "-1h", "soon", True])
 def test_a_commitment_horizon_that_is_not_a_positive_duration_is_refused(value: str) -> None:
     with pytest.raises(ScenarioError, match="commit_within"):
         configuration_from_document({"policy": {"commit_within": value}}, source="config.yaml")

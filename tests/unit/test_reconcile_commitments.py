@@ -17,7 +17,7 @@ S = RequestState
 
 @pytest.mark.parametrize("committed", [False, True])
 def test_a_told_eta_holds_against_a_smaller_newcomer_only_when_committed(committed: bool) -> None:
-    policy = PolicySettings(commit_within=14 * DAY) if committed else None
+    policy = PolicySettings(commit_within=14 * DAY if committed else None)
     world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), policy=policy)
     cloud.set_stock(ZONE, A3, 4)
     service = world.reconciler()
@@ -61,7 +61,7 @@ def test_within_the_horizon_a_later_eta_is_always_told(committed: bool) -> None:
     later with the clock (a cause outside the plan). An estimate's drift under eta_tolerance
     is not announced; within the commitment horizon the ETA is a promise, so every later one
     is — and the next pass commits to the slot it holds, not to an earlier ETA told before."""
-    policy = PolicySettings(commit_within=2 * HOUR) if committed else None
+    policy = PolicySettings(commit_within=2 * HOUR if committed else None)
     world, cloud = memory_world(
         [pool(capacity=4)], tenants_for(H100), policy=policy, latency=DAY
     )  # fmt: skip

@@ -346,18 +346,20 @@ def test_one_pass_applies_every_kind_of_decision(two_zones: Zones) -> None:
 
 
 def test_an_eta_drifting_less_than_the_tolerance_is_not_announced(two_zones: Zones) -> None:
+    """An estimate (an ETA beyond the commitment horizon): within the horizon every later ETA
+    is told (test_reconcile_commitments)."""
     world, cloud = two_zones
     cloud.inject(ZONE_A, A3, "hang")  # "first" stays provisioning: its end drifts with the clock
-    submit(world.store, flex("first", vm_count=4, hours=1, locations=(ZONE_A,)))
-    submit(world.store, flex("after", vm_count=4, hours=2, locations=(ZONE_A,),
+    submit(world.store, flex("first", vm_count=4, hours=3, locations=(ZONE_A,)))
+    submit(world.store, flex("after", vm_count=4, hours=4, locations=(ZONE_A,),
                              submitted_at=NOW + MINUTE))  # fmt: skip
     world.run()
     first_eta = world.record("after").eta
-    assert first_eta == NOW + HOUR
+    assert first_eta == NOW + 3 * HOUR
     settle(world, 2 * MINUTE)
     assert world.record("after").eta == first_eta  # moved 2 min: not news
     settle(world, 6 * MINUTE)
-    assert world.record("after").eta == NOW + 8 * MINUTE + HOUR  # moved 8 min: announced
+    assert world.record("after").eta == NOW + 8 * MINUTE + 3 * HOUR  # moved 8 min: announced
     assert [e[0] for e in world.published("after")] == ["PENDING", "PENDING"]
 
 

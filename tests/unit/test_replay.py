@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 
+from opendws.domain.model import PolicySettings
 from opendws.replay.baselines import Policy, list_schedule
 from opendws.replay.metrics import (
     eta_accuracy,
@@ -41,9 +42,15 @@ def pools(*capacities: int, tenants: tuple[TenantSpec, ...] = ()) -> PoolsFile:
     )
 
 
-def starts(policy: Policy, jobs: list[TraceJob], on: PoolsFile) -> dict[str, timedelta | None]:
+# Every pass plans every pending request again: a held slot is an estimate.
+ESTIMATES = PolicySettings(commit_within=None)
+
+
+def starts(
+    policy: Policy, jobs: list[TraceJob], on: PoolsFile, settings: PolicySettings | None = None
+) -> dict[str, timedelta | None]:
     """Each job's start, as an offset from T0 (None: never started)."""
-    outcomes = replay(jobs, on, policy).outcomes
+    outcomes = replay(jobs, on, policy, settings=settings).outcomes
     return {o.job.job_id: None if o.started_at is None else o.started_at - T0 for o in outcomes}
 
 
@@ -82,11 +89,24 @@ def test_sjf_on_asked_durations_cannot_tell_runs_within_one_hour_apart() -> None
 
 
 def test_opendws_orders_by_asked_size_and_holds_the_rest() -> None:
-    # c asks 1 GPU for an hour (its 10 minutes rounded up); b 4 GPUs for an hour: c goes
-    # first when a ends, and b is held from c's (real) end, when c releases early.
-    assert starts(Policy.OPENDWS, QUEUE, pools(4)) == {
+    # c asks 1 GPU for an hour (its 10 minutes rounded up); b 4 GPUs for an hour: without
+    # commitments c goes first when a ends, and b is held from c's (real) end, when c
+    # releases early.
+    assert starts(Policy.OPENDWS, QUEUE, pools(4), ESTIMATES) == {
         "a": timedelta(0), "c": 2 * HOUR, "b": 2 * HOUR + 10 * MINUTE,
     }  # fmt: skip
+
+
+def test_opendws_keeps_an_eta_told_within_the_commitment_horizon() -> None:
+    # By default b's ETA, told 1 h 59 min ahead (under the 2 h horizon), is a commitment: c,
+    # smaller, arrives after and backfills only what b does not need — after b.
+    outcomes = {o.job.job_id: o for o in replay(QUEUE, pools(4), Policy.OPENDWS).outcomes}
+    assert {key: o.started_at - T0 for key, o in outcomes.items() if o.started_at} == {
+        "a": timedelta(0), "b": 2 * HOUR, "c": 3 * HOUR,
+    }  # fmt: skip
+    assert [(a.at - T0, a.eta - T0) for a in outcomes["b"].etas] == [(MINUTE, 2 * HOUR)]
+    accuracy = eta_accuracy(list(outcomes.values()))
+    assert (accuracy.jobs, accuracy.kept_share, accuracy.moved_later) == (2, 1.0, 0)
 
 
 def test_best_effort_fifo_passes_over_what_does_not_fit_and_strict_fifo_does_not() -> None:
@@ -226,7 +246,10 @@ def test_the_opendws_replay_records_every_eta_announced_and_measures_the_first()
     """b is told 2 h (when a ends); c, smaller, arrives and is placed first, which pushes b's
     ETA to 3 h (moved later, announced); c ends early, so b starts at 2 h 10 min: 10 minutes
     after the first ETA it was told. c starts at the 2 h it was told."""
-    outcomes = {o.job.job_id: o for o in replay(QUEUE, pools(4), Policy.OPENDWS).outcomes}
+    outcomes = {
+        o.job.job_id: o
+        for o in replay(QUEUE, pools(4), Policy.OPENDWS, settings=ESTIMATES).outcomes
+    }
     assert outcomes["a"].etas == ()  # admitted at once: never told to wait
     assert [(a.at - T0, a.eta - T0) for a in outcomes["b"].etas] == [
         (MINUTE, 2 * HOUR), (2 * MINUTE, 3 * HOUR),
@@ -246,7 +269,7 @@ def test_the_naive_estimate_is_queue_place_over_the_recent_admission_rate() -> N
     """When b is told its first ETA (at 1 min), it is alone in the queue and a was admitted
     in the 6 hours before: 1 ÷ (1 per 6 h) = 6 h. When c is told (at 2 min), two wait: 12 h.
     A job told nothing, or in a pool that admitted no one recently, gets no estimate."""
-    outcomes = replay(QUEUE, pools(4), Policy.OPENDWS).outcomes
+    outcomes = replay(QUEUE, pools(4), Policy.OPENDWS, settings=ESTIMATES).outcomes
     estimates = {key: at - T0 for key, at in naive_etas(outcomes).items()}
     assert estimates == {"b": MINUTE + 6 * HOUR, "c": 2 * MINUTE + 12 * HOUR}
     assert naive_etas(outcomes, rate_window=timedelta(seconds=30)) == {}

@@ -34,8 +34,9 @@ class PolicySpec(Spec):
     race_eagerly: StrictBool | None = None  # None: the domain's default (race once a pool is short)
     # None: the domain's default (Google's newest cancellation rule for calendar blocks).
     calendar_cancellation: CancellationRule | None = None
-    # Announced ETAs less than this far ahead are commitments; None: the domain's default (none).
-    commit_within: Duration | None = None
+    # Announced ETAs less than this far ahead are commitments; false: none (every ETA is an
+    # estimate); None: the domain's default.
+    commit_within: Literal[False] | Duration | None = None
 
 
 class PoolSpec(Spec):
@@ -150,7 +151,7 @@ def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:
     if spec.calendar_cancellation is not None:
         given["calendar_cancellation"] = spec.calendar_cancellation
     if spec.commit_within is not None:
-        given["commit_within"] = spec.commit_within
+        given["commit_within"] = None if spec.commit_within is False else spec.commit_within
     try:
         return PolicySettings(**given)
     except InvalidModel as error:
