@@ -16,6 +16,7 @@ from opendws.domain import IllegalTransition, RequestState
 from opendws.domain.model import CALENDAR_MAX_LEAD, CALENDAR_MAX_RUN
 from opendws.domain.readiness import KEPT_SAMPLES, ReadySample
 from opendws.ports import (
+    FINISHED_FIRST,
     Change,
     CreateOutcome,
     Fenced,
@@ -25,7 +26,9 @@ from opendws.ports import (
     StaleWrite,
     StatusEvent,
     UnknownRequest,
+    accepted,
     content_digest,
+    finished_first,
 )
 from tests.builders import NOW, calendar, flex
 
@@ -97,6 +100,22 @@ def test_the_same_request_twice_is_a_duplicate_that_changes_nothing(store: Reque
     assert store.create(later, event_of(later, S.PENDING, None)) is CreateOutcome.DUPLICATE
     assert store.get("r1") == record
     assert len(store.events("r1")) == 1
+
+
+def test_a_request_recorded_ended_makes_its_submission_a_duplicate(store: RequestStore) -> None:
+    """A CI job that finished before its queued webhook came (``finished_first``): stored
+    CANCELLED at once; the late submission finds it and changes nothing, and it waits in no
+    queue."""
+    request = record_of().request
+    record, event = finished_first(request, NOW)
+    assert store.create(record, event) is CreateOutcome.CREATED
+    late, queued = accepted(replace(request, submitted_at=NOW + timedelta(minutes=1)), NOW)
+    assert store.create(late, queued) is CreateOutcome.DUPLICATE
+    stored = store.get("r1")
+    assert stored is not None
+    assert (stored.state, stored.reason, stored.version) == (S.CANCELLED, FINISHED_FIRST, 1)
+    assert store.events("r1") == [event]
+    assert store.in_states(S.PENDING) == []
 
 
 def test_other_content_under_the_same_id_is_a_conflict(store: RequestStore) -> None:

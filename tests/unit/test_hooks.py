@@ -109,6 +109,76 @@ def test_a_redelivered_hook_is_one_request_and_completion_releases_it(hooks: Hoo
     assert world.state(request_id) is RequestState.RELEASED
 
 
+@pytest.mark.parametrize(
+    ("finished", "queued", "headers"),
+    [
+        ("gitlab_job_success.json", "gitlab_job_pending.json",
+         {"X-Gitlab-Event": "Job Hook", "X-Gitlab-Token": "gl-token"}),
+        ("github_workflow_job_completed.json", "github_workflow_job_queued.json", None),
+    ],
+    ids=["gitlab", "github"],
+)  # fmt: skip
+def test_a_job_that_finished_before_its_queued_event_arrived_starts_nothing(
+    hooks: Hooks, finished: str, queued: str, headers: dict[str, str] | None
+) -> None:
+    """GitHub and GitLab both deliver webhooks out of order (docs.github.com, "Best practices
+    for using webhooks"; docs.gitlab.com, "Webhooks": events may arrive out of order). Found
+    with GitLab's own Job Hook payloads: ``success`` then ``pending`` of one job used to
+    provision an A100 VM for a job that had already finished. The finished event records the
+    request already ended; the late queued event is then a duplicate of it."""
+    service, publisher = hooks
+    configuration = Configuration(
+        pools=(pool(capacity=4),), tenants=tenants_for(H100, names=("ci",))
+    )
+    world, cloud = memory_world((), (), timers=True, configuration=configuration)
+    cloud.set_stock("us-central1-a", "a3-highgpu-8g", 4)
+    intake = IntakeService(
+        world.store, world.bus, world.clock, config=world.config, ending=world.ending
+    )
+    for name in (finished, queued):
+        body = sample(name)
+        assert service.handle(headers or github(body), body).status == 202
+    release, submit = publisher.messages
+    assert release["if_absent"] == submit  # what the queued event would have submitted
+    topic = publisher.topics[0]  # the mapping's tenant's
+    results = [
+        intake.handle(delivery(m, n, topic))
+        for n, m in enumerate([release, submit, release])  # the release redelivered too
+    ]
+    assert [r.outcome for r in results] == [
+        IntakeOutcome.APPLIED, IntakeOutcome.DUPLICATE, IntakeOutcome.APPLIED,
+    ]  # fmt: skip
+    request_id = str(submit["request_id"])
+    world.run()
+    world.clock.advance(world.settings.lease_ttl)
+    world.run()
+    record = world.record(request_id)
+    assert (record.state, record.reason) == (RequestState.CANCELLED, "FINISHED_BEFORE_QUEUED")
+    assert cloud.stock("us-central1-a", "a3-highgpu-8g") == 4  # nothing was provisioned
+    assert [e.state for e in world.store.events(request_id)] == [RequestState.CANCELLED]
+    assert [e.reason for e in world.bus.published if e.request_id == request_id] == [
+        "FINISHED_BEFORE_QUEUED"
+    ]
+
+
+def test_a_finished_job_whose_request_waits_is_cancelled(hooks: Hooks) -> None:
+    """In order (queued, then finished before it was admitted): the release cancels it."""
+    service, publisher = hooks
+    configuration = Configuration(
+        pools=(pool(capacity=4),), tenants=tenants_for(H100, names=("ci",))
+    )
+    world, _ = memory_world((), (), timers=True, configuration=configuration)  # no stock
+    intake = IntakeService(
+        world.store, world.bus, world.clock, config=world.config, ending=world.ending
+    )
+    for name in ("github_workflow_job_queued.json", "github_workflow_job_completed.json"):
+        body = sample(name)
+        service.handle(github(body), body)
+    for n, message in enumerate(publisher.messages):
+        intake.handle(delivery(message, n, publisher.topics[n]))
+    assert world.state("gh-example-org-vision-models-30433642971") is RequestState.CANCELLED
+
+
 def delivery(message: dict[str, Any], number: int, topic: str) -> Delivery:
     """The message as intake receives it from ``topic`` (the hook's publisher put it on the
     topic of the mapping's tenant)."""

@@ -143,6 +143,39 @@ BAD = [
     ("a duration in months", message(run_duration="P1M"), "run_duration"),
     ("a naive start", message(mode="calendar", start_at="2026-12-10T00:00:00"), "start_at"),
     ("an unknown action", message(action="resize"), "action"),
+    (
+        "a release recording another tenant's request",
+        {
+            "schema": "opendws.request/v1",
+            "action": "release",
+            "request_id": "a",
+            "tenant": "t",
+            "if_absent": message(tenant="other", request_id="a"),
+        },
+        "if_absent.tenant",
+    ),
+    (
+        "a release recording another request",
+        {
+            "schema": "opendws.request/v1",
+            "action": "release",
+            "request_id": "a",
+            "tenant": "t",
+            "if_absent": message(tenant="t", request_id="b"),
+        },
+        "if_absent.request_id",
+    ),
+    (
+        "a release recording a bad submission",
+        {
+            "schema": "opendws.request/v1",
+            "action": "release",
+            "request_id": "a",
+            "tenant": "t",
+            "if_absent": message(tenant="t", request_id="a", gang=gang(vm_count=0)),
+        },
+        "if_absent.gang.vm_count",
+    ),
 ]
 
 

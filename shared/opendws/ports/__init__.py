@@ -33,6 +33,7 @@ from opendws.ports.cloud import (
 from opendws.ports.configuration import CiMapping, ConfigStore, Configuration, Price
 from opendws.ports.records import (
     EVENT_SCHEMA,
+    FINISHED_FIRST,
     LEASE_FREE,
     NOT_FINAL,
     Change,
@@ -51,6 +52,7 @@ from opendws.ports.records import (
     check_fence,
     content_digest,
     cooldown_after,
+    finished_first,
     hold_end,
     lanes_after,
     lanes_from_document,
@@ -93,6 +95,7 @@ __all__ = [
     "ADMIN_REQUESTS_TOPIC",
     "EVENTS_TOPIC",
     "EVENT_SCHEMA",
+    "FINISHED_FIRST",
     "LEASE_FREE",
     "NOT_FINAL",
     "ORDER_PREFIX",
@@ -148,6 +151,7 @@ __all__ = [
     "content_digest",
     "cooldown_after",
     "event_filter",
+    "finished_first",
     "hold_end",
     "identity_of_topic",
     "lanes_after",

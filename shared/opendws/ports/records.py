@@ -424,6 +424,39 @@ def accepted(request: CapacityRequest, at: datetime) -> tuple[RequestRecord, Sta
     return record, event
 
 
+FINISHED_FIRST = "FINISHED_BEFORE_QUEUED"  # the reason of a request recorded already ended
+
+
+def finished_first(request: CapacityRequest, at: datetime) -> tuple[RequestRecord, StatusEvent]:
+    """A request whose job finished before it was submitted (a CI job's finished webhook that
+    arrived before its queued one), as intake stores it: already CANCELLED, version 1, with
+    that one event. Its digest is the submission's, so the late submission is a duplicate of
+    it and starts nothing."""
+    message = (
+        "its job finished before it was submitted (webhooks arrive out of order): recorded "
+        "as ended, so its submission, when it comes, starts nothing"
+    )
+    event = StatusEvent(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        state=RequestState.CANCELLED,
+        previous_state=None,
+        at=at,
+        reason=FINISHED_FIRST,
+        message=message,
+    )
+    record = RequestRecord(
+        request=request,
+        state=RequestState.CANCELLED,
+        version=1,
+        digest=content_digest(request),
+        updated_at=at,
+        reason=FINISHED_FIRST,
+        message=message,
+    )
+    return record, event
+
+
 def content_digest(request: CapacityRequest) -> str:
     """A fingerprint of what the request asks for — not of when it arrived — so that the same
     message delivered twice matches and a different request reusing the id does not."""

@@ -167,12 +167,31 @@ class Cancel(_Strict):
 
 
 class Release(_Strict):
-    """Give back the capacity of an active request (early or on time)."""
+    """Give back the capacity of an active request (early or on time); a pending one is
+    cancelled."""
 
     schema_: Literal["opendws.request/v1"] = Field(alias="schema")
     action: Literal["release"]
     request_id: str = Field(pattern=_NAME)
     tenant: str = Field(pattern=_NAME)
+    if_absent: Submit | None = Field(
+        default=None,
+        description=(
+            "What to record, already ended, when no such request exists yet (a CI job that "
+            "finished before its queued event arrived: webhooks come out of order). A later "
+            "submission of it is then a duplicate and starts nothing. Its request_id and "
+            "tenant are this release's."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _same_request(self) -> Release:
+        absent = self.if_absent
+        if absent is not None and absent.request_id not in (None, self.request_id):
+            raise FieldProblem("if_absent.request_id", f"must be {self.request_id!r}, as released")
+        if absent is not None and absent.tenant != self.tenant:
+            raise FieldProblem("if_absent.tenant", f"must be {self.tenant!r}, as released")
+        return self
 
 
 RequestMessage = Annotated[Submit | Cancel | Release, Field(discriminator="action")]

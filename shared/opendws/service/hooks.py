@@ -4,7 +4,8 @@ generic signed JSON hook become request messages on ``capacity-requests``.
 - A job that is queued (GitHub ``queued``; GitLab ``pending``; generic ``queued``) whose labels
   include those of a configured CI mapping is submitted from the mapping's template; a job
   that finished (GitHub ``completed``; GitLab ``success``/``failed``/``canceled``; generic
-  ``completed``) is released.
+  ``completed``) is released — or, when its queued event has not arrived yet (webhooks come
+  out of order), recorded as already ended, so that the late queued event starts nothing.
 - The request id comes from the job (``gh-…``, ``gl-…``, ``hook-…``), so a redelivered hook —
   the same delivery twice — publishes the same request, which intake stores once.
 - Every call is authenticated before anything is read: GitHub's ``X-Hub-Signature-256``
@@ -161,16 +162,24 @@ class HookService:
         request_id = _request_id(job.job_id)
         tenant = str(mapping.template.get("tenant", ""))
         if job.queued:
-            labels = {**(mapping.template.get("labels") or {}), "ci": job.provider}
-            message: dict[str, object] = {
-                "schema": "opendws.request/v1", "action": "submit", **mapping.template,
-                "request_id": request_id, "labels": labels,
-            }  # fmt: skip
-            self._publisher.publish(message)
+            self._publisher.publish(self._submission(mapping, job, request_id))
             return HookResult(202, f"capacity requested as {request_id}", request_id)
+        # Webhooks come out of order (GitHub and GitLab both say so): a job may finish before
+        # its queued event arrives. The release then records the request already ended, so
+        # that the late queued event submits a duplicate that starts nothing.
+        submission = self._submission(mapping, job, request_id)
         self._publisher.publish({"schema": "opendws.request/v1", "action": "release",
-                                 "request_id": request_id, "tenant": tenant})  # fmt: skip
+                                 "request_id": request_id, "tenant": tenant,
+                                 "if_absent": submission})  # fmt: skip
         return HookResult(202, f"release of {request_id} requested", request_id)
+
+    def _submission(self, mapping: CiMapping, job: _Job, request_id: str) -> dict[str, object]:
+        """The submission a queued event of ``job`` publishes (the mapping's template)."""
+        labels = {**(mapping.template.get("labels") or {}), "ci": job.provider}
+        return {
+            "schema": "opendws.request/v1", "action": "submit", **mapping.template,
+            "request_id": request_id, "labels": labels,
+        }  # fmt: skip
 
     def _mapping(self, job: _Job) -> CiMapping | None:
         for mapping in self._config.load().ci:

@@ -49,10 +49,17 @@ from opendws.ports import (
     StatusEvent,
     TimerQueue,
     accepted,
+    finished_first,
     identity_of_topic,
     requests_topic,
 )
-from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
+from opendws.schema.request import (
+    MessageError,
+    Release,
+    Submit,
+    parse_message,
+    to_capacity_request,
+)
 from opendws.service.release import EndOutcome, EndService
 from opendws.service.timers import expiry_timer
 
@@ -157,6 +164,10 @@ class IntakeService:
                         UNSUPPORTED_ACTION,
                         f"action: {message.action!r} is not taken by this intake; only submit is",
                     )
+                if isinstance(message, Release) and message.if_absent is not None:
+                    recorded = self._record_finished(delivery, message.if_absent, message)
+                    if recorded is not None:
+                        return recorded
                 ending = self._ending()
                 act = ending.cancel if message.action == "cancel" else ending.release
                 admin = identity.speaker is Speaker.ADMIN
@@ -190,9 +201,34 @@ class IntakeService:
             self._arm_expiry(record)
             self._nudge(request.request_id)
             return IntakeResult(IntakeOutcome.ACCEPTED, request.request_id, event.message)
-        self._announce_if_abandoned(request.request_id)
+        stored = self._announce_if_abandoned(request.request_id)
+        if stored is not None and stored.state.is_final:
+            # Ended already (possibly before it was submitted: finished_first): nothing to arm.
+            return IntakeResult(
+                IntakeOutcome.DUPLICATE, request.request_id, f"already ended ({stored.state})"
+            )
         self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _record_finished(
+        self, delivery: Delivery, submission: Submit, release: Release
+    ) -> IntakeResult | None:
+        """A release whose request does not exist yet (its job finished before the queued
+        webhook came): store the request already ended, so that its submission is a duplicate
+        when it arrives. None when the request exists (or was just created by its submission,
+        a race): it is released like any other."""
+        if self._store.get(release.request_id) is not None:
+            return None
+        request = to_capacity_request(
+            submission.model_copy(update={"request_id": release.request_id}),
+            default_request_id=release.request_id,
+            submitted_at=delivery.published_at,
+        )
+        record, event = finished_first(request, delivery.published_at)
+        if self._store.create(record, event) is not CreateOutcome.CREATED:
+            return None  # stored meanwhile: release what is there
+        self._announce(request.request_id, event)
+        return IntakeResult(IntakeOutcome.APPLIED, request.request_id, event.message)
 
     def _identity(self, topic: str | None) -> Identity:
         """Whom ``topic`` speaks for, by the configuration (kept CONFIG_TTL; read again at
@@ -233,15 +269,16 @@ class IntakeService:
         self._bus.publish(event)
         self._store.mark_announced(request_id, 1)
 
-    def _announce_if_abandoned(self, request_id: str) -> None:
+    def _announce_if_abandoned(self, request_id: str) -> RequestRecord | None:
         """A duplicate: publish the first event only if no delivery did, and the one that
-        created the request has had time to."""
+        created the request has had time to. Returns the stored record."""
         stored = self._store.get(request_id)
         if stored is None or stored.announced >= 1:
-            return
+            return stored
         if self._clock.now() - stored.updated_at < ANNOUNCE_GRACE:
             raise AnnouncementPending(f"{request_id} is stored but not announced yet; retry")
         self._announce(request_id, self._store.events(request_id)[0])
+        return stored
 
     def _refuse(
         self,
