@@ -18,7 +18,7 @@ from opendws.service.intake import (
     IntakeOutcome,
     IntakeService,
 )
-from tests.builders import NOW
+from tests.builders import NOW, tenant
 from tests.unit.test_request_schema import DESIGN_EXAMPLE
 
 
@@ -39,8 +39,10 @@ def delivery(payload: dict[str, Any] | bytes, message_id: str = "m-1") -> Delive
 
 
 def trusting(configuration: Configuration | None = None) -> MemoryConfigStore:
-    """A configuration that takes the shared topic's messages at their word."""
-    return MemoryConfigStore(replace(configuration or Configuration(), shared_requests_topic=True))
+    """A configuration that takes the shared topic's messages at their word (of the tenants
+    these tests submit for: the design example's and "t")."""
+    configuration = configuration or Configuration(tenants=(tenant("vision"), tenant("t")))
+    return MemoryConfigStore(replace(configuration, shared_requests_topic=True))
 
 
 @pytest.fixture
@@ -218,3 +220,25 @@ def test_a_nudge_that_cannot_be_sent_loses_nothing() -> None:
     )
     assert result.outcome is IntakeOutcome.ACCEPTED
     assert store.get("train-42") is not None
+
+
+def test_a_submission_for_an_unknown_tenant_is_refused_naming_the_known_ones(
+    parts: Parts,
+) -> None:
+    """Refused at intake, with nothing stored, rather than accepted and rejected a pass
+    later; a tenant added to the configuration meanwhile is known at once."""
+    service, store, bus, _ = parts
+    result = service.handle(delivery({**DESIGN_EXAMPLE, "tenant": "speech"}))
+    assert result.outcome is IntakeOutcome.REFUSED
+    assert store.get("train-42") is None
+    [event] = bus.published
+    assert (event.state, event.reason) == (RequestState.REJECTED, "UNKNOWN_TENANT")
+    assert event.message == (
+        "tenant: 'speech' is not a configured tenant; the tenants are t, vision"
+    )
+    config = trusting(Configuration(tenants=(tenant("vision"), tenant("t"), tenant("speech"))))
+    intake = IntakeService(store, bus, FixedClock(), config=config)
+    intake.handle(delivery(DESIGN_EXAMPLE, "m-0"))  # the configuration is read and kept
+    config.save(replace(config.load(), tenants=(*config.load().tenants, tenant("audio"))))
+    added = intake.handle(delivery({**DESIGN_EXAMPLE, "request_id": "a1", "tenant": "audio"}))
+    assert added.outcome is IntakeOutcome.ACCEPTED

@@ -74,6 +74,7 @@ UNSUPPORTED_ACTION = "UNSUPPORTED_ACTION"
 TENANT_MISMATCH = "TENANT_MISMATCH"  # the body claims another tenant than its topic's
 UNTRUSTED_TOPIC = "UNTRUSTED_TOPIC"  # the shared topic, while the configuration trusts it not
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC"  # a topic of no configured tenant
+UNKNOWN_TENANT = "UNKNOWN_TENANT"  # a submission for a tenant the configuration lacks
 # How long intake keeps the configuration between messages (a topic of a tenant it does not
 # know yet makes it look again at once).
 CONFIG_TTL = timedelta(seconds=30)
@@ -178,6 +179,13 @@ class IntakeService:
                     else IntakeOutcome.APPLIED
                 )
                 return IntakeResult(applied, message.request_id, ended.message)
+            known = self._tenants(message.tenant)
+            if message.tenant not in known:
+                return self._refuse(
+                    delivery, UNKNOWN_TENANT,
+                    f"tenant: {message.tenant!r} is not a configured tenant; the tenants are "
+                    f"{', '.join(sorted(known)) or 'none yet'}",
+                )  # fmt: skip
             request = to_capacity_request(
                 message,
                 default_request_id=delivery.message_id,
@@ -244,6 +252,16 @@ class IntakeService:
         if identity.speaker is Speaker.UNKNOWN and not fresh:
             identity = _identity(topic, self._load(now))
         return identity
+
+    def _tenants(self, tenant: str) -> frozenset[str]:
+        """The configured tenants' names (read again at once when ``tenant`` is not among
+        them in the kept configuration: it may have just been added)."""
+        cached = self._configuration
+        configuration = cached[1] if cached is not None else self._load(self._clock.now())
+        names = frozenset(t.name for t in configuration.tenants)
+        if tenant not in names and cached is not None:
+            names = frozenset(t.name for t in self._load(self._clock.now()).tenants)
+        return names
 
     def _load(self, now: datetime) -> Configuration:
         configuration = self._config.load()
