@@ -393,9 +393,11 @@ class PolicySettings:
 
     # Shortest-first ages: every half-life spent waiting halves a request's size key, so a big
     # request overtakes ever smaller newcomers and nothing starves. A day, measured on the Philly
-    # trace (bench/replay.py, contended): against 6 h, mean queueing delay 3,072 s instead of
-    # 4,486 s and p99 58,566 s instead of 131,301 s (FIFO's: 113,535 s), for 10 jobs timed out
-    # instead of 9 (FIFO 14, SJF 34); longer half-lives buy little more and time out more.
+    # trace (bench/replay.py --aging-half-life, contended, no commitments): against 6 h, mean
+    # queueing delay 3,072 s instead of 4,486 s and p99 58,566 s instead of 131,301 s (FIFO's:
+    # 113,535 s), for 10 jobs timed out instead of 9 (FIFO 14, SJF 34). Longer half-lives wait
+    # less on average and time out more — 3 days: 2,754 s, 15; 7 days: 2,504 s, 22 — and a time
+    # out breaks the max_wait a user was promised, so a day stays the default.
     aging_half_life: timedelta = timedelta(hours=24)
     # Multi-zone racing: a flex request allowed in several pools is offered to up to this many
     # of them at once; the first that Google serves wins and the others are cancelled. Each
