@@ -16,6 +16,7 @@ from cloudevents.http import CloudEvent
 from opendws import bootstrap
 from opendws.adapters.oidc import Forbidden, Unauthorized
 from opendws.ports import Timer, topic_of_source
+from opendws.service.hooks import MAX_BODY, too_large
 from opendws.service.intake import Delivery
 from opendws.service.reconcile import PassReport
 
@@ -95,7 +96,10 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
 def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
     """A CI system's webhook (GitHub workflow_job, GitLab job events, or the generic signed
     hook) → a submit or release on capacity-requests. 401 for a bad signature."""
-    result = bootstrap.container().hooks.handle(dict(request.headers), request.get_data())
+    if (request.content_length or 0) > MAX_BODY:  # refused before the body is read
+        result = too_large(None)
+    else:
+        result = bootstrap.container().hooks.handle(dict(request.headers), request.get_data())
     return {"message": result.message, "request_id": result.request_id}, result.status
 
 

@@ -18,7 +18,7 @@ from opendws.config import configuration_from_document
 from opendws.domain.states import RequestState
 from opendws.ports import CiMapping, Configuration
 from opendws.scenario import ScenarioError
-from opendws.service.hooks import HookSecrets, HookService
+from opendws.service.hooks import MAX_BODY, HookSecrets, HookService
 from opendws.service.intake import Delivery, IntakeOutcome, IntakeService
 from tests.builders import H100, pool
 from tests.world import memory_world, tenants_for
@@ -262,3 +262,70 @@ def test_a_ci_template_that_would_make_invalid_requests_is_refused() -> None:
     mapping = {"provider": "gitlab", "labels": ["gpu"], "request": TEMPLATE}
     good = configuration_from_document({"ci": [mapping]}, source="ci.yaml")
     assert good.ci[0].labels == frozenset({"gpu"})
+
+
+def _edited(name: str, **changes: Any) -> bytes:
+    """A sample payload with top-level fields (or ``workflow_job`` fields, given as
+    ``job_FIELD``) changed."""
+    payload = json.loads(sample(name))
+    for key, value in changes.items():
+        if key.startswith("job_"):
+            payload["workflow_job"][key.removeprefix("job_")] = value
+        else:
+            payload[key] = value
+    return json.dumps(payload).encode()
+
+
+GITLAB = {"X-Gitlab-Event": "Job Hook", "X-Gitlab-Token": "gl-token"}
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "field"),
+    [
+        (_edited("github_workflow_job_queued.json", workflow_job=7), None, "workflow_job"),
+        (_edited("github_workflow_job_queued.json", job_labels=3), None, "workflow_job.labels"),
+        (_edited("github_workflow_job_queued.json", job_labels=[1]), None, "workflow_job.labels"),
+        (_edited("github_workflow_job_queued.json", job_id=None), None, "workflow_job.id"),
+        (_edited("github_workflow_job_queued.json", repository=[]), None, "repository"),
+        (_edited("gitlab_job_pending.json", tags=5), GITLAB, "tags"),
+        (_edited("gitlab_job_pending.json", tags=None, runner=2), GITLAB, "runner"),
+        (_edited("gitlab_job_pending.json", build_id={"a": 1}), GITLAB, "build_id"),
+        (_edited("gitlab_job_pending.json", project_id=[1]), GITLAB, "project_id"),
+    ],
+    ids=[
+        "github job a number", "github labels a number", "github labels of numbers",
+        "github job without id", "github repository a list", "gitlab tags a number",
+        "gitlab runner a number", "gitlab build id an object", "gitlab project a list",
+    ],
+)  # fmt: skip
+def test_an_authenticated_malformed_body_is_400_naming_the_field(
+    hooks: Hooks, body: bytes, headers: dict[str, str] | None, field: str
+) -> None:
+    """Found by a probe: a GitHub workflow_job or labels that is a number answered 500."""
+    service, publisher = hooks
+    result = service.handle(headers or github(body), body)
+    assert (result.status, result.message.split(":")[0]) == (400, field)
+    assert publisher.messages == []
+
+
+def test_a_generic_hook_with_bad_fields_is_400_naming_them(hooks: Hooks) -> None:
+    service, publisher = hooks
+    for payload, field in [
+        ({"event": "started", "job_id": "j"}, "event"),
+        ({"event": "queued", "job_id": ""}, "job_id"),
+        ({"event": "queued", "job_id": "j", "labels": "h100"}, "labels"),
+    ]:
+        body = json.dumps(payload).encode()
+        result = service.handle({"X-Opendws-Signature": signature("hook-secret", body)}, body)
+        assert (result.status, result.message.split(":")[0]) == (400, field)
+    assert publisher.messages == []
+
+
+def test_a_body_over_the_limit_is_413_before_anything_else(hooks: Hooks) -> None:
+    """Refused unread: not parsed, not even checked against its signature."""
+    service, publisher = hooks
+    body = b"{" + b" " * MAX_BODY + b"}"
+    result = service.handle(github(body), body)
+    assert result.status == 413
+    assert service.handle({"X-GitHub-Event": "workflow_job"}, body).status == 413  # unsigned
+    assert publisher.messages == []

@@ -28,6 +28,9 @@ from opendws.ports import CiMapping, ConfigStore, RequestPublisher
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 GITLAB_DONE = frozenset({"success", "failed", "canceled", "cancelled", "skipped"})
+# A job event is a few kilobytes (GitHub caps any webhook payload at 25 MB and a workflow_job
+# one is ~10 KB): a body larger than this is refused before it is read as JSON or checked.
+MAX_BODY = 1 << 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +72,10 @@ class HookService:
         self._secrets = secrets
 
     def handle(self, headers: Mapping[str, str], body: bytes) -> HookResult:
-        """Authenticate, decode and act on one webhook call."""
+        """Authenticate, decode and act on one webhook call (413 for a body over
+        :data:`MAX_BODY`, before anything else)."""
+        if len(body) > MAX_BODY:
+            return too_large(len(body))
         lowered = {key.lower(): value for key, value in headers.items()}
         if "x-github-event" in lowered:
             return self._github(lowered, body)
@@ -93,15 +99,24 @@ class HookService:
         payload = _json(body)
         if isinstance(payload, HookResult):
             return payload
-        job, repository = payload.get("workflow_job") or {}, payload.get("repository") or {}
         action = payload.get("action")
-        if action not in ("queued", "completed") or "id" not in job:
+        if action not in ("queued", "completed"):
             return HookResult(202, f"workflow_job {action!r}: nothing to do")
+        try:
+            job = _object(payload, "workflow_job")
+            repository = _object(payload, "repository", required=False)
+            job_id = _identifier(job, "id", "workflow_job.id")
+            labels = _labels(job.get("labels"), "workflow_job.labels")
+            name = repository.get("full_name", "repo")
+            if not isinstance(name, str):
+                raise _Malformed("repository.full_name", "must be a string")
+        except _Malformed as error:
+            return error.result()
         return self._act(
             _Job(
                 provider="github",
-                job_id=f"gh-{repository.get('full_name', 'repo')}-{job['id']}",
-                labels=frozenset(str(label) for label in job.get("labels") or ()),
+                job_id=f"gh-{name}-{job_id}",
+                labels=labels,
                 queued=action == "queued",
             )
         )
@@ -121,13 +136,23 @@ class HookService:
         status = payload.get("build_status")
         if status != "pending" and status not in GITLAB_DONE:
             return HookResult(202, f"job {status!r}: nothing to do")
-        # The job's own tags (GitLab 16.8+), else the tags of the runner it was given.
-        tags = payload.get("tags") or (payload.get("runner") or {}).get("tags") or ()
+        try:
+            build_id = _identifier(payload, "build_id", "build_id")
+            project = payload.get("project_id", "project")
+            if isinstance(project, bool) or not isinstance(project, (int, str)):
+                raise _Malformed("project_id", "must be a number or a string")
+            runner = _object(payload, "runner", required=False)
+            # The job's own tags (GitLab 16.8+), else the tags of the runner it was given.
+            tags = _labels(payload.get("tags"), "tags") or _labels(
+                runner.get("tags"), "runner.tags"
+            )
+        except _Malformed as error:
+            return error.result()
         return self._act(
             _Job(
                 provider="gitlab",
-                job_id=f"gl-{payload.get('project_id', 'project')}-{payload['build_id']}",
-                labels=frozenset(str(tag) for tag in tags),
+                job_id=f"gl-{project}-{build_id}",
+                labels=tags,
                 queued=status == "pending",
             )
         )
@@ -141,15 +166,17 @@ class HookService:
         payload = _json(body)
         if isinstance(payload, HookResult):
             return payload
-        event, job_id = payload.get("event"), payload.get("job_id")
-        if event not in ("queued", "completed") or not job_id:
-            return HookResult(400, "give event (queued or completed) and job_id")
+        event = payload.get("event")
+        if event not in ("queued", "completed"):
+            return HookResult(400, "event: must be 'queued' or 'completed'")
+        try:
+            job_id = _identifier(payload, "job_id", "job_id")
+            labels = _labels(payload.get("labels"), "labels")
+        except _Malformed as error:
+            return error.result()
         return self._act(
             _Job(
-                provider="generic",
-                job_id=f"hook-{job_id}",
-                labels=frozenset(str(label) for label in payload.get("labels") or ()),
-                queued=event == "queued",
+                provider="generic", job_id=f"hook-{job_id}", labels=labels, queued=event == "queued"
             )
         )
 
@@ -186,6 +213,50 @@ class HookService:
             if mapping.provider == job.provider and mapping.labels <= job.labels:
                 return mapping
         return None
+
+
+def too_large(size: int | None) -> HookResult:
+    """413 for a body over :data:`MAX_BODY` (``size`` None: announced, not read)."""
+    got = "" if size is None else f" ({size:,} bytes)"
+    return HookResult(413, f"the body is larger than {MAX_BODY:,} bytes{got}")
+
+
+class _Malformed(ValueError):
+    """A field of an authenticated payload that is not what its provider sends: 400 naming
+    it."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+
+    def result(self) -> HookResult:
+        return HookResult(400, str(self))
+
+
+def _object(payload: dict[str, Any], key: str, *, required: bool = True) -> dict[str, Any]:
+    value = payload.get(key)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise _Malformed(key, "must be an object")
+    return value
+
+
+def _identifier(payload: dict[str, Any], key: str, field: str) -> str:
+    """A job's id: a whole number or a non-empty string."""
+    value = payload.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
+        raise _Malformed(field, "must be a number or a non-empty string")
+    return str(value)
+
+
+def _labels(value: object, field: str) -> frozenset[str]:
+    """A list of label strings (absent: none)."""
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _Malformed(field, "must be a list of strings")
+    return frozenset(value)
 
 
 def _signed(secret: str, body: bytes, header: str | None) -> bool:
