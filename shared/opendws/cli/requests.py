@@ -45,7 +45,9 @@ WAIT_TIMEOUT = 3  # still waiting when --timeout passed
 @click.option("--tenant", help="Your team.")
 @click.option("--mode", type=click.Choice(["flex_start", "calendar"]), default="flex_start",
               show_default=True)  # fmt: skip
-@click.option("--vm-count", type=int, help="VMs (or TPU slices) in the gang.")
+@click.option(
+    "--vm-count", type=int, help="VMs (or TPU slices) in the gang; a TPU gang: 1 by default."
+)
 @click.option("--machine-type", help="GPU machine type, e.g. a3-highgpu-8g.")
 @click.option("--accelerator", help="e.g. nvidia-h100-80gb or tpu-v5e.")
 @click.option("--accelerators-per-vm", type=int)
@@ -89,6 +91,8 @@ def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
         )
         if flags.get(flag) is not None
     }
+    if "topology" in gang:
+        gang.setdefault("vm_count", 1)  # a TPU gang is one slice unless asked for more
     message: dict[str, Any] = {"schema": "opendws.request/v1", "action": "submit",
                                "tenant": flags.get("tenant"), "mode": flags["mode"],
                                "gang": gang, "locations": list(flags["locations"]),
