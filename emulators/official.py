@@ -151,10 +151,11 @@ class Emulator:
                 if reply.status == 200:
                     return
             time.sleep(0.2)
+        tail = self.log_tail()
         self.stop()
         raise EmulatorError(
             f"the {self.kind} emulator did not answer on {self.host_port} within {timeout:.0f} s:"
-            f"\n{self.log_tail()}"
+            f"\n{tail}"
         )
 
     def reset(self, project: str) -> None:
@@ -185,16 +186,24 @@ class Emulator:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.log.close()
+        with contextlib.suppress(FileNotFoundError):
+            Path(self.log.name).unlink()  # a run leaves no file behind
 
 
-def start(kind: Kind, port: int | None = None, root: Path | None = None) -> Emulator:
-    """Start emulator ``kind`` on ``port`` (a free one if None) and wait until it is ready."""
+def start(
+    kind: Kind, port: int | None = None, root: Path | None = None, logs: Path | None = None
+) -> Emulator:
+    """Start emulator ``kind`` on ``port`` (a free one if None) and wait until it is ready.
+    Its output goes to a log file in ``logs`` (the system's temporary folder if None), which
+    :meth:`Emulator.stop` removes."""
     root = root or sdk_root()
     reason = missing_reason(root)
     if reason is not None or root is None:
         raise EmulatorError(reason or "the Google Cloud CLI was not found")
     port = port or free_port()
-    log = tempfile.NamedTemporaryFile(prefix=f"opendws-{kind}-", suffix=".log", delete=False)  # noqa: SIM115
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the process's life
+        prefix=f"opendws-{kind}-", suffix=".log", delete=False, dir=logs
+    )
     process = subprocess.Popen(
         command(kind, port, root),
         stdout=log,
@@ -234,18 +243,21 @@ class Emulators:
 
 @contextlib.contextmanager
 def running(root: Path | None = None) -> Iterator[Emulators]:
-    """Both emulators on free ports for the duration of the block, stopped afterwards."""
-    firestore = start("firestore", root=root)
-    try:
-        pubsub = start("pubsub", root=root)
-    except BaseException:
-        firestore.stop()
-        raise
-    emulators = Emulators(firestore=firestore, pubsub=pubsub)
-    try:
-        yield emulators
-    finally:
-        emulators.stop()
+    """Both emulators on free ports for the duration of the block, stopped afterwards; their
+    logs are kept in a run folder of their own, removed with everything in it at the end."""
+    with tempfile.TemporaryDirectory(prefix="opendws-emulators-") as folder:
+        logs = Path(folder)
+        firestore = start("firestore", root=root, logs=logs)
+        try:
+            pubsub = start("pubsub", root=root, logs=logs)
+        except BaseException:
+            firestore.stop()
+            raise
+        emulators = Emulators(firestore=firestore, pubsub=pubsub)
+        try:
+            yield emulators
+        finally:
+            emulators.stop()
 
 
 def _request(method: str, url: str) -> str:

@@ -1,6 +1,7 @@
 """``dws up`` end to end: the whole system starts on this machine, a request submitted with
 the CLI reaches ACTIVE (admission nudged by intake, not waiting for the tick), is released with
-the CLI and shows in ``dws usage``; Ctrl-C stops everything with nothing left listening."""
+the CLI and shows in ``dws usage``; Ctrl-C, SIGTERM and SIGHUP stop everything with nothing
+left listening and no file left behind."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,8 +30,9 @@ DATA = ROOT / "tests" / "data" / "hooks"
 CI_CONFIG = ROOT / "tests" / "data" / "local-config-with-ci.yaml"
 
 
-@pytest.fixture
-def stack() -> Iterator[dict[str, str]]:
+def start_up() -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """``dws up`` in a session of its own, once it says it is up: the process, and the
+    variables and function URLs it printed."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(f"official emulators unavailable: {reason}")
@@ -50,17 +53,54 @@ def stack() -> Iterator[dict[str, str]]:
         if "Ctrl-C stops everything" in line or time.monotonic() > deadline:
             break
     assert "OPENDWS_COMPUTE_ENDPOINT" in environment, "dws up did not come up"
+    return process, environment
+
+
+def listening(environment: dict[str, str]) -> list[str]:
+    """What of the stack still accepts connections: emulators and function servers."""
+    addresses = {
+        name: environment[name]
+        for name in ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST",
+                     "CLOUD_TASKS_EMULATOR_HOST")
+    }  # fmt: skip
+    for key, url in environment.items():
+        if key.startswith("url:"):
+            addresses[key] = url.removeprefix("http://").strip("/")
+    still = []
+    for name, address in addresses.items():
+        host, _, port = address.partition(":")
+        with socket.socket() as probe:
+            if probe.connect_ex((host, int(port))) == 0:
+                still.append(name)
+    return still
+
+
+@pytest.fixture
+def stack() -> Iterator[dict[str, str]]:
+    process, environment = start_up()
     try:
         yield environment
     finally:
         os.killpg(process.pid, signal.SIGINT)  # Ctrl-C
         assert process.wait(60) == 0
-        for name in ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST",
-                     "CLOUD_TASKS_EMULATOR_HOST"):  # fmt: skip
-            # (the functions' servers stop with the stack's process group too)
-            host, _, port = environment[name].partition(":")
-            with socket.socket() as probe:
-                assert probe.connect_ex((host, int(port))) != 0, f"{name} still listening"
+        assert listening(environment) == []
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_to_dws_up_alone_stops_everything_and_leaves_no_file(
+    stop: signal.Signals,
+) -> None:
+    """Sent to the dws process only (a service manager, a closed terminal), not to its
+    group: it stops both emulator JVMs and every function server itself, and its run's
+    emulator logs go with it."""
+    scratch = Path(tempfile.gettempdir())
+    before = set(scratch.glob("opendws-*"))
+    process, environment = start_up()
+    assert set(scratch.glob("opendws-*")) - before  # the run's log folder, while it runs
+    process.send_signal(stop)
+    assert process.wait(60) == 0
+    assert listening(environment) == []
+    assert set(scratch.glob("opendws-*")) - before == set()
 
 
 def dws(environment: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

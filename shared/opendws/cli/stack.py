@@ -1,7 +1,8 @@
 """``dws`` commands that run the whole system on this machine:
 
 - ``dws up`` starts the local stack (the emulators, every function, the topics and
-  subscriptions, the configuration and the reconcile ticker) and runs until Ctrl-C;
+  subscriptions, the configuration and the reconcile ticker) and runs until Ctrl-C, SIGTERM
+  or SIGHUP, which all stop everything;
 - ``dws demo`` drives a scripted mixed workload through a fresh local stack and summarises it.
 
 Every error a user can fix is one red line and exit code 2.
@@ -9,7 +10,10 @@ Every error a user can fix is one red line and exit code 2.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -38,23 +42,51 @@ def up(tick: float, config_path: Path | None) -> None:
     if reason is not None:
         raise UsageFailure(f"cannot start the local stack: {reason}")
     try:
-        with local_stack(
-            tick=timedelta(seconds=tick),
-            config=config_path or DEFAULT_CONFIG,
-            progress=lambda step: console.print(f"[dim]·[/dim] {step}"),
-        ) as stack:
+        # A TERM or HUP (a service manager stopping it, its terminal closing) unwinds like
+        # Ctrl-C, so that every emulator and function server is stopped and its port freed.
+        stack_signals = stop_on_signals()
+        with (
+            stack_signals,
+            local_stack(
+                tick=timedelta(seconds=tick),
+                config=config_path or DEFAULT_CONFIG,
+                progress=lambda step: console.print(f"[dim]·[/dim] {step}"),
+            ) as stack,
+        ):
             console.print("[bold green]opendws is up.[/bold green] Point clients at it with:")
             for name, value in stack.client_environment().items():
                 click.echo(f"export {name}={value}")
             for name, url in stack.urls.items():
                 console.print(f"[dim]{name} function: {url}[/dim]")
-            console.print("Ctrl-C stops everything.")
+            console.print("Ctrl-C stops everything (so do SIGTERM and SIGHUP).")
             while True:
                 time.sleep(3600)
-    except KeyboardInterrupt:
-        console.print("stopped")
+    except (KeyboardInterrupt, Stopped) as stop:
+        console.print(f"stopped{f' by {stop}' if isinstance(stop, Stopped) else ''}")
     except (EmulatorError, ScenarioError) as error:
         raise UsageFailure(str(error)) from None
+
+
+class Stopped(Exception):
+    """A signal asked the process to stop; its text is the signal's name."""
+
+
+@contextlib.contextmanager
+def stop_on_signals(*signals: signal.Signals) -> Iterator[None]:
+    """While the block runs (in the main thread), ``signals`` (default SIGTERM and SIGHUP)
+    raise :class:`Stopped` where the program is, so that it unwinds through every ``finally``
+    as Ctrl-C does; the previous handlers come back afterwards."""
+    chosen = signals or (signal.SIGTERM, signal.SIGHUP)
+
+    def stop(number: int, _frame: object) -> None:
+        raise Stopped(signal.Signals(number).name)
+
+    previous = {number: signal.signal(number, stop) for number in chosen}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 @click.command(short_help="Run a scripted mixed workload on a fresh local stack.")
