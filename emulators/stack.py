@@ -42,6 +42,7 @@ from emulators.compute import ComputeEmulator
 from emulators.functions import serving
 from emulators.official import free_port, running
 from opendws.clock import ManualClock
+from opendws.service.api import key_digest
 from opendws.sim import SimulatedCloud
 
 PROJECT = "demo-opendws"
@@ -59,9 +60,12 @@ FUNCTIONS = (
 )
 # Local-only credentials (the stack listens on 127.0.0.1): the admin's API key and one per
 # example tenant, and the CI hooks' shared secret.
-LOCAL_API_KEYS = (
-    "admin:local-admin-key,vision:local-vision-key,speech:local-speech-key,ci:local-ci-key"
-)
+LOCAL_KEYS = {
+    "admin": "local-admin-key", "vision": "local-vision-key", "speech": "local-speech-key",
+    "ci": "local-ci-key",
+}  # fmt: skip
+# As in Google Cloud, the api is given only the keys' digests.
+LOCAL_API_KEYS = ",".join(f"{tenant}:{key_digest(key)}" for tenant, key in LOCAL_KEYS.items())
 LOCAL_HOOK_SECRET = "local-hook-secret"
 # The default simulated cloud: (zone, shape as the cloud names it, free units).
 DEFAULT_STOCK = (

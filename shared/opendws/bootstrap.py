@@ -21,7 +21,7 @@
   every few seconds while requests are provisioning (default 20; the function's timeout must
   be longer);
 - the CI hooks' secrets ``OPENDWS_GITHUB_WEBHOOK_SECRET``, ``OPENDWS_GITLAB_WEBHOOK_TOKEN`` and
-  ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:key,admin:key``);
+  ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:sha256:HEX,…``);
   in Google Cloud, Secret Manager values mounted as these variables;
 - ``OPENDWS_LOCAL_INTAKE_URL``: on one machine, the local stack's intake endpoint, where
   ``dws config apply`` wires a new tenant's topic.
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import threading
 import uuid
@@ -116,7 +117,8 @@ class Settings:
     tpu_runtime_version: str | None = None  # None: each TPU generation its own version
     tpu_tier: str | None = None  # one of TPU_TIERS
     hook_secrets: HookSecrets = field(default_factory=HookSecrets)
-    api_keys: Mapping[str, str] = field(default_factory=dict)  # key → tenant (or "admin")
+    # key_digest(key) → tenant (or "admin"): only the keys' digests are kept
+    api_keys: Mapping[str, str] = field(default_factory=dict)
     # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
     # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
     local_intake_url: str | None = None
@@ -172,12 +174,19 @@ def _tiers() -> str:
 
 
 def _api_keys(text: str) -> dict[str, str]:
-    """``tenant:key,admin:key`` as ``{key: tenant}``; pairs without a key are left out."""
+    """``tenant:sha256:HEX,admin:sha256:HEX`` (each key's digest, as Terraform stores them) as
+    ``{digest: tenant}``; a plain ``tenant:key`` is hashed at once, so only digests are kept.
+    Pairs without a key are left out."""
+    from opendws.service.api import key_digest
+
     keys: dict[str, str] = {}
     for pair in text.split(","):
         tenant, _, key = pair.strip().partition(":")
-        if tenant and key:
-            keys[key] = tenant
+        if not (tenant and key):
+            continue
+        algorithm, _, digest = key.partition(":")
+        hashed = algorithm == "sha256" and re.fullmatch(r"[0-9a-f]{64}", digest) is not None
+        keys[key if hashed else key_digest(key)] = tenant
     return keys
 
 

@@ -6,13 +6,15 @@ import pytest
 
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration
-from opendws.service.api import ApiService
+from opendws.service.api import ApiService, key_digest
 from opendws.service.queries import QueryService
 from opendws.service.usage import UsageService
 from tests.builders import A3, H100, MINUTE, NOW, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
 
-KEYS = {"k-vision": "vision", "k-speech": "speech", "k-admin": "admin"}
+# As the api keeps them: each key's digest, never the key.
+KEYS = {key_digest(key): tenant for key, tenant in
+        [("k-vision", "vision"), ("k-speech", "speech"), ("k-admin", "admin")]}  # fmt: skip
 ZONE = "us-central1-a"
 
 
@@ -91,3 +93,14 @@ def test_cancelling_a_running_request_is_a_conflict(world_api: tuple[World, ApiS
     answer = api.handle("POST", "/requests/mine/cancel", auth("k-vision"))
     assert answer.status == 409
     assert "release it" in answer.body["message"]  # type: ignore[call-overload, index]
+
+
+def test_only_digests_of_keys_are_kept_and_a_digest_is_no_key(
+    world_api: tuple[World, ApiService],
+) -> None:
+    """A leaked configuration (the digests) lets no one in: the digest itself is refused."""
+    _, api = world_api
+    assert api.handle("GET", "/queue", auth(key_digest("k-vision"))).status == 401
+    assert api.handle("GET", "/queue", auth("k-vision")).status == 200
+    assert api.handle("GET", "/queue", auth("k-vision ")).status == 200  # surrounding space
+    assert api.handle("GET", "/queue", auth("k-visio")).status == 401

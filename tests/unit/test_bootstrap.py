@@ -31,6 +31,7 @@ from opendws.adapters.tpu import TpuQueuedProvider
 from opendws.bootstrap import LOCAL_PROJECT, Adapters, Container, Settings
 from opendws.clock import SystemClock
 from opendws.ports import Configuration
+from opendws.service.api import key_digest
 from opendws.service.hooks import HookSecrets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +86,7 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
         "OPENDWS_GITHUB_WEBHOOK_SECRET": "gh",
         "OPENDWS_GITLAB_WEBHOOK_TOKEN": "gl",
         "OPENDWS_HOOK_SECRET": "generic",
-        "OPENDWS_API_KEYS": "vision:k1, admin:k2,broken,:nokey,notenant:",
+        "OPENDWS_API_KEYS": f"vision:k1, admin:{key_digest('k2')},broken,:nokey,notenant:",
         "OPENDWS_LOCAL_INTAKE_URL": "http://127.0.0.1:8081",
     })  # fmt: skip
     assert settings == Settings(
@@ -105,7 +106,7 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
         tpu_runtime_version="v2-alpha-tpuv6e",
         tpu_tier="spot",
         hook_secrets=HookSecrets(github="gh", gitlab="gl", generic="generic"),
-        api_keys={"k1": "vision", "k2": "admin"},
+        api_keys={key_digest("k1"): "vision", key_digest("k2"): "admin"},  # digests only
         local_intake_url="http://127.0.0.1:8081",
     )
 

@@ -630,3 +630,13 @@ def test_outputs_include_the_topics_and_the_api_url() -> None:
     assert {"topics", "api_url", "ci_hook_url", "dead_letter_subscription"} <= set(outputs)
     for secret in ("hook_secrets", "api_keys"):
         assert outputs[secret]["sensitive"] is True
+
+
+def test_the_api_keys_secret_holds_only_digests() -> None:
+    """The api compares a caller's key's SHA-256 with the digests it is given
+    (opendws.service.api.key_digest): the secret stores ``tenant:sha256:HEX``, made with
+    Terraform's sha256(), never a key."""
+    secrets = (INFRA / "modules" / "secrets" / "main.tf").read_text()
+    version = secrets.split('resource "google_secret_manager_secret_version" "api_keys"', 1)[1]
+    data = version.split("secret_data", 1)[1].split("\n", 1)[0]
+    assert '"${tenant}:sha256:${sha256(random_password.api_key[tenant].result)}"' in data

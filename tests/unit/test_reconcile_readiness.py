@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from opendws.domain.readiness import ReadySample
 from opendws.domain.states import RequestState
-from opendws.service.api import ApiService
+from opendws.service.api import ApiService, key_digest
 from opendws.service.queries import QueryService
 from opendws.service.usage import UsageService
 from tests.builders import A3, H100, NOW, ZONE, flex, pool
@@ -54,7 +54,7 @@ def test_a_waiting_request_is_told_when_it_is_admitted_and_when_it_will_run() ->
         told.eta, told.ready_eta, told.ready_eta_p90,
     )  # fmt: skip
     api = ApiService(world.store, queries, UsageService(world.store), world.ending,
-                     world.clock, {"key": "t"})  # fmt: skip
+                     world.clock, {key_digest("key"): "t"})  # fmt: skip
     body = api.handle("GET", "/requests/big", {"Authorization": "Bearer key"}).body
     assert isinstance(body, dict)
     assert body["ready_eta"] == (record.eta + GOOGLE).isoformat()

@@ -59,10 +59,11 @@ resource "google_secret_manager_secret" "api_keys" {
   }
 }
 
-# OPENDWS_API_KEYS: "tenant:key,tenant:key,admin:key".
+# OPENDWS_API_KEYS: "tenant:sha256:HEX,…,admin:sha256:HEX" — only each key's SHA-256 digest
+# is stored for the api to check against; the keys themselves are the api_keys output.
 resource "google_secret_manager_secret_version" "api_keys" {
   secret      = google_secret_manager_secret.api_keys.id
-  secret_data = join(",", [for tenant in local.api_tenants : "${tenant}:${random_password.api_key[tenant].result}"])
+  secret_data = join(",", [for tenant in local.api_tenants : "${tenant}:sha256:${sha256(random_password.api_key[tenant].result)}"])
 
   lifecycle {
     ignore_changes = [enabled]

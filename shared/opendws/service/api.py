@@ -11,12 +11,15 @@ services: method + path + headers → status + JSON.
     GET  /                         the dashboard page (it calls the routes above)
 
 Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a tenant or to
-the admins (compared in constant time). A tenant sees and changes only its own requests (other
-tenants' holds on the timeline are shown as ``other``, without names); an admin sees all.
+the admins. Only the keys' SHA-256 digests are kept (:func:`key_digest`); a caller's key is
+hashed and compared with every kept digest in constant time. A tenant sees and changes only
+its own requests (other tenants' holds on the timeline are shown as ``other``, without names);
+an admin sees all.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -58,7 +61,7 @@ class ApiService:
         self._usage = usage
         self._ending = ending  # built on first use: reading needs no cloud clients
         self._clock = clock
-        self._keys = dict(keys)  # key → tenant (or "admin")
+        self._keys = dict(keys)  # key_digest(key) → tenant (or "admin")
 
     def handle(self, method: str, path: str, headers: Mapping[str, str]) -> Response:
         parts = [part for part in path.split("/") if part]
@@ -83,12 +86,14 @@ class ApiService:
     def _caller(self, headers: Mapping[str, str]) -> Caller | None:
         lowered = {key.lower(): value for key, value in headers.items()}
         scheme, _, key = lowered.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key:
+        if scheme.lower() != "bearer" or not key.strip():
             return None
-        for known, tenant in self._keys.items():
-            if hmac.compare_digest(known.encode(), key.strip().encode()):
-                return Caller(tenant=tenant, admin=tenant == ADMIN)
-        return None
+        digest = key_digest(key.strip()).encode()
+        found: str | None = None
+        for known, tenant in self._keys.items():  # every one, so the time says nothing
+            if hmac.compare_digest(known.encode(), digest):
+                found = tenant
+        return None if found is None else Caller(tenant=found, admin=found == ADMIN)
 
     def _request(self, caller: Caller, request_id: str) -> Response:
         record = self._store.get(request_id)
@@ -150,6 +155,12 @@ class ApiService:
              "used_hours": r.used_hours, "cost": r.cost, "outcomes": dict(r.outcomes)}
             for r in rows
         ])  # fmt: skip
+
+
+def key_digest(key: str) -> str:
+    """What is kept of an API key: ``sha256:`` and the hex SHA-256 of its UTF-8 bytes (the
+    keys are long random strings, so a plain hash is enough: nothing to guess from it)."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _iso(at: datetime | None) -> str | None:
