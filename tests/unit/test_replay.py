@@ -281,3 +281,22 @@ def test_the_naive_estimate_is_queue_place_over_the_recent_admission_rate() -> N
         ).total_seconds()
         / 2
     )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_replay_tells_its_progress_in_the_replaying_process(workers: int) -> None:
+    """Every job is told done once, in batches (across processes with workers), and the last
+    report carries the virtual clock past every submission."""
+    jobs = [
+        job(f"{pool}{index}", index * MINUTE, 1, 10 * MINUTE, tenant=pool, pools=(pool,))
+        for pool in "ab"
+        for index in range(7)
+    ]
+    told: list[tuple[int, timedelta]] = []
+    outcomes = replay_opendws(
+        jobs, pools(2, 2), workers=workers,
+        progress=lambda done, at: told.append((done, at - T0)),
+    )  # fmt: skip
+    assert len(outcomes) == len(jobs)
+    assert sum(done for done, _ in told) == len(jobs)
+    assert max(at for _, at in told) >= 6 * MINUTE

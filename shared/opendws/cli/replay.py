@@ -13,15 +13,25 @@ Every error a user can fix is one red line and exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from opendws.cli.common import PIPED_WIDTH, UsageFailure, container, project_option
@@ -30,6 +40,7 @@ from opendws.durations import format_duration, parse_duration
 from opendws.replay.baselines import Policy
 from opendws.replay.metrics import PolicyReport
 from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs
+from opendws.replay.runner import Progress as ReplayProgress
 from opendws.replay.runner import replay_many
 from opendws.replay.traces import (
     PoolsFile,
@@ -45,6 +56,7 @@ from opendws.replay.traces import (
 )
 
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+errors = Console(stderr=True)  # progress goes here, beside the results on stdout
 
 
 # dws simulate ---------------------------------------------------------------------------------
@@ -133,7 +145,11 @@ def simulate(
     except TraceError as error:
         raise UsageFailure(str(error)) from None
     chosen = [Policy(name) for name in policies] or list(Policy)
-    results = replay_many(jobs, pools, chosen, workers=workers, settings=settings)
+    shown = console.is_terminal and errors.is_terminal and not as_json  # quiet when piped
+    with replay_progress(jobs, chosen, shown=shown) as progress:
+        results = replay_many(
+            jobs, pools, chosen, workers=workers, settings=settings, progress=progress
+        )
     capacity = sum(pool.capacity for pool in pools.pools)
     reports = [results[policy].report(capacity) for policy in chosen]
     if as_json:
@@ -144,6 +160,35 @@ def simulate(
         f"{jobs[-1].submitted_at:%Y-%m-%d} on {len(pools.pools)} pools, {capacity:,} GPUs"
     )
     console.print(comparison_table(reports))
+
+
+@contextlib.contextmanager
+def replay_progress(
+    jobs: Sequence[TraceJob], policies: Sequence[Policy], *, shown: bool
+) -> Iterator[Callable[[Policy], ReplayProgress] | None]:
+    """On a terminal (``shown``), a progress bar per policy — jobs done, the simulated day,
+    elapsed and remaining time — fed by the replay; None (quiet) otherwise."""
+    if not shown or not jobs:
+        yield None
+        return
+    start = min(job.submitted_at for job in jobs)
+    days = max(1, math.ceil((max(job.submitted_at for job in jobs) - start) / timedelta(days=1)))
+    columns = (
+        TextColumn("{task.description:12}"), BarColumn(),
+        MofNCompleteColumn(), TextColumn("jobs, day {task.fields[day]}/" + str(days)),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=errors, transient=False) as bar:
+        tasks = {policy: bar.add_task(policy.value, total=len(jobs), day=0) for policy in policies}
+
+        def reporter(policy: Policy) -> ReplayProgress:
+            def told(done: int, at: datetime) -> None:
+                day = min(days, (at - start) // timedelta(days=1) + 1)
+                bar.update(tasks[policy], advance=done, day=day)
+
+            return told
+
+        yield reporter
 
 
 def with_changes(pools: PoolsFile, additions: Sequence[str], quotas: Sequence[str]) -> PoolsFile:

@@ -19,12 +19,17 @@ apart: nothing one of them does can change another.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import multiprocessing
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from queue import Queue
+from typing import Any
 
 from opendws.adapters.memory import (
     MemoryCapacityProvider,
@@ -183,31 +188,70 @@ def as_request(job: TraceJob, zones: dict[str, str]) -> CapacityRequest:
     )
 
 
+# How a replay tells its progress: (jobs that reached a final state since the last call,
+# the virtual clock's instant then). Called from the replaying process only.
+Progress = Callable[[int, datetime], None]
+PROGRESS_EVERY = 500  # jobs between two progress calls of one part (and at its end)
+
+
 def replay_opendws(
     jobs: Sequence[TraceJob],
     pools: PoolsFile,
     *,
     workers: int = 1,
     policy: PolicySettings | None = None,
+    progress: Progress | None = None,
 ) -> list[JobOutcome]:
     """Replay ``jobs`` through the real reconciler (see the module docstring), under
     ``policy`` (default: the default admission order); with ``workers`` > 1, independent
-    parts run in that many processes, largest first."""
+    parts run in that many processes, largest first. ``progress`` hears of every
+    :data:`PROGRESS_EVERY` jobs done, in this process."""
     parts = sorted(components(jobs, pools), key=lambda part: -len(part[0]))
     outcomes: dict[str, JobOutcome] = {}
     if workers <= 1 or len(parts) == 1:
         for part_jobs, part_pools in parts:
-            outcomes.update(_replay_component(part_jobs, part_pools, policy))
+            outcomes.update(_replay_component(part_jobs, part_pools, policy, progress))
     else:
-        with ProcessPoolExecutor(max_workers=workers) as executor:
-            futures = [executor.submit(_replay_component, *part, policy) for part in parts]
-            for future in futures:
-                outcomes.update(future.result())
+        with multiprocessing.Manager() as manager, ProcessPoolExecutor(workers) as executor:
+            # The parts report through a queue; a thread here passes it on.
+            heard = manager.Queue() if progress is not None else None
+            relay = _relay(heard, progress)
+            told = None if heard is None else functools.partial(_put, heard)
+            futures = [executor.submit(_replay_component, *part, policy, told) for part in parts]
+            try:
+                for future in futures:
+                    outcomes.update(future.result())
+            finally:
+                if heard is not None and relay is not None:
+                    heard.put(None)
+                    relay.join()
     return [outcomes[job.job_id] for job in jobs]
 
 
+def _put(heard: Queue[Any], done: int, at: datetime) -> None:
+    """A part's progress, from its process to the replaying one."""
+    heard.put((done, at))
+
+
+def _relay(heard: Queue[Any] | None, progress: Progress | None) -> threading.Thread | None:
+    """A thread that calls ``progress`` with what the parts put on ``heard`` (None ends it)."""
+    if heard is None or progress is None:
+        return None
+
+    def run() -> None:
+        while (item := heard.get()) is not None:
+            progress(*item)
+
+    thread = threading.Thread(target=run, name="replay-progress", daemon=True)
+    thread.start()
+    return thread
+
+
 def _replay_component(
-    jobs: Sequence[TraceJob], pools: PoolsFile, policy: PolicySettings | None
+    jobs: Sequence[TraceJob],
+    pools: PoolsFile,
+    policy: PolicySettings | None,
+    progress: Progress | None = None,
 ) -> dict[str, JobOutcome]:
     ordered = sorted(jobs, key=lambda job: (job.submitted_at, job.job_id))
     clock = ManualClock(ordered[0].submitted_at)
@@ -234,6 +278,7 @@ def _replay_component(
     arrivals = iter(ordered)
     upcoming: TraceJob | None = next(arrivals, None)
     live = 0  # requests not yet in a final state
+    done = 0  # jobs that reached a final state since progress was last told
     next_start: datetime | None = None  # the last pass's earliest held start
 
     while upcoming is not None or live:
@@ -270,8 +315,13 @@ def _replay_component(
                 etas.setdefault(event.request_id, []).append(
                     Announced(at=event.at, eta=event.eta, reason=event.reason)
                 )
-            live -= _account(event, now, by_id, started, timed_out, finishes)
+            ended = _account(event, now, by_id, started, timed_out, finishes)
+            live -= ended
+            done += ended
         cursor = len(bus.published)
+        if progress is not None and (done >= PROGRESS_EVERY or not (live or upcoming)):
+            progress(done, now)
+            done = 0
 
     return {
         job.job_id: JobOutcome(
@@ -380,15 +430,19 @@ def replay(
     *,
     workers: int = 1,
     settings: PolicySettings | None = None,
+    progress: Progress | None = None,
 ) -> Replayed:
     """Replay ``jobs`` on ``pools`` under ``policy``, timed (``workers``: processes for the
-    opendws replay's independent parts; ``settings``: opendws's admission order)."""
+    opendws replay's independent parts; ``settings``: opendws's admission order;
+    ``progress``: told of the jobs done as they are — a baseline's all at its end)."""
     check_jobs_fit(jobs, pools)
     started = time.perf_counter()
     if policy is Policy.OPENDWS:
-        outcomes = replay_opendws(jobs, pools, workers=workers, policy=settings)
+        outcomes = replay_opendws(jobs, pools, workers=workers, policy=settings, progress=progress)
     else:
         outcomes = list_schedule(jobs, pools, policy)
+        if progress is not None and jobs:
+            progress(len(jobs), max(job.submitted_at for job in jobs))
     return Replayed(policy=policy, outcomes=outcomes, wall_s=time.perf_counter() - started)
 
 
@@ -399,12 +453,20 @@ def replay_many(
     *,
     workers: int = 1,
     settings: PolicySettings | None = None,
+    progress: Callable[[Policy], Progress] | None = None,
 ) -> dict[Policy, Replayed]:
     """Replay under each policy, one after the other; ``workers`` processes share the opendws
     replay's independent parts (the baselines take seconds); ``settings``: opendws's
-    admission order (default: the default one)."""
+    admission order (default: the default one); ``progress``: each policy's reporter."""
     check_jobs_fit(jobs, pools)
     return {
-        policy: replay(jobs, pools, policy, workers=workers, settings=settings)
+        policy: replay(
+            jobs,
+            pools,
+            policy,
+            workers=workers,
+            settings=settings,
+            progress=None if progress is None else progress(policy),
+        )
         for policy in policies
     }
