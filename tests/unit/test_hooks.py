@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from opendws.adapters.memory import MemoryConfigStore, MemoryRequestPublisher
+from opendws.adapters.memory import (
+    MemoryCapacityProvider,
+    MemoryConfigStore,
+    MemoryRequestPublisher,
+)
 from opendws.config import configuration_from_document
 from opendws.domain.states import RequestState
 from opendws.ports import CiMapping, Configuration
@@ -21,7 +25,7 @@ from opendws.scenario import ScenarioError
 from opendws.service.hooks import MAX_BODY, HookSecrets, HookService
 from opendws.service.intake import Delivery, IntakeOutcome, IntakeService
 from tests.builders import H100, pool
-from tests.world import memory_world, tenants_for
+from tests.world import World, memory_world, tenants_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "hooks"
 SECRETS = HookSecrets(github="gh-secret", gitlab="gl-token", generic="hook-secret")
@@ -74,16 +78,23 @@ def test_a_queued_github_job_with_matching_labels_asks_for_capacity(hooks: Hooks
     assert message["labels"] == {"ci": "github"}
 
 
-def test_a_redelivered_hook_is_one_request_and_completion_releases_it(hooks: Hooks) -> None:
-    service, publisher = hooks
+def ci_world(*, stock: int) -> tuple[World, MemoryCapacityProvider, IntakeService]:
+    """A reconciler's world with tenant ``ci``, one 4-VM A3 pool with ``stock`` VMs free at
+    Google, and intake over it (with cancel and release)."""
     configuration = Configuration(
         pools=(pool(capacity=4),), tenants=tenants_for(H100, names=("ci",))
     )
     world, cloud = memory_world((), (), timers=True, configuration=configuration)
-    cloud.set_stock("us-central1-a", "a3-highgpu-8g", 4)
+    cloud.set_stock("us-central1-a", "a3-highgpu-8g", stock)
     intake = IntakeService(
         world.store, world.bus, world.clock, config=world.config, ending=world.ending
     )
+    return world, cloud, intake
+
+
+def test_a_redelivered_hook_is_one_request_and_completion_releases_it(hooks: Hooks) -> None:
+    service, publisher = hooks
+    world, _, intake = ci_world(stock=4)
     queued = sample("github_workflow_job_queued.json")
     for _ in range(2):  # GitHub redelivers the same delivery
         service.handle(github(queued), queued)
@@ -121,20 +132,14 @@ def test_a_redelivered_hook_is_one_request_and_completion_releases_it(hooks: Hoo
 def test_a_job_that_finished_before_its_queued_event_arrived_starts_nothing(
     hooks: Hooks, finished: str, queued: str, headers: dict[str, str] | None
 ) -> None:
-    """GitHub and GitLab both deliver webhooks out of order (docs.github.com, "Best practices
-    for using webhooks"; docs.gitlab.com, "Webhooks": events may arrive out of order). Found
-    with GitLab's own Job Hook payloads: ``success`` then ``pending`` of one job used to
-    provision an A100 VM for a job that had already finished. The finished event records the
-    request already ended; the late queued event is then a duplicate of it."""
+    """Neither GitHub nor GitLab promises an order of delivery for webhooks (a job's events
+    can arrive finished-first: github.com/orgs/community/discussions/211830 on out-of-order
+    GitHub events). Found with GitLab's own Job Hook payloads: ``success`` then ``pending`` of
+    one job used to provision an A100 VM for a job that had already finished. The finished
+    event records the request already ended; the late queued event is then a duplicate of
+    it."""
     service, publisher = hooks
-    configuration = Configuration(
-        pools=(pool(capacity=4),), tenants=tenants_for(H100, names=("ci",))
-    )
-    world, cloud = memory_world((), (), timers=True, configuration=configuration)
-    cloud.set_stock("us-central1-a", "a3-highgpu-8g", 4)
-    intake = IntakeService(
-        world.store, world.bus, world.clock, config=world.config, ending=world.ending
-    )
+    world, cloud, intake = ci_world(stock=4)
     for name in (finished, queued):
         body = sample(name)
         assert service.handle(headers or github(body), body).status == 202
@@ -164,13 +169,7 @@ def test_a_job_that_finished_before_its_queued_event_arrived_starts_nothing(
 def test_a_finished_job_whose_request_waits_is_cancelled(hooks: Hooks) -> None:
     """In order (queued, then finished before it was admitted): the release cancels it."""
     service, publisher = hooks
-    configuration = Configuration(
-        pools=(pool(capacity=4),), tenants=tenants_for(H100, names=("ci",))
-    )
-    world, _ = memory_world((), (), timers=True, configuration=configuration)  # no stock
-    intake = IntakeService(
-        world.store, world.bus, world.clock, config=world.config, ending=world.ending
-    )
+    world, _, intake = ci_world(stock=0)
     for name in ("github_workflow_job_queued.json", "github_workflow_job_completed.json"):
         body = sample(name)
         service.handle(github(body), body)

@@ -405,23 +405,7 @@ def request_from_document(data: dict[str, Any]) -> CapacityRequest:
 def accepted(request: CapacityRequest, at: datetime) -> tuple[RequestRecord, StatusEvent]:
     """A request as intake stores it when it accepts it at ``at``: PENDING, version 1, with its
     first event."""
-    event = StatusEvent(
-        request_id=request.request_id,
-        tenant=request.tenant,
-        state=RequestState.PENDING,
-        previous_state=None,
-        at=at,
-        message="accepted; waiting for admission",
-    )
-    record = RequestRecord(
-        request=request,
-        state=RequestState.PENDING,
-        version=1,
-        digest=content_digest(request),
-        updated_at=at,
-        message=event.message,
-    )
-    return record, event
+    return _created(request, at, RequestState.PENDING, "accepted; waiting for admission")
 
 
 FINISHED_FIRST = "FINISHED_BEFORE_QUEUED"  # the reason of a request recorded already ended
@@ -436,24 +420,22 @@ def finished_first(request: CapacityRequest, at: datetime) -> tuple[RequestRecor
         "its job finished before it was submitted (webhooks arrive out of order): recorded "
         "as ended, so its submission, when it comes, starts nothing"
     )
+    return _created(request, at, RequestState.CANCELLED, message, reason=FINISHED_FIRST)
+
+
+def _created(
+    request: CapacityRequest, at: datetime, state: RequestState, message: str,
+    reason: str | None = None,
+) -> tuple[RequestRecord, StatusEvent]:  # fmt: skip
+    """A new record at version 1 in ``state``, and its first event saying so."""
     event = StatusEvent(
-        request_id=request.request_id,
-        tenant=request.tenant,
-        state=RequestState.CANCELLED,
-        previous_state=None,
-        at=at,
-        reason=FINISHED_FIRST,
-        message=message,
-    )
+        request_id=request.request_id, tenant=request.tenant, state=state, previous_state=None,
+        at=at, reason=reason, message=message,
+    )  # fmt: skip
     record = RequestRecord(
-        request=request,
-        state=RequestState.CANCELLED,
-        version=1,
-        digest=content_digest(request),
-        updated_at=at,
-        reason=FINISHED_FIRST,
-        message=message,
-    )
+        request=request, state=state, version=1, digest=content_digest(request),
+        updated_at=at, reason=reason, message=message,
+    )  # fmt: skip
     return record, event
 
 

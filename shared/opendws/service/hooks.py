@@ -191,8 +191,8 @@ class HookService:
         if job.queued:
             self._publisher.publish(self._submission(mapping, job, request_id))
             return HookResult(202, f"capacity requested as {request_id}", request_id)
-        # Webhooks come out of order (GitHub and GitLab both say so): a job may finish before
-        # its queued event arrives. The release then records the request already ended, so
+        # Webhooks come in no promised order: a job's finished event may come before its
+        # queued one. The release then records the request already ended, so
         # that the late queued event submits a duplicate that starts nothing.
         submission = self._submission(mapping, job, request_id)
         self._publisher.publish({"schema": "opendws.request/v1", "action": "release",
