@@ -62,6 +62,9 @@ def test_the_ready_eta_is_the_eta_plus_the_pools_times() -> None:
     assert ready_etas(eta, known) == (eta + timedelta(minutes=5), eta + timedelta(minutes=20))
     assert ready_etas(None, known) == (None, None)
     assert ready_etas(eta, None) == (None, None)
+    # A calendar block's capacity is Google's reservation from its start.
+    assert ready_etas(eta, None, reserved=True) == (eta, eta)
+    assert ready_etas(eta, known, reserved=True) == (eta, eta)
 
 
 def test_a_negative_time_is_refused() -> None:

@@ -71,12 +71,17 @@ def readiness(
 
 
 def ready_etas(
-    eta: datetime | None, known: Readiness | None
+    eta: datetime | None, known: Readiness | None, *, reserved: bool = False
 ) -> tuple[datetime | None, datetime | None]:
     """``(ready_eta, ready_eta_p90)``: when an order admitted at ``eta`` is expected to run,
     at the pool's median and its 90th percentile; (None, None) without an eta or an
-    estimate."""
-    if eta is None or known is None:
+    estimate. A ``reserved`` one (a calendar block: its capacity is Google's reservation from
+    its start) is ready at ``eta``."""
+    if eta is None:
+        return None, None
+    if reserved:
+        return eta, eta
+    if known is None:
         return None, None
     return eta + known.median, eta + known.p90
 

@@ -105,11 +105,10 @@ class QueryService:
 def _ready(
     record: RequestRecord, known: dict[str, Readiness | None]
 ) -> tuple[datetime | None, datetime | None]:
-    if record.state is not S.PENDING or record.pool is None or record.eta is None:
+    if record.state is not S.PENDING or record.pool is None:
         return None, None
-    if record.request.mode is Mode.CALENDAR:  # its capacity is reserved from its start
-        return record.eta, record.eta
-    return ready_etas(record.eta, known.get(record.pool))
+    calendar = record.request.mode is Mode.CALENDAR
+    return ready_etas(record.eta, known.get(record.pool), reserved=calendar)
 
 
 def _entry(record: RequestRecord, now: datetime, known: dict[str, Readiness | None]) -> QueueEntry:

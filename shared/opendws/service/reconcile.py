@@ -803,10 +803,9 @@ class _Cycle:
             keep_pool = pool
         ready, ready_p90 = None, None
         if state is S.PENDING and keep_pool is not None and eta is not None:
-            if current.request.mode is Mode.FLEX_START:
-                ready, ready_p90 = ready_etas(eta, self._ready_of(keep_pool))
-            else:  # a calendar block's capacity is reserved for it from its start
-                ready, ready_p90 = eta, eta
+            calendar = current.request.mode is Mode.CALENDAR
+            known = None if calendar else self._ready_of(keep_pool)
+            ready, ready_p90 = ready_etas(eta, known, reserved=calendar)
         event = StatusEvent(
             request_id=current.request_id,
             tenant=current.tenant,
