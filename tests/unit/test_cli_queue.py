@@ -19,6 +19,7 @@ from opendws.adapters.memory import (
     MemoryRequestStore,
 )
 from opendws.cli import main
+from opendws.cli.common import relative
 from opendws.clock import ManualClock
 from opendws.domain.readiness import ReadySample
 from opendws.domain.states import RequestState
@@ -74,8 +75,21 @@ def test_the_queue_shows_both_times() -> None:
     assert (entry["eta"], entry["ready_eta"], entry["ready_eta_p90"]) == (
         iso(ETA), iso(ETA + timedelta(minutes=6)), iso(ETA + timedelta(minutes=30)),
     )  # fmt: skip
-    table = dws("queue")
-    assert f"{iso(ETA + timedelta(minutes=6))} ({iso(ETA + timedelta(minutes=30))})" in table
+    wide = dws("queue", "--wide")
+    assert f"{iso(ETA + timedelta(minutes=6))} ({iso(ETA + timedelta(minutes=30))})" in wide
+
+
+@pytest.mark.usefixtures("store")
+def test_the_queue_fits_an_80_column_terminal_with_relative_times() -> None:
+    table = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["queue"]).stdout
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = [line for line in lines if line.lstrip().startswith("held")]
+    assert len(rows) == 1, table
+    row = rows[0]
+    assert row.split() == [
+        "held", "t", "1", "in", "2", "h", "in", "2", "h", "6", "min", "NO_CAPACITY_UNTIL", "0s",
+    ]  # fmt: skip
 
 
 @pytest.mark.usefixtures("store")
@@ -87,3 +101,18 @@ def test_status_shows_both_times() -> None:
     line = dws("status", "held").splitlines()[0]
     assert f"running by {iso(ETA + timedelta(minutes=6))}" in line
     assert f"(p90 {iso(ETA + timedelta(minutes=30))})" in line
+
+
+@pytest.mark.parametrize(
+    ("offset", "shown"),
+    [
+        (timedelta(seconds=20), "now"),
+        (timedelta(hours=2, minutes=10), "in 2 h 10 min"),
+        (timedelta(days=3, hours=1, minutes=5), "in 3 d 1 h"),
+        (-timedelta(minutes=5), "5 min ago"),
+        (timedelta(hours=1), "in 1 h"),
+    ],
+)
+def test_relative_times_read_like_a_clock(offset: timedelta, shown: str) -> None:
+    assert relative(NOW + offset, NOW) == shown
+    assert relative(None, NOW) == ""

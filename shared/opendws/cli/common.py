@@ -83,3 +83,20 @@ def container() -> Container:
 def iso_seconds(at: datetime | None) -> str | None:
     """``at`` in UTC to the second (``2026-12-01T06:00:00+00:00``), or None."""
     return None if at is None else at.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def relative(at: datetime | None, now: datetime) -> str:
+    """``at`` as a person reads it beside a clock showing ``now``: ``in 2 h 10 min``,
+    ``5 min ago``, ``now`` (within half a minute); the two largest units, rounded to the
+    minute; empty for None."""
+    if at is None:
+        return ""
+    seconds = (at - now).total_seconds()
+    if abs(seconds) < 30:
+        return "now"
+    minutes = round(abs(seconds) / 60)
+    days, rest = divmod(minutes, 24 * 60)
+    hours, minutes = divmod(rest, 60)
+    parts = [f"{n} {unit}" for n, unit in ((days, "d"), (hours, "h"), (minutes, "min")) if n]
+    text = " ".join(parts[:2])
+    return f"in {text}" if seconds > 0 else f"{text} ago"

@@ -21,9 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 from rich.table import Table
 
-from opendws.cli.common import UsageFailure, console, container, iso_seconds, project_option
+from opendws.cli.common import (
+    UsageFailure,
+    console,
+    container,
+    iso_seconds,
+    project_option,
+    relative,
+)
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
 from opendws.scenario import ScenarioError, read_document
@@ -201,18 +209,30 @@ release = _end_command("release")
 
 @click.command(short_help="Pending requests: positions, ETAs and reasons per pool.")
 @click.option("--tenant", help="Only this tenant's requests.")
+@click.option("--wide", is_flag=True, help="Every column, with exact times (UTC).")
 @click.option("--json", "as_json", is_flag=True)
 @project_option
-def queue(tenant: str | None, as_json: bool) -> None:
-    """The queue as the last reconcile pass left it."""
+def queue(tenant: str | None, wide: bool, as_json: bool) -> None:
+    """The queue as the last reconcile pass left it: by default the columns that fit an
+    80-column terminal, times relative to now; --wide for all of them."""
 
-    entries = container().queries.queue(datetime.now(UTC), tenant=tenant)
+    now = datetime.now(UTC)
+    entries = container().queries.queue(now, tenant=tenant)
     if as_json:
         click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
                                 "ready_eta": iso_seconds(e.ready_eta),
                                 "ready_eta_p90": iso_seconds(e.ready_eta_p90),
                                 "waited_s": e.waited.total_seconds()} for e in entries],
                               default=str, indent=2))  # fmt: skip
+        return
+    if not wide:
+        table = Table("request", "tenant", "#", "ETA", "running", "reason", "waited",
+                      box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+        for e in entries:
+            table.add_row(e.request_id, e.tenant, str(e.position or ""), relative(e.eta, now),
+                          relative(e.ready_eta, now), e.reason or "",
+                          format_duration(e.waited))  # fmt: skip
+        console.print(table)
         return
     table = Table("request", "tenant", "units", "pool", "position", "ETA", "running by (p90)",
                   "reason", "waited")  # fmt: skip
