@@ -27,35 +27,37 @@ from opendws.ports import Change, StatusEvent, accepted
 from tests.builders import A3, ZONE, flex
 
 POOL = f"{ZONE}/{A3}"
-# The CLI reads the wall clock; the samples must be recent against it.
-NOW = datetime.now(UTC).replace(microsecond=0)
-ETA = NOW + timedelta(hours=2)
+AHEAD = timedelta(hours=2, seconds=30)  # shown as "in 2 h" for a minute of test time
 
 
 @pytest.fixture
-def store() -> Iterator[MemoryRequestStore]:
+def held() -> Iterator[datetime]:
+    """One held request, stored now, and its ETA (what the fixture yields)."""
+    # The CLI reads the wall clock: the samples must be recent, the ETA ahead, against it.
+    now = datetime.now(UTC).replace(microsecond=0)
+    eta = now + AHEAD
     store = MemoryRequestStore()
-    record, event = accepted(flex("held", vm_count=2, submitted_at=NOW), NOW)
+    record, event = accepted(flex("held", vm_count=2, submitted_at=now), now)
     store.create(record, event)
     held = StatusEvent(
         request_id="held", tenant="t", state=RequestState.PENDING,
-        previous_state=RequestState.PENDING, at=NOW, reason="NO_CAPACITY_UNTIL", eta=ETA,
+        previous_state=RequestState.PENDING, at=now, reason="NO_CAPACITY_UNTIL", eta=eta,
         pool=POOL, position=1,
     )  # fmt: skip
     store.change("held", Change(
         expected_version=1, state=RequestState.PENDING, event=held, reason="NO_CAPACITY_UNTIL",
-        pool=POOL, eta=ETA, position=1,
+        pool=POOL, eta=eta, position=1,
     ))  # fmt: skip
     for index, minutes in enumerate((4, 6, 30)):
         took = timedelta(minutes=minutes)
-        store.record_ready(POOL, ReadySample(request_id=f"s{index}", at=NOW, took=took))
+        store.record_ready(POOL, ReadySample(request_id=f"s{index}", at=now, took=took))
     adapters = bootstrap.Adapters(
         store=store, config=MemoryConfigStore(), events=MemoryEventBus(),
-        nudger=MemoryNudger(), publisher=MemoryRequestPublisher(), clock=ManualClock(NOW),
+        nudger=MemoryNudger(), publisher=MemoryRequestPublisher(), clock=ManualClock(now),
     )  # fmt: skip
     settings = bootstrap.Settings.from_environment({"OPENDWS_PROJECT": "cli-test"})
     previous = bootstrap.use(bootstrap.Container(settings, adapters=adapters))
-    yield store
+    yield eta
     bootstrap.use(previous)
 
 
@@ -69,17 +71,17 @@ def iso(at: datetime) -> str:
     return at.isoformat(timespec="seconds")
 
 
-@pytest.mark.usefixtures("store")
-def test_the_queue_shows_both_times() -> None:
+def test_the_queue_shows_both_times(held: datetime) -> None:
+    eta = held
     (entry,) = json.loads(dws("queue", "--json"))
     assert (entry["eta"], entry["ready_eta"], entry["ready_eta_p90"]) == (
-        iso(ETA), iso(ETA + timedelta(minutes=6)), iso(ETA + timedelta(minutes=30)),
+        iso(eta), iso(eta + timedelta(minutes=6)), iso(eta + timedelta(minutes=30)),
     )  # fmt: skip
     wide = dws("queue", "--wide")
-    assert f"{iso(ETA + timedelta(minutes=6))} ({iso(ETA + timedelta(minutes=30))})" in wide
+    assert f"{iso(eta + timedelta(minutes=6))} ({iso(eta + timedelta(minutes=30))})" in wide
 
 
-@pytest.mark.usefixtures("store")
+@pytest.mark.usefixtures("held")
 def test_the_queue_fits_an_80_column_terminal_with_relative_times() -> None:
     table = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["queue"]).stdout
     lines = table.splitlines()
@@ -87,20 +89,22 @@ def test_the_queue_fits_an_80_column_terminal_with_relative_times() -> None:
     rows = [line for line in lines if line.lstrip().startswith("held")]
     assert len(rows) == 1, table
     row = rows[0]
-    assert row.split() == [
-        "held", "t", "1", "in", "2", "h", "in", "2", "h", "6", "min", "NO_CAPACITY_UNTIL", "0s",
+    words = row.split()
+    assert words[:-1] == [
+        "held", "t", "1", "in", "2", "h", "in", "2", "h", "6", "min", "NO_CAPACITY_UNTIL",
     ]  # fmt: skip
+    assert words[-1].endswith("s")  # waited: the seconds since the fixture stored it
 
 
-@pytest.mark.usefixtures("store")
-def test_status_shows_both_times() -> None:
+def test_status_shows_both_times(held: datetime) -> None:
+    eta = held
     shown = json.loads(dws("status", "held", "--json"))
     assert (shown["eta"], shown["ready_eta"], shown["ready_eta_p90"]) == (
-        iso(ETA), iso(ETA + timedelta(minutes=6)), iso(ETA + timedelta(minutes=30)),
+        iso(eta), iso(eta + timedelta(minutes=6)), iso(eta + timedelta(minutes=30)),
     )  # fmt: skip
     line = dws("status", "held").splitlines()[0]
-    assert f"running by {iso(ETA + timedelta(minutes=6))}" in line
-    assert f"(p90 {iso(ETA + timedelta(minutes=30))})" in line
+    assert f"running by {iso(eta + timedelta(minutes=6))}" in line
+    assert f"(p90 {iso(eta + timedelta(minutes=30))})" in line
 
 
 @pytest.mark.parametrize(
@@ -114,5 +118,6 @@ def test_status_shows_both_times() -> None:
     ],
 )
 def test_relative_times_read_like_a_clock(offset: timedelta, shown: str) -> None:
-    assert relative(NOW + offset, NOW) == shown
-    assert relative(None, NOW) == ""
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    assert relative(now + offset, now) == shown
+    assert relative(None, now) == ""
