@@ -121,3 +121,14 @@ def test_relative_times_read_like_a_clock(offset: timedelta, shown: str) -> None
     now = datetime(2026, 12, 1, tzinfo=UTC)
     assert relative(now + offset, now) == shown
     assert relative(None, now) == ""
+
+
+def test_the_timeline_shows_relative_times_and_exact_ones_with_wide(held: datetime) -> None:
+    """The held request's planned start and end: "in 2 h" and "in 3 h" (its 1 h run after
+    its ETA) within 80 columns; --wide gives them in UTC."""
+    lines = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["timeline"]).stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    rows = [line.replace("│", " ").split() for line in lines if " held " in line]
+    assert rows == [["held", "t", "PENDING", "2", "in", "2", "h", "in", "3", "h"]], lines
+    wide = dws("timeline", "--wide")
+    assert iso(held) in wide

@@ -248,12 +248,15 @@ def queue(tenant: str | None, wide: bool, as_json: bool) -> None:
 
 @click.command(short_help="What holds each pool when: runs, blocks, planned starts.")
 @click.option("--pool", help="Only this pool.")
+@click.option("--wide", is_flag=True, help="Exact times (UTC) instead of relative ones.")
 @click.option("--json", "as_json", is_flag=True)
 @project_option
-def timeline(pool: str | None, as_json: bool) -> None:
-    """Per pool: running and provisioning grants, booked blocks, planned starts."""
+def timeline(pool: str | None, wide: bool, as_json: bool) -> None:
+    """Per pool: running and provisioning grants, booked blocks, planned starts; times
+    relative to now (fitting an 80-column terminal), or exact with --wide."""
 
-    pools = container().queries.timeline(datetime.now(UTC), pool=pool)
+    now = datetime.now(UTC)
+    pools = container().queries.timeline(now, pool=pool)
     if as_json:
         click.echo(json.dumps({name: [asdict(s) for s in spans] for name, spans in pools.items()},
                               default=str, indent=2))  # fmt: skip
@@ -261,8 +264,12 @@ def timeline(pool: str | None, as_json: bool) -> None:
     for name, spans in pools.items():
         table = Table("request", "tenant", "state", "units", "from", "until", title=name)
         for s in spans:
-            table.add_row(s.request_id, s.tenant, s.state, str(s.units), iso_seconds(s.start) or "",
-                          iso_seconds(s.end) or "")  # fmt: skip
+            start, end = (
+                (iso_seconds(s.start) or "", iso_seconds(s.end) or "")
+                if wide
+                else (relative(s.start, now), relative(s.end, now))
+            )
+            table.add_row(s.request_id, s.tenant, s.state, str(s.units), start, end)
         console.print(table)
     if not pools:
         console.print("no pool holds or plans anything")
