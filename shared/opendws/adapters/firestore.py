@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -67,6 +67,7 @@ SCHEDULER_CONFIG = "scheduler"
 # How long an event record is kept: longer than any request lives (a calendar block may start
 # 120 days ahead and run 90), so a live request never loses its history.
 EVENT_RETENTION = timedelta(days=400)
+MICROSECOND = timedelta(microseconds=1)  # ready samples store their durations in these
 # Every write of a request sets this to its commit time (a server timestamp): what
 # FirestoreRequestStore.changes reads by.
 CHANGED_AT = "changed_at"
@@ -270,20 +271,11 @@ class FirestoreRequestStore:
         return again
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
-        document = self._pool_status.document(quote(pool_id, safe=""))
+        def short(data: dict[str, Any]) -> dict[str, Any] | None:
+            cooldown = cooldown_after(data.get("short_until"), until)
+            return None if cooldown is None else {"short_until": cooldown}
 
-        @firestore.transactional
-        def mark(transaction: firestore.Transaction) -> None:
-            self._check_fence(transaction, fence)
-            snapshot = self._reads.one(document.get(transaction=transaction))
-            current = (snapshot.to_dict() or {}).get("short_until") if snapshot.exists else None
-            cooldown = cooldown_after(current, until)
-            if cooldown is not None:
-                # Merged: the pool's other fields (its ready samples) stay as they are.
-                transaction.set(document, {"pool_id": pool_id, "short_until": cooldown}, merge=True)
-
-        with _contention(f"{pool_id}'s status was changed by another writer meanwhile"):
-            mark(self._client.transaction())
+        self._update_pool(pool_id, fence, short)
 
     def pool_shortages(self) -> dict[str, datetime]:
         shortages: dict[str, datetime] = {}
@@ -294,23 +286,36 @@ class FirestoreRequestStore:
         return shortages
 
     def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
+        def ready(data: dict[str, Any]) -> dict[str, Any] | None:
+            kept = samples_after(_samples(data), sample)
+            if kept is None:
+                return None
+            return {"ready": [
+                {"request_id": k.request_id, "at": k.at, "took_us": k.took // MICROSECOND}
+                for k in kept
+            ]}  # fmt: skip
+
+        self._update_pool(pool_id, fence, ready)
+
+    def _update_pool(
+        self, pool_id: str, fence: Fence | None,
+        fields: Callable[[dict[str, Any]], dict[str, Any] | None],
+    ) -> None:  # fmt: skip
+        """One fenced read-modify-write of ``pool_status/{pool_id}``: ``fields`` of what is
+        stored gives the fields to write (None: nothing to write), merged, so that the pool's
+        other fields (its cool-down, its ready samples) stay as they are."""
         document = self._pool_status.document(quote(pool_id, safe=""))
 
         @firestore.transactional
-        def record(transaction: firestore.Transaction) -> None:
+        def update(transaction: firestore.Transaction) -> None:
             self._check_fence(transaction, fence)
             snapshot = self._reads.one(document.get(transaction=transaction))
-            data = (snapshot.to_dict() or {}) if snapshot.exists else {}
-            kept = samples_after(_samples(data), sample)
-            if kept is not None:
-                ready = [
-                    {"request_id": k.request_id, "at": k.at, "took_us": _micros(k.took)}
-                    for k in kept
-                ]
-                transaction.set(document, {"pool_id": pool_id, "ready": ready}, merge=True)
+            changed = fields((snapshot.to_dict() or {}) if snapshot.exists else {})
+            if changed is not None:
+                transaction.set(document, {"pool_id": pool_id, **changed}, merge=True)
 
         with _contention(f"{pool_id}'s status was changed by another writer meanwhile"):
-            record(self._client.transaction())
+            update(self._client.transaction())
 
     def ready_samples(self) -> dict[str, tuple[ReadySample, ...]]:
         samples: dict[str, tuple[ReadySample, ...]] = {}
@@ -496,11 +501,7 @@ def _samples(data: dict[str, Any]) -> tuple[ReadySample, ...]:
         ReadySample(
             request_id=item["request_id"],
             at=item["at"],
-            took=timedelta(microseconds=int(item["took_us"])),
+            took=int(item["took_us"]) * MICROSECOND,
         )
         for item in data.get("ready") or ()
     )
-
-
-def _micros(span: timedelta) -> int:
-    return (span.days * 86_400 + span.seconds) * 1_000_000 + span.microseconds
