@@ -239,29 +239,27 @@ class IntakeService:
         return IntakeResult(IntakeOutcome.APPLIED, request.request_id, event.message)
 
     def _identity(self, topic: str | None) -> Identity:
-        """Whom ``topic`` speaks for, by the configuration (kept CONFIG_TTL; read again at
-        once for a tenant topic it does not know yet, so a tenant just added is not
-        refused)."""
-        now = self._clock.now()
-        cached = self._configuration
-        if cached is None or now - cached[0] >= CONFIG_TTL:
-            configuration, fresh = self._load(now), True
-        else:
-            configuration, fresh = cached[1], False
-        identity = _identity(topic, configuration)
-        if identity.speaker is Speaker.UNKNOWN and not fresh:
-            identity = _identity(topic, self._load(now))
-        return identity
+        """Whom ``topic`` speaks for, by the configuration (a tenant topic it does not know
+        yet makes it read the configuration again, so a tenant just added is not refused)."""
+        known = self._configuration_where(
+            lambda configuration: _identity(topic, configuration).speaker is not Speaker.UNKNOWN
+        )
+        return _identity(topic, known)
 
     def _tenants(self, tenant: str) -> frozenset[str]:
         """The configured tenants' names (read again at once when ``tenant`` is not among
-        them in the kept configuration: it may have just been added)."""
+        them: it may have just been added)."""
+        known = self._configuration_where(lambda configuration: tenant in _names(configuration))
+        return _names(known)
+
+    def _configuration_where(self, found: Callable[[Configuration], bool]) -> Configuration:
+        """The configuration, kept CONFIG_TTL between messages; a kept one in which ``found``
+        fails is read again at once (what is missing may have just been added)."""
+        now = self._clock.now()
         cached = self._configuration
-        configuration = cached[1] if cached is not None else self._load(self._clock.now())
-        names = frozenset(t.name for t in configuration.tenants)
-        if tenant not in names and cached is not None:
-            names = frozenset(t.name for t in self._load(self._clock.now()).tenants)
-        return names
+        if cached is None or now - cached[0] >= CONFIG_TTL:
+            return self._load(now)
+        return cached[1] if found(cached[1]) else self._load(now)
 
     def _load(self, now: datetime) -> Configuration:
         configuration = self._config.load()
@@ -322,6 +320,10 @@ class IntakeService:
             )
         )
         return IntakeResult(IntakeOutcome.REFUSED, request_id, message)
+
+
+def _names(configuration: Configuration) -> frozenset[str]:
+    return frozenset(tenant.name for tenant in configuration.tenants)
 
 
 def _identity(topic: str | None, configuration: Configuration) -> Identity:
