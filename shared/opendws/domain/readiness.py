@@ -14,7 +14,7 @@ than one made up.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -68,6 +68,13 @@ def readiness(
     if len(took) < MIN_SAMPLES:
         return None
     return Readiness(median=_rank(took, 0.5), p90=_rank(took, 0.9), samples=len(took))
+
+
+def readiness_by_pool(
+    samples: Mapping[str, Iterable[ReadySample]], now: datetime
+) -> dict[str, Readiness | None]:
+    """:func:`readiness` of each pool's samples, by pool id."""
+    return {pool: readiness(kept, now) for pool, kept in samples.items()}
 
 
 def ready_etas(

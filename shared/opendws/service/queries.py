@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from opendws.domain.model import Mode
-from opendws.domain.readiness import Readiness, readiness, ready_etas
+from opendws.domain.readiness import Readiness, readiness_by_pool, ready_etas
 from opendws.domain.states import RequestState
 from opendws.ports import PoolStatus, RequestRecord, Requests, hold_end
 
@@ -58,7 +58,7 @@ class QueryService:
 
     def readiness(self, now: datetime) -> dict[str, Readiness | None]:
         """Per pool with a history: what Google took lately from admission to ACTIVE."""
-        return {pool: readiness(kept, now) for pool, kept in self._pools.ready_samples().items()}
+        return readiness_by_pool(self._pools.ready_samples(), now)
 
     def ready_etas(
         self, record: RequestRecord, now: datetime

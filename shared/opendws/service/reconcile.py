@@ -56,7 +56,7 @@ from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Commitment, Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
-from opendws.domain.readiness import Readiness, ReadySample, readiness, ready_etas
+from opendws.domain.readiness import Readiness, ReadySample, readiness_by_pool, ready_etas
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (
     Call,
@@ -511,8 +511,7 @@ class _Cycle:
         """What Google took lately to serve an admitted request in ``pool_id``; read once per
         pass, and only by a pass that announces an ETA."""
         if self.readiness is None:
-            samples = self.store.ready_samples()
-            self.readiness = {pool: readiness(kept, self.now) for pool, kept in samples.items()}
+            self.readiness = readiness_by_pool(self.store.ready_samples(), self.now)
         return self.readiness.get(pool_id)
 
     def _release_leak(self, sighting: Sighting) -> None:
