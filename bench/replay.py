@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opendws.domain.model import PolicySettings  # noqa: E402
-from opendws.replay.baselines import Policy  # noqa: E402
+from opendws.replay.baselines import JobOutcome, Policy  # noqa: E402
 from opendws.replay.metrics import (  # noqa: E402
     NAIVE_RATE_WINDOW,
     EtaAccuracy,
@@ -192,6 +192,15 @@ def _eta_figures(figures: dict[str, EtaAccuracy], within: timedelta | None) -> d
     }  # fmt: skip
 
 
+def first_eta_errors_h(outcomes: list[JobOutcome]) -> list[float]:
+    """Actual start − first ETA, in hours, of every job that was told one and started."""
+    return [
+        (o.started_at - o.etas[0].eta).total_seconds() / 3600
+        for o in outcomes
+        if o.etas and o.started_at is not None
+    ]
+
+
 def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Path:
     """CDF of actual start − first ETA: opendws's first ETA and the naive estimate."""
     import matplotlib
@@ -203,11 +212,7 @@ def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Pat
     outcomes = results[Policy.OPENDWS].outcomes
     naive = naive_etas(outcomes)
     series = {
-        "opendws (first ETA)": [
-            (o.started_at - o.etas[0].eta).total_seconds() / 3600
-            for o in outcomes
-            if o.etas and o.started_at is not None
-        ],
+        "opendws (first ETA)": first_eta_errors_h(outcomes),
         "naive (queue place ÷ admission rate)": [
             (o.started_at - naive[o.job.job_id]).total_seconds() / 3600
             for o in outcomes
@@ -291,11 +296,7 @@ def plot_eta_errors_by_policy(replays: dict[str, Replayed], out: Path, tag: str)
     import numpy as np
 
     series = {
-        name: np.asarray([
-            (o.started_at - o.etas[0].eta).total_seconds() / 3600
-            for o in result.outcomes
-            if o.etas and o.started_at is not None
-        ])
+        name: np.asarray(first_eta_errors_h(result.outcomes))
         for name, result in replays.items()
     }  # fmt: skip
     figure, axes = plt.subplots(figsize=(8, 5))
