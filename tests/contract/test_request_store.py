@@ -406,7 +406,8 @@ def test_ready_samples_are_kept_per_pool_once_per_request_and_beside_a_cool_down
 ) -> None:
     """A pool keeps its newest samples, one per request (a repeated pass records nothing
     twice), and its cool-down and its samples live in one document without erasing each
-    other."""
+    other: each is written with ``set(..., merge=True)``, which updates only the fields given
+    (firestore/docs/manage-data/add-data, "Set a document": merge)."""
     pool_id = "us-central1-a/a3-highgpu-8g"
     first = ReadySample(request_id="r1", at=NOW, took=timedelta(minutes=7, microseconds=5))
     store.record_ready(pool_id, first)
