@@ -1,11 +1,17 @@
-"""Cloud Functions entry points: decode, call one service, map errors."""
+"""Cloud Functions entry points: decode, call one service, map errors.
+
+Every function logs in Cloud Logging's structured JSON (one line per record on stdout, with
+the invocation's trace; :mod:`opendws.adapters.logs`) and exports its metrics when the
+invocation ends (:class:`opendws.adapters.telemetry.OtelMetrics`)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +20,7 @@ import functions_framework
 from cloudevents.http import CloudEvent
 
 from opendws import bootstrap
+from opendws.adapters import logs
 from opendws.adapters.oidc import Forbidden, Unauthorized
 from opendws.ports import Timer, topic_of_source
 from opendws.service.hooks import MAX_BODY, too_large
@@ -21,8 +28,30 @@ from opendws.service.intake import Delivery
 from opendws.service.reconcile import PassReport
 
 log = logging.getLogger("opendws.functions")
+logs.configure(bootstrap.Settings.from_environment().project)
 # Between the follow-up passes of one reconcile invocation.
 FOLLOW_UP_INTERVAL = timedelta(seconds=2)
+
+
+@contextlib.contextmanager
+def invocation(trace: logs.Trace | None) -> Iterator[bootstrap.Container]:
+    """One invocation: logs carry its trace; its metrics are exported when it ends (raised
+    or not)."""
+    container = bootstrap.container()
+    with logs.traced(trace):
+        try:
+            yield container
+        finally:
+            try:
+                container.metrics.flush()
+            except Exception as error:  # metrics must never fail the work itself
+                log.warning("metrics not exported: %s", error)
+
+
+def event_trace(event: CloudEvent) -> logs.Trace | None:
+    """A CloudEvent's trace: its ``traceparent`` extension (Eventarc sets it)."""
+    parent = event.get("traceparent")
+    return logs.trace_of({"traceparent": str(parent)}) if parent else None
 
 
 @functions_framework.cloud_event
@@ -31,7 +60,8 @@ def intake(event: CloudEvent) -> None:
     Firestore: one Pub/Sub message (Eventarc's messagePublished CloudEvent, whose ``source``
     names the topic: who the message speaks for). Bad input is answered with a REJECTED
     event; only transient faults raise."""
-    bootstrap.container().intake.handle(delivery_of(event))
+    with invocation(event_trace(event)) as container:
+        container.intake.handle(delivery_of(event))
 
 
 @functions_framework.cloud_event
@@ -43,19 +73,18 @@ def reconcile(event: CloudEvent) -> None:
     the holder runs it at once when its own ends (nudges during a pass are coalesced, never
     dropped), for up to twice the follow-up time (an ask still open then is served by the
     next nudge or tick)."""
-    container = bootstrap.container()
-    window = container.settings.reconcile_follow_up.total_seconds()
-    deadline = time.monotonic() + window
-    while True:
-        report = container.reconcile.run_pass()
-        log.info(
-            json.dumps({"message": "reconcile pass", "trigger": event["id"], **summary(report)})
-        )
-        if report.again and time.monotonic() < deadline + window:
-            continue
-        if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
-            return
-        time.sleep(FOLLOW_UP_INTERVAL.total_seconds())
+    with invocation(event_trace(event)) as container:
+        window = container.settings.reconcile_follow_up.total_seconds()
+        deadline = time.monotonic() + window
+        while True:
+            report = container.reconcile.run_pass()
+            fields = {"trigger": event["id"], **summary(report)}
+            log.info("reconcile pass: %s", report.outcome.value, extra={"fields": fields})
+            if report.again and time.monotonic() < deadline + window:
+                continue
+            if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
+                return
+            time.sleep(FOLLOW_UP_INTERVAL.total_seconds())
 
 
 def summary(report: PassReport) -> dict[str, Any]:
@@ -78,37 +107,41 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
     """A Cloud Tasks timer is due: verify the caller's OIDC token, then end (or start) what the
     timer is for. 401/403 for a caller that is not the configured invoker, 400 for a body that
     is not a timer; a timer that no longer applies is acknowledged (200) and ignored."""
-    try:
-        bootstrap.container().verifier.verify(request.headers.get("Authorization"))
-    except Unauthorized as error:
-        return {"error": str(error)}, 401
-    except Forbidden as error:
-        return {"error": str(error)}, 403
-    try:
-        due = Timer.from_json(request.get_json(force=True, silent=False))
-    except (ValueError, KeyError, TypeError) as error:
-        return {"error": f"not a timer: {error}"}, 400
-    result = bootstrap.container().end.fire(due)
-    return {"outcome": result.outcome.value, "message": result.message}, 200
+    with invocation(logs.trace_of(dict(request.headers))) as container:
+        try:
+            container.verifier.verify(request.headers.get("Authorization"))
+        except Unauthorized as error:
+            return {"error": str(error)}, 401
+        except Forbidden as error:
+            return {"error": str(error)}, 403
+        try:
+            due = Timer.from_json(request.get_json(force=True, silent=False))
+        except (ValueError, KeyError, TypeError) as error:
+            return {"error": f"not a timer: {error}"}, 400
+        result = container.end.fire(due)
+        return {"outcome": result.outcome.value, "message": result.message}, 200
 
 
 @functions_framework.http
 def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
     """A CI system's webhook (GitHub workflow_job, GitLab job events, or the generic signed
     hook) → a submit or release on capacity-requests. 401 for a bad signature."""
-    if (request.content_length or 0) > MAX_BODY:  # refused before the body is read
-        result = too_large(None)
-    else:
-        result = bootstrap.container().hooks.handle(dict(request.headers), request.get_data())
-    return {"message": result.message, "request_id": result.request_id}, result.status
+    with invocation(logs.trace_of(dict(request.headers))) as container:
+        if (request.content_length or 0) > MAX_BODY:  # refused before the body is read
+            result = too_large(None)
+        else:
+            result = container.hooks.handle(dict(request.headers), request.get_data())
+        return {"message": result.message, "request_id": result.request_id}, result.status
 
 
 @functions_framework.http
 def api(request: flask.Request) -> flask.Response:
     """The HTTP API and the dashboard (see opendws.service.api)."""
-    answer = bootstrap.container().api.handle(request.method, request.path, dict(request.headers))
+    with invocation(logs.trace_of(dict(request.headers))) as container:
+        answer = container.api.handle(request.method, request.path, dict(request.headers))
     if isinstance(answer.body, str):
-        return flask.Response(answer.body, status=answer.status, mimetype="text/html")
+        kind = answer.content_type or "text/html; charset=utf-8"
+        return flask.Response(answer.body, status=answer.status, content_type=kind)
     return flask.Response(
         json.dumps(answer.body), status=answer.status, mimetype="application/json"
     )

@@ -27,6 +27,7 @@ from opendws.ports import (
     RequestStore,
     accepted,
 )
+from opendws.ports.telemetry import Metrics
 from opendws.service.reconcile import PassReport, ReconcileService, ReconcileSettings
 from opendws.service.release import EndResult, EndService
 from tests.builders import NOW, quota, tenant
@@ -57,11 +58,12 @@ class World:
     settings: ReconcileSettings = field(default_factory=ReconcileSettings)
     timers: MemoryTimerQueue | None = None  # None: no timers, the sweep alone ends runs
     nudger: MemoryNudger = field(default_factory=MemoryNudger)
+    metrics: Metrics | None = None  # None: nothing is measured
 
     def reconciler(self, holder: str = "reconciler-1") -> ReconcileService:
         return ReconcileService(
             self.store, self.config, self.providers, self.bus, self.clock,
-            holder=holder, settings=self.settings, timers=self.timers,
+            holder=holder, settings=self.settings, timers=self.timers, metrics=self.metrics,
         )  # fmt: skip
 
     def ending(self) -> EndService:
@@ -69,7 +71,7 @@ class World:
         assert self.timers is not None, "build the world with timers=True"
         return EndService(
             self.store, self.config, self.providers, self.timers, self.bus, self.nudger,
-            self.clock,
+            self.clock, metrics=self.metrics,
         )  # fmt: skip
 
     def fire_due(self) -> list[EndResult]:

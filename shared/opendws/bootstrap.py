@@ -24,7 +24,11 @@
   ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:sha256:HEX,…``);
   in Google Cloud, Secret Manager values mounted as these variables;
 - ``OPENDWS_LOCAL_INTAKE_URL``: on one machine, the local stack's intake endpoint, where
-  ``dws config apply`` wires a new tenant's topic.
+  ``dws config apply`` wires a new tenant's topic;
+- metrics: ``OPENDWS_METRICS_EXPORT``, where each process exports its metrics, a comma list
+  of :data:`METRIC_EXPORTS` (default ``snapshots``: the store, which the api's ``/metrics``
+  serves; Terraform adds ``cloud_monitoring``); ``K_SERVICE`` (set by Cloud Run) names the
+  process's service in them.
 
 A :class:`Container` turns one Settings into adapters and services, each built on first use
 and only once (thread-safe), so a process holds one set of clients. :func:`container` is the
@@ -61,19 +65,25 @@ from opendws.ports import (
     RequestStore,
     TimerQueue,
 )
+from opendws.ports.telemetry import Metrics, MetricSnapshots
 from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
 from opendws.service.queries import QueryService
 from opendws.service.reconcile import ReconcileService
 from opendws.service.release import EndService
+from opendws.service.telemetry import LoggedEvents
 from opendws.service.usage import UsageService
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics.export import MetricExporter
+
     from opendws.adapters.gce import CloudSettings
     from opendws.adapters.oidc import OidcVerifier
 
 LOCAL_PROJECT = "demo-opendws"
+# A process's metric snapshot is forgotten a day after its last export.
+METRICS_RETENTION = timedelta(days=1)
 
 # The environment variables that say how capacity is created (Terraform sets them from its
 # ``vm_*`` and ``tpu_*`` variables).
@@ -86,6 +96,9 @@ CLOUD_SETTINGS_ENVIRONMENT = (
 # flex_start (the default): FLEX_START queued resources for the request's run duration; spot
 # and guaranteed: the queued resource's tier, the slice runs until released.
 TPU_TIERS = ("flex_start", "guaranteed", "spot")
+# Where a process's metrics go: the store's snapshots (served by the api at /metrics) and
+# Cloud Monitoring (OpenTelemetry's Google Cloud exporter).
+METRIC_EXPORTS = ("snapshots", "cloud_monitoring")
 # Any of these set: the Firestore and Pub/Sub clients talk to the official emulators.
 EMULATOR_HOSTS = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST")
 
@@ -122,10 +135,17 @@ class Settings:
     # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
     # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
     local_intake_url: str | None = None
+    service: str = "opendws"  # the process's service, in its metrics and their instance id
+    metrics_export: tuple[str, ...] = ("snapshots",)  # a subset of METRIC_EXPORTS
 
     def __post_init__(self) -> None:
         if self.tpu_tier is not None and self.tpu_tier not in TPU_TIERS:
             raise ValueError(f"tpu_tier is {self.tpu_tier!r}; it must be one of {_tiers()}")
+        unknown = [name for name in self.metrics_export if name not in METRIC_EXPORTS]
+        if unknown:
+            raise ValueError(
+                f"metrics export {', '.join(unknown)} is not one of {', '.join(METRIC_EXPORTS)}"
+            )
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Settings:
@@ -166,7 +186,17 @@ class Settings:
             ),
             api_keys=_api_keys(env("OPENDWS_API_KEYS") or ""),
             local_intake_url=env("OPENDWS_LOCAL_INTAKE_URL"),
+            service=env("K_SERVICE") or "opendws",
+            metrics_export=_exports(env("OPENDWS_METRICS_EXPORT")),
         )
+
+
+def _exports(text: str | None) -> tuple[str, ...]:
+    """``OPENDWS_METRICS_EXPORT`` as names (unset: ``snapshots``; ``none``: nowhere)."""
+    if text is None:
+        return ("snapshots",)
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    return () if names == ("none",) else names
 
 
 def _tiers() -> str:
@@ -232,6 +262,8 @@ class Adapters:
     nudger: Nudger
     publisher: RequestPublisher
     clock: Clock
+    # Where processes leave their metrics for /metrics; None: in this process's memory.
+    snapshots: MetricSnapshots | None = None
 
 
 T = TypeVar("T")
@@ -289,7 +321,11 @@ class Container:
         """The Firestore stores, the Pub/Sub event bus, nudger and request publisher (one
         client each, shared), and the system clock."""
         from opendws.adapters import clients
-        from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
+        from opendws.adapters.firestore import (
+            FirestoreConfigStore,
+            FirestoreMetricSnapshots,
+            FirestoreRequestStore,
+        )
         from opendws.adapters.pubsub import PubSubEventBus, PubSubNudger, PubSubRequestPublisher
         from opendws.clock import SystemClock
 
@@ -303,7 +339,51 @@ class Container:
             nudger=PubSubNudger(publisher, settings.project, settings.ticks_topic),
             publisher=PubSubRequestPublisher(publisher, settings.project),
             clock=SystemClock(),
+            snapshots=FirestoreMetricSnapshots(client),
         )
+
+    @_Once
+    def events(self) -> EventBus:
+        """The event bus the services publish on: the adapters', logging each event."""
+        return LoggedEvents(self.adapters.events)
+
+    @_Once
+    def snapshots(self) -> MetricSnapshots:
+        """Where this process's metrics are exported for /metrics (the adapters', else
+        memory)."""
+        if self.adapters.snapshots is not None:
+            return self.adapters.snapshots
+        from opendws.adapters.telemetry import MemoryMetricSnapshots
+
+        return MemoryMetricSnapshots()
+
+    @_Once
+    def metrics(self) -> Metrics:
+        """This process's meter, exporting where the settings say."""
+        from opendws.adapters import clients
+        from opendws.adapters.telemetry import OtelMetrics, SnapshotExporter
+
+        settings = self.settings
+        instance = f"{settings.service}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        exporters: list[MetricExporter] = []
+        resource: dict[str, str] = {}
+        if "snapshots" in settings.metrics_export:
+            exporters.append(SnapshotExporter(self.snapshots, instance))
+        if "cloud_monitoring" in settings.metrics_export:
+            exporters.append(clients.cloud_monitoring_exporter(settings.project))
+            resource = clients.google_cloud_resource()
+        return OtelMetrics(
+            service=settings.service, instance=instance, exporters=exporters, resource=resource
+        )
+
+    def metrics_text(self) -> str:
+        """Every process's metrics in Prometheus text; snapshots of processes silent for a
+        day are forgotten first."""
+        from opendws.adapters.telemetry import prometheus_text
+
+        snapshots = self.snapshots
+        snapshots.forget_before(self.adapters.clock.now() - METRICS_RETENTION)
+        return prometheus_text(snapshots.all())
 
     @_Once
     def cloud(self) -> CloudSettings:
@@ -370,7 +450,7 @@ class Container:
         when first needed: submissions need no cloud clients)."""
         adapters = self.adapters
         return IntakeService(
-            adapters.store, adapters.events, adapters.clock, config=adapters.config,
+            adapters.store, self.events, adapters.clock, config=adapters.config,
             ending=lambda: self.end, timers=self.timers, nudger=adapters.nudger,
         )  # fmt: skip
 
@@ -379,9 +459,9 @@ class Container:
         """The reconciler (the lease holder's name is this process's own)."""
         adapters = self.adapters
         return ReconcileService(
-            adapters.store, adapters.config, self.providers, adapters.events, adapters.clock,
+            adapters.store, adapters.config, self.providers, self.events, adapters.clock,
             holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-            timers=self.timers,
+            timers=self.timers, metrics=self.metrics,
         )  # fmt: skip
 
     @_Once
@@ -389,8 +469,8 @@ class Container:
         """Release, cancel and timers."""
         adapters = self.adapters
         return EndService(
-            adapters.store, adapters.config, self.providers, self.timers, adapters.events,
-            adapters.nudger, adapters.clock,
+            adapters.store, adapters.config, self.providers, self.timers, self.events,
+            adapters.nudger, adapters.clock, metrics=self.metrics,
         )  # fmt: skip
 
     @_Once
@@ -416,7 +496,7 @@ class Container:
         adapters = self.adapters
         return ApiService(
             adapters.store, self.queries, self.usage, lambda: self.end, adapters.clock,
-            self.settings.api_keys,
+            self.settings.api_keys, metrics=self.metrics_text,
         )  # fmt: skip
 
 

@@ -183,11 +183,20 @@ def test_the_providers_timers_and_verifier_are_googles(everything: Settings) -> 
 def test_each_service_is_wired_on_the_containers_parts(everything: Settings) -> None:
     container = Container(everything)
     adapters, providers, timers = container.adapters, container.providers, container.timers
-    store, config, events, clock = adapters.store, adapters.config, adapters.events, adapters.clock
+    store, config, clock = adapters.store, adapters.config, adapters.clock
+    # The services publish on the adapters' bus through the one logging wrapper.
+    events = container.events
+    assert events._bus is adapters.events  # type: ignore[attr-defined]
+    metrics = container.metrics
     intake, end, api = container.intake, container.end, container.api
     assert missing(intake, store, events, clock, config, adapters.nudger, timers) == []
-    assert missing(container.reconcile, store, config, providers, events, clock, timers) == []
-    assert missing(end, store, config, providers, timers, events, adapters.nudger, clock) == []
+    assert (
+        missing(container.reconcile, store, config, providers, events, clock, timers, metrics) == []
+    )
+    assert (
+        missing(end, store, config, providers, timers, events, adapters.nudger, clock, metrics)
+        == []
+    )
     assert missing(container.usage, store) == []
     assert missing(container.queries, store) == []
     assert missing(container.hooks, config, adapters.publisher, everything.hook_secrets) == []

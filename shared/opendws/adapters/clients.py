@@ -20,6 +20,7 @@ from opendws.ports import Providers
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
     from google.cloud import firestore, pubsub_v1, tasks_v2
+    from opentelemetry.sdk.metrics.export import MetricExporter
 
     from opendws.adapters.gce import CloudSettings
 
@@ -50,6 +51,26 @@ def publisher_client(*, anonymous: bool) -> pubsub_v1.PublisherClient:
         batch_settings=pubsub_v1.types.BatchSettings(max_messages=1),
         credentials=anonymous_credentials() if anonymous else None,
     )
+
+
+def cloud_monitoring_exporter(project: str) -> MetricExporter:
+    """OpenTelemetry's Cloud Monitoring exporter for ``project`` (metric types
+    ``workload.googleapis.com/<name>``; application default credentials)."""
+    from opentelemetry.exporter.cloud_monitoring import CloudMonitoringMetricsExporter
+
+    return CloudMonitoringMetricsExporter(project_id=project)
+
+
+def google_cloud_resource() -> dict[str, str]:
+    """What OpenTelemetry's Google Cloud detector finds about where this process runs (on
+    Cloud Run: the service, revision, region and instance), which the Cloud Monitoring
+    exporter maps to its monitored resource; empty outside Google Cloud."""
+    from opentelemetry.resourcedetector.gcp_resource_detector import (
+        GoogleCloudResourceDetector,
+    )
+
+    detected = GoogleCloudResourceDetector(raise_on_error=False).detect()
+    return {str(k): str(v) for k, v in detected.attributes.items()}
 
 
 def tasks_client(*, emulator_host: str | None = None) -> tasks_v2.CloudTasksClient:

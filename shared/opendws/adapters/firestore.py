@@ -53,6 +53,7 @@ from opendws.ports import (
     request_from_document,
     request_to_document,
 )
+from opendws.ports.telemetry import Buckets, Labels, MetricSnapshot
 
 T = TypeVar("T")
 
@@ -63,6 +64,7 @@ RECONCILER_LEASE = "reconciler"
 POOL_STATUS = "pool_status"
 USAGE = "usage"
 CONFIG = "config"
+METRICS = "metrics"  # one metric snapshot per process (opendws.ports.telemetry)
 SCHEDULER_CONFIG = "scheduler"
 # How long an event record is kept: longer than any request lives (a calendar block may start
 # 120 days ahead and run 90), so a live request never loses its history.
@@ -358,6 +360,64 @@ class FirestoreConfigStore:
         self._document.set(configuration_to_document(configuration))
 
 
+class FirestoreMetricSnapshots:
+    """MetricSnapshots in the ``metrics`` collection: one document per process, replaced at
+    each export (one writer each, so no transaction is needed)."""
+
+    def __init__(self, client: firestore.Client) -> None:
+        self._metrics = client.collection(METRICS)
+
+    def put(self, snapshot: MetricSnapshot) -> None:
+        self._metrics.document(quote(snapshot.instance, safe="")).set(_snapshot_fields(snapshot))
+
+    def all(self) -> list[MetricSnapshot]:
+        found = [_snapshot(s.to_dict() or {}) for s in self._metrics.stream()]
+        return sorted(found, key=lambda s: (s.at, s.instance))
+
+    def forget_before(self, cutoff: datetime) -> int:
+        old = self._metrics.where(filter=FieldFilter("at", "<", cutoff)).stream()
+        gone = 0
+        for snapshot in old:
+            snapshot.reference.delete()
+            gone += 1
+        return gone
+
+
+def _snapshot_fields(snapshot: MetricSnapshot) -> dict[str, Any]:
+    return {
+        "instance": snapshot.instance,
+        "at": snapshot.at,
+        "values": [
+            {"name": name, "labels": dict(labels), "value": value}
+            for name, series in snapshot.values.items()
+            for labels, value in series.items()
+        ],
+        "histograms": [
+            {"name": name, "labels": dict(labels), "count": b.count, "sum": b.sum,
+             "counts": list(b.counts)}
+            for name, series in snapshot.histograms.items()
+            for labels, b in series.items()
+        ],
+    }  # fmt: skip
+
+
+def _snapshot(data: dict[str, Any]) -> MetricSnapshot:
+    values: dict[str, dict[Labels, float]] = {}
+    for item in data.get("values", []):
+        labels = tuple(sorted((str(k), str(v)) for k, v in item["labels"].items()))
+        values.setdefault(item["name"], {})[labels] = float(item["value"])
+    histograms: dict[str, dict[Labels, Buckets]] = {}
+    for item in data.get("histograms", []):
+        labels = tuple(sorted((str(k), str(v)) for k, v in item["labels"].items()))
+        histograms.setdefault(item["name"], {})[labels] = Buckets(
+            count=int(item["count"]), sum=float(item["sum"]),
+            counts=tuple(int(c) for c in item["counts"]),
+        )  # fmt: skip
+    return MetricSnapshot(
+        instance=data["instance"], at=data["at"], values=values, histograms=histograms
+    )
+
+
 class _ReadCount:
     """Counts documents read (thread-safe: one store serves concurrent requests)."""
 
@@ -438,8 +498,8 @@ def _fence_fields(fence: Fence) -> dict[str, Any]:
 # The fields of a stored request that a Change writes (Change.apply); the rest — what it asks
 # for, its digest, its outbox cursor — is written once at creation or by mark_announced.
 _CHANGED_FIELDS = (
-    "state", "version", "updated_at", "reason", "message", "pool", "eta", "position",
-    "attempt", "lanes", "since", "events",
+    "state", "version", "updated_at", "reason", "message", "pool", "eta", "first_eta",
+    "position", "attempt", "lanes", "since", "events",
 )  # fmt: skip
 
 
@@ -456,6 +516,7 @@ def _record_fields(record: RequestRecord) -> dict[str, Any]:
         "message": record.message,
         "pool": record.pool,
         "eta": record.eta,
+        "first_eta": record.first_eta,
         "announced": record.announced,
         "events": record.events,
         "attempt": record.attempt,
@@ -476,6 +537,7 @@ def _record(data: dict[str, Any]) -> RequestRecord:
         message=data.get("message", ""),
         pool=data.get("pool"),
         eta=data.get("eta"),
+        first_eta=data.get("first_eta"),
         announced=int(data.get("announced", 0)),
         events=int(data.get("events", 1)),
         attempt=int(data.get("attempt", 0)),

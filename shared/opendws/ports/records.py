@@ -202,6 +202,8 @@ class RequestRecord:
     # PROVISIONING: every order open at once (one per raced pool; ``pool`` is the first);
     # ACTIVE: the order that won. Empty: the single order (pool, attempt), if any.
     lanes: tuple[Lane, ...] = ()
+    # The first ETA it was told (kept once set): what its ETA error is measured against.
+    first_eta: datetime | None = None
 
     @property
     def request_id(self) -> str:
@@ -280,7 +282,8 @@ class Change:
 
     def apply(self, record: RequestRecord) -> RequestRecord:
         """The record after this change: the version grows by one; ``since`` becomes the
-        event's time only when the state changes; ``attempt`` None keeps the old one;
+        event's time only when the state changes; ``attempt`` None keeps the old one; the first
+        ETA given is kept as ``first_eta``;
         ``lanes`` as :func:`lanes_after` says; one more event is recorded. Raises StaleWrite
         if ``record`` is at another version, IllegalTransition if the life cycle forbids the
         move."""
@@ -298,6 +301,7 @@ class Change:
             message=self.message,
             pool=self.pool,
             eta=self.eta,
+            first_eta=record.first_eta or self.eta,
             position=self.position,
             attempt=record.attempt if self.attempt is None else self.attempt,
             lanes=lanes_after(record.lanes, self.state, self.lanes),

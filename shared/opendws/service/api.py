@@ -8,6 +8,7 @@ services: method + path + headers → status + JSON.
     GET  /queue                    pending requests with positions, ETAs, ready ETAs, reasons
     GET  /timeline                 per pool: runs, blocks and planned starts
     GET  /usage                    accelerator-hours granted and used, cost, outcomes
+    GET  /metrics                  every process's metrics in Prometheus text (admins only)
     GET  /                         the dashboard page (it calls the routes above)
 
 Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a tenant or to
@@ -33,6 +34,8 @@ from opendws.service.release import EndOutcome, EndService
 from opendws.service.usage import UsageService
 
 ADMIN = "admin"
+# Prometheus' text exposition format.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Response:
 
     status: int
     body: dict[str, Any] | list[Any] | str
+    content_type: str | None = None  # for a text body; None: the dashboard's HTML
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +59,9 @@ class ApiService:
     def __init__(
         self, store: Requests, queries: QueryService, usage: UsageService,
         ending: Callable[[], EndService], clock: Clock, keys: Mapping[str, str],
+        metrics: Callable[[], str] | None = None,
     ) -> None:  # fmt: skip
+        self._metrics = metrics  # every process's metrics in Prometheus text
         self._store = store
         self._queries = queries
         self._usage = usage
@@ -81,6 +87,8 @@ class ApiService:
                 return self._timeline(caller)
             case "GET", ["usage"]:
                 return self._usage_rows(caller)
+            case "GET", ["metrics"]:
+                return self._metrics_text(caller)
         return Response(404, {"error": f"no route {method} /{'/'.join(parts)}"})
 
     def _caller(self, headers: Mapping[str, str]) -> Caller | None:
@@ -147,6 +155,14 @@ class ApiService:
                     "start": _iso(span.start), "end": _iso(span.end),
                 })  # fmt: skip
         return Response(200, {"now": _iso(self._clock.now()), "pools": shown})
+
+    def _metrics_text(self, caller: Caller) -> Response:
+        if not caller.admin:
+            # Metrics name every tenant and its usage: for the admins (and their scraper).
+            return Response(403, {"error": "metrics are for admins: use an admin key"})
+        if self._metrics is None:
+            return Response(404, {"error": "metrics are not configured here"})
+        return Response(200, self._metrics(), content_type=PROMETHEUS_TEXT)
 
     def _usage_rows(self, caller: Caller) -> Response:
         rows = self._usage.summary(tenant=None if caller.admin else caller.tenant)

@@ -37,6 +37,7 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -90,6 +91,8 @@ from opendws.ports import (
     order_name,
     submitted,
 )
+from opendws.ports.telemetry import Metrics
+from opendws.service import telemetry
 from opendws.service.mirror import RequestMirror
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
@@ -229,10 +232,11 @@ class ReconcileService:
     def __init__(
         self, store: ReconcilerStore, config: ConfigStore, providers: Providers, bus: EventBus,
         clock: Clock, *, holder: str, settings: ReconcileSettings | None = None,
-        timers: TimerQueue | None = None,
+        timers: TimerQueue | None = None, metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._config = config
+        self._metrics = metrics  # None: nothing is measured
         self._providers = providers
         self._bus = bus
         self._clock = clock
@@ -264,6 +268,19 @@ class ReconcileService:
         Each pass holds the lease under a name of its own (the service's, plus a pass count),
         so two passes of one process — concurrent requests on one instance — exclude each
         other as two processes do."""
+        started = time.perf_counter()
+        reads_before = _documents_read(self._store)
+        report = self._run_pass()
+        if self._metrics is not None:
+            reads_after = _documents_read(self._store)
+            reads = (
+                None if reads_before is None or reads_after is None else reads_after - reads_before
+            )
+            took = timedelta(seconds=time.perf_counter() - started)
+            telemetry.record_pass(self._metrics, report.outcome.value, took, reads)
+        return report
+
+    def _run_pass(self) -> PassReport:
         now = self._clock.now()
         with self._lock:
             holder = f"{self._holder}#{next(self._passes)}"
@@ -283,6 +300,9 @@ class ReconcileService:
             log.warning("reconcile pass stopped: %s", error)
             report.outcome = PassOutcome.FENCED if isinstance(error, Fenced) else PassOutcome.STALE
             return report
+        if self._metrics is not None:
+            live = (r for r in cycle.records.values() if not r.state.is_final)
+            telemetry.record_gauges(self._metrics, live, cycle.config, now)
         report.again = self._store.release_lease(fence)
         return report
 
@@ -297,6 +317,7 @@ class _Cycle:
         self.providers = service._providers
         self.bus = service._bus
         self.settings = service._settings
+        self.metrics = service._metrics
         self.config = service._config.load()
         self.fence = fence
         self.now = now
@@ -455,7 +476,10 @@ class _Cycle:
         a resource nobody wants, released as a leak), then the provider calls in order."""
         for pool_id in step.short:
             until = self.now + self.settings.stockout_cooldown
+            already = self.pools[pool_id].short_until
             self.store.mark_pool_short(pool_id, until, self.fence)
+            if self.metrics is not None and (already is None or already <= self.now):
+                telemetry.record_stockout(self.metrics, pool_id)  # the pool goes short now
             self.pools[pool_id] = _with_shortage(self.pools[pool_id], until)
         if step.double_wins:
             self.report.double_wins.extend(
@@ -534,11 +558,20 @@ class _Cycle:
         """One provider call for one order. A failure is logged and left for the next pass,
         which issues the call again (it is safe to repeat), so one bad order never holds up
         the others."""
+        request = order.request
         try:
             call(order)
         except Exception as error:
-            self._provider_failed(action, order.name, error)
+            telemetry.log_cloud_call(
+                action.value, order.name, order.pool.pool_id, request_id=request.request_id,
+                tenant=request.tenant, error=error,
+            )  # fmt: skip
+            self.report.errors.append(f"{action} {order.name}: {error}")
             return
+        telemetry.log_cloud_call(
+            action.value, order.name, order.pool.pool_id, request_id=request.request_id,
+            tenant=request.tenant,
+        )  # fmt: skip
         self.report.calls(action).append(order.name)
 
     def _provider_failed(self, action: Call, name: str, error: Exception) -> None:
@@ -827,6 +860,8 @@ class _Cycle:
             lanes=lanes, usage=usage_of(current, state, self.now, self.config) if final else None,
         )  # fmt: skip
         changed = self.store.change(current.request_id, change, fence=self.fence)
+        if self.metrics is not None:
+            telemetry.record_write(self.metrics, current, changed, self.now, change.usage)
         self.mirror.record(changed)
         if state is not current.state:
             self._set_timers(current, changed)
@@ -888,6 +923,12 @@ def _apply_order(decision: Decision, first: dict[Outcome, int]) -> tuple[int, in
     and screened decisions have none), then the id."""
     rank = decision.rank if decision.rank is not None else 0
     return first.get(decision.outcome, 2), rank, decision.request_id
+
+
+def _documents_read(store: object) -> int | None:
+    """Documents the store has read so far, where it counts them (Firestore's stores do)."""
+    count = getattr(store, "documents_read", None)
+    return count if isinstance(count, int) else None
 
 
 def _release(provider: CapacityProvider, order: Order) -> None:

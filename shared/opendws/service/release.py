@@ -47,6 +47,8 @@ from opendws.ports import (
     Withdrawal,
     submitted,
 )
+from opendws.ports.telemetry import Metrics
+from opendws.service import telemetry
 from opendws.service.timers import timers_to_disarm
 from opendws.service.usage import HOUR, usage_of
 
@@ -127,7 +129,9 @@ class EndService:
     def __init__(
         self, store: AnnouncedRequests, config: ConfigStore, providers: Providers,
         timers: TimerQueue | None, bus: EventBus, nudger: Nudger, clock: Clock,
+        metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
+        self._metrics = metrics  # None: nothing is measured
         self._store = store
         self._config = config
         self._providers = providers
@@ -273,14 +277,16 @@ class EndService:
             previous_state=record.state, at=now, reason=reason.value, message=message,
             pool=record.pool,
         )  # fmt: skip
+        usage = usage_of(record, state, now, configuration)
         changed = self._store.change(
             record.request_id,
             Change(
                 expected_version=record.version, state=state, event=event,
-                reason=reason.value, message=message, pool=record.pool,
-                usage=usage_of(record, state, now, configuration),
+                reason=reason.value, message=message, pool=record.pool, usage=usage,
             ),
         )  # fmt: skip
+        if self._metrics is not None:
+            telemetry.record_write(self._metrics, record, changed, now, usage)
         pools = {p.pool_id: p for p in configuration.pools}
         if record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) or submitted(record):
             # Every order it has open: one per raced pool while it provisions.
@@ -293,9 +299,15 @@ class EndService:
                 try:
                     provider.release(order.name, pool)
                 except Exception as error:  # the reconciler releases it as a leak
-                    log.warning(
-                        "release of %s failed; the reconciler retries: %s", order.name, error
-                    )
+                    telemetry.log_cloud_call(
+                        "release", order.name, pool.pool_id, request_id=record.request_id,
+                        tenant=record.tenant, error=error,
+                    )  # fmt: skip
+                else:
+                    telemetry.log_cloud_call(
+                        "release", order.name, pool.pool_id, request_id=record.request_id,
+                        tenant=record.tenant,
+                    )  # fmt: skip
         self._disarm(record)
         self._bus.publish(event)
         self._store.mark_announced(record.request_id, changed.events)

@@ -1,0 +1,319 @@
+"""Every metric after a scripted run on the memory adapters: names, labels and values, through
+the real OpenTelemetry meter, its export into snapshots and the Prometheus text the api serves.
+
+The run: ``train`` (vision, 2 × a3-highgpu-8g) is admitted in zone a, where Google has no
+capacity (a stockout), races zone b and runs there (a failover); ``wait`` (speech, 4 VMs, zone b
+only) waits behind it with an ETA, is admitted early when ``train`` is released after 30 min,
+and runs; ``late`` times out."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from opendws.adapters.logs import CloudLoggingFormatter, Trace, trace_of, traced
+from opendws.adapters.telemetry import (
+    MemoryMetricSnapshots,
+    OtelMetrics,
+    SnapshotExporter,
+    combined,
+    prometheus_text,
+)
+from opendws.domain.states import RequestState
+from opendws.ports import Configuration, Price
+from opendws.ports import telemetry as m
+from opendws.ports.telemetry import METRICS, MetricSnapshot, labels_of_mapping
+from opendws.service.telemetry import cloud_error_code, log_cloud_call
+from tests.builders import A3, H100, flex, pool, quota, tenant
+from tests.world import World, memory_world, submit
+
+S = RequestState
+ZA, ZB = "us-central1-a", "us-central1-b"
+PA, PB = pool(zone=ZA, capacity=4), pool(zone=ZB, capacity=4)
+LATENCY = timedelta(seconds=20)
+
+
+def _world() -> tuple[World, MemoryMetricSnapshots, OtelMetrics]:
+    snapshots = MemoryMetricSnapshots()
+    metrics = OtelMetrics(
+        service="test", instance="test-1", exporters=[SnapshotExporter(snapshots, "test-1")],
+        min_interval=timedelta(0),
+    )  # fmt: skip
+    configuration = Configuration(
+        pools=(PA, PB),
+        tenants=(
+            tenant("vision", quota(H100, 32, 16), cohort="research"),
+            tenant("speech", quota(H100, 32)),
+        ),
+        prices=(Price(accelerator=H100, per_hour=10.0, flex_factor=0.5),),
+    )
+    world, cloud = memory_world((), (), configuration=configuration, timers=True, latency=LATENCY)
+    world.metrics = metrics
+    cloud.set_stock(ZA, A3, 0)
+    cloud.set_stock(ZB, A3, 4)
+    return world, snapshots, metrics
+
+
+def _settle(world: World) -> None:
+    world.clock.advance(LATENCY)
+    world.run()
+
+
+@pytest.fixture(scope="module")
+def scripted() -> Iterator[MetricSnapshot]:
+    world, snapshots, metrics = _world()
+    submit(world.store, flex("train", tenant="vision", vm_count=2, locations=(ZA, ZB)))
+    world.run()  # admitted in a
+    _settle(world)  # a is short: b joins the race
+    _settle(world)  # b serves it
+    assert (world.state("train"), world.record("train").pool) == (S.ACTIVE, PB.pool_id)
+    now = world.clock.now()
+    submit(world.store, flex("wait", tenant="speech", vm_count=4, locations=(ZB,),
+                             submitted_at=now, max_wait=timedelta(hours=3)))  # fmt: skip
+    submit(world.store, flex("late", tenant="speech", vm_count=4, locations=(ZB,),
+                             submitted_at=now, max_wait=timedelta(minutes=10)))  # fmt: skip
+    world.run()
+    waiting = world.record("wait")
+    assert (waiting.state, waiting.reason) == (S.PENDING, "NO_CAPACITY_UNTIL")
+    assert waiting.first_eta is not None
+    metrics.flush()
+    snapshots_while_waiting = snapshots.all()
+    world.clock.advance(timedelta(minutes=30))
+    assert world.ending().release("train", "vision").state is S.RELEASED
+    world.run()  # wait admitted; late timed out
+    _settle(world)
+    assert world.state("wait") is S.ACTIVE
+    assert world.state("late") is S.TIMED_OUT
+    metrics.flush()
+    (snapshot,) = snapshots.all()
+    yield snapshot
+    assert snapshots_while_waiting  # exported at the first flush too
+
+
+def value(snapshot: MetricSnapshot, metric: m.Metric, **labels: str) -> float:
+    return combined([snapshot])[0][metric.name][labels_of_mapping(labels)]
+
+
+def buckets(snapshot: MetricSnapshot, metric: m.Metric, **labels: str) -> m.Buckets:
+    return combined([snapshot])[1][metric.name][labels_of_mapping(labels)]
+
+
+def test_admissions_count_per_tenant_and_pool(scripted: MetricSnapshot) -> None:
+    assert value(scripted, m.ADMITTED, tenant="vision", pool=PA.pool_id) == 1
+    assert value(scripted, m.ADMITTED, tenant="speech", pool=PB.pool_id) == 1
+
+
+def test_admission_wait_is_measured_from_publication(scripted: MetricSnapshot) -> None:
+    assert buckets(scripted, m.ADMISSION_WAIT, tenant="vision", pool=PA.pool_id).sum == 0
+    waited = buckets(scripted, m.ADMISSION_WAIT, tenant="speech", pool=PB.pool_id)
+    assert (waited.count, waited.sum) == (1, 1800.0)  # released 30 min after it arrived
+
+
+def test_admission_to_active_is_googles_queue_per_pool(scripted: MetricSnapshot) -> None:
+    served = buckets(scripted, m.READY_WAIT, pool=PB.pool_id)
+    # train: admitted, then 2 × latency (a stockout in a, then b); wait: one latency.
+    assert (served.count, served.sum) == (2, 60.0)
+    assert sum(served.counts) == served.count
+
+
+def test_a_stockout_is_counted_once_per_shortage_and_the_race_won_elsewhere_is_a_failover(
+    scripted: MetricSnapshot,
+) -> None:
+    assert value(scripted, m.STOCKOUTS, pool=PA.pool_id) == 1
+    labels = {"tenant": "vision", "from_pool": PA.pool_id, "to_pool": PB.pool_id}
+    assert value(scripted, m.FAILOVERS, **labels) == 1
+
+
+def test_eta_error_against_the_first_eta(scripted: MetricSnapshot) -> None:
+    """wait was told 01:01 (train's end, on the whole minute) and admitted at 00:30:40."""
+    early = buckets(scripted, m.ETA_ERROR, pool=PB.pool_id, direction="early")
+    assert (early.count, early.sum) == (1, 1820.0)
+
+
+def test_time_outs_and_ends(scripted: MetricSnapshot) -> None:
+    assert value(scripted, m.TIMED_OUT, tenant="speech") == 1
+    assert value(scripted, m.ENDED, tenant="speech", state="TIMED_OUT") == 1
+    assert value(scripted, m.ENDED, tenant="vision", state="RELEASED") == 1
+
+
+def test_accelerator_hours_and_cost_per_tenant(scripted: MetricSnapshot) -> None:
+    """16 H100s for 30 min = 8 accelerator-hours; at 10 an hour, flex at half price: 40."""
+    assert value(scripted, m.ACCELERATOR_HOURS, tenant="vision", accelerator=H100) == 8.0
+    assert value(scripted, m.COST, tenant="vision", accelerator=H100) == 40.0
+
+
+def test_gauges_show_the_state_after_the_last_pass(scripted: MetricSnapshot) -> None:
+    # Nothing pends any more: the series set while wait pended reads 0, not its last 1.
+    pending = {"tenant": "speech", "pool": PB.pool_id, "reason": "NO_CAPACITY_UNTIL"}
+    assert value(scripted, m.PENDING, **pending) == 0
+    assert value(scripted, m.ACTIVE, tenant="speech", pool=PB.pool_id, state="ACTIVE") == 1
+    assert value(scripted, m.ACTIVE, tenant="vision", pool=PB.pool_id, state="ACTIVE") == 0
+    held = {"tenant": "speech", "cohort": "", "accelerator": H100}
+    assert value(scripted, m.QUOTA_USAGE, **held) == 32
+    research = {"tenant": "vision", "cohort": "research", "accelerator": H100}
+    assert value(scripted, m.QUOTA_NOMINAL, **research) == 32
+    assert value(scripted, m.QUOTA_BORROWING, **research) == 16
+    assert value(scripted, m.COHORT_USAGE, cohort="research", accelerator=H100) == 0
+
+
+def test_passes_are_counted_and_timed(scripted: MetricSnapshot) -> None:
+    passes = value(scripted, m.PASSES, outcome="COMPLETED")
+    assert passes == 6
+    assert buckets(scripted, m.PASS_DURATION, outcome="COMPLETED").count == passes
+
+
+def test_pending_gauges_while_waiting() -> None:
+    world, snapshots, metrics = _world()
+    cloud_b_only = flex("big", tenant="speech", vm_count=4, locations=(ZB,))
+    submit(world.store, flex("first", tenant="vision", vm_count=2, locations=(ZB,)))
+    submit(world.store, cloud_b_only)
+    world.run()
+    world.clock.advance(timedelta(minutes=5))
+    world.run()
+    metrics.flush()
+    (snapshot,) = snapshots.all()
+    pending = {"tenant": "speech", "pool": PB.pool_id, "reason": "NO_CAPACITY_UNTIL"}
+    assert value(snapshot, m.PENDING, **pending) == 1
+    assert value(snapshot, m.LONGEST_WAIT, tenant="speech", pool=PB.pool_id) == 300
+
+
+def test_the_prometheus_text_has_every_metric_with_its_kind() -> None:
+    """Scraped as Prometheus parses it: one family per catalog entry, of its kind."""
+    world, snapshots, metrics = _world()
+    submit(world.store, flex("train", tenant="vision", vm_count=2, locations=(ZB,)))
+    world.run()
+    _settle(world)
+    metrics.flush()
+    families = {f.name: f for f in text_string_to_metric_families(prometheus_text(snapshots.all()))}
+    for metric in METRICS:
+        name = metric.name.removesuffix("_total") if metric.kind is m.Kind.COUNTER else metric.name
+        assert families[name].type == metric.kind.value, metric.name
+    admitted = families["opendws_admitted_requests"].samples
+    assert [(s.labels, s.value) for s in admitted] == [
+        ({"tenant": "vision", "pool": PB.pool_id}, 1.0)
+    ]
+
+
+def test_counters_and_histograms_add_up_over_processes_and_gauges_come_from_the_newest() -> None:
+    snapshots = MemoryMetricSnapshots()
+    first = OtelMetrics(service="a", instance="a", exporters=[SnapshotExporter(snapshots, "a")],
+                        min_interval=timedelta(0))  # fmt: skip
+    second = OtelMetrics(service="b", instance="b", exporters=[SnapshotExporter(snapshots, "b")],
+                         min_interval=timedelta(0))  # fmt: skip
+    labels = {"tenant": "t", "pool": "p"}
+    first.add(m.ADMITTED, 2, labels)
+    first.gauge(m.PENDING, [({"tenant": "t", "pool": "p", "reason": "QUOTA"}, 5)])
+    first.observe(m.ADMISSION_WAIT, 3, labels)
+    first.flush()
+    second.add(m.ADMITTED, 1, labels)
+    second.gauge(m.PENDING, [({"tenant": "t", "pool": "p", "reason": "QUOTA"}, 7)])
+    second.observe(m.ADMISSION_WAIT, 5, labels)
+    second.flush()
+    values, histograms = combined(snapshots.all())
+    key = labels_of_mapping(labels)
+    assert values[m.ADMITTED.name][key] == 3
+    assert values[m.PENDING.name] == {labels_of_mapping({**labels, "reason": "QUOTA"}): 7}
+    assert (histograms[m.ADMISSION_WAIT.name][key].count,
+            histograms[m.ADMISSION_WAIT.name][key].sum) == (2, 8)  # fmt: skip
+
+
+def test_wrong_labels_and_negative_counts_are_refused_with_the_metric_named() -> None:
+    metrics = OtelMetrics(service="t", instance="t")
+    with pytest.raises(ValueError, match="opendws_admitted_requests_total takes the labels"):
+        metrics.add(m.ADMITTED, 1, {"tenant": "t"})
+    with pytest.raises(ValueError, match="is a counter"):
+        metrics.add(m.ADMITTED, -1, {"tenant": "t", "pool": "p"})
+
+
+def test_a_process_that_measured_nothing_writes_no_snapshot() -> None:
+    snapshots = MemoryMetricSnapshots()
+    OtelMetrics(service="api", instance="api", exporters=[SnapshotExporter(snapshots, "api")],
+                min_interval=timedelta(0)).flush()  # fmt: skip
+    assert snapshots.all() == []
+
+
+# Logs ---------------------------------------------------------------------------------------
+
+
+def _lines(run: object) -> list[dict[str, object]]:
+    """The JSON lines the structured formatter writes while ``run()`` runs."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(CloudLoggingFormatter("demo-opendws"))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        run()  # type: ignore[operator]
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def test_one_json_line_per_state_change_in_cloud_loggings_format() -> None:
+    """Cloud Logging's structured JSON (https://cloud.google.com/logging/docs/structured-
+    logging): ``severity`` and ``message`` become the entry's own, ``logging.googleapis.com/
+    trace`` (``projects/P/traces/ID``) ties it to its trace; the rest is the payload."""
+    from opendws.service.telemetry import LoggedEvents
+
+    world, _, _ = _world()
+    world.bus = LoggedEvents(world.bus)  # type: ignore[assignment]  # as bootstrap wires it
+    submit(world.store, flex("train", tenant="vision", vm_count=2, locations=(ZB,)))
+
+    def run() -> None:
+        with traced(Trace("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", True)):
+            world.run()
+            _settle(world)
+
+    lines = [line for line in _lines(run) if line["logger"] == "opendws.events"]
+    assert [(line["previous_state"], line["state"], line["reason"]) for line in lines] == [
+        ("PENDING", "PROVISIONING", "ADMITTED"),
+        ("PROVISIONING", "ACTIVE", "READY"),
+    ]
+    first = lines[0]
+    assert first["severity"] == "INFO"
+    assert first["message"] == "train: PENDING → PROVISIONING (ADMITTED)"
+    assert (first["request_id"], first["tenant"], first["pool"]) == ("train", "vision", PB.pool_id)
+    assert first["logging.googleapis.com/trace"] == (
+        "projects/demo-opendws/traces/4bf92f3577b34da6a3ce929d0e0e4736"
+    )
+    assert first["logging.googleapis.com/spanId"] == "00f067aa0ba902b7"
+    assert first["logging.googleapis.com/trace_sampled"] is True
+
+
+def test_a_cloud_call_is_logged_with_the_clouds_error_code() -> None:
+    """google-api-core's exceptions carry the HTTP status (``code``) and the gRPC status
+    (``grpc_status_code``) of the failed call (google/api_core/exceptions.py)."""
+    from google.api_core.exceptions import ServiceUnavailable
+
+    error = ServiceUnavailable("the zone is busy")
+
+    def run() -> None:
+        log_cloud_call("provision", "odws-train-1", PA.pool_id, request_id="train",
+                       tenant="vision", error=error)  # fmt: skip
+
+    (line,) = _lines(run)
+    assert line["severity"] == "WARNING"
+    assert (line["request_id"], line["tenant"], line["pool"]) == ("train", "vision", PA.pool_id)
+    assert line["error_code"] == cloud_error_code(error) == "UNAVAILABLE"
+    assert "logging.googleapis.com/trace" not in line  # no trace outside an invocation
+
+
+def test_the_trace_is_read_from_traceparent_or_x_cloud_trace_context() -> None:
+    """W3C Trace Context's ``traceparent`` (version-traceid-parentid-flags), else
+    ``X-Cloud-Trace-Context: TRACE_ID/SPAN_ID;o=1`` with a decimal span id, which Cloud
+    Logging wants as 16 hex digits (cloud.google.com/trace/docs/trace-context)."""
+    parent = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    assert trace_of(parent) == Trace("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", True)
+    cloud = {"X-Cloud-Trace-Context": "105445aa7843bc8bf206b12000100000/1;o=1"}
+    assert trace_of(cloud) == Trace("105445aa7843bc8bf206b12000100000", f"{1:016x}", True)
+    assert trace_of({"traceparent": "garbage"}) is None
+    assert trace_of({}) is None
