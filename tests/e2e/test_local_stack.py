@@ -1,6 +1,7 @@
 """``dws up`` end to end: the whole system starts on this machine, a request submitted with
 the CLI reaches ACTIVE (admission nudged by intake, not waiting for the tick), is released with
-the CLI and shows in ``dws usage``; Ctrl-C, SIGTERM and SIGHUP stop everything with nothing
+the CLI and shows in ``dws usage`` and in the metrics the api serves (``/metrics``, scraped
+as Prometheus does); Ctrl-C, SIGTERM and SIGHUP stop everything with nothing
 left listening and no file left behind."""
 
 from __future__ import annotations
@@ -138,6 +139,28 @@ def test_a_request_runs_and_is_released_through_the_cli(
     assert status["state"] == "RELEASED"
     usage = json.loads(dws(stack, "usage", "--json").stdout)
     assert [(u["tenant"], u["outcomes"]) for u in usage] == [("vision", {"RELEASED": 1})]
+    used = usage[0]["used_hours"]
+    # The api serves every function's metrics: the reconciler's admission and the intake's
+    # release (it ends the run), each exported when its invocation ended.
+    wanted = {
+        ("opendws_admitted_requests_total", (("pool", "us-central1-a/a3-highgpu-8g"),
+                                             ("tenant", "vision"))): 1.0,
+        ("opendws_finished_requests_total", (("state", "RELEASED"), ("tenant", "vision"))): 1.0,
+        ("opendws_accelerator_hours_total", (("accelerator", "nvidia-h100-80gb"),
+                                             ("tenant", "vision"))): used,
+    }  # fmt: skip
+    deadline = time.monotonic() + 90  # an export at most a minute after the last change
+    while True:
+        samples = scrape(stack, "local-admin-key")
+        found = {key: samples.get(key) for key in wanted}
+        if all(found[key] == pytest.approx(value) for key, value in wanted.items()):
+            break
+        assert time.monotonic() < deadline, f"metrics never showed {wanted}: {found}"
+        time.sleep(2)
+    admitted_in = (("pool", "us-central1-a/a3-highgpu-8g"), ("tenant", "vision"))
+    assert samples[("opendws_admission_wait_time_seconds_count", admitted_in)] == 1
+    assert scrape_status(stack, "local-vision-key") == 403  # a tenant's key: not its business
+    assert scrape_status(stack, None) == 401
     bad = dws(stack, "submit", "--tenant", "vision", "--vm-count", "0", "--run", "1h")
     assert bad.returncode == 2
     assert "vm_count" in bad.stderr
@@ -179,6 +202,33 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
             return int(response.status), json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read() or b"{}")
+
+
+def scrape(stack: dict[str, str], key: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics as Prometheus parses it: (sample name, sorted labels) → value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(
+        stack["url:api"].rstrip("/") + "/metrics", headers={"Authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def scrape_status(stack: dict[str, str], key: str | None) -> int:
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(stack["url:api"].rstrip("/") + "/metrics", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
 
 
 def api_get(stack: dict[str, str], path: str) -> object:
