@@ -34,10 +34,12 @@ locals {
     "roles/compute.futureReservationAdmin",
     "roles/tpu.admin",
   ]
+  # The functions that record metrics (passes and admissions; runs they end) write them.
+  metric_roles = ["roles/monitoring.metricWriter"]
   project_roles = {
-    intake    = concat(["roles/datastore.user"], local.capacity_roles) # cancel and release messages end runs
-    reconcile = concat(["roles/datastore.user"], local.capacity_roles)
-    timer     = concat(["roles/datastore.user"], local.capacity_roles)
+    intake    = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles) # cancel and release messages end runs
+    reconcile = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles)
+    timer     = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles)
     api       = concat(["roles/datastore.user"], local.capacity_roles) # cancel and release
     ci_hook   = ["roles/datastore.viewer"]                             # reads the CI mappings in config/scheduler
   }
@@ -55,7 +57,9 @@ locals {
     OPENDWS_NETWORK               = var.vm_network
     OPENDWS_TPU_RUNTIME_VERSION   = var.tpu_runtime_version
     OPENDWS_TPU_TIER              = var.tpu_tier
-    LOG_EXECUTION_ID              = "true"
+    # Each function's metrics: snapshots in Firestore (the api's /metrics) and Cloud Monitoring.
+    OPENDWS_METRICS_EXPORT = "snapshots,cloud_monitoring"
+    LOG_EXECUTION_ID       = "true"
   }
 }
 
@@ -345,6 +349,15 @@ module "api" {
   invokers = ["allUsers"]
 
   depends_on = [module.secrets]
+}
+
+module "monitoring" {
+  source                    = "./modules/monitoring"
+  project                   = var.project
+  wait_threshold_seconds    = var.alert_wait_threshold_seconds
+  reconcile_silence_seconds = var.alert_reconcile_silence_seconds
+  notification_channels     = var.alert_notification_channels
+  depends_on                = [module.apis]
 }
 
 module "scheduler" {

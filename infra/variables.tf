@@ -240,3 +240,21 @@ variable "flex_pools" {
   }))
   default = []
 }
+
+variable "alert_wait_threshold_seconds" {
+  description = "Alert when a pending request has waited longer than this many seconds."
+  type        = number
+  default     = 86400
+}
+
+variable "alert_reconcile_silence_seconds" {
+  description = "Alert when no reconcile pass has been recorded for this many seconds."
+  type        = number
+  default     = 600
+}
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channel ids the alert policies notify (none: incidents show in the console only)."
+  type        = list(string)
+  default     = []
+}

@@ -640,3 +640,75 @@ def test_the_api_keys_secret_holds_only_digests() -> None:
     version = secrets.split('resource "google_secret_manager_secret_version" "api_keys"', 1)[1]
     data = version.split("secret_data", 1)[1].split("\n", 1)[0]
     assert '"${tenant}:sha256:${sha256(random_password.api_key[tenant].result)}"' in data
+
+
+# Monitoring ---------------------------------------------------------------------------------
+
+MONITORING = (MODULES / "monitoring" / "main.tf").read_text()
+# Each chart: { metric = "NAME", aligner = "ALIGN_X", reducer = "REDUCE_Y", by = [...] }.
+CHARTS = re.findall(
+    r'metric = "(opendws_\w+)", aligner = "(ALIGN_\w+)", reducer = "(REDUCE_\w+)"', MONITORING
+)
+
+
+def test_the_dashboard_charts_only_metrics_of_the_catalog_aligned_as_their_kind() -> None:
+    """Cloud Monitoring: a CUMULATIVE counter is charted as a rate (ALIGN_RATE), a
+    distribution (an OpenTelemetry histogram) by ALIGN_DELTA and a percentile reducer, a gauge
+    by its mean or max (cloud.google.com/monitoring/api/v3/aggregation)."""
+    from opendws.ports.telemetry import BY_NAME, Kind
+
+    assert len(CHARTS) >= 12
+    for name, aligner, reducer in CHARTS:
+        kind = BY_NAME[name].kind
+        if kind is Kind.COUNTER:
+            assert aligner == "ALIGN_RATE", name
+        elif kind is Kind.HISTOGRAM:
+            assert (aligner, reducer.startswith("REDUCE_PERCENTILE_")) == ("ALIGN_DELTA", True)
+        else:
+            assert aligner in {"ALIGN_MEAN", "ALIGN_MAX"}, name
+    named = set(re.findall(r'"(opendws_\w+)"', MONITORING))
+    assert named <= set(BY_NAME)
+    # Every label a chart groups by is one its metric has.
+    for spec in re.findall(r'metric = "(opendws_\w+)".*?by = \[([^\]]*)\]', MONITORING):
+        labels = set(re.findall(r"metric\.label\.(\w+)", spec[1]))
+        assert labels <= set(BY_NAME[spec[0]].labels), spec
+
+
+def test_metric_types_are_where_the_cloud_monitoring_exporter_writes_them() -> None:
+    """OpenTelemetry's exporter writes ``workload.googleapis.com/<instrument name>`` by
+    default (opentelemetry-exporter-gcp-monitoring: CloudMonitoringMetricsExporter
+    ``prefix``)."""
+    import inspect
+
+    from opentelemetry.exporter.cloud_monitoring import CloudMonitoringMetricsExporter
+
+    default = (
+        inspect.signature(CloudMonitoringMetricsExporter.__init__).parameters["prefix"].default
+    )
+    assert variable_default(MODULES / "monitoring" / "variables.tf", "metric_prefix") == default
+    assert '"metric.type=\\"${var.metric_prefix}/${name}\\""' in MONITORING
+
+
+def test_the_alerts_watch_the_longest_wait_and_the_reconcilers_passes() -> None:
+    policies = {name: body for _, name, body in all_resources("google_monitoring_alert_policy")}
+    (waiting,) = policies["waiting"]["conditions"]
+    (threshold,) = waiting["condition_threshold"]
+    assert threshold["filter"] == '${local.metric["opendws_pending_longest_wait_seconds"]}'
+    assert threshold["threshold_value"] == "${var.wait_threshold_seconds}"
+    (silent,) = policies["reconcile_silent"]["conditions"]
+    (absent,) = silent["condition_absent"]
+    assert absent["filter"] == ('${local.metric["opendws_reconcile_passes_total"]}')
+    for body in policies.values():
+        assert body["notification_channels"] == "${var.notification_channels}"
+
+
+def test_functions_that_record_metrics_may_write_them_and_export_to_both() -> None:
+    roles = root_locals()["project_roles"]
+    for name in ("intake", "reconcile", "timer"):  # the services given a meter that records
+        assert "local.metric_roles" in roles[name]
+    assert root_locals()["metric_roles"] == ['"roles/monitoring.metricWriter"']
+    export = unquote(root_locals()["common_environment"]["OPENDWS_METRICS_EXPORT"])
+    settings = Settings.from_environment({"OPENDWS_METRICS_EXPORT": export})
+    assert settings.metrics_export == ("snapshots", "cloud_monitoring")
+    services = variable_default(MODULES / "apis" / "variables.tf", "services")
+    assert '"monitoring.googleapis.com"' in services or "monitoring.googleapis.com" in services
