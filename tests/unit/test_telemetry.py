@@ -26,7 +26,7 @@ from opendws.adapters.telemetry import (
     prometheus_text,
 )
 from opendws.domain.states import RequestState
-from opendws.ports import Configuration, Price
+from opendws.ports import Changes, Configuration, Price, RequestRecord, Watermark
 from opendws.ports import telemetry as m
 from opendws.ports.telemetry import METRICS, MetricSnapshot, labels_of_mapping
 from opendws.service.telemetry import cloud_error_code, log_cloud_call
@@ -317,3 +317,39 @@ def test_the_trace_is_read_from_traceparent_or_x_cloud_trace_context() -> None:
     assert trace_of(cloud) == Trace("105445aa7843bc8bf206b12000100000", f"{1:016x}", True)
     assert trace_of({"traceparent": "garbage"}) is None
     assert trace_of({}) is None
+
+
+def test_documents_read_per_pass_where_the_store_counts_them() -> None:
+    """Firestore's stores count the documents they read (billed per document); a pass
+    records how many it read, as the difference of the count around it."""
+    from opendws.adapters.memory import MemoryRequestStore
+
+    class CountingStore(MemoryRequestStore):
+        """The memory store, counting as Firestore's does: one per record a query returns."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.documents_read = 0
+
+        def in_states(self, *states: RequestState) -> list[RequestRecord]:
+            found = super().in_states(*states)
+            self.documents_read += len(found)
+            return found
+
+        def changes(self, since: Watermark | None) -> Changes:
+            found = super().changes(since)
+            self.documents_read += len(found.records)
+            return found
+
+    world, snapshots, metrics = _world()
+    store = CountingStore()
+    world.store = store
+    for index in range(3):
+        submit(world.store, flex(f"r{index}", tenant="vision", locations=(ZB,)))
+    world.run()  # a cold reconciler reads the three
+    world.run()  # then only what changed: nothing
+    metrics.flush()
+    (snapshot,) = snapshots.all()
+    reads = buckets(snapshot, m.PASS_READS)
+    assert reads.count == 2
+    assert reads.sum == store.documents_read >= 3
