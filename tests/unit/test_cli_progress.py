@@ -5,14 +5,19 @@ nothing of it when piped or with ``--json``."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+import emulators
 from emulators import demo as demo_script
+from emulators import stack as stack_module
 from opendws.cli import main
 from opendws.cli import replay as cli_replay
 from opendws.cli import stack as cli_stack
@@ -117,3 +122,45 @@ def test_the_bar_counts_every_line_the_demo_says() -> None:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "say"
     ]  # fmt: skip
     assert len(calls) == demo_script.STEPS
+
+
+class FakeStack:
+    """What ``dws demo`` needs of a local stack here: nothing (the script is replaced too)."""
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dws demo`` on a stand-in stack and script: the stack reports two steps of starting,
+    the script says two lines and ends with one outcome."""
+
+    @contextlib.contextmanager
+    def local_stack(*, progress: Callable[[str], None], **_: object) -> Iterator[FakeStack]:
+        progress("starting the Firestore and Pub/Sub emulators")
+        progress("ready")
+        yield FakeStack()
+
+    def run_demo(stack: FakeStack, say: Callable[[str], None]) -> list[demo_script.Outcome]:
+        say("submit train")
+        say("train: ACTIVE")
+        return [demo_script.Outcome("train", "vision", "ACTIVE", "pool", 1, 3, "a", "b", "c")]
+
+    monkeypatch.setattr(emulators, "missing_reason", lambda: None)
+    monkeypatch.setattr(stack_module, "local_stack", local_stack)
+    monkeypatch.setattr(demo_script, "run_demo", run_demo)
+
+
+@pytest.mark.usefixtures("scripted")
+def test_the_demo_with_json_prints_the_summary_alone() -> None:
+    result = CliRunner().invoke(main, ["demo", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [o["request_id"] for o in json.loads(result.stdout)] == ["train"]
+    assert result.stderr == ""
+
+
+@pytest.mark.usefixtures("scripted")
+def test_the_demo_piped_prints_its_story_and_table_without_the_stacks_steps() -> None:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["demo"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[:2] == ["› submit train", "› train: ACTIVE"]
+    assert "opendws demo" in result.stdout
+    assert "emulators" not in result.output

@@ -27,6 +27,7 @@ from opendws.adapters.memory import (
 )
 from opendws.client import (
     Client,
+    ClientError,
     InvalidRequest,
     NotCancellable,
     UnknownRequest,
@@ -239,8 +240,8 @@ def test_wait_times_out_on_time_with_the_state_it_saw(system: System) -> None:
 
 
 def test_cancel_and_release_publish_on_the_tenants_topic(system: System) -> None:
-    system.client.cancel("train", tenant="vision")
-    system.client.release("train", tenant="vision")
+    assert system.client.cancel("train", tenant="vision") == "1"  # the message ids
+    assert system.client.release("train", tenant="vision") == "2"
     assert [(m["action"], m["request_id"], m["tenant"]) for m in system.publisher.messages] == [
         ("cancel", "train", "vision"), ("release", "train", "vision"),
     ]  # fmt: skip
@@ -316,3 +317,8 @@ def test_opendws_exports_the_client_without_loading_it_on_import() -> None:
         env={"PYTHONPATH": str(ROOT / "shared"), "PATH": ""}, cwd=ROOT,
     )  # fmt: skip
     assert result.stdout.strip() == "False"
+
+
+def test_every_refusal_is_a_client_error() -> None:
+    for refusal in (InvalidRequest, UnknownRequest, NotCancellable):
+        assert issubclass(refusal, ClientError)
