@@ -287,6 +287,8 @@ def test_queue_timeline_and_usage_are_the_services_values(system: System) -> Non
     assert isinstance(row, UsageRow)
     assert (row.tenant, row.used_hours, row.granted_hours) == ("speech", 8.0, 16.0)
     assert system.client.usage(tenant="vision") == []
+    assert system.client.usage(until=system.clock.now()) == []  # it ended at that instant
+    assert system.client.usage(since=system.clock.now()) == [row]
 
 
 # building a client ------------------------------------------------------------------------------
