@@ -30,6 +30,8 @@ from emulators.stack import Stack
 STEP_TIMEOUT = 60.0
 # Google's review of a block (the stack's review delay) and the reconcile pass after it.
 REVIEW_TIMEOUT = 120.0
+# The lines run_demo says, one per step (what dws demo's progress bar counts).
+STEPS = 24
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,3 +132,41 @@ def test_the_timeline_shows_relative_times_and_exact_ones_with_wide(held: dateti
     assert rows == [["held", "t", "PENDING", "2", "in", "2", "h", "in", "3", "h"]], lines
     wide = dws("timeline", "--wide")
     assert iso(held) in wide
+
+
+def on_a_terminal(*args: str) -> str:
+    """``dws ARGS`` as an 80-column terminal shows it (TTY_COMPATIBLE: rich's own switch)."""
+    result = CliRunner(env={"COLUMNS": "80", "TTY_COMPATIBLE": "1", "FORCE_COLOR": None}).invoke(
+        main, list(args)
+    )
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_status_on_a_terminal_shows_relative_times_within_80_columns(held: datetime) -> None:
+    shown = on_a_terminal("status", "held")
+    lines = shown.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    headline = " ".join(" ".join(lines[:3]).split())
+    assert "ETA in 2 h, running in 2 h 6 min (p90 in 2 h 30 min), position 1" in headline
+    assert iso(held) not in shown
+    events = [line.split()[:2] for line in lines if "NO_CAPACITY_UNTIL" in line]
+    assert events == [["now", "PENDING"]], shown
+
+
+def test_status_with_wide_shows_exact_times_even_on_a_terminal(held: datetime) -> None:
+    shown = " ".join(on_a_terminal("status", "held", "--wide").split())
+    assert f"ETA {iso(held)}" in shown
+    assert f"running by {iso(held + timedelta(minutes=6))}" in shown
+
+
+@pytest.mark.usefixtures("held")
+def test_wait_and_status_keep_their_exit_codes() -> None:
+    """``dws wait`` on a request still pending: exit 3 once --timeout passes; ``dws status``
+    of an unknown id: one red line, exit 2."""
+    waited = CliRunner().invoke(main, ["wait", "held", "--timeout", "0.2"])
+    assert waited.exit_code == 3
+    assert "still PENDING after 0 s" in waited.stdout
+    unknown = CliRunner().invoke(main, ["status", "nothing"])
+    assert unknown.exit_code == 2
+    assert unknown.stderr.startswith("error: no request 'nothing'")

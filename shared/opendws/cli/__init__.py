@@ -9,9 +9,9 @@
 - :mod:`~opendws.cli.common`: what they share (the usage failure, the console, ``--project``).
 
 Errors a user can fix (a missing file, a bad field) are one red line on stderr and exit code 2,
-never a traceback. The commands that reach a running system get its adapters from
-:mod:`opendws.bootstrap`, imported only when they run, so that ``dws plan`` and ``dws simulate``
-start without the Google client libraries.
+never a traceback. The commands that reach a running system do it through
+:class:`opendws.Client` on a container of :mod:`opendws.bootstrap`, both imported only when
+they run, so that ``dws plan`` and ``dws simulate`` start without the Google client libraries.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ No command module imports another one; whatever two of them need lives here.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,11 +17,13 @@ from rich.text import Text
 
 if TYPE_CHECKING:
     from opendws.bootstrap import Container
+    from opendws.client import Client
 
 # Table width when stdout is not a terminal (a pipe or a file) and COLUMNS is unset.
 PIPED_WIDTH = 160
 
 console = Console()
+errors = Console(stderr=True)  # progress goes here, beside the results on stdout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,14 +71,21 @@ def container() -> Container:
     its own, built once from the environment with that project; without it, the process's
     (:func:`opendws.bootstrap.container`, built from the environment)."""
     from opendws import bootstrap
+    from opendws.client import for_project
 
     wiring = click.get_current_context().find_object(Wiring)
     if wiring is None or wiring.project is None:
         return bootstrap.container()
     if wiring.built is None:
-        environ = {**os.environ, "OPENDWS_PROJECT": wiring.project}
-        wiring.built = bootstrap.Container(bootstrap.Settings.from_environment(environ))
+        wiring.built = for_project(wiring.project)
     return wiring.built
+
+
+def client() -> Client:
+    """An :class:`opendws.Client` on the running command's :func:`container`."""
+    from opendws.client import Client
+
+    return Client(container=container())
 
 
 def iso_seconds(at: datetime | None) -> str | None:

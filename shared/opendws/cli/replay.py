@@ -26,6 +26,7 @@ import click
 from rich.console import Console
 from rich.progress import (
     BarColumn,
+    DownloadColumn,
     MofNCompleteColumn,
     Progress,
     TextColumn,
@@ -34,12 +35,18 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from opendws.cli.common import PIPED_WIDTH, UsageFailure, container, project_option
+from opendws.cli.common import PIPED_WIDTH, UsageFailure, container, errors, project_option
 from opendws.domain.model import InvalidModel, PolicySettings
 from opendws.durations import format_duration, parse_duration
 from opendws.replay.baselines import Policy
 from opendws.replay.metrics import PolicyReport
-from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs
+from opendws.replay.philly import (
+    HELIOS_END,
+    HELIOS_START,
+    ReadProgress,
+    convert,
+    largest_gangs,
+)
 from opendws.replay.runner import Progress as ReplayProgress
 from opendws.replay.runner import replay_many
 from opendws.replay.traces import (
@@ -56,7 +63,6 @@ from opendws.replay.traces import (
 )
 
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
-errors = Console(stderr=True)  # progress goes here, beside the results on stdout
 
 
 # dws simulate ---------------------------------------------------------------------------------
@@ -344,7 +350,9 @@ def convert_command(
             raise TraceError(f"--end {end_text} is before --start {start_text}")
         if scale <= 0:
             raise TraceError(f"--scale must be positive, not {scale}")
-        converted = convert(philly, nodes_path, start=start, end=end)
+        shown = console.is_terminal and errors.is_terminal  # quiet when piped
+        with convert_progress(philly, shown=shown) as progress:
+            converted = convert(philly, nodes_path, start=start, end=end, progress=progress)
         if not converted.jobs:
             raise TraceError(f"{philly}: no jobs submitted from {start_text} to {end_text}")
     except TraceError as error:
@@ -353,6 +361,30 @@ def convert_command(
     if scale != 1.0:
         pools = pools.scaled(scale, at_least=largest_gangs(converted.jobs))
     _write(converted.jobs, pools, converted.skipped, out_path, pools_out)
+
+
+@contextlib.contextmanager
+def convert_progress(source: Path, *, shown: bool) -> Iterator[ReadProgress | None]:
+    """On a terminal (``shown``), a bar of the trace read — bytes of its size, jobs kept,
+    elapsed and remaining time — fed by the conversion; None (quiet) otherwise."""
+    if not shown:
+        yield None
+        return
+    try:
+        size: int | None = source.stat().st_size
+    except OSError:
+        size = None  # the conversion says what is wrong with the file
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+        TextColumn("{task.fields[jobs]:,} jobs"), TimeElapsedColumn(), TimeRemainingColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=errors, transient=False) as bar:
+        task = bar.add_task(f"reading {source.name}", total=size, jobs=0)
+
+        def told(read: int, jobs: int) -> None:
+            bar.update(task, completed=read, jobs=jobs)
+
+        yield told
 
 
 @trace.command("export", short_help="Your own history → canonical CSV and a pools file.")

@@ -8,17 +8,18 @@ project (``--project``, application default credentials):
 - ``dws queue``, ``dws timeline`` and ``dws usage``: what waits, what holds each pool, what was
   used.
 
+Each command does its work through :class:`opendws.Client` (on the command's container, see
+:func:`opendws.cli.common.client`) and keeps only its flags, its printing and its exit code.
 Every error a user can fix is one red line and exit code 2.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
@@ -26,18 +27,18 @@ from rich.table import Table
 
 from opendws.cli.common import (
     UsageFailure,
+    client,
     console,
-    container,
     iso_seconds,
     project_option,
     relative,
 )
-from opendws.domain.states import RequestState
 from opendws.durations import format_duration
-from opendws.scenario import ScenarioError, read_document
-from opendws.schema.request import MessageError, parse_message
 
-S = RequestState
+if TYPE_CHECKING:
+    from opendws.client import InvalidRequest
+    from opendws.ports import StatusEvent
+
 # `dws wait` exit codes.
 WAIT_ACTIVE = 0  # the capacity is running
 WAIT_ENDED = 1  # it reached a final state without running (timed out, cancelled, rejected)
@@ -67,27 +68,28 @@ WAIT_TIMEOUT = 3  # still waiting when --timeout passed
 @click.option("--priority", type=int)
 @project_option
 def submit(file: Path | None, **flags: Any) -> None:
-    """Validate a request and publish it on capacity-requests; print its id."""
-    message = _message_from(file, flags)
-    try:
-        parse_message(json.dumps(message).encode())
-    except MessageError as error:
-        raise UsageFailure(f"the request is not valid: {error}") from None
+    """Validate a request and publish it on its tenant's topic; print its id."""
+    from opendws.client import InvalidRequest
 
-    message_id = container().adapters.publisher.publish(message)
-    request_id = message.get("request_id") or message_id
+    try:
+        if file is not None:
+            request_id = client().submit(file=file)
+        else:
+            request_id = client().submit(_message_from(flags))
+    except InvalidRequest as error:
+        raise UsageFailure(_one_line(error)) from None
     console.print(f"submitted [bold]{request_id}[/bold]; follow it with: dws wait {request_id}")
 
 
-def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
-    if file is not None:
-        try:
-            document = read_document(file)
-        except ScenarioError as error:
-            raise UsageFailure(str(error)) from None
-        if not isinstance(document, dict):
-            raise UsageFailure(f"{file}: a request is a mapping of fields")
-        return {"schema": "opendws.request/v1", "action": "submit", **document}
+def _one_line(error: InvalidRequest) -> str:
+    """A file's own problem as its reader said it; a field's with the field's name."""
+    if [field for field, _ in error.problems] == ["file"]:
+        return error.problems[0][1]
+    return str(error)
+
+
+def _message_from(flags: dict[str, Any]) -> dict[str, Any]:
+    """The request the flags describe (the client checks it)."""
     gang = {
         key: flags[flag]
         for key, flag in (
@@ -101,8 +103,7 @@ def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
     }
     if "topology" in gang:
         gang.setdefault("vm_count", 1)  # a TPU gang is one slice unless asked for more
-    message: dict[str, Any] = {"schema": "opendws.request/v1", "action": "submit",
-                               "tenant": flags.get("tenant"), "mode": flags["mode"],
+    message: dict[str, Any] = {"tenant": flags.get("tenant"), "mode": flags["mode"],
                                "gang": gang, "locations": list(flags["locations"]),
                                "run_duration": flags.get("run_duration")}  # fmt: skip
     for key in ("request_id", "max_wait", "start_at", "priority"):
@@ -116,34 +117,45 @@ def _message_from(file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
 
 @click.command(short_help="Show a request: state, ETA, position, reason, events.")
 @click.argument("request_id")
+@click.option("--wide", is_flag=True, help="Exact times (UTC) even on a terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @project_option
-def status(request_id: str, as_json: bool) -> None:
-    """Show where a request is."""
+def status(request_id: str, wide: bool, as_json: bool) -> None:
+    """Show where a request is: on a terminal with times relative to now, fitting 80 columns;
+    exact times (UTC) when piped or with --wide."""
+    from opendws.client import UnknownRequest
 
-    store = container().adapters.store
-    record = store.get(request_id)
-    if record is None:
-        raise UsageFailure(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
-    events = store.events(request_id)
-    ready, ready_p90 = container().queries.ready_etas(record, datetime.now(UTC))
+    dws = client()
+    try:
+        shown = dws.status(request_id)
+    except UnknownRequest as error:
+        raise UsageFailure(str(error)) from None
     if as_json:
-        click.echo(json.dumps({"request_id": request_id, "state": record.state.value,
-                               "eta": iso_seconds(record.eta), "ready_eta": iso_seconds(ready),
-                               "ready_eta_p90": iso_seconds(ready_p90),
-                               "events": [e.to_json() for e in events]}, indent=2))  # fmt: skip
+        click.echo(json.dumps(shown.to_json(), indent=2))
         return
+    now = dws.now()
+    exact = wide or not console.is_terminal
+
+    def at(when: datetime | None) -> str:
+        return (iso_seconds(when) or "") if exact else relative(when, now)
+
+    ready, ready_p90 = shown.ready_eta, shown.ready_eta_p90
     console.print(
-        f"[bold]{request_id}[/bold] ({record.tenant}): [bold]{record.state}[/bold]"
-        + (f" in {record.pool}" if record.pool else "")
-        + (f", ETA {iso_seconds(record.eta)}" if record.eta else "")
-        + (f", running by {iso_seconds(ready)} (p90 {iso_seconds(ready_p90)})" if ready else "")
-        + (f", position {record.position}" if record.position else "")
+        f"[bold]{request_id}[/bold] ({shown.tenant}): [bold]{shown.state}[/bold]"
+        + (f" in {shown.pool}" if shown.pool else "")
+        + (f", ETA {at(shown.eta)}" if shown.eta else "")
+        + (f", running {'by ' if exact else ''}{at(ready)} (p90 {at(ready_p90)})" if ready else "")
+        + (f", position {shown.position}" if shown.position else "")
     )
-    table = Table("at", "state", "reason", "message")
-    for event in events:
-        table.add_row(event.at.isoformat(), event.state.value, event.reason or "", event.message)
+    table = Table("at", "state", "reason", "message", **({} if exact else _NARROW))
+    for event in shown.events:
+        stamp = event.at.isoformat() if exact else relative(event.at, now)
+        table.add_row(stamp, event.state.value, event.reason or "", event.message)
     console.print(table)
+
+
+# An 80-column terminal: no box around the table, messages wrap in their column.
+_NARROW: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False}
 
 
 @click.command(short_help="Wait until a request is ACTIVE or ends; the exit code says which.")
@@ -153,25 +165,19 @@ def status(request_id: str, as_json: bool) -> None:
 def wait(request_id: str, timeout: float) -> None:
     """Follow a request: exit 0 once ACTIVE (or released/expired after running), 1 if it ended
     without running, 3 if still waiting after --timeout."""
+    from opendws.client import Waited
 
-    store = container().adapters.store
-    deadline = time.monotonic() + timeout
-    seen = 0
-    while True:
-        events = store.events(request_id)
-        for event in events[seen:]:
-            console.print(f"{event.at.isoformat()}  {event.state:<12} {event.message}")
-        seen = len(events)
-        record = store.get(request_id)
-        if record is not None and record.state is S.ACTIVE:
-            raise SystemExit(WAIT_ACTIVE)
-        if record is not None and record.state.is_final:
-            ran = any(event.state is S.ACTIVE for event in events)
-            raise SystemExit(WAIT_ACTIVE if ran else WAIT_ENDED)
-        if time.monotonic() >= deadline:
-            console.print(f"still {record.state if record else 'not stored'} after {timeout:.0f} s")
-            raise SystemExit(WAIT_TIMEOUT)
-        time.sleep(0.5)
+    def show(event: StatusEvent) -> None:
+        console.print(f"{event.at.isoformat()}  {event.state:<12} {event.message}")
+
+    result = client().wait(request_id, timeout=timeout, on_event=show)
+    if result.outcome is Waited.TIMEOUT:
+        console.print(f"still {result.state or 'not stored'} after {timeout:.0f} s")
+    raise SystemExit(
+        {Waited.ACTIVE: WAIT_ACTIVE, Waited.ENDED: WAIT_ENDED, Waited.TIMEOUT: WAIT_TIMEOUT}[
+            result.outcome
+        ]
+    )
 
 
 # dws cancel / release ---------------------------------------------------------------------------
@@ -183,17 +189,16 @@ def _end_command(action: str) -> click.Command:
     @click.option("--tenant", required=True, help="The request's tenant (yours).")
     @project_option
     def command(request_id: str, tenant: str) -> None:
-        from opendws.service.release import block_cancel_refusal
+        from opendws.client import InvalidRequest, NotCancellable
 
-        adapters = container().adapters
-        record = adapters.store.get(request_id)
-        if action == "cancel" and record is not None and record.tenant == tenant:
-            # A booked block Google would keep: say so now, rather than in an event only.
-            refusal = block_cancel_refusal(record, adapters.config.load(), datetime.now(UTC))
-            if refusal is not None:
-                raise click.ClickException(refusal)
-        adapters.publisher.publish({"schema": "opendws.request/v1", "action": action,
-                                    "request_id": request_id, "tenant": tenant})  # fmt: skip
+        dws = client()
+        end = dws.cancel if action == "cancel" else dws.release
+        try:
+            end(request_id, tenant=tenant)
+        except NotCancellable as refusal:
+            raise click.ClickException(str(refusal)) from None
+        except InvalidRequest as error:
+            raise UsageFailure(str(error)) from None
         console.print(f"{action} of {request_id} sent; see it with: dws status {request_id}")
 
     command.__doc__ = f"Publish a {action} for a request (only its tenant may)."
@@ -216,8 +221,9 @@ def queue(tenant: str | None, wide: bool, as_json: bool) -> None:
     """The queue as the last reconcile pass left it: by default the columns that fit an
     80-column terminal, times relative to now; --wide for all of them."""
 
-    now = datetime.now(UTC)
-    entries = container().queries.queue(now, tenant=tenant)
+    dws = client()
+    now = dws.now()
+    entries = dws.queue(tenant)
     if as_json:
         click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
                                 "ready_eta": iso_seconds(e.ready_eta),
@@ -255,8 +261,9 @@ def timeline(pool: str | None, wide: bool, as_json: bool) -> None:
     """Per pool: running and provisioning grants, booked blocks, planned starts; times
     relative to now (fitting an 80-column terminal), or exact with --wide."""
 
-    now = datetime.now(UTC)
-    pools = container().queries.timeline(now, pool=pool)
+    dws = client()
+    now = dws.now()
+    pools = dws.timeline(pool)
     if as_json:
         click.echo(json.dumps({name: [asdict(s) for s in spans] for name, spans in pools.items()},
                               default=str, indent=2))  # fmt: skip
@@ -285,7 +292,7 @@ def timeline(pool: str | None, wide: bool, as_json: bool) -> None:
 def usage(tenant: str | None, as_json: bool) -> None:
     """Usage totals per tenant and accelerator."""
 
-    rows = container().usage.summary(tenant=tenant)
+    rows = client().usage(tenant)
     if as_json:
         click.echo(json.dumps([{"tenant": r.tenant, "accelerator": r.accelerator,
                                 "granted_hours": r.granted_hours, "used_hours": r.used_hours,

@@ -13,14 +13,23 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
-from opendws.cli.common import UsageFailure, console
+from opendws.cli.common import UsageFailure, console, errors
 from opendws.scenario import ScenarioError
 
 # dws up ---------------------------------------------------------------------------------------
@@ -93,22 +102,28 @@ def stop_on_signals(*signals: signal.Signals) -> Iterator[None]:
 @click.option("--json", "as_json_flag", is_flag=True, help="Print the summary as JSON.")
 def demo(as_json_flag: bool) -> None:
     """Start the local stack, drive flex requests, a CI job, a TPU slice, a calendar block, a
-    cancel, an early release and a stockout with failover through it, then summarise."""
+    cancel, an early release and a stockout with failover through it, then summarise. On a
+    terminal a bar shows the stack starting, then the demo's steps; piped, only the story and
+    the summary are printed; with --json only the summary."""
     from emulators import EmulatorError, missing_reason
-    from emulators.demo import as_json, run_demo
+    from emulators.demo import STEPS, as_json, run_demo
     from emulators.stack import local_stack
 
     reason = missing_reason()
     if reason is not None:
         raise UsageFailure(f"cannot start the local stack: {reason}")
+    shown = console.is_terminal and errors.is_terminal and not as_json_flag
     try:
-        with local_stack(
-            tick=timedelta(seconds=5),
-            latency=timedelta(seconds=3),
-            review_delay=timedelta(seconds=5),
-            progress=lambda step: console.print(f"[dim]· {step}[/dim]"),
-        ) as stack:
-            outcomes = run_demo(stack, lambda line: console.print(f"[bold]›[/bold] {line}"))
+        with (
+            demo_progress(shown=shown, story=not as_json_flag, steps=STEPS) as view,
+            local_stack(
+                tick=timedelta(seconds=5),
+                latency=timedelta(seconds=3),
+                review_delay=timedelta(seconds=5),
+                progress=view.step,
+            ) as stack,
+        ):
+            outcomes = run_demo(stack, view.say)
     except (EmulatorError, TimeoutError) as error:
         raise click.ClickException(f"demo failed: {error}") from None
     if as_json_flag:
@@ -120,3 +135,49 @@ def demo(as_json_flag: bool) -> None:
         table.add_row(o.request_id, o.tenant, o.state, o.pool or "", str(o.attempts),
                       str(o.events), o.story, o.reasons, o.times)  # fmt: skip
     console.print(table)
+
+
+@dataclass(frozen=True, slots=True)
+class DemoView:
+    """Where ``dws demo`` tells what happens: ``step``, a step of starting the local stack;
+    ``say``, a line of the demo's story."""
+
+    step: Callable[[str], None]
+    say: Callable[[str], None]
+
+
+@contextlib.contextmanager
+def demo_progress(*, shown: bool, story: bool, steps: int) -> Iterator[DemoView]:
+    """On a terminal (``shown``), a live bar on stderr: the local stack starting (its current
+    step), then the demo's steps done of ``steps`` and the time elapsed, with the story
+    printed above it. Otherwise no progress: the story alone, on stdout, when ``story``."""
+    if not shown:
+
+        def tell(line: str) -> None:
+            if story:
+                console.print(f"[bold]›[/bold] {line}")
+
+        yield DemoView(step=lambda _: None, say=tell)
+        return
+    columns = (
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )  # fmt: skip
+    with Progress(*columns, console=errors, transient=False) as bar:
+        starting = bar.add_task("local stack: starting", total=None)
+        running = bar.add_task("demo steps", total=steps, visible=False)
+
+        def step(text: str) -> None:
+            bar.update(starting, description=f"local stack: {text}", refresh=True)
+
+        begun: list[bool] = []  # once the first line is said
+
+        def say(line: str) -> None:
+            if not begun:  # the stack is up: the demo's steps begin
+                begun.append(True)
+                bar.update(starting, total=1, completed=1, description="local stack: ready")
+                bar.update(running, visible=True)
+            bar.console.print(f"[bold]›[/bold] {line}")
+            bar.advance(running)
+
+        yield DemoView(step=step, say=say)

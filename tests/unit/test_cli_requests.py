@@ -1,0 +1,51 @@
+"""The request commands run on ``opendws.Client``: ``dws cancel`` and ``dws release`` refuse a
+booked block Google would keep before sending anything, and ``dws status --json`` prints the
+client's own view of the request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+
+from opendws import bootstrap
+from opendws.cli import main
+from opendws.domain.states import RequestState
+from tests.builders import A3, DAY, NOW, ZONE, calendar, flex
+from tests.unit.test_client import System
+
+
+@pytest.fixture
+def system() -> Iterator[System]:
+    system = System()
+    previous = bootstrap.use(system.client.container)
+    yield system
+    bootstrap.use(previous)
+
+
+@pytest.mark.parametrize("action", ["cancel", "release"])
+def test_a_block_google_would_keep_is_refused_and_nothing_is_sent(
+    system: System, action: str
+) -> None:
+    system.stored(calendar("block", tenant="speech", start_at=NOW + 2 * DAY))
+    system.move("block", RequestState.BOOKED, pool=f"{ZONE}/{A3}")
+    result = CliRunner().invoke(main, [action, "block", "--tenant", "speech"])
+    assert result.exit_code == 1
+    assert "'block' can no longer be cancelled" in result.stderr
+    assert system.publisher.messages == []
+
+
+def test_a_cancel_is_sent_on_the_tenants_topic(system: System) -> None:
+    result = CliRunner().invoke(main, ["cancel", "train", "--tenant", "vision"])
+    assert result.exit_code == 0, result.output
+    assert "cancel of train sent" in result.stdout
+    assert system.publisher.topics == ["capacity-requests-vision"]
+
+
+def test_status_json_is_the_clients_view(system: System) -> None:
+    system.stored(flex("train", tenant="vision"))
+    result = CliRunner().invoke(main, ["status", "train", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == system.client.status("train").to_json()
