@@ -106,7 +106,9 @@ def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
 @functions_framework.http
 def api(request: flask.Request) -> flask.Response:
     """The HTTP API and the dashboard (see opendws.service.api)."""
-    answer = bootstrap.container().api.handle(request.method, request.path, dict(request.headers))
+    answer = bootstrap.container().api.handle(
+        request.method, request.path, dict(request.headers), request.args.to_dict()
+    )
     if isinstance(answer.body, str):
         return flask.Response(answer.body, status=answer.status, mimetype="text/html")
     return flask.Response(
