@@ -189,6 +189,13 @@ def check_dashboard(url: str, browser: Any) -> None:
     assert any("PENDING" in e for e in events)
     assert any(WAITS_BEHIND in e for e in events), events
 
+    # So does a click on one of a pool's requests.
+    desktop.click(f".pool[data-pool='{POOL}'] button[data-request='dash-train']")
+    desktop.wait_for_selector("#history-title:has-text('Events of dash-train')")
+    desktop.wait_for_selector("#events tbody tr:has-text('PROVISIONING → ACTIVE')")
+    row.click()  # back to dash-big's for the screenshot
+    desktop.wait_for_selector("#history-title:has-text('Events of dash-big')")
+
     # Quota in use against nominal and the borrowing limit, per tenant.
     vision = desktop.locator(
         ".tenant[data-tenant='vision'] .quota-bar[data-accelerator='nvidia-h100-80gb']"
