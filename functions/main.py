@@ -138,7 +138,9 @@ def ci_hook(request: flask.Request) -> tuple[dict[str, Any], int]:
 def api(request: flask.Request) -> flask.Response:
     """The HTTP API and the dashboard (see opendws.service.api)."""
     with invocation(logs.trace_of(dict(request.headers))) as container:
-        answer = container.api.handle(request.method, request.path, dict(request.headers))
+        answer = container.api.handle(
+            request.method, request.path, dict(request.headers), request.args.to_dict()
+        )
     if isinstance(answer.body, str):
         kind = answer.content_type or "text/html; charset=utf-8"
         return flask.Response(answer.body, status=answer.status, content_type=kind)

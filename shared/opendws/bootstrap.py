@@ -481,7 +481,7 @@ class Container:
     @_Once
     def queries(self) -> QueryService:
         """Queue and timeline views."""
-        return QueryService(self.adapters.store, self.adapters.store)
+        return QueryService(self.adapters.store, self.adapters.store, self.adapters.config)
 
     @_Once
     def hooks(self) -> HookService:

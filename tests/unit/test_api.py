@@ -9,7 +9,7 @@ from opendws.ports import Configuration
 from opendws.service.api import ApiService, key_digest
 from opendws.service.queries import QueryService
 from opendws.service.usage import UsageService
-from tests.builders import A3, H100, MINUTE, NOW, flex, pool
+from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar, flex, pool, quota, tenant
 from tests.world import World, memory_world, submit, tenants_for
 
 # As the api keeps them: each key's digest, never the key.
@@ -29,7 +29,8 @@ def world_api() -> tuple[World, ApiService]:
     submit(world.store, flex("theirs", tenant="speech", vm_count=4, hours=3,
                              submitted_at=NOW + MINUTE))  # fmt: skip
     world.run()
-    api = ApiService(world.store, QueryService(world.store, world.store), UsageService(world.store),
+    queries = QueryService(world.store, world.store, world.config)
+    api = ApiService(world.store, queries, UsageService(world.store),
                      world.ending, world.clock, KEYS)  # fmt: skip
     return world, api
 
@@ -104,3 +105,96 @@ def test_only_digests_of_keys_are_kept_and_a_digest_is_no_key(
     assert api.handle("GET", "/queue", auth("k-vision")).status == 200
     assert api.handle("GET", "/queue", auth("k-vision ")).status == 200  # surrounding space
     assert api.handle("GET", "/queue", auth("k-visio")).status == 401
+
+
+def test_the_timeline_shows_each_pools_capacity_and_kinds_within_the_horizon(
+    world_api: tuple[World, ApiService],
+) -> None:
+    world, api = world_api
+    submit(world.store, calendar("block", tenant="vision", vm_count=1, days=1,
+                                 start_at=NOW + 10 * DAY))  # fmt: skip
+    world.run()
+    world.clock.advance(2 * MINUTE)  # Google approves the block: booked
+    world.run()
+    day = api.handle("GET", "/timeline", auth("k-vision"), {"horizon": "24h"}).body
+    assert isinstance(day, dict)
+    assert (day["horizon"], day["capacity"]) == ("24h", {f"{ZONE}/{A3}": 4})
+    assert [(s["request_id"], s["kind"]) for s in day["pools"][f"{ZONE}/{A3}"]] == [
+        ("mine", "running"), ("other", "planned"),
+    ]  # fmt: skip
+    assert api.handle("GET", "/timeline", auth("k-vision")).body == day  # 24 h by default
+    # The block, ten days ahead, is seen only over the long horizons.
+    week = api.handle("GET", "/timeline", auth("k-vision"), {"horizon": "7d"}).body
+    months = api.handle("GET", "/timeline", auth("k-vision"), {"horizon": "120d"}).body
+    assert isinstance(week, dict)
+    assert isinstance(months, dict)
+    assert "block" not in [s["kind"] for s in week["pools"][f"{ZONE}/{A3}"]]
+    spans = months["pools"][f"{ZONE}/{A3}"]
+    assert ("block", "block", "BOOKED") in [(s["request_id"], s["kind"], s["state"]) for s in spans]
+    assert months["end"] == (world.clock.now() + 120 * DAY).isoformat()
+
+
+def test_a_horizon_or_days_out_of_range_is_a_bad_request(
+    world_api: tuple[World, ApiService],
+) -> None:
+    _, api = world_api
+    answer = api.handle("GET", "/timeline", auth("k-vision"), {"horizon": "3d"})
+    assert answer.status == 400
+    assert "horizon must be one of 24h, 7d, 120d, not '3d'" in str(answer.body)
+    for days in ("0", "121", "thirty", "-1"):
+        answer = api.handle("GET", "/usage/daily", auth("k-vision"), {"days": days})
+        assert answer.status == 400
+        assert "days must be a whole number from 1 to 120" in str(answer.body)
+    assert api.handle("GET", "/quota", {}).status == 401
+    assert api.handle("GET", "/usage/daily", {}).status == 401
+
+
+def test_quota_shows_a_tenant_only_its_own_use_against_its_limits() -> None:
+    configuration = Configuration(
+        pools=(pool(zone=ZONE, capacity=8),),
+        tenants=(
+            tenant("vision", quota(H100, nominal=64, borrowing_limit=32), cohort="research"),
+            tenant("speech", quota(H100, nominal=32), cohort="research"),
+        ),
+    )
+    world, cloud = memory_world((), (), configuration=configuration)
+    cloud.set_stock(ZONE, A3, 8)
+    submit(world.store, flex("mine", tenant="vision", vm_count=4, hours=2))  # 32 H100s
+    submit(world.store, flex("theirs", tenant="speech", vm_count=1, hours=2))  # 8 H100s
+    world.run()
+    queries = QueryService(world.store, world.store, world.config)
+    api = ApiService(world.store, queries, UsageService(world.store), world.ending,
+                     world.clock, KEYS)  # fmt: skip
+    mine = api.handle("GET", "/quota", auth("k-vision")).body
+    assert mine == [{
+        "tenant": "vision", "accelerator": H100, "cohort": "research", "in_use": 32,
+        "nominal": 64, "borrowing_limit": 32, "ceiling": 96,
+    }]  # fmt: skip
+    every = api.handle("GET", "/quota", auth("k-admin")).body
+    assert [(q["tenant"], q["in_use"], q["ceiling"]) for q in every] == [  # type: ignore[index]
+        ("speech", 8, 96), ("vision", 32, 96),
+    ]  # fmt: skip
+
+
+def test_daily_usage_shows_a_tenant_its_own_hours_and_cost_per_day(
+    world_api: tuple[World, ApiService],
+) -> None:
+    world, api = world_api
+    world.clock.advance(world.settings.lease_ttl)
+    world.run()  # "mine" is ACTIVE
+    world.clock.advance(HOUR)
+    assert api.handle("POST", "/requests/mine/release", auth("k-vision")).status == 200
+    mine = api.handle("GET", "/usage/daily", auth("k-vision")).body
+    assert isinstance(mine, dict)
+    assert len(mine["days"]) == 30
+    assert mine["days"][-1] == NOW.date().isoformat()
+    [series] = mine["tenants"]
+    assert series["tenant"] == "vision"
+    assert series["used_hours"][:-1] == [0.0] * 29
+    assert series["used_hours"][-1] == pytest.approx(32.0)  # 4 VMs × 8 H100s × 1 h
+    assert series["cost"] == [None] * 30  # no price is configured
+    assert api.handle("GET", "/usage/daily", auth("k-speech")).body == {
+        "days": mine["days"], "tenants": [],
+    }  # fmt: skip
+    week = api.handle("GET", "/usage/daily", auth("k-admin"), {"days": "7"}).body
+    assert [len(s["used_hours"]) for s in week["tenants"]] == [7]  # type: ignore[index, call-overload]

@@ -48,7 +48,7 @@ def test_a_waiting_request_is_told_when_it_is_admitted_and_when_it_will_run() ->
     )  # fmt: skip
 
     # The queue, the API and `dws status` read the same two times.
-    queries = QueryService(world.store, world.store)
+    queries = QueryService(world.store, world.store, world.config)
     (entry,) = queries.queue(world.clock.now())
     assert (entry.eta, entry.ready_eta, entry.ready_eta_p90) == (
         told.eta, told.ready_eta, told.ready_eta_p90,
@@ -76,5 +76,5 @@ def test_a_pool_without_history_gives_no_ready_eta() -> None:
     assert record.eta is not None
     told = [event for event in world.bus.published if event.request_id == "b"][-1]
     assert (told.eta, told.ready_eta, told.ready_eta_p90) == (record.eta, None, None)
-    (entry,) = QueryService(world.store, world.store).queue(world.clock.now())
+    (entry,) = QueryService(world.store, world.store, world.config).queue(world.clock.now())
     assert (entry.ready_eta, entry.ready_eta_p90) == (None, None)

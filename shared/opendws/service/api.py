@@ -1,21 +1,30 @@
 """The HTTP API behind the ``api`` function and the dashboard, as plain routing over the
-services: method + path + headers → status + JSON.
+services: method + path + headers (+ query parameters) → status + JSON.
 
     GET  /requests/{id}            a request: state, pool, ETA, ready ETA, position, reason,
                                    its events
     POST /requests/{id}/cancel     cancel it (its tenant, or an admin)
     POST /requests/{id}/release    release it (its tenant, or an admin)
     GET  /queue                    pending requests with positions, ETAs, ready ETAs, reasons
-    GET  /timeline                 per pool: runs, blocks and planned starts
+    GET  /timeline?horizon=24h     per pool: its capacity, and the runs, provisioning orders,
+                                   orders waiting at Google, calendar blocks and planned starts
+                                   that begin within the horizon (24h, 7d or 120d), each with
+                                   its kind (opendws.service.queries.SpanKind)
+    GET  /quota                    per tenant and accelerator: in use now, nominal, borrowing
+                                   limit, the most it could hold
     GET  /usage                    accelerator-hours granted and used, cost, outcomes
+    GET  /usage/daily?days=30      per tenant: used accelerator-hours and cost per UTC day
     GET  /metrics                  every process's metrics in Prometheus text (admins only)
     GET  /                         the dashboard page (it calls the routes above)
+
+A query parameter out of its range is answered 400, naming it.
 
 Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a tenant or to
 the admins. Only the keys' SHA-256 digests are kept (:func:`key_digest`); a caller's key is
 hashed and compared with every kept digest in constant time. A tenant sees and changes only
-its own requests (other tenants' holds on the timeline are shown as ``other``, without names);
-an admin sees all.
+its own requests and quota (other tenants' holds on the timeline are shown as ``other``,
+without names); an admin sees all. The page never takes a key from its address: it asks for
+one in a sign-in form and keeps it in the browser tab's session storage.
 """
 
 from __future__ import annotations
@@ -24,18 +33,26 @@ import hashlib
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 
 from opendws.ports import Clock, Requests
 from opendws.service.queries import QueryService
 from opendws.service.release import EndOutcome, EndService
-from opendws.service.usage import UsageService
+from opendws.service.usage import MAX_DAYS, UsageService
 
 ADMIN = "admin"
 # Prometheus' text exposition format.
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+# The timeline's horizons, as the dashboard's selector offers them: a day, a week, and the
+# longest lead of a calendar block (TPU blocks start up to 120 days ahead).
+HORIZONS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "120d": timedelta(days=120)}
+DEFAULT_DAYS = 30
+
+
+class BadParameter(ValueError):
+    """A query parameter the route cannot take; the message names it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +86,24 @@ class ApiService:
         self._clock = clock
         self._keys = dict(keys)  # key_digest(key) → tenant (or "admin")
 
-    def handle(self, method: str, path: str, headers: Mapping[str, str]) -> Response:
+    def handle(
+        self, method: str, path: str, headers: Mapping[str, str],
+        query: Mapping[str, str] | None = None,
+    ) -> Response:  # fmt: skip
         parts = [part for part in path.split("/") if part]
         if method == "GET" and parts in ([], ["dashboard"]):
             return Response(200, dashboard_html())
         caller = self._caller(headers)
         if caller is None:
             return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        try:
+            return self._route(caller, method, parts, query or {})
+        except BadParameter as error:
+            return Response(400, {"error": str(error)})
+
+    def _route(
+        self, caller: Caller, method: str, parts: list[str], query: Mapping[str, str]
+    ) -> Response:
         match method, parts:
             case "GET", ["requests", request_id]:
                 return self._request(caller, request_id)
@@ -84,9 +112,13 @@ class ApiService:
             case "GET", ["queue"]:
                 return self._queue(caller)
             case "GET", ["timeline"]:
-                return self._timeline(caller)
+                return self._timeline(caller, _horizon(query))
+            case "GET", ["quota"]:
+                return self._quota(caller)
             case "GET", ["usage"]:
                 return self._usage_rows(caller)
+            case "GET", ["usage", "daily"]:
+                return self._usage_daily(caller, _days(query))
             case "GET", ["metrics"]:
                 return self._metrics_text(caller)
         return Response(404, {"error": f"no route {method} /{'/'.join(parts)}"})
@@ -141,20 +173,44 @@ class ApiService:
             for entry in entries
         ])  # fmt: skip
 
-    def _timeline(self, caller: Caller) -> Response:
-        pools = self._queries.timeline(self._clock.now())
-        shown: dict[str, list[dict[str, Any]]] = {}
-        for pool, spans in pools.items():
-            shown[pool] = []
+    def _timeline(self, caller: Caller, horizon: str) -> Response:
+        now = self._clock.now()
+        end = now + HORIZONS[horizon]
+        configured = self._queries.pools()
+        # Every configured pool is shown, holding something or not; a pool that holds
+        # something but is no longer configured is shown too, without a capacity.
+        shown: dict[str, list[dict[str, Any]]] = {pool.pool_id: [] for pool in configured}
+        for pool, spans in self._queries.timeline(now, until=end).items():
+            shown.setdefault(pool, [])
             for span in spans:
                 mine = caller.admin or span.tenant == caller.tenant
                 shown[pool].append({
                     "request_id": span.request_id if mine else "other",
                     "tenant": span.tenant if mine else "other",
-                    "state": span.state, "units": span.units,
+                    "state": span.state, "kind": span.kind.value, "units": span.units,
                     "start": _iso(span.start), "end": _iso(span.end),
                 })  # fmt: skip
-        return Response(200, {"now": _iso(self._clock.now()), "pools": shown})
+        return Response(200, {
+            "now": _iso(now), "horizon": horizon, "end": _iso(end),
+            "capacity": {pool.pool_id: pool.capacity for pool in configured},
+            "pools": dict(sorted(shown.items())),
+        })  # fmt: skip
+
+    def _quota(self, caller: Caller) -> Response:
+        rows = self._queries.quota(tenant=None if caller.admin else caller.tenant)
+        return Response(200, [asdict(row) for row in rows])
+
+    def _usage_daily(self, caller: Caller, days: int) -> Response:
+        today = self._clock.now().date()
+        series = self._usage.daily(today, days, tenant=None if caller.admin else caller.tenant)
+        first = today - timedelta(days=days - 1)
+        return Response(200, {
+            "days": [(first + timedelta(days=n)).isoformat() for n in range(days)],
+            "tenants": [
+                {"tenant": s.tenant, "used_hours": list(s.used_hours), "cost": list(s.cost)}
+                for s in series
+            ],
+        })  # fmt: skip
 
     def _metrics_text(self, caller: Caller) -> Response:
         if not caller.admin:
@@ -171,6 +227,20 @@ class ApiService:
              "used_hours": r.used_hours, "cost": r.cost, "outcomes": dict(r.outcomes)}
             for r in rows
         ])  # fmt: skip
+
+
+def _horizon(query: Mapping[str, str]) -> str:
+    horizon = query.get("horizon", "24h")
+    if horizon not in HORIZONS:
+        raise BadParameter(f"horizon must be one of {', '.join(HORIZONS)}, not {horizon!r}")
+    return horizon
+
+
+def _days(query: Mapping[str, str]) -> int:
+    text = query.get("days", str(DEFAULT_DAYS))
+    if not text.isdigit() or not 1 <= int(text) <= MAX_DAYS:
+        raise BadParameter(f"days must be a whole number from 1 to {MAX_DAYS}, not {text!r}")
+    return int(text)
 
 
 def key_digest(key: str) -> str:

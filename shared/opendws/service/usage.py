@@ -13,19 +13,25 @@ cannot count a request twice and a crash cannot lose it.
   capacity are discounted); None where no price is configured.
 - A **calendar block** that reached its start counts in full, from its start to its end,
   whether it was used or released early: Google bills it so.
+- **per day** (:meth:`UsageService.daily`, the dashboard's chart): an entry's used hours and
+  cost are spread over the UTC days its run covered, in proportion to the time in each (an
+  entry that never ran counts on the day it ended); only finished requests are in the ledger.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from opendws.domain.model import Mode
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, RequestRecord, UsageEntry, UsageLedger
 
 HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+MAX_DAYS = 120  # the longest daily series asked for at once
 # A calendar block that reached its start is billed in full, released early or not.
 _BLOCK_STARTED = (RequestState.PROVISIONING, RequestState.ACTIVE)
 
@@ -97,3 +103,58 @@ class UsageService:
             if entry.cost is not None:
                 row.cost = (row.cost or 0.0) + entry.cost
         return [rows[key] for key in sorted(rows)]
+
+    def daily(self, today: date, days: int, *, tenant: str | None = None) -> list[DailySeries]:
+        """Per tenant with usage in the ``days`` UTC days ending with ``today`` (or only
+        ``tenant``'s), its used hours and cost per day (see the module docstring), sorted by
+        tenant. ``days`` runs from 1 to :data:`MAX_DAYS`."""
+        if not 1 <= days <= MAX_DAYS:
+            raise ValueError(f"days must be between 1 and {MAX_DAYS}, not {days}")
+        first = today - (days - 1) * DAY
+        series = tuple(first + n * DAY for n in range(days))
+        used: dict[str, list[float]] = {}
+        cost: dict[str, list[float | None]] = {}
+        for entry in self._store.usage(tenant):
+            for day, share in day_shares(entry):
+                if not first <= day <= today:
+                    continue
+                index = (day - first).days
+                hours = used.setdefault(entry.tenant, [0.0] * days)
+                costs = cost.setdefault(entry.tenant, [None] * days)
+                hours[index] += entry.used_hours * share
+                if entry.cost is not None:
+                    costs[index] = (costs[index] or 0.0) + entry.cost * share
+        return [
+            DailySeries(name, series, tuple(used[name]), tuple(cost[name])) for name in sorted(used)
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class DailySeries:
+    """One tenant's used accelerator-hours and cost per UTC day, oldest first, one value per
+    day of the series (``cost`` None on a day none of its entries has a price)."""
+
+    tenant: str
+    days: tuple[date, ...]
+    used_hours: tuple[float, ...]
+    cost: tuple[float | None, ...]
+
+
+def day_shares(entry: UsageEntry) -> Iterator[tuple[date, float]]:
+    """The UTC days ``entry``'s run covered and the share of it in each (the shares add up to
+    1): the run's time from ``started_at`` to ``ended_at``; one that never ran (or took no
+    time) wholly on the day it ended."""
+    start, end = entry.started_at, entry.ended_at
+    if start is None or start >= end:
+        yield entry.ended_at.astimezone(UTC).date(), 1.0
+        return
+    whole = end - start
+    day = start.astimezone(UTC).date()
+    while True:
+        midnight = datetime.combine(day, time(), UTC)
+        covered = min(end, midnight + DAY) - max(start, midnight)
+        if covered > timedelta(0):
+            yield day, covered / whole
+        if midnight + DAY >= end:
+            return
+        day += DAY
