@@ -23,6 +23,10 @@
 - the CI hooks' secrets ``OPENDWS_GITHUB_WEBHOOK_SECRET``, ``OPENDWS_GITLAB_WEBHOOK_TOKEN`` and
   ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:sha256:HEX,…``);
   in Google Cloud, Secret Manager values mounted as these variables;
+- the Google identities the API accepts besides its keys: ``OPENDWS_API_AUDIENCES`` (the
+  audiences a Google-signed ID token may name, comma-separated: the api's URLs) and
+  ``OPENDWS_API_IAP_AUDIENCE`` (the audience of IAP's signed header when IAP is in front of the
+  api); neither set: API keys only;
 - ``OPENDWS_LOCAL_INTAKE_URL``: on one machine, the local stack's intake endpoint, where
   ``dws config apply`` wires a new tenant's topic.
 
@@ -61,6 +65,7 @@ from opendws.ports import (
     RequestStore,
     TimerQueue,
 )
+from opendws.service.access import GoogleAccess
 from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
@@ -72,6 +77,7 @@ from opendws.service.usage import UsageService
 if TYPE_CHECKING:
     from opendws.adapters.gce import CloudSettings
     from opendws.adapters.oidc import OidcVerifier
+    from opendws.ports import PrincipalVerifier
 
 LOCAL_PROJECT = "demo-opendws"
 
@@ -119,6 +125,10 @@ class Settings:
     hook_secrets: HookSecrets = field(default_factory=HookSecrets)
     # key_digest(key) → tenant (or "admin"): only the keys' digests are kept
     api_keys: Mapping[str, str] = field(default_factory=dict)
+    # The audiences a Google-signed ID token at the API may name (empty: none is accepted),
+    # and that of IAP's signed header (None: IAP is not in front of the api).
+    api_audiences: tuple[str, ...] = ()
+    api_iap_audience: str | None = None
     # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
     # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
     local_intake_url: str | None = None
@@ -165,6 +175,12 @@ class Settings:
                 generic=env("OPENDWS_HOOK_SECRET"),
             ),
             api_keys=_api_keys(env("OPENDWS_API_KEYS") or ""),
+            api_audiences=tuple(
+                audience.strip()
+                for audience in (env("OPENDWS_API_AUDIENCES") or "").split(",")
+                if audience.strip()
+            ),
+            api_iap_audience=env("OPENDWS_API_IAP_AUDIENCE"),
             local_intake_url=env("OPENDWS_LOCAL_INTAKE_URL"),
         )
 
@@ -362,6 +378,18 @@ class Container:
             issuers=issuers,
         )
 
+    @_Once
+    def principals(self) -> PrincipalVerifier:
+        """The verifier of the Google-signed tokens the API accepts (IAP's signed header, ID
+        tokens), for the settings' audiences, against Google's keys."""
+        from opendws.adapters.identity import GoogleIdentityVerifier
+
+        settings = self.settings
+        return GoogleIdentityVerifier(
+            id_token_audiences=frozenset(settings.api_audiences),
+            iap_audience=settings.api_iap_audience,
+        )
+
     # Services ---------------------------------------------------------------------------
 
     @_Once
@@ -411,12 +439,17 @@ class Container:
 
     @_Once
     def api(self) -> ApiService:
-        """The HTTP API, with the settings' keys (the end service is built when first
-        needed: reading needs no cloud clients)."""
+        """The HTTP API, with the settings' keys and, where the settings name an audience,
+        Google identities mapped by the configuration's access table (the end service is
+        built when first needed: reading needs no cloud clients)."""
         adapters = self.adapters
+        settings = self.settings
+        google = None
+        if settings.api_audiences or settings.api_iap_audience:
+            google = GoogleAccess(self.principals, adapters.config, adapters.clock)
         return ApiService(
             adapters.store, self.queries, self.usage, lambda: self.end, adapters.clock,
-            self.settings.api_keys,
+            settings.api_keys, google=google,
         )  # fmt: skip
 
 

@@ -12,7 +12,10 @@ services: method + path + headers → status + JSON.
 
 Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a tenant or to
 the admins. Only the keys' SHA-256 digests are kept (:func:`key_digest`); a caller's key is
-hashed and compared with every kept digest in constant time. A tenant sees and changes only
+hashed and compared with every kept digest in constant time. Where Google identities are
+accepted (:mod:`opendws.service.access`), IAP's signed header or a Google-signed ID token in
+its place names the caller, and the configuration's access table its tenant: a token that does
+not verify is answered 401, a verified principal the table lacks 403. A tenant sees and changes only
 its own requests (other tenants' holds on the timeline are shown as ``other``, without names);
 an admin sees all.
 """
@@ -27,7 +30,8 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from opendws.ports import Clock, Requests
+from opendws.ports import Clock, Forbidden, Requests, Unauthorized
+from opendws.service.access import IAP_HEADER, GoogleAccess, looks_like_jwt
 from opendws.service.queries import QueryService
 from opendws.service.release import EndOutcome, EndService
 from opendws.service.usage import UsageService
@@ -55,6 +59,7 @@ class ApiService:
     def __init__(
         self, store: Requests, queries: QueryService, usage: UsageService,
         ending: Callable[[], EndService], clock: Clock, keys: Mapping[str, str],
+        google: GoogleAccess | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._queries = queries
@@ -62,14 +67,15 @@ class ApiService:
         self._ending = ending  # built on first use: reading needs no cloud clients
         self._clock = clock
         self._keys = dict(keys)  # key_digest(key) → tenant (or "admin")
+        self._google = google  # None: API keys only
 
     def handle(self, method: str, path: str, headers: Mapping[str, str]) -> Response:
         parts = [part for part in path.split("/") if part]
         if method == "GET" and parts in ([], ["dashboard"]):
             return Response(200, dashboard_html())
         caller = self._caller(headers)
-        if caller is None:
-            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        if isinstance(caller, Response):
+            return caller
         match method, parts:
             case "GET", ["requests", request_id]:
                 return self._request(caller, request_id)
@@ -83,17 +89,34 @@ class ApiService:
                 return self._usage_rows(caller)
         return Response(404, {"error": f"no route {method} /{'/'.join(parts)}"})
 
-    def _caller(self, headers: Mapping[str, str]) -> Caller | None:
+    def _caller(self, headers: Mapping[str, str]) -> Caller | Response:
+        """Who calls (IAP's signed header, else a bearer ID token, else a bearer API key), or
+        the 401 / 403 saying why the call is refused."""
         lowered = {key.lower(): value for key, value in headers.items()}
         scheme, _, key = lowered.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            return None
-        digest = key_digest(key.strip()).encode()
-        found: str | None = None
+        bearer = key.strip() if scheme.lower() == "bearer" else ""
+        assertion = lowered.get(IAP_HEADER)
+        if assertion is not None or looks_like_jwt(bearer):
+            if self._google is None:
+                return Response(401, {"error": "this API takes API keys only (no Google "
+                                               "identity is configured for it)"})  # fmt: skip
+            try:
+                found = self._google.tenant(assertion=assertion, token=bearer or None)
+            except Unauthorized as error:
+                return Response(401, {"error": str(error)})
+            except Forbidden as error:
+                return Response(403, {"error": str(error)})
+            return Caller(tenant=found, admin=found == ADMIN)
+        if not bearer:
+            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        digest = key_digest(bearer).encode()
+        known_as: str | None = None
         for known, tenant in self._keys.items():  # every one, so the time says nothing
             if hmac.compare_digest(known.encode(), digest):
-                found = tenant
-        return None if found is None else Caller(tenant=found, admin=found == ADMIN)
+                known_as = tenant
+        if known_as is None:
+            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        return Caller(tenant=known_as, admin=known_as == ADMIN)
 
     def _request(self, caller: Caller, request_id: str) -> Response:
         record = self._store.get(request_id)
