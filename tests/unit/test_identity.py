@@ -367,3 +367,32 @@ def test_by_default_the_keys_come_from_googles_urls(
     assert fetched == [IAP_CERTS_URL, GOOGLE_CERTS_URL]
     assert IAP_CERTS_URL == "https://www.gstatic.com/iap/verify/public_key"
     assert GOOGLE_CERTS_URL == "https://www.googleapis.com/oauth2/v1/certs"
+
+
+def test_google_auth_asks_the_metadata_server_for_a_token_that_names_its_email(
+    accounts: RsaSigner, verifier: GoogleIdentityVerifier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """infra/README.md tells workloads on Google Cloud to use google-auth's fetch_id_token,
+    whose Compute Engine credentials ask the metadata server's identity endpoint for the
+    caller's audience in ``format=full`` (the fuller of its two token formats, gcloud's
+    ``--token-format``); the token that comes back is one the api takes."""
+    from google.auth import compute_engine
+    from google.auth.compute_engine import _metadata
+
+    asked: list[dict[str, str]] = []
+    minted = id_token(accounts)
+
+    def metadata_get(request: object, path: str, params: dict[str, str], **_: object) -> Any:
+        if path == "instance/service-accounts/default/":  # who the instance runs as
+            return {"email": WORKLOAD, "aliases": ["default"], "scopes": []}
+        assert path == "instance/service-accounts/default/identity"
+        asked.append(params)
+        return minted
+
+    monkeypatch.setattr(_metadata, "get", metadata_get)
+    credentials = compute_engine.IDTokenCredentials(
+        object(), API_URL, use_metadata_identity_endpoint=True
+    )
+    credentials.refresh(object())
+    assert asked == [{"audience": API_URL, "format": "full"}]
+    assert verifier.from_id_token(str(credentials.token)).email == WORKLOAD
