@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from opendws.adapters.identity import GoogleIdentityVerifier
 from opendws.adapters.memory import MemoryConfigStore, MemoryRequestPublisher
-from opendws.bootstrap import Adapters, Container, Settings
+from opendws.bootstrap import Adapters, Container, Settings, use
+from opendws.cli import main
 from opendws.config import configuration_from_document, configuration_to_document
 from opendws.ports import ADMIN_ACCESS, AccessRule, Configuration, Principal, TokenKind
 from opendws.schema.common import ScenarioError
@@ -33,7 +36,7 @@ from opendws.service.access import (
     looks_like_jwt,
     rule_for,
 )
-from opendws.service.api import ApiService, key_digest
+from opendws.service.api import ADMIN, ApiService, key_digest
 from opendws.service.queries import QueryService
 from opendws.service.usage import UsageService
 from tests.builders import A3, H100, MINUTE, NOW, flex, pool
@@ -142,6 +145,10 @@ def test_a_service_account_domain_rule_admits_that_projects_service_accounts() -
     assert rule_for(ci, ACCESS) == ACCESS[4]
     assert rule_for(principal("runner@other.iam.gserviceaccount.com"), ACCESS) is None
     assert rule_for(principal("trainer@p.iam.gserviceaccount.com"), ACCESS) == ACCESS[3]
+
+
+def test_an_admin_rule_and_the_admin_key_name_the_admins_alike() -> None:
+    assert ADMIN_ACCESS == ADMIN
 
 
 def test_a_key_is_never_taken_for_a_jwt() -> None:
@@ -331,12 +338,44 @@ class CountingConfig(MemoryConfigStore):
         return loaded
 
 
-def test_the_container_gives_the_api_google_identities_only_with_an_audience() -> None:
-    world, _ = memory_world((), ())
-    adapters = Adapters(
+def memory_adapters(world: World) -> Adapters:
+    return Adapters(
         store=world.store, config=world.config, events=world.bus, nudger=world.nudger,
         publisher=MemoryRequestPublisher(), clock=world.clock,
     )  # fmt: skip
+
+
+def test_dws_config_apply_takes_the_table_and_refuses_a_bad_entry(tmp_path: Path) -> None:
+    world, _ = memory_world((), ())
+    previous = use(Container(Settings(project="p"), adapters=memory_adapters(world)))
+    try:
+        good = tmp_path / "config.yaml"
+        good.write_text(
+            "tenants: [{name: vision}]\n"
+            "access:\n"
+            "  - {principal: alice@example.com, tenant: vision}\n"
+            "  - {principal: '*@example.com', tenant: admin}\n"
+        )
+        applied = CliRunner().invoke(main, ["config", "apply", str(good)])
+        assert applied.exit_code == 0, applied.output
+        assert "1 tenants, 0 prices, 2 access rules" in applied.output
+        assert world.config.load().access == (
+            AccessRule(principal="alice@example.com", tenant="vision"),
+            AccessRule(principal="domain:example.com", tenant=ADMIN_ACCESS),
+        )
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("tenants: [{name: vision}]\naccess: [{principal: vision, tenant: vision}]\n")
+        refused = CliRunner().invoke(main, ["config", "apply", str(bad)])
+        assert refused.exit_code == 2
+        assert f"{bad}: access[0] (vision): principal: 'vision' is not an email" in refused.output
+        assert len(world.config.load().access) == 2  # unchanged
+    finally:
+        use(previous)
+
+
+def test_the_container_gives_the_api_google_identities_only_with_an_audience() -> None:
+    world, _ = memory_world((), ())
+    adapters = memory_adapters(world)
     plain = Container(Settings(project="p"), adapters=adapters).api
     assert plain._google is None
     settings = Settings(project="p", api_audiences=(API_URL,), api_iap_audience=IAP_AUDIENCE)

@@ -14,10 +14,10 @@ Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a
 the admins. Only the keys' SHA-256 digests are kept (:func:`key_digest`); a caller's key is
 hashed and compared with every kept digest in constant time. Where Google identities are
 accepted (:mod:`opendws.service.access`), IAP's signed header or a Google-signed ID token in
-its place names the caller, and the configuration's access table its tenant: a token that does
-not verify is answered 401, a verified principal the table lacks 403. A tenant sees and changes only
-its own requests (other tenants' holds on the timeline are shown as ``other``, without names);
-an admin sees all.
+its place names the caller, and the configuration's access table its tenant: a token that
+does not verify is answered 401, a verified principal the table lacks 403. A tenant sees and
+changes only its own requests (other tenants' holds on the timeline are shown as ``other``,
+without names); an admin sees all.
 """
 
 from __future__ import annotations
@@ -96,12 +96,13 @@ class ApiService:
         scheme, _, key = lowered.get("authorization", "").partition(" ")
         bearer = key.strip() if scheme.lower() == "bearer" else ""
         assertion = lowered.get(IAP_HEADER)
-        if assertion is not None or looks_like_jwt(bearer):
+        token = bearer if looks_like_jwt(bearer) else None
+        if assertion is not None or token is not None:
             if self._google is None:
                 return Response(401, {"error": "this API takes API keys only (no Google "
                                                "identity is configured for it)"})  # fmt: skip
             try:
-                found = self._google.tenant(assertion=assertion, token=bearer or None)
+                found = self._google.tenant(assertion=assertion, token=token)
             except Unauthorized as error:
                 return Response(401, {"error": str(error)})
             except Forbidden as error:
