@@ -27,6 +27,19 @@ locals {
   # It is the tasks' URL and their OIDC audience alike (tasks v2 OidcToken.audience).
   timer_url = "https://${local.names.timer}-${data.google_project.this.number}.${var.region}.run.app"
 
+  # The api's URLs, the audiences a workload's Google ID token may name (the function's
+  # cloudfunctions.net URL, its `url` output, and its service's deterministic run.app URL;
+  # neither can come from the function itself, whose environment this is).
+  api_urls = [
+    "https://${var.region}-${var.project}.cloudfunctions.net/${local.names.api}",
+    "https://${local.names.api}-${data.google_project.this.number}.${var.region}.run.app",
+  ]
+  # With IAP in front and its direct URL closed, only the load balancer reaches the api, and
+  # IAP's service agent invokes it (iap/docs/enabling-cloud-run).
+  api_direct          = var.api_iap == null ? true : var.api_iap.direct_url
+  iap_service_agent   = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-iap.iam.gserviceaccount.com"
+  api_iap_environment = var.api_iap == null ? {} : { OPENDWS_API_IAP_AUDIENCE = module.api_iap[0].audience }
+
   # Ending a run (release, cancel, a timer, the reconciler's sweep) deletes resize requests,
   # VMs, queued resources and future reservations; starting one creates them.
   capacity_roles = [
@@ -329,13 +342,15 @@ module "api" {
   region                = var.region
   name                  = local.names.api
   entry_point           = "api"
-  description           = "The HTTP API and dashboard; callers present an API key."
+  description           = "The HTTP API and dashboard; callers present an API key, a Google ID token or IAP's signed header."
   runtime               = var.runtime
   build_service_account = var.build_service_account
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.api
-  environment           = local.common_environment
+  environment = merge(local.common_environment, local.api_iap_environment, {
+    OPENDWS_API_AUDIENCES = join(",", local.api_urls)
+  })
   secrets = {
     OPENDWS_API_KEYS = module.secrets.api_keys_secret_id
   }
@@ -344,9 +359,10 @@ module "api" {
   min_instances   = var.min_instances.api
   max_instances   = var.max_instances.api
   labels          = var.labels
-  # Users' browsers and scripts call it; the function checks each call's API key.
-  ingress  = "ALLOW_ALL"
-  invokers = ["allUsers"]
+  # Users' browsers and scripts call it; the function checks each call's API key, ID token or
+  # IAP signed header. With api_iap.direct_url off, only IAP's load balancer reaches it.
+  ingress  = local.api_direct ? "ALLOW_ALL" : "ALLOW_INTERNAL_AND_GCLB"
+  invokers = local.api_direct ? ["allUsers"] : [local.iap_service_agent]
 
   depends_on = [module.secrets]
 }
@@ -358,6 +374,22 @@ module "monitoring" {
   reconcile_silence_seconds = var.alert_reconcile_silence_seconds
   notification_channels     = var.alert_notification_channels
   depends_on                = [module.apis]
+}
+
+module "api_iap" {
+  source = "./modules/api_iap"
+  count  = var.api_iap == null ? 0 : 1
+
+  project        = var.project
+  project_number = data.google_project.this.number
+  region         = var.region
+  name           = local.names.api
+  service_name   = local.names.api
+  domain         = var.api_iap.domain
+  members        = var.api_iap.members
+  labels         = var.labels
+
+  depends_on = [module.apis]
 }
 
 module "scheduler" {
@@ -379,6 +411,15 @@ check "timer_url_is_the_timer_services_run_app_url" {
   assert {
     condition     = reverse(split("/", module.timer.service))[0] == local.names.timer && length("${local.names.timer}-${data.google_project.this.number}") <= 63
     error_message = "The timer's Cloud Run service is ${module.timer.service}, not ${local.names.timer} with a deterministic URL: Cloud Tasks would call ${local.timer_url} in vain; set OPENDWS_TIMER_URL to its run.app URL."
+  }
+}
+
+# IAP's load balancer reaches the api through a serverless NEG that names the Cloud Run service
+# by the function's name, as Google names a gen2 function's service (checked after apply).
+check "api_iap_neg_names_the_api_service" {
+  assert {
+    condition     = var.api_iap == null || reverse(split("/", module.api.service))[0] == local.names.api
+    error_message = "The api's Cloud Run service is ${module.api.service}, not ${local.names.api}: IAP's load balancer would send calls to no service."
   }
 }
 

@@ -23,6 +23,20 @@ output "api_url" {
   value       = module.api.url
 }
 
+output "api_iap" {
+  description = "The api through Identity-Aware Proxy (null without api_iap): url, the load balancer's address (the domain's DNS A record), and the audience of IAP's signed header the api checks."
+  value = var.api_iap == null ? null : {
+    url      = module.api_iap[0].url
+    address  = module.api_iap[0].address
+    audience = module.api_iap[0].audience
+  }
+}
+
+output "api_audiences" {
+  description = "The audiences a workload's Google ID token for the api may name (either of the api's URLs)."
+  value       = local.api_urls
+}
+
 output "ci_hook_url" {
   description = "The CI webhook's URL (/github, /gitlab or /hook)."
   value       = module.ci_hook.url

@@ -194,6 +194,26 @@ variable "api_tenants" {
   }
 }
 
+variable "api_iap" {
+  description = "Identity-Aware Proxy in front of the api (null, the default: none). domain: where users open the api through IAP (a global external Application Load Balancer with a Google-managed certificate; point its DNS A record at the api_iap.address output); members: who may pass IAP (user:, group:, serviceAccount:, domain:), each then mapped to a tenant by the configuration's access table; direct_url: keep the function's own URL open for API keys and workloads' ID tokens (false: only the load balancer reaches the api, and every caller signs in through IAP)."
+  type = object({
+    domain     = string
+    members    = list(string)
+    direct_url = optional(bool, true)
+  })
+  default = null
+
+  validation {
+    condition     = var.api_iap == null ? true : can(regex("^([a-z0-9]([a-z0-9-]*[a-z0-9])?\\.)+[a-z]{2,}$", var.api_iap.domain))
+    error_message = "api_iap.domain must be a DNS name such as opendws.example.com (the managed certificate is issued for it)."
+  }
+
+  validation {
+    condition     = var.api_iap == null ? true : length(var.api_iap.members) > 0 && alltrue([for m in var.api_iap.members : can(regex("^(user|group|serviceAccount|domain):.+$", m))])
+    error_message = "api_iap.members must name at least one IAM member: user:EMAIL, group:EMAIL, serviceAccount:EMAIL or domain:DOMAIN."
+  }
+}
+
 variable "vm_boot_image" {
   description = "The VMs' boot image (OPENDWS_BOOT_IMAGE)."
   type        = string

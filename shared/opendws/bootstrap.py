@@ -23,6 +23,10 @@
 - the CI hooks' secrets ``OPENDWS_GITHUB_WEBHOOK_SECRET``, ``OPENDWS_GITLAB_WEBHOOK_TOKEN`` and
   ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:sha256:HEX,…``);
   in Google Cloud, Secret Manager values mounted as these variables;
+- the Google identities the API accepts besides its keys: ``OPENDWS_API_AUDIENCES`` (the
+  audiences a Google-signed ID token may name, comma-separated: the api's URLs) and
+  ``OPENDWS_API_IAP_AUDIENCE`` (the audience of IAP's signed header when IAP is in front of the
+  api); neither set: API keys only;
 - ``OPENDWS_LOCAL_INTAKE_URL``: on one machine, the local stack's intake endpoint, where
   ``dws config apply`` wires a new tenant's topic;
 - metrics: ``OPENDWS_METRICS_EXPORT``, where each process exports its metrics, a comma list
@@ -66,6 +70,7 @@ from opendws.ports import (
     TimerQueue,
 )
 from opendws.ports.telemetry import Metrics, MetricSnapshots
+from opendws.service.access import GoogleAccess
 from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
@@ -80,6 +85,7 @@ if TYPE_CHECKING:
 
     from opendws.adapters.gce import CloudSettings
     from opendws.adapters.oidc import OidcVerifier
+    from opendws.ports import PrincipalVerifier
 
 LOCAL_PROJECT = "demo-opendws"
 # A process's metric snapshot is forgotten a day after its last export.
@@ -132,6 +138,10 @@ class Settings:
     hook_secrets: HookSecrets = field(default_factory=HookSecrets)
     # key_digest(key) → tenant (or "admin"): only the keys' digests are kept
     api_keys: Mapping[str, str] = field(default_factory=dict)
+    # The audiences a Google-signed ID token at the API may name (empty: none is accepted),
+    # and that of IAP's signed header (None: IAP is not in front of the api).
+    api_audiences: tuple[str, ...] = ()
+    api_iap_audience: str | None = None
     # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
     # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
     local_intake_url: str | None = None
@@ -185,6 +195,12 @@ class Settings:
                 generic=env("OPENDWS_HOOK_SECRET"),
             ),
             api_keys=_api_keys(env("OPENDWS_API_KEYS") or ""),
+            api_audiences=tuple(
+                audience.strip()
+                for audience in (env("OPENDWS_API_AUDIENCES") or "").split(",")
+                if audience.strip()
+            ),
+            api_iap_audience=env("OPENDWS_API_IAP_AUDIENCE"),
             local_intake_url=env("OPENDWS_LOCAL_INTAKE_URL"),
             service=env("K_SERVICE") or "opendws",
             metrics_export=_exports(env("OPENDWS_METRICS_EXPORT")),
@@ -442,6 +458,18 @@ class Container:
             issuers=issuers,
         )
 
+    @_Once
+    def principals(self) -> PrincipalVerifier:
+        """The verifier of the Google-signed tokens the API accepts (IAP's signed header, ID
+        tokens), for the settings' audiences, against Google's keys."""
+        from opendws.adapters.identity import GoogleIdentityVerifier
+
+        settings = self.settings
+        return GoogleIdentityVerifier(
+            id_token_audiences=frozenset(settings.api_audiences),
+            iap_audience=settings.api_iap_audience,
+        )
+
     # Services ---------------------------------------------------------------------------
 
     @_Once
@@ -491,12 +519,17 @@ class Container:
 
     @_Once
     def api(self) -> ApiService:
-        """The HTTP API, with the settings' keys (the end service is built when first
-        needed: reading needs no cloud clients)."""
+        """The HTTP API, with the settings' keys and, where the settings name an audience,
+        Google identities mapped by the configuration's access table (the end service is
+        built when first needed: reading needs no cloud clients)."""
         adapters = self.adapters
+        settings = self.settings
+        google = None
+        if settings.api_audiences or settings.api_iap_audience:
+            google = GoogleAccess(self.principals, adapters.config, adapters.clock)
         return ApiService(
             adapters.store, self.queries, self.usage, lambda: self.end, adapters.clock,
-            self.settings.api_keys, metrics=self.metrics_text,
+            settings.api_keys, metrics=self.metrics_text, google=google,
         )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from opendws.domain.calendar import lead_of
 from opendws.domain.model import PolicySettings, Pool, Tenant
 from opendws.durations import format_duration
-from opendws.ports import CiMapping, Configuration
+from opendws.ports import ADMIN_ACCESS, AccessRule, CiMapping, Configuration
 from opendws.schema.common import ScenarioError, build_items, describe_validation
 from opendws.schema.config import ConfigSpec, PoolSpec, TenantSpec, build_policy
 from opendws.schema.request import MessageError, Submit, parse_message, to_capacity_request
@@ -58,9 +58,11 @@ def configuration_from_document(data: object, *, source: str) -> Configuration:
         raise ScenarioError(f"{source}: prices: one price per accelerator")
     ci = tuple(mapping.build() for mapping in spec.ci)
     _check_templates(ci, source, lasting_template_problem)
+    access = tuple(rule.build() for rule in spec.access)
+    _check_access(access, frozenset(t.name for t in tenants), source)
     return Configuration(
         pools=pools, tenants=tenants, policy=policy, prices=prices, ci=ci,
-        shared_requests_topic=spec.shared_requests_topic,
+        shared_requests_topic=spec.shared_requests_topic, access=access,
     )  # fmt: skip
 
 
@@ -119,6 +121,25 @@ def _check_templates(
             raise ScenarioError(f"{source}: ci[{index}].request: {problem}")
 
 
+def _check_access(access: tuple[AccessRule, ...], tenants: frozenset[str], source: str) -> None:
+    """ScenarioError naming the first access rule for an unknown tenant, or for a principal an
+    earlier rule already names (one principal acts as one tenant)."""
+    seen: dict[str, int] = {}
+    for index, rule in enumerate(access):
+        where = f"{source}: access[{index}] ({rule.principal})"
+        if rule.tenant != ADMIN_ACCESS and rule.tenant not in tenants:
+            known = ", ".join([*sorted(tenants), ADMIN_ACCESS])
+            raise ScenarioError(
+                f"{where}: tenant: {rule.tenant!r} is no configured tenant (known: {known})"
+            )
+        if rule.principal in seen:
+            raise ScenarioError(
+                f"{where}: principal: access[{seen[rule.principal]}] names it already "
+                "(a principal acts as one tenant)"
+            )
+        seen[rule.principal] = index
+
+
 def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
     """The configuration as plain values that :func:`configuration_from_document` reads back."""
     return {
@@ -134,6 +155,7 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
         "shared_requests_topic": configuration.shared_requests_topic,
         "pools": [_pool(pool) for pool in configuration.pools],
         "tenants": [_tenant(tenant) for tenant in configuration.tenants],
+        "access": [{"principal": r.principal, "tenant": r.tenant} for r in configuration.access],
         "ci": [
             {"provider": m.provider, "labels": sorted(m.labels), "request": m.template}
             for m in configuration.ci

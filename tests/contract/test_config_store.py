@@ -9,7 +9,7 @@ import pytest
 
 from opendws.adapters.memory import MemoryConfigStore
 from opendws.domain.model import PolicySettings, QueueingStrategy
-from opendws.ports import ConfigStore, Configuration
+from opendws.ports import ADMIN_ACCESS, AccessRule, ConfigStore, Configuration
 from tests.builders import H100, V5E, pool, quota, tenant, tpu_pool
 
 
@@ -41,6 +41,11 @@ def test_a_saved_configuration_reads_back_whole(config: ConfigStore) -> None:
             tenant("ci", quota(H100, 8), strict_fifo=True),
         ),
         policy=PolicySettings(aging_half_life=timedelta(hours=3)),
+        access=(
+            AccessRule(principal="alice@example.com", tenant="vision"),
+            AccessRule(principal="domain:example.com", tenant="ci"),
+            AccessRule(principal="ops@example.com", tenant=ADMIN_ACCESS),
+        ),
     )
     config.save(saved)
     assert config.load() == saved

@@ -88,6 +88,8 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
         "OPENDWS_HOOK_SECRET": "generic",
         "OPENDWS_API_KEYS": f"vision:k1, admin:{key_digest('k2')},broken,:nokey,notenant:",
         "OPENDWS_LOCAL_INTAKE_URL": "http://127.0.0.1:8081",
+        "OPENDWS_API_AUDIENCES": "https://api.example/, ,https://run.example",
+        "OPENDWS_API_IAP_AUDIENCE": "/projects/1/global/backendServices/2",
     })  # fmt: skip
     assert settings == Settings(
         project="prod",
@@ -108,6 +110,8 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
         hook_secrets=HookSecrets(github="gh", gitlab="gl", generic="generic"),
         api_keys={key_digest("k1"): "vision", key_digest("k2"): "admin"},  # digests only
         local_intake_url="http://127.0.0.1:8081",
+        api_audiences=("https://api.example/", "https://run.example"),
+        api_iap_audience="/projects/1/global/backendServices/2",
     )
 
 

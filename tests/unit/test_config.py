@@ -79,7 +79,7 @@ def test_a_document_that_is_not_a_mapping_names_the_configurations_fields() -> N
         configuration_from_document(["pools"], source="config.yaml")
     assert str(refused.value) == (
         "config.yaml: the file must hold a mapping with the fields policy, "
-        "shared_requests_topic, prices, ci, pools, tenants; it holds a list"
+        "shared_requests_topic, prices, ci, pools, tenants, access; it holds a list"
     )
 
 

@@ -192,10 +192,13 @@ def test_http_functions_are_called_by_whom_the_code_expects() -> None:
     assert unquote(functions["timer"].get("ingress", '"ALLOW_INTERNAL_ONLY"')) == (
         "ALLOW_INTERNAL_ONLY"
     )
-    # The webhooks and the API authenticate each call themselves (signatures, API keys).
-    for public in ("ci_hook", "api"):
-        assert functions[public]["invokers"] == ['"allUsers"']
-        assert unquote(functions[public]["ingress"]) == "ALLOW_ALL"
+    # The webhooks and the API authenticate each call themselves (signatures, API keys, ID
+    # tokens); the API's ingress with IAP in front: tests/unit/test_infra_access.py.
+    assert functions["ci_hook"]["invokers"] == ['"allUsers"']
+    assert unquote(functions["ci_hook"]["ingress"]) == "ALLOW_ALL"
+    assert functions["api"]["invokers"] == (
+        '${local.api_direct ? ["allUsers"] : [local.iap_service_agent]}'
+    )
 
 
 def test_each_function_runs_as_its_own_service_account() -> None:
@@ -460,9 +463,13 @@ def test_timers_are_called_at_the_timer_services_run_app_url() -> None:
     environment = locals_["common_environment"]
     assert environment["OPENDWS_TIMER_URL"] == "${local.timer_url}"
     assert environment["OPENDWS_TIMER_AUDIENCE"] == environment["OPENDWS_TIMER_URL"]
-    # Nothing calls the timer at cloudfunctions.net any more.
+    # Nothing calls the timer at cloudfunctions.net any more: the one such URL is the api's
+    # own, an audience its callers' ID tokens may name (tests/unit/test_infra_access.py).
     code = re.sub(r"#.*", "", (INFRA / "main.tf").read_text())
-    assert "cloudfunctions.net" not in code
+    lines = [line.strip() for line in code.splitlines() if "cloudfunctions.net" in line]
+    assert lines == [
+        '"https://${var.region}-${var.project}.cloudfunctions.net/${local.names.api}",'
+    ]
     outputs = dict(blocks(INFRA / "outputs.tf", "output"))
     assert outputs["timer_url"]["value"] == "${local.timer_url}"
 

@@ -552,6 +552,13 @@ class Module(View):
     def attr(self, name: str) -> Any:
         return self.output(name)
 
+    def index(self, key: object) -> Any:
+        """``module.x[0]``: the one instance of a module called with ``count`` (the caller
+        indexes it only where the count is one)."""
+        if key != 0:
+            raise Unknown(f"{self}[{key!r}]")
+        return self
+
     def __repr__(self) -> str:
         return f"<{self.address or 'root'}>"
 

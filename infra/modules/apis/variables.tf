@@ -16,6 +16,7 @@ variable "services" {
     "eventarc.googleapis.com",
     "firestore.googleapis.com",
     "iam.googleapis.com",
+    "iap.googleapis.com",
     "monitoring.googleapis.com",
     "pubsub.googleapis.com",
     "run.googleapis.com",

@@ -21,7 +21,7 @@ locals {
 }
 
 resource "google_cloudfunctions2_function" "this" {
-  # checkov:skip=CKV_GCP_124:ingress is the caller's choice (default ALLOW_INTERNAL_ONLY). Only ci_hook and api take ALLOW_ALL: GitHub, GitLab and users' browsers call them from the internet, and each call is authenticated by the function (HMAC signature, shared token or API key).
+  # checkov:skip=CKV_GCP_124:ingress is the caller's choice (default ALLOW_INTERNAL_ONLY). Only ci_hook and api take ALLOW_ALL: GitHub, GitLab and users' browsers call them from the internet, and each call is authenticated by the function (HMAC signature, shared token, API key, Google ID token or IAP's signed header).
   project     = var.project
   name        = var.name
   location    = var.region
@@ -79,7 +79,7 @@ resource "google_cloudfunctions2_function" "this" {
 # Who may call the function's service: the Eventarc trigger's account, the Cloud Tasks
 # invoker, or allUsers for an HTTP function that authenticates its callers itself.
 resource "google_cloud_run_service_iam_member" "invoker" {
-  # checkov:skip=CKV_GCP_102:allUsers is granted only by ci_hook and api, whose callers (webhooks, browsers) carry no Google identity; the functions authenticate every call themselves and answer 401 otherwise.
+  # checkov:skip=CKV_GCP_102:allUsers is granted only by ci_hook and api, whose callers (webhooks, browsers and scripts with API keys) need carry no Google identity; the functions authenticate every call themselves and answer 401 otherwise.
   for_each = toset(var.invokers)
 
   project  = var.project

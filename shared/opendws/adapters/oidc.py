@@ -31,19 +31,18 @@ import google.auth.transport.requests
 from google.auth import jwt
 from google.oauth2 import id_token
 
+# Unauthorized (HTTP 401) and Forbidden (HTTP 403), shared with the API's identity checks.
+from opendws.ports.access import Forbidden, Unauthorized
+
 GOOGLE_ISSUERS = frozenset({"accounts.google.com", "https://accounts.google.com"})
 # The ``iss`` of the Cloud Tasks emulator's tokens (emulators.cloud_tasks.ISSUER).
 EMULATOR_ISSUER = "opendws-cloud-tasks-emulator"
 # How far the token's ``iat`` may be ahead of our clock, and its ``exp`` behind it.
 CLOCK_SKEW = timedelta(seconds=10)
 
-
-class Unauthorized(PermissionError):
-    """No valid token: the caller is not known (HTTP 401)."""
-
-
-class Forbidden(PermissionError):
-    """A valid token, but not for this audience or from an allowed caller (HTTP 403)."""
+__all__ = [
+    "CLOCK_SKEW", "EMULATOR_ISSUER", "GOOGLE_ISSUERS", "Forbidden", "OidcVerifier", "Unauthorized",
+]  # fmt: skip
 
 
 class OidcVerifier:

@@ -17,7 +17,7 @@ from opendws.scenario import ScenarioError, read_document
 
 @click.group(short_help="Show or replace the configuration.")
 def config() -> None:
-    """The configuration: pools, tenants and quotas, prices."""
+    """The configuration: pools, tenants and quotas, prices, the API's access table."""
 
 
 @config.command("apply", short_help="Validate FILE and make it the configuration.")
@@ -53,5 +53,5 @@ def config_apply(file: Path) -> None:
             )
     console.print(
         f"applied {file}: {len(configuration.pools)} pools, {len(configuration.tenants)} "
-        f"tenants, {len(configuration.prices)} prices"
+        f"tenants, {len(configuration.prices)} prices, {len(configuration.access)} access rules"
     )

@@ -9,7 +9,9 @@ that cross them.
 - :mod:`~opendws.ports.cloud` — orders, observations and the capacity providers;
 - :mod:`~opendws.ports.timers` — timers and the clock;
 - :mod:`~opendws.ports.topics` — request topics and who they speak for, publishers, the
-  event bus.
+  event bus;
+- :mod:`~opendws.ports.access` — the Google identities that call the API, and the verifier of
+  their tokens.
 
 Adapters implement these for Google Cloud (``opendws.adapters``) and in memory (fakes for fast
 tests); one contract suite per port runs on both, so a fake cannot drift from the real thing.
@@ -17,6 +19,13 @@ Everything is importable from ``opendws.ports`` itself.
 """
 
 from opendws.domain.provisioning import Lane, ProvisionPhase
+from opendws.ports.access import (
+    Forbidden,
+    Principal,
+    PrincipalVerifier,
+    TokenKind,
+    Unauthorized,
+)
 from opendws.ports.cloud import (
     ORDER_PREFIX,
     Advised,
@@ -30,7 +39,14 @@ from opendws.ports.cloud import (
     Withdrawal,
     order_name,
 )
-from opendws.ports.configuration import CiMapping, ConfigStore, Configuration, Price
+from opendws.ports.configuration import (
+    ADMIN_ACCESS,
+    AccessRule,
+    CiMapping,
+    ConfigStore,
+    Configuration,
+    Price,
+)
 from opendws.ports.records import (
     EVENT_SCHEMA,
     FINISHED_FIRST,
@@ -92,6 +108,7 @@ from opendws.ports.topics import (
 )
 
 __all__ = [
+    "ADMIN_ACCESS",
     "ADMIN_REQUESTS_TOPIC",
     "EVENTS_TOPIC",
     "EVENT_SCHEMA",
@@ -102,6 +119,7 @@ __all__ = [
     "SHARED_REQUESTS_TOPIC",
     "TENANT_REQUESTS_PREFIX",
     "TIMER_HORIZON",
+    "AccessRule",
     "Advised",
     "AnnouncedRequests",
     "BlockProvider",
@@ -117,6 +135,7 @@ __all__ = [
     "EventBus",
     "Fence",
     "Fenced",
+    "Forbidden",
     "Identity",
     "Lane",
     "Nudger",
@@ -125,6 +144,8 @@ __all__ = [
     "Outbox",
     "PoolStatus",
     "Price",
+    "Principal",
+    "PrincipalVerifier",
     "Providers",
     "ProvisionPhase",
     "ReconcilerLease",
@@ -140,6 +161,8 @@ __all__ = [
     "Timer",
     "TimerKind",
     "TimerQueue",
+    "TokenKind",
+    "Unauthorized",
     "UnknownRequest",
     "UsageEntry",
     "UsageLedger",

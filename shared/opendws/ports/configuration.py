@@ -1,5 +1,5 @@
-"""What operators configure (pools, tenants, policy, prices, CI mappings), and the port
-where it lives."""
+"""What operators configure (pools, tenants, policy, prices, CI mappings, who may call the
+API with a Google identity), and the port where it lives."""
 
 from __future__ import annotations
 
@@ -36,6 +36,32 @@ class CiMapping:
     template: dict[str, Any] = field(hash=False)
 
 
+# The ``tenant`` of an access rule whose principal acts as an admin (as the admins' API key).
+ADMIN_ACCESS = "admin"
+# How an access rule names every account of a domain.
+DOMAIN_PREFIX = "domain:"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccessRule:
+    """One row of the access table: a Google identity that may call the API, and the tenant it
+    acts as (:data:`ADMIN_ACCESS`: an admin).
+
+    ``principal`` is an email (``alice@example.com``: that account only) or a domain
+    (``domain:example.com``: every account of that domain), lowercase; the schema accepts
+    ``*@example.com`` for the latter and writes it this way."""
+
+    principal: str
+    tenant: str
+
+    @property
+    def domain(self) -> str | None:
+        """The domain a domain rule names; None for an email rule."""
+        if self.principal.startswith(DOMAIN_PREFIX):
+            return self.principal.removeprefix(DOMAIN_PREFIX)
+        return None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Configuration:
     """What the operators configure: pools, tenants with their quotas, policy knobs, and the
@@ -50,6 +76,8 @@ class Configuration:
     # publisher's claimed tenant (small single-team installs). Off: only tenants' own topics
     # and the admins' are heard.
     shared_requests_topic: bool = False
+    # Which Google identities (IAP's signed header, ID tokens) act as which tenant at the API.
+    access: tuple[AccessRule, ...] = ()
 
     def price(self, accelerator: str) -> Price | None:
         """The price of ``accelerator``, if configured."""

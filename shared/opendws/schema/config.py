@@ -1,5 +1,5 @@
-"""The configuration document's parts: policy, pools, tenants with their quotas, prices and CI
-mappings, and the whole document (:class:`ConfigSpec`).
+"""The configuration document's parts: policy, pools, tenants with their quotas, prices, CI
+mappings, the API's access table, and the whole document (:class:`ConfigSpec`).
 
 A what-if scenario describes the same pools, tenants and policy (``opendws.schema.scenario``
 reuses these parts). Each part builds its domain value; a broken domain rule raises
@@ -8,9 +8,10 @@ reuses these parts). Each part builds its domain value; a broken domain rule rai
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, StrictBool, StrictInt
+from pydantic import Field, StrictBool, StrictInt, field_validator
 
 from opendws.domain import (
     InvalidModel,
@@ -22,7 +23,8 @@ from opendws.domain import (
     Tenant,
 )
 from opendws.domain.calendar import CancellationRule
-from opendws.ports import CiMapping, Price
+from opendws.ports import AccessRule, CiMapping, Price
+from opendws.ports.configuration import DOMAIN_PREFIX
 from opendws.schema.common import Document, Duration, ScenarioError, Spec, Timestamp
 
 
@@ -122,10 +124,62 @@ class CiSpec(Spec):
         )
 
 
+# A DNS name: labels of letters, digits and inner hyphens, and a top-level label of letters.
+_DOMAIN = re.compile(r"(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
+_LOCAL_PART = re.compile(r"[^@\s*:]+")
+_FORMS = "an email (alice@example.com) or a domain (*@example.com or domain:example.com)"
+
+
+def access_principal(text: str) -> str:
+    """An access rule's principal in its stored form: a lowercase email, or ``domain:`` and a
+    lowercase domain (``*@example.com`` is taken for ``domain:example.com``). ValueError
+    saying what is wrong with anything else."""
+    given = text.strip().lower()
+    kind, colon, rest = given.partition(":")
+    if colon and kind == "group":
+        raise ValueError(
+            f"{text!r}: groups cannot be matched: neither IAP's signed header nor an ID token "
+            "says which groups an account is in; give the members' emails or their domain "
+            "(grant the group IAP access in Terraform's api_iap.members instead)"
+        )
+    if colon and kind in ("user", "serviceaccount"):
+        raise ValueError(f"{text!r}: give the email alone, without the IAM prefix {kind!r}")
+    if colon and kind == DOMAIN_PREFIX.rstrip(":"):
+        domain = rest
+    elif given.startswith("*@"):
+        domain = given.removeprefix("*@")
+    else:
+        local, at, domain = given.rpartition("@")
+        if at and _LOCAL_PART.fullmatch(local) and _DOMAIN.fullmatch(domain):
+            return given
+        raise ValueError(f"{text!r} is not {_FORMS}")
+    if not _DOMAIN.fullmatch(domain):
+        raise ValueError(f"{text!r}: {domain!r} is not a domain name such as example.com")
+    return DOMAIN_PREFIX + domain
+
+
+class AccessSpec(Spec):
+    """``access[i]``: a Google identity that may call the API (IAP's signed header, or a
+    Google-signed ID token) and the tenant it acts as (``admin``: an admin)."""
+
+    principal: str
+    tenant: str
+
+    @field_validator("principal")
+    @classmethod
+    def _principal(cls, value: str) -> str:
+        return access_principal(value)
+
+    def build(self) -> AccessRule:
+        return AccessRule(principal=self.principal, tenant=self.tenant)
+
+
 class ConfigSpec(Document):
     """The whole configuration document."""
 
-    item_keys: ClassVar[dict[str, str]] = {"pools": "pool_id", "tenants": "name"}
+    item_keys: ClassVar[dict[str, str]] = {
+        "pools": "pool_id", "tenants": "name", "access": "principal",
+    }  # fmt: skip
 
     policy: PolicySpec | None = None
     # Take requests from the shared capacity-requests topic, trusting every publisher's
@@ -135,6 +189,7 @@ class ConfigSpec(Document):
     ci: list[CiSpec] = Field(default_factory=list)
     pools: list[PoolSpec] = Field(default_factory=list)
     tenants: list[TenantSpec] = Field(default_factory=list)
+    access: list[AccessSpec] = Field(default_factory=list)
 
 
 def build_policy(spec: PolicySpec | None, source: str) -> PolicySettings:

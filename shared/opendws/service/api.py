@@ -21,10 +21,13 @@ A query parameter out of its range is answered 400, naming it.
 
 Callers authenticate with ``Authorization: Bearer <key>``; each key belongs to a tenant or to
 the admins. Only the keys' SHA-256 digests are kept (:func:`key_digest`); a caller's key is
-hashed and compared with every kept digest in constant time. A tenant sees and changes only
-its own requests and quota (other tenants' holds on the timeline are shown as ``other``,
-without names); an admin sees all. The page never takes a key from its address: it asks for
-one in a sign-in form and keeps it in the browser tab's session storage.
+hashed and compared with every kept digest in constant time. Where Google identities are
+accepted (:mod:`opendws.service.access`), IAP's signed header or a Google-signed ID token in
+its place names the caller, and the configuration's access table its tenant: a token that
+does not verify is answered 401, a verified principal the table lacks 403. A tenant sees and
+changes only its own requests and quota (other tenants' holds on the timeline are shown as
+``other``, without names); an admin sees all. The page never takes a key from its address: it
+asks for one in a sign-in form and keeps it in the browser tab's session storage.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 
-from opendws.ports import Clock, Requests
+from opendws.ports import Clock, Forbidden, Requests, Unauthorized
+from opendws.service.access import IAP_HEADER, GoogleAccess, looks_like_jwt
 from opendws.service.queries import QueryService
 from opendws.service.release import EndOutcome, EndService
 from opendws.service.usage import MAX_DAYS, UsageService
@@ -77,6 +81,7 @@ class ApiService:
         self, store: Requests, queries: QueryService, usage: UsageService,
         ending: Callable[[], EndService], clock: Clock, keys: Mapping[str, str],
         metrics: Callable[[], str] | None = None,
+        google: GoogleAccess | None = None,
     ) -> None:  # fmt: skip
         self._metrics = metrics  # every process's metrics in Prometheus text
         self._store = store
@@ -85,6 +90,7 @@ class ApiService:
         self._ending = ending  # built on first use: reading needs no cloud clients
         self._clock = clock
         self._keys = dict(keys)  # key_digest(key) → tenant (or "admin")
+        self._google = google  # None: API keys only
 
     def handle(
         self, method: str, path: str, headers: Mapping[str, str],
@@ -94,8 +100,8 @@ class ApiService:
         if method == "GET" and parts in ([], ["dashboard"]):
             return Response(200, dashboard_html())
         caller = self._caller(headers)
-        if caller is None:
-            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        if isinstance(caller, Response):
+            return caller
         try:
             return self._route(caller, method, parts, query or {})
         except BadParameter as error:
@@ -123,17 +129,35 @@ class ApiService:
                 return self._metrics_text(caller)
         return Response(404, {"error": f"no route {method} /{'/'.join(parts)}"})
 
-    def _caller(self, headers: Mapping[str, str]) -> Caller | None:
+    def _caller(self, headers: Mapping[str, str]) -> Caller | Response:
+        """Who calls (IAP's signed header, else a bearer ID token, else a bearer API key), or
+        the 401 / 403 saying why the call is refused."""
         lowered = {key.lower(): value for key, value in headers.items()}
         scheme, _, key = lowered.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            return None
-        digest = key_digest(key.strip()).encode()
-        found: str | None = None
+        bearer = key.strip() if scheme.lower() == "bearer" else ""
+        assertion = lowered.get(IAP_HEADER)
+        token = bearer if looks_like_jwt(bearer) else None
+        if assertion is not None or token is not None:
+            if self._google is None:
+                return Response(401, {"error": "this API takes API keys only (no Google "
+                                               "identity is configured for it)"})  # fmt: skip
+            try:
+                found = self._google.tenant(assertion=assertion, token=token)
+            except Unauthorized as error:
+                return Response(401, {"error": str(error)})
+            except Forbidden as error:
+                return Response(403, {"error": str(error)})
+            return Caller(tenant=found, admin=found == ADMIN)
+        if not bearer:
+            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        digest = key_digest(bearer).encode()
+        known_as: str | None = None
         for known, tenant in self._keys.items():  # every one, so the time says nothing
             if hmac.compare_digest(known.encode(), digest):
-                found = tenant
-        return None if found is None else Caller(tenant=found, admin=found == ADMIN)
+                known_as = tenant
+        if known_as is None:
+            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+        return Caller(tenant=known_as, admin=known_as == ADMIN)
 
     def _request(self, caller: Caller, request_id: str) -> Response:
         record = self._store.get(request_id)
