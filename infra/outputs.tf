@@ -19,7 +19,7 @@ output "dead_letter_subscription" {
 }
 
 output "api_url" {
-  description = "The HTTP API; its root (GET /?key=KEY) is the dashboard."
+  description = "The HTTP API; its root (GET /) is the dashboard, which asks for a key (none behind IAP)."
   value       = module.api.url
 }
 

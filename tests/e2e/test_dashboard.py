@@ -135,6 +135,9 @@ def check_dashboard(url: str, browser: Any) -> None:
     assert "key" not in desktop.url
     assert "not used" in desktop.inner_text("#notice")
     assert desktop.is_hidden("#board")
+    # It first tried without a key (behind IAP the proxy's header would name the caller):
+    # refused here, it asks for one without calling anything refused.
+    assert desktop.inner_text("#signin-error") == ""
     sign_in(desktop, url, ADMIN_KEY)
     assert ADMIN_KEY not in desktop.url
     assert desktop.evaluate("sessionStorage.getItem('opendws.key')") == ADMIN_KEY
