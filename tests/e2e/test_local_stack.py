@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,15 +30,17 @@ DATA = ROOT / "tests" / "data" / "hooks"
 CI_CONFIG = ROOT / "tests" / "data" / "local-config-with-ci.yaml"
 
 
-def start_up() -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_up(scratch: Path | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """``dws up`` in a session of its own, once it says it is up: the process, and the
-    variables and function URLs it printed."""
+    variables and function URLs it printed. ``scratch``: its temporary folder (TMPDIR), so that
+    what it leaves there is its own, whatever else runs on the machine."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(f"official emulators unavailable: {reason}")
     process = subprocess.Popen(
         [*DWS, "up", "--tick", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
+        env=None if scratch is None else {**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert process.stdout is not None
     environment: dict[str, str] = {}
@@ -89,19 +90,17 @@ def stack() -> Iterator[dict[str, str]]:
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_to_dws_up_alone_stops_everything_and_leaves_no_file(
-    stop: signal.Signals,
+    stop: signal.Signals, tmp_path: Path
 ) -> None:
     """Sent to the dws process only (a service manager, a closed terminal), not to its
     group: it stops both emulator JVMs and every function server itself, and its run's
-    emulator logs go with it."""
-    scratch = Path(tempfile.gettempdir())
-    before = set(scratch.glob("opendws-*"))
-    process, environment = start_up()
-    assert set(scratch.glob("opendws-*")) - before  # the run's log folder, while it runs
+    emulator logs go with it: its temporary folder is empty again."""
+    process, environment = start_up(tmp_path)
+    assert list(tmp_path.glob("opendws-*"))  # the run's log folder, while it runs
     process.send_signal(stop)
     assert process.wait(60) == 0
     assert listening(environment) == []
-    assert set(scratch.glob("opendws-*")) - before == set()
+    assert list(tmp_path.iterdir()) == []
 
 
 def dws(environment: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
