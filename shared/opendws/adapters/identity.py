@@ -39,7 +39,7 @@ import google.auth.exceptions
 import google.auth.transport.requests
 from google.auth import jwt
 
-from opendws.adapters.oidc import CLOCK_SKEW, GOOGLE_ISSUERS
+from opendws.adapters.oidc import CLOCK_SKEW, GOOGLE_ISSUERS, invalid_token
 from opendws.ports import Forbidden, Principal, TokenKind, Unauthorized
 
 IAP_ISSUER = "https://cloud.google.com/iap"
@@ -204,7 +204,7 @@ def _verified(
     try:
         header = jwt.decode_header(token)  # type: ignore[no-untyped-call]
     except (ValueError, google.auth.exceptions.GoogleAuthError) as error:
-        raise Unauthorized(_invalid(error, skew)) from None
+        raise Unauthorized(invalid_token(error, skew)) from None
     if header.get("alg") != algorithm:
         raise Unauthorized(f"invalid token: signed with {header.get('alg')!r}, not {algorithm}")
     # Outside the try: keys Google cannot give now are our failure, not the caller's.
@@ -214,18 +214,8 @@ def _verified(
             token, certs=certs, verify=True, audience=None, clock_skew_in_seconds=skew
         )
     except (ValueError, google.auth.exceptions.GoogleAuthError) as error:
-        raise Unauthorized(_invalid(error, skew)) from None
+        raise Unauthorized(invalid_token(error, skew)) from None
     return claims
-
-
-def _invalid(error: Exception, skew: int) -> str:
-    text = str(error)
-    if "Token expired" in text or "Token used too early" in text:
-        return (
-            f"token outside its validity period by more than the allowed clock skew of "
-            f"{skew} s: {text}"
-        )
-    return f"invalid token: {text}"
 
 
 def _principal(claims: Mapping[str, Any], kind: TokenKind) -> Principal:

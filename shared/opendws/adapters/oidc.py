@@ -42,6 +42,7 @@ CLOCK_SKEW = timedelta(seconds=10)
 
 __all__ = [
     "CLOCK_SKEW", "EMULATOR_ISSUER", "GOOGLE_ISSUERS", "Forbidden", "OidcVerifier", "Unauthorized",
+    "invalid_token",
 ]  # fmt: skip
 
 
@@ -80,7 +81,7 @@ class OidcVerifier:
         try:
             claims = self._claims(token.strip())
         except (ValueError, google.auth.exceptions.GoogleAuthError) as error:
-            raise Unauthorized(self._invalid(error)) from None
+            raise Unauthorized(invalid_token(error, self._skew)) from None
         issuer = claims.get("iss")
         if issuer not in self._issuers:
             raise Unauthorized(
@@ -101,15 +102,6 @@ class OidcVerifier:
             raise Forbidden(f"caller {email!r} may not call the timer function (only {allowed})")
         return claims
 
-    def _invalid(self, error: Exception) -> str:
-        text = str(error)
-        if "Token expired" in text or "Token used too early" in text:
-            return (
-                f"token outside its validity period by more than the allowed clock skew "
-                f"of {self._skew} s: {text}"
-            )
-        return f"invalid token: {text}"
-
     def _claims(self, token: str) -> dict[str, Any]:
         """The claims of a token whose signature, ``iat`` and ``exp`` are valid."""
         if self._certs is None:
@@ -124,3 +116,15 @@ class OidcVerifier:
             token, certs=self._certs, verify=True, audience=None, clock_skew_in_seconds=self._skew
         )
         return decoded
+
+
+def invalid_token(error: Exception, skew: int) -> str:
+    """What to say of a token google-auth refused: its validity period, if that was why
+    (with the clock skew allowed), else google-auth's own words."""
+    text = str(error)
+    if "Token expired" in text or "Token used too early" in text:
+        return (
+            f"token outside its validity period by more than the allowed clock skew of "
+            f"{skew} s: {text}"
+        )
+    return f"invalid token: {text}"
