@@ -353,3 +353,80 @@ def test_documents_read_per_pass_where_the_store_counts_them() -> None:
     reads = buckets(snapshot, m.PASS_READS)
     assert reads.count == 2
     assert reads.sum == store.documents_read >= 3
+
+
+# Wiring -------------------------------------------------------------------------------------
+
+
+def _container(snapshots: MemoryMetricSnapshots, exports: tuple[str, ...] = ("snapshots",)):  # type: ignore[no-untyped-def]
+    from opendws.adapters.memory import (
+        MemoryConfigStore,
+        MemoryEventBus,
+        MemoryNudger,
+        MemoryRequestPublisher,
+        MemoryRequestStore,
+    )
+    from opendws.bootstrap import Adapters, Container, Settings
+    from opendws.clock import ManualClock
+    from tests.builders import NOW
+
+    adapters = Adapters(
+        store=MemoryRequestStore(), config=MemoryConfigStore(Configuration()),
+        events=MemoryEventBus(), nudger=MemoryNudger(), publisher=MemoryRequestPublisher(),
+        clock=ManualClock(NOW), snapshots=snapshots,
+    )  # fmt: skip
+    from opendws.service.api import key_digest
+
+    keys = {key_digest("admin-key"): "admin", key_digest("vision-key"): "vision"}
+    settings = Settings(project="p", metrics_export=exports, api_keys=keys)
+    return Container(settings, adapters=adapters)
+
+
+def test_the_api_serves_every_process_and_forgets_one_silent_for_a_day() -> None:
+    from opendws.bootstrap import METRICS_RETENTION
+    from tests.builders import NOW
+
+    snapshots = MemoryMetricSnapshots()
+    labels = labels_of_mapping({"tenant": "vision", "pool": "p"})
+    for instance, age, admitted in (("gone", METRICS_RETENTION + timedelta(minutes=1), 5.0),
+                                    ("live", timedelta(minutes=1), 2.0)):  # fmt: skip
+        snapshots.put(MetricSnapshot(
+            instance=instance, at=NOW - age, values={m.ADMITTED.name: {labels: admitted}},
+        ))  # fmt: skip
+    container = _container(snapshots)
+    assert container.api.handle("GET", "/metrics", {"Authorization": "Bearer nobody"}).status == 401
+    as_tenant = container.api.handle("GET", "/metrics", {"Authorization": "Bearer vision-key"})
+    assert as_tenant.status == 403
+    answer = container.api.handle("GET", "/metrics", {"Authorization": "Bearer admin-key"})
+    assert (answer.status, answer.content_type) == (200, "text/plain; version=0.0.4; charset=utf-8")
+    assert isinstance(answer.body, str)
+    assert 'opendws_admitted_requests_total{pool="p",tenant="vision"} 2.0' in answer.body
+    assert [s.instance for s in snapshots.all()] == ["live"]
+
+
+def test_a_process_exports_at_most_every_ten_seconds_when_invocations_end() -> None:
+    """Cloud Monitoring takes a point of one series at most every 5 s; each invocation's end
+    asks for an export, so the exports are spaced 10 s apart (the periodic reader sends the
+    rest within a minute)."""
+    snapshots = MemoryMetricSnapshots()
+    metrics = _container(snapshots).metrics
+    metrics.add(m.ADMITTED, 1, {"tenant": "t", "pool": "p"})
+    metrics.flush()
+    (first,) = snapshots.all()
+    metrics.add(m.ADMITTED, 1, {"tenant": "t", "pool": "p"})
+    metrics.flush()  # a second invocation ending at once: not exported again yet
+    assert snapshots.all() == [first]
+
+
+def test_exports_are_chosen_by_the_settings() -> None:
+    from opendws.bootstrap import Settings
+
+    assert Settings.from_environment({}).metrics_export == ("snapshots",)
+    assert Settings.from_environment({"OPENDWS_METRICS_EXPORT": "none"}).metrics_export == ()
+    with pytest.raises(ValueError, match="metrics export prometheus is not one of"):
+        Settings.from_environment({"OPENDWS_METRICS_EXPORT": "snapshots,prometheus"})
+    snapshots = MemoryMetricSnapshots()
+    nowhere = _container(snapshots, exports=()).metrics
+    nowhere.add(m.ADMITTED, 1, {"tenant": "t", "pool": "p"})
+    nowhere.flush()
+    assert snapshots.all() == []
