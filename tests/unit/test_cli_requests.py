@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from opendws import bootstrap
 from opendws.cli import main
 from opendws.domain.states import RequestState
+from opendws.ports import Change
 from tests.builders import A3, DAY, NOW, ZONE, calendar, flex
 from tests.unit.test_client import System
 
@@ -49,3 +51,31 @@ def test_status_json_is_the_clients_view(system: System) -> None:
     result = CliRunner().invoke(main, ["status", "train", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == system.client.status("train").to_json()
+
+
+# A message longer than a line of 80 columns, as reconcile writes them.
+LONG = (
+    "waiting (NO_CAPACITY_UNTIL); slot held in us-central1-a/a3-highgpu-8g from "
+    "2026-12-02T00:55:00+00:00, behind two requests of higher priority"
+)
+
+
+def test_piped_status_and_wait_print_whole_times_and_lines(system: System) -> None:
+    """Piped (no terminal, no COLUMNS), exact times are not cut at rich's 80-column default,
+    and ``dws wait`` prints each event on one line: a script or grep reads them whole."""
+    system.stored(flex("train", tenant="vision"))
+    event = system.move("train", RequestState.PENDING, reason="NO_CAPACITY_UNTIL")
+    record = system.store.get("train")
+    assert record is not None
+    ended = replace(event, state=RequestState.CANCELLED, message=LONG)
+    system.store.change("train", Change(expected_version=record.version,
+                                        state=RequestState.CANCELLED, event=ended))  # fmt: skip
+    piped = CliRunner(env={"COLUMNS": None})
+    shown = piped.invoke(main, ["status", "train"])
+    assert shown.exit_code == 0, shown.output
+    assert event.at.isoformat() in shown.stdout
+    waited = piped.invoke(main, ["wait", "train", "--timeout", "0"])
+    assert waited.exit_code == 1, waited.output  # cancelled without running
+    lines = waited.stdout.splitlines()
+    assert len(lines) == len(system.store.events("train"))
+    assert lines[-1].endswith(LONG)

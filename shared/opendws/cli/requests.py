@@ -168,7 +168,9 @@ def wait(request_id: str, timeout: float) -> None:
     from opendws.client import Waited
 
     def show(event: StatusEvent) -> None:
-        console.print(f"{event.at.isoformat()}  {event.state:<12} {event.message}")
+        # One line per event, as the terminal wraps it (whole when piped, for grep).
+        line = f"{event.at.isoformat()}  {event.state:<12} {event.message}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     result = client().wait(request_id, timeout=timeout, on_event=show)
     if result.outcome is Waited.TIMEOUT:
