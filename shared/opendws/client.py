@@ -120,14 +120,20 @@ class RequestStatus:
         return self.record.reason
 
     def to_json(self) -> dict[str, Any]:
-        """What ``dws status --json`` prints: id, state, the three times (UTC, to the second)
-        and the events as published on ``capacity-events``."""
+        """What ``dws status --json`` prints, with the fields of the api's ``GET
+        /requests/{id}``: id, tenant, state, pool, the three times (UTC, to the second),
+        position, reason, message and the events as published on ``capacity-events``."""
         return {
             "request_id": self.request_id,
+            "tenant": self.tenant,
             "state": self.state.value,
+            "pool": self.pool,
             "eta": _iso(self.eta),
             "ready_eta": _iso(self.ready_eta),
             "ready_eta_p90": _iso(self.ready_eta_p90),
+            "position": self.position,
+            "reason": self.reason,
+            "message": self.record.message,
             "events": [event.to_json() for event in self.events],
         }
 

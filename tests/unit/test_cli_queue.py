@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -94,6 +95,17 @@ def test_the_queue_fits_an_80_column_terminal_with_relative_times() -> None:
         "held", "t", "1", "in", "2", "h", "in", "2", "h", "6", "min", "NO_CAPACITY_UNTIL",
     ]  # fmt: skip
     assert words[-1].endswith("s")  # waited: the seconds since the fixture stored it
+
+
+def test_queue_and_timeline_json_give_times_in_iso_8601(held: datetime) -> None:
+    """Every time in ``--json`` is ISO 8601 in UTC to the second, as ``dws status --json``
+    gives them, and the wait a duration as ``dws queue`` prints it (with ``waited_s``)."""
+    (entry,) = json.loads(dws("queue", "--json"))
+    assert re.fullmatch(r"(\d+[dhms])+", entry["waited"]), entry["waited"]
+    assert entry["waited_s"] >= 0
+    spans = json.loads(dws("timeline", "--json"))[POOL]
+    (span,) = [span for span in spans if span["request_id"] == "held"]
+    assert (span["start"], span["end"]) == (iso(held), iso(held + timedelta(hours=1)))
 
 
 def test_status_shows_both_times(held: datetime) -> None:

@@ -38,6 +38,7 @@ from opendws.clock import ManualClock
 from opendws.domain.model import CapacityRequest
 from opendws.domain.states import RequestState
 from opendws.ports import Change, Configuration, StatusEvent, accepted
+from opendws.service.api import ApiService, key_digest
 from opendws.service.queries import QueueEntry
 from opendws.service.usage import UsageRow, usage_of
 from tests.builders import A3, DAY, HOUR, NOW, ZONE, calendar, flex
@@ -185,6 +186,30 @@ def test_status_is_the_record_its_events_and_its_json(system: System) -> None:
     assert shown.to_json()["eta"] == eta.isoformat(timespec="seconds")
     with pytest.raises(UnknownRequest, match="no request 'nothing'"):
         system.client.status("nothing")
+
+
+def test_status_json_has_the_fields_of_the_apis_request(system: System) -> None:
+    """``dws status --json`` and ``GET /requests/{id}`` describe a request with the same
+    fields: a script moving from one to the other finds tenant, pool, position and reason."""
+    system.stored(flex("train", tenant="vision"))
+    system.move("train", S.PENDING, reason="NO_CAPACITY_UNTIL", pool=f"{ZONE}/{A3}",
+                eta=NOW + 2 * HOUR, position=1, message="waiting")  # fmt: skip
+    container = system.client.container
+    api = ApiService(
+        system.store, container.queries, container.usage, lambda: container.end, system.clock,
+        {key_digest("admin-key"): "admin"},
+    )  # fmt: skip
+    answer = api.handle("GET", "/requests/train", {"Authorization": "Bearer admin-key"})
+    assert isinstance(answer.body, dict)
+    shown = system.client.status("train").to_json()
+    assert set(shown) == set(answer.body)
+    times = ("eta", "ready_eta", "ready_eta_p90", "events")  # the client's are to the second
+    assert {k: v for k, v in shown.items() if k not in times} == {
+        k: v for k, v in answer.body.items() if k not in times
+    }
+    assert (shown["tenant"], shown["pool"], shown["position"], shown["reason"]) == (
+        "vision", f"{ZONE}/{A3}", 1, "NO_CAPACITY_UNTIL",
+    )  # fmt: skip
 
 
 def test_wait_calls_back_once_per_event_oldest_first_then_returns_active(

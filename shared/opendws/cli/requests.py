@@ -230,8 +230,9 @@ def queue(tenant: str | None, wide: bool, as_json: bool) -> None:
         click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
                                 "ready_eta": iso_seconds(e.ready_eta),
                                 "ready_eta_p90": iso_seconds(e.ready_eta_p90),
+                                "waited": format_duration(e.waited),
                                 "waited_s": e.waited.total_seconds()} for e in entries],
-                              default=str, indent=2))  # fmt: skip
+                              indent=2))  # fmt: skip
         return
     if not wide:
         table = Table("request", "tenant", "#", "ETA", "running", "reason", "waited",
@@ -267,8 +268,9 @@ def timeline(pool: str | None, wide: bool, as_json: bool) -> None:
     now = dws.now()
     pools = dws.timeline(pool)
     if as_json:
-        click.echo(json.dumps({name: [asdict(s) for s in spans] for name, spans in pools.items()},
-                              default=str, indent=2))  # fmt: skip
+        click.echo(json.dumps({name: [{**asdict(s), "start": iso_seconds(s.start),
+                                       "end": iso_seconds(s.end)} for s in spans]
+                               for name, spans in pools.items()}, indent=2))  # fmt: skip
         return
     for name, spans in pools.items():
         table = Table("request", "tenant", "state", "units", "from", "until", title=name)
