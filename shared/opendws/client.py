@@ -33,7 +33,7 @@ from typing import Any
 from opendws import bootstrap
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
-from opendws.ports import RequestRecord, StatusEvent
+from opendws.ports import RequestRecord, StatusEvent, UnknownTopic
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
     SCHEMA_ID,
@@ -198,8 +198,19 @@ class Client:
         future) first: :class:`InvalidRequest` names every field that breaks one, and nothing
         is published."""
         message = self._message(request, file, fields)
-        message_id = self.container.adapters.publisher.publish(message)
+        message_id = self._publish(message)
         return str(message.get("request_id") or message_id)
+
+    def _publish(self, message: dict[str, Any]) -> str:
+        """Publish on the message's tenant's topic; a tenant with none is refused by name."""
+        try:
+            return self.container.adapters.publisher.publish(message)
+        except UnknownTopic as missing:
+            tenant = message.get("tenant")
+            raise InvalidRequest([("tenant", (
+                f"{tenant!r} is not a tenant of this deployment: there is no topic "
+                f"{missing.topic!r} (check the name, and OPENDWS_PROJECT)"
+            ))]) from None  # fmt: skip
 
     def _message(
         self, request: Mapping[str, Any] | None, file: str | Path | None, fields: dict[str, Any]
@@ -272,8 +283,9 @@ class Client:
     # End --------------------------------------------------------------------------------------
 
     def cancel(self, request_id: str, *, tenant: str) -> str:
-        """Publish a cancel of a request that is not running yet (only its tenant may); returns
-        the message id. Watch :meth:`status` for its effect."""
+        """Publish a cancel of a request that is not running yet (only its tenant may: another
+        tenant's stored request raises :class:`InvalidRequest`); returns the message id.
+        Watch :meth:`status` for its effect."""
         return self._end("cancel", request_id, tenant)
 
     def release(self, request_id: str, *, tenant: str) -> str:
@@ -291,13 +303,20 @@ class Client:
             raise InvalidRequest(error.problems) from None
         adapters = self.container.adapters
         record = adapters.store.get(request_id)
-        if record is not None and record.tenant == tenant:
+        if record is not None and record.tenant != tenant:
+            # Intake would refuse it (NOT_YOUR_REQUEST) in an event of a request the caller
+            # does not follow: say so now. (A request not stored yet may still be on its way.)
+            raise InvalidRequest([("tenant", (
+                f"{request_id!r} is not a request of tenant {tenant!r}; only its own tenant "
+                f"may {action} it"
+            ))])  # fmt: skip
+        if record is not None:
             # A booked block Google would keep (ending it is cancelling it at Google): say so
             # now, rather than in a refusal event only.
             refusal = block_cancel_refusal(record, adapters.config.load(), self.now())
             if refusal is not None:
                 raise NotCancellable(refusal)
-        return adapters.publisher.publish(message)
+        return self._publish(message)
 
     # Views ------------------------------------------------------------------------------------
 

@@ -79,3 +79,18 @@ def test_piped_status_and_wait_print_whole_times_and_lines(system: System) -> No
     lines = waited.stdout.splitlines()
     assert len(lines) == len(system.store.events("train"))
     assert lines[-1].endswith(LONG)
+
+
+def test_a_tenant_without_a_topic_is_one_red_line_not_a_traceback() -> None:
+    system = System(existing_topics=["capacity-requests-vision"])
+    previous = bootstrap.use(system.client.container)
+    try:
+        result = CliRunner().invoke(main, [
+            "submit", "--tenant", "nobody", "--vm-count", "1", "--machine-type", A3,
+            "--accelerator", "nvidia-h100-80gb", "--location", ZONE, "--run", "1h",
+        ])  # fmt: skip
+    finally:
+        bootstrap.use(previous)
+    assert result.exit_code == 2, result.output
+    assert "error: the request is not valid: tenant: 'nobody' is not a tenant" in result.stderr
+    assert "Traceback" not in result.output

@@ -55,10 +55,10 @@ TRAIN = {
 class System:
     """A client on memory adapters, and those adapters."""
 
-    def __init__(self) -> None:
+    def __init__(self, existing_topics: list[str] | None = None) -> None:
         self.clock = ManualClock(NOW)
         self.store = MemoryRequestStore()
-        self.publisher = MemoryRequestPublisher()
+        self.publisher = MemoryRequestPublisher(existing_topics)
         adapters = bootstrap.Adapters(
             store=self.store, config=MemoryConfigStore(Configuration()), events=MemoryEventBus(),
             nudger=MemoryNudger(), publisher=self.publisher, clock=self.clock,
@@ -272,6 +272,30 @@ def test_cancel_and_release_publish_on_the_tenants_topic(system: System) -> None
     ]  # fmt: skip
     with pytest.raises(InvalidRequest, match="tenant"):
         system.client.cancel("train", tenant="not a name")
+
+
+@pytest.mark.parametrize("action", ["cancel", "release"])
+def test_another_tenants_request_is_refused_before_publishing(system: System, action: str) -> None:
+    """Intake would refuse it (NOT_YOUR_REQUEST) in an event on a request the caller does not
+    follow; the client says so at once and publishes nothing."""
+    system.stored(flex("train", tenant="vision"))
+    end = system.client.cancel if action == "cancel" else system.client.release
+    with pytest.raises(InvalidRequest, match="'train' is not a request of tenant 'speech'"):
+        end("train", tenant="speech")
+    assert system.publisher.messages == []
+
+
+def test_a_tenant_without_a_topic_is_refused_by_name() -> None:
+    """A tenant this deployment lacks has no request topic (Pub/Sub: NOT_FOUND): submit,
+    cancel and release raise InvalidRequest naming the tenant, not the transport's error."""
+    system = System(existing_topics=["capacity-requests-vision"])
+    with pytest.raises(InvalidRequest, match="tenant: 'visoin' is not a tenant of this") as error:
+        system.client.submit(TRAIN, tenant="visoin")
+    assert "capacity-requests-visoin" in str(error.value)
+    with pytest.raises(InvalidRequest, match="'visoin' is not a tenant"):
+        system.client.release("train", tenant="visoin")
+    assert system.client.submit(TRAIN) == "train"  # a configured tenant's topic exists
+    assert system.publisher.topics == ["capacity-requests-vision"]
 
 
 @pytest.mark.parametrize("action", ["cancel", "release"])
