@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from emulators import missing_reason
+from emulators.stack import FUNCTIONS
 
 DWS = [sys.executable, "-m", "opendws.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,8 @@ def start_up() -> tuple[subprocess.Popen[str], dict[str, str]]:
         if " function: http" in line:
             name, _, url = line.strip().partition(" function: ")
             environment[f"url:{name}"] = url
+        if line.startswith("function logs: "):
+            environment["logs"] = line.removeprefix("function logs: ").split()[0]
         if "Ctrl-C stops everything" in line or time.monotonic() > deadline:
             break
     assert "OPENDWS_COMPUTE_ENDPOINT" in environment, "dws up did not come up"
@@ -97,7 +100,9 @@ def test_a_signal_to_dws_up_alone_stops_everything_and_leaves_no_file(
     scratch = Path(tempfile.gettempdir())
     before = set(scratch.glob("opendws-*"))
     process, environment = start_up()
-    assert set(scratch.glob("opendws-*")) - before  # the run's log folder, while it runs
+    assert set(scratch.glob("opendws-*")) - before  # the run's log folders, while it runs
+    logs = sorted(Path("/").glob(environment["logs"].lstrip("/")))  # the printed pattern
+    assert [log.name for log in logs] == sorted(f"{name}.log" for name, _ in FUNCTIONS)
     process.send_signal(stop)
     assert process.wait(60) == 0
     assert listening(environment) == []
@@ -159,6 +164,16 @@ def test_a_request_runs_and_is_released_through_the_cli(
         time.sleep(2)
     admitted_in = (("pool", "us-central1-a/a3-highgpu-8g"), ("tenant", "vision"))
     assert samples[("opendws_admission_wait_time_seconds_count", admitted_in)] == 1
+    # Every function's structured log is in the printed folder while the stack runs: the
+    # request's story is its lines (jsonPayload.request_id in Cloud Logging).
+    story = [
+        record
+        for log in Path("/").glob(stack["logs"].lstrip("/"))
+        for line in log.read_text().splitlines()
+        if line.startswith("{") and (record := json.loads(line)).get("request_id") == "e2e-train"
+    ]
+    assert any("PENDING → PROVISIONING" in record["message"] for record in story), story
+    assert any(record.get("call") == "provision" for record in story), story
     assert scrape_status(stack, "local-vision-key") == 403  # a tenant's key: not its business
     assert scrape_status(stack, None) == 401
     bad = dws(stack, "submit", "--tenant", "vision", "--vm-count", "0", "--run", "1h")
