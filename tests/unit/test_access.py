@@ -187,8 +187,8 @@ class Api:
         )  # fmt: skip
         self.access = GoogleAccess(verifier, world.config, world.clock) if google else None
         self.service = ApiService(
-            world.store, QueryService(world.store, world.store, world.config), UsageService(world.store),
-            world.ending, world.clock, KEYS, google=self.access,
+            world.store, QueryService(world.store, world.store, world.config),
+            UsageService(world.store), world.ending, world.clock, KEYS, google=self.access,
         )  # fmt: skip
 
     def get(self, path: str, headers: dict[str, str]) -> tuple[int, Any]:
