@@ -161,11 +161,16 @@ def _quota_gauges(
 
 
 def log_event(event: StatusEvent) -> None:
-    """One structured log line for a status event: a transition (``previous_state`` →
-    ``state``) or a revision in the same state (a new ETA, reason or position)."""
-    moved = event.previous_state is not None and event.previous_state is not event.state
+    """One structured log line for a status event: a request's first (``new → PENDING``, or
+    a refusal at intake), a transition (``previous_state`` → ``state``) or a revision in the
+    same state (a new ETA, reason or position)."""
     severity = logging.WARNING if event.state in (S.REJECTED, S.TIMED_OUT) else logging.INFO
-    what = f"{event.previous_state} → {event.state}" if moved else f"{event.state} (revised)"
+    if event.previous_state is None:
+        what = f"new → {event.state}"
+    elif event.previous_state is not event.state:
+        what = f"{event.previous_state} → {event.state}"
+    else:
+        what = f"{event.state} (revised)"
     fields = {
         "request_id": event.request_id, "tenant": event.tenant, "pool": event.pool,
         "state": event.state.value,
