@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from opendws import bootstrap
+from opendws.domain.model import CapacityRequest
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
-from opendws.ports import RequestRecord, StatusEvent, UnknownTopic
+from opendws.ports import RequestRecord, StatusEvent, UnknownTopic, content_digest
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
     SCHEMA_ID,
@@ -197,9 +198,22 @@ class Client:
         ``opendws.request/v1`` and the rules of its mode (run time, wait, a start in the
         future) first: :class:`InvalidRequest` names every field that breaks one, and nothing
         is published."""
-        message = self._message(request, file, fields)
+        message, checked = self._message(request, file, fields)
+        if "request_id" in message:
+            self._refuse_a_used_id(checked)
         message_id = self._publish(message)
         return str(message.get("request_id") or message_id)
+
+    def _refuse_a_used_id(self, request: CapacityRequest) -> None:
+        """Intake refuses a different request under a stored one's id only in an event no
+        one follows (the stored request is unchanged, ``status`` shows it): say so now. The
+        same request again is a retry, which intake takes as a duplicate."""
+        stored = self.container.adapters.store.get(request.request_id)
+        if stored is not None and stored.digest != content_digest(request):
+            raise InvalidRequest([("request_id", (
+                f"{request.request_id!r} is already used by a different request "
+                f"({stored.state}); give this one another id"
+            ))])  # fmt: skip
 
     def _publish(self, message: dict[str, Any]) -> str:
         """Publish on the message's tenant's topic; a tenant with none is refused by name."""
@@ -214,7 +228,8 @@ class Client:
 
     def _message(
         self, request: Mapping[str, Any] | None, file: str | Path | None, fields: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], CapacityRequest]:
+        """The message to publish, checked, and the request intake will make of it."""
         document: dict[str, Any] = {} if file is None else _read_request(Path(file))
         merged = {**document, **(request or {}), **fields}
         action = merged.pop("action", "submit")
@@ -226,10 +241,12 @@ class Client:
             assert isinstance(parsed, Submit)  # the action is submit: so is what parsed
             # The rules intake applies next (run time, wait, start): refused here rather than
             # announced as REJECTED later.
-            to_capacity_request(parsed, default_request_id="checked", submitted_at=self.now())
+            checked = to_capacity_request(
+                parsed, default_request_id="checked", submitted_at=self.now()
+            )
         except MessageError as error:
             raise InvalidRequest(error.problems) from None
-        return message
+        return message, checked
 
     # Follow -----------------------------------------------------------------------------------
 

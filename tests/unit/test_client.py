@@ -38,6 +38,7 @@ from opendws.clock import ManualClock
 from opendws.domain.model import CapacityRequest
 from opendws.domain.states import RequestState
 from opendws.ports import Change, Configuration, StatusEvent, accepted
+from opendws.schema.request import Submit, parse_message, to_capacity_request
 from opendws.service.api import ApiService, key_digest
 from opendws.service.queries import QueueEntry
 from opendws.service.usage import UsageRow, usage_of
@@ -158,6 +159,22 @@ def test_a_bad_request_names_its_field_and_publishes_nothing(
     assert field in [name for name, _ in refused.value.problems]
     assert str(refused.value).startswith(f"the request is not valid: {field}: ")
     assert system.publisher.messages == []
+
+
+def test_a_different_request_under_a_used_id_is_refused_and_the_same_one_is_a_retry(
+    system: System,
+) -> None:
+    """Intake would refuse it (ID_IN_USE) in an event on no stored request, leaving the
+    stored one as it was for ``status`` and ``wait`` to report as if it were the new one; the
+    same request again is a retry, which intake takes as a duplicate."""
+    message = parse_message({"schema": "opendws.request/v1", "action": "submit", **TRAIN})
+    assert isinstance(message, Submit)
+    system.stored(to_capacity_request(message, default_request_id="x", submitted_at=NOW))
+    with pytest.raises(InvalidRequest, match="request_id: 'train' is already used by a diff"):
+        system.client.submit(TRAIN, run_duration="2h")
+    assert system.publisher.messages == []
+    assert system.client.submit(TRAIN) == "train"  # the same request: published again
+    assert len(system.publisher.messages) == 1
 
 
 def test_a_missing_or_shapeless_file_is_refused_by_name(system: System, tmp_path: Path) -> None:
