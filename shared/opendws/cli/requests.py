@@ -235,8 +235,16 @@ def queue(tenant: str | None, wide: bool, as_json: bool) -> None:
                               indent=2))  # fmt: skip
         return
     if not wide:
-        table = Table("request", "tenant", "#", "ETA", "running", "reason", "waited",
-                      box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+        # Within 80 columns nothing is cut: an id or a reason too long for its column folds
+        # onto the next line (an id is what `dws status` needs), times stay on one line.
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
+        table.add_column("request", overflow="fold")
+        table.add_column("tenant", overflow="fold")
+        table.add_column("#", no_wrap=True)
+        table.add_column("ETA", no_wrap=True)
+        table.add_column("running", no_wrap=True)
+        table.add_column("reason", overflow="fold")
+        table.add_column("waited", no_wrap=True)
         for e in entries:
             table.add_row(e.request_id, e.tenant, str(e.position or ""), relative(e.eta, now),
                           relative(e.ready_eta, now), e.reason or "",
