@@ -137,6 +137,15 @@ def test_a_long_id_and_reason_fold_within_80_columns_rather_than_being_cut() -> 
     assert "in 2 h 59 min" in table
 
 
+@pytest.mark.usefixtures("held_long")
+def test_the_timeline_folds_a_long_id_rather_than_cutting_it() -> None:
+    table = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["timeline"]).stdout
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert "…" not in table
+    ids = [line.replace("│", " ").split()[:1] for line in table.splitlines()[3:-1]]
+    assert LONG_ID in "".join(word for words in ids for word in words), table
+
+
 def test_status_shows_both_times(held: datetime) -> None:
     eta = held
     shown = json.loads(dws("status", "held", "--json"))

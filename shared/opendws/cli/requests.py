@@ -281,7 +281,10 @@ def timeline(pool: str | None, wide: bool, as_json: bool) -> None:
                                for name, spans in pools.items()}, indent=2))  # fmt: skip
         return
     for name, spans in pools.items():
-        table = Table("request", "tenant", "state", "units", "from", "until", title=name)
+        table = Table(title=name)
+        table.add_column("request", overflow="fold")  # whole: `dws status` needs it
+        for heading in ("tenant", "state", "units", "from", "until"):
+            table.add_column(heading)
         for s in spans:
             start, end = (
                 (iso_seconds(s.start) or "", iso_seconds(s.end) or "")
