@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from opendws import bootstrap
 from opendws.cli import main
+from opendws.cli import requests as requests_module
 from opendws.domain.states import RequestState
 from opendws.ports import Change
 from tests.builders import A3, DAY, NOW, ZONE, calendar, flex
@@ -94,3 +95,27 @@ def test_a_tenant_without_a_topic_is_one_red_line_not_a_traceback() -> None:
     assert result.exit_code == 2, result.output
     assert "error: the request is not valid: tenant: 'nobody' is not a tenant" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_wait_on_an_id_still_not_stored_says_so_and_keeps_waiting(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped id would otherwise wait its whole timeout (600 s) in silence."""
+    monkeypatch.setattr(requests_module, "NOT_STORED_NOTE_S", 0.05)
+    result = CliRunner().invoke(main, ["wait", "trian", "--timeout", "0.3"])
+    assert result.exit_code == 3, result.output  # timed out
+    assert "no request 'trian' is stored yet; still waiting (check the id" in result.stderr
+    assert "still not stored after" in result.stdout
+
+
+def test_wait_past_the_note_shows_each_event_once_and_no_note(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(requests_module, "NOT_STORED_NOTE_S", 0.05)
+    system.stored(flex("train", tenant="vision"))
+    system.move("train", RequestState.PENDING, reason="NO_CAPACITY_UNTIL")
+    result = CliRunner(env={"COLUMNS": None}).invoke(main, ["wait", "train", "--timeout", "0.3"])
+    assert result.exit_code == 3, result.output
+    assert result.stderr == ""
+    events = [line for line in result.stdout.splitlines() if "  PENDING " in line]
+    assert len(events) == len(system.store.events("train")) == 2

@@ -16,6 +16,7 @@ Every error a user can fix is one red line and exit code 2.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from opendws.cli.common import (
     UsageFailure,
     client,
     console,
+    errors,
     iso_seconds,
     project_option,
     relative,
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
     from opendws.client import InvalidRequest
     from opendws.ports import StatusEvent
 
+# `dws wait` says so on stderr when the request is still not stored after this many seconds.
+NOT_STORED_NOTE_S = 5.0
 # `dws wait` exit codes.
 WAIT_ACTIVE = 0  # the capacity is running
 WAIT_ENDED = 1  # it reached a final state without running (timed out, cancelled, rejected)
@@ -172,7 +176,24 @@ def wait(request_id: str, timeout: float) -> None:
         line = f"{event.at.isoformat()}  {event.state:<12} {event.message}"
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    result = client().wait(request_id, timeout=timeout, on_event=show)
+    dws = client()
+    deadline = time.monotonic() + timeout
+    result = dws.wait(request_id, timeout=min(timeout, NOT_STORED_NOTE_S), on_event=show)
+    if result.outcome is Waited.TIMEOUT and timeout > NOT_STORED_NOTE_S:
+        if result.state is None:  # a mistyped id would otherwise wait in silence
+            errors.print(
+                f"no request {request_id!r} is stored yet; still waiting (check the id and "
+                "OPENDWS_PROJECT)", markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+        # The next wait calls back from the oldest event again: skip those shown.
+        already = iter(range(len(result.events)))
+
+        def show_new(event: StatusEvent) -> None:
+            if next(already, None) is None:
+                show(event)
+
+        remaining = max(0.0, deadline - time.monotonic())
+        result = dws.wait(request_id, timeout=remaining, on_event=show_new)
     if result.outcome is Waited.TIMEOUT:
         console.print(f"still {result.state or 'not stored'} after {timeout:.0f} s")
     raise SystemExit(
