@@ -191,6 +191,9 @@ def check_dashboard(url: str, browser: Any) -> None:
     events = desktop.locator("#events tbody tr").all_inner_texts()
     assert any("PENDING" in e for e in events)
     assert any(WAITS_BEHIND in e for e in events), events
+    # Its wait announced (a revision in the same state) is no transition.
+    assert any("PENDING (revised)" in e for e in events), events
+    assert not any("PENDING → PENDING" in e for e in events), events
 
     # So does a click on one of a pool's requests.
     desktop.click(f".pool[data-pool='{POOL}'] button[data-request='dash-train']")
