@@ -37,9 +37,11 @@ from opendws.durations import format_duration
 from opendws.ports import RequestRecord, StatusEvent, UnknownTopic, content_digest
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
+    NAME_RULE,
     SCHEMA_ID,
     MessageError,
     Submit,
+    is_request_id,
     parse_message,
     to_capacity_request,
 )
@@ -72,7 +74,10 @@ class UnknownRequest(ClientError, LookupError):
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        super().__init__(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
+        if is_request_id(request_id):
+            super().__init__(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
+        else:  # asked as is, the store would fail on it (a "/" is a path, "" no document)
+            super().__init__(f"no request can have the id {request_id!r}: ids are {NAME_RULE}")
 
 
 class NotCancellable(ClientError):
@@ -252,6 +257,8 @@ class Client:
 
     def status(self, request_id: str) -> RequestStatus:
         """Where the request is now; :class:`UnknownRequest` if none has this id."""
+        if not is_request_id(request_id):
+            raise UnknownRequest(request_id)
         store = self.container.adapters.store
         record = store.get(request_id)
         if record is None:
@@ -276,6 +283,8 @@ class Client:
         every ``poll`` seconds. ``on_event`` is called once per event, oldest first, those
         already recorded included, before the outcome is returned. A request not stored yet
         (its submission still on its way) is waited for."""
+        if not is_request_id(request_id):
+            raise UnknownRequest(request_id)  # no request will ever have it: do not wait
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         store = self.container.adapters.store
         deadline = time.monotonic() + seconds

@@ -119,3 +119,10 @@ def test_wait_past_the_note_shows_each_event_once_and_no_note(
     assert result.stderr == ""
     events = [line for line in result.stdout.splitlines() if "  PENDING " in line]
     assert len(events) == len(system.store.events("train")) == 2
+
+
+@pytest.mark.parametrize("command", ["status", "wait"])
+def test_an_id_no_request_can_have_is_one_red_line(system: System, command: str) -> None:
+    result = CliRunner().invoke(main, [command, "a/b"])
+    assert result.exit_code == 2, result.output
+    assert "error: no request can have the id 'a/b'" in result.stderr

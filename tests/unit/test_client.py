@@ -229,6 +229,18 @@ def test_status_json_has_the_fields_of_the_apis_request(system: System) -> None:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("request_id", ["", "a/b", "-x", "x" * 129])
+def test_an_id_no_request_can_have_is_unknown_at_once(system: System, request_id: str) -> None:
+    """Asked as is, the store would fail on it (Firestore: a "/" is a path, "" no document);
+    wait would wait its whole timeout for a request that can never come."""
+    with pytest.raises(UnknownRequest, match=r"no request can have the id .*: ids are letters"):
+        system.client.status(request_id)
+    started = time.monotonic()
+    with pytest.raises(UnknownRequest, match="no request can have the id"):
+        system.client.wait(request_id, timeout=5)
+    assert time.monotonic() - started < 1
+
+
 def test_wait_calls_back_once_per_event_oldest_first_then_returns_active(
     system: System,
 ) -> None:

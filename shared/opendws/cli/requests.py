@@ -169,7 +169,7 @@ _NARROW: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False}
 def wait(request_id: str, timeout: float) -> None:
     """Follow a request: exit 0 once ACTIVE (or released/expired after running), 1 if it ended
     without running, 3 if still waiting after --timeout."""
-    from opendws.client import Waited
+    from opendws.client import UnknownRequest, Waited
 
     def show(event: StatusEvent) -> None:
         # One line per event, as the terminal wraps it (whole when piped, for grep).
@@ -178,7 +178,10 @@ def wait(request_id: str, timeout: float) -> None:
 
     dws = client()
     deadline = time.monotonic() + timeout
-    result = dws.wait(request_id, timeout=min(timeout, NOT_STORED_NOTE_S), on_event=show)
+    try:
+        result = dws.wait(request_id, timeout=min(timeout, NOT_STORED_NOTE_S), on_event=show)
+    except UnknownRequest as error:  # an id no request can have
+        raise UsageFailure(str(error)) from None
     if result.outcome is Waited.TIMEOUT and timeout > NOT_STORED_NOTE_S:
         if result.state is None:  # a mistyped id would otherwise wait in silence
             errors.print(
