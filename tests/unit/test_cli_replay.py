@@ -30,7 +30,7 @@ def converted(tmp_path: Path) -> tuple[Path, Path]:
     )  # fmt: skip
     assert code == 0, output
     assert "3 jobs" in output
-    assert "left out 1 jobs: virtual cluster without a capacity" in output
+    assert "left out 1 job: virtual cluster without a capacity" in output
     return trace, pools
 
 

@@ -447,7 +447,7 @@ def _write(
         f"{len(pools.tenants)} tenant quotas → {pools_out}"
     )
     for reason, count in sorted(skipped.items()):
-        console.print(f"[dim]left out {count:,} jobs: {reason}[/dim]")
+        console.print(f"[dim]left out {count:,} job{'' if count == 1 else 's'}: {reason}[/dim]")
 
 
 def _day(text: str, option: str) -> datetime:
