@@ -32,15 +32,18 @@ DATA = ROOT / "tests" / "data" / "hooks"
 CI_CONFIG = ROOT / "tests" / "data" / "local-config-with-ci.yaml"
 
 
-def start_up() -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_up(*, interrupt_ignored: bool = False) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """``dws up`` in a session of its own, once it says it is up: the process, and the
-    variables and function URLs it printed."""
+    variables and function URLs it printed. ``interrupt_ignored``: started with SIGINT
+    ignored, as a non-interactive shell starts ``dws up &``."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(f"official emulators unavailable: {reason}")
+    # An ignored signal stays ignored across exec: the shell's `trap '' INT` hands it on.
+    ignoring = ["sh", "-c", 'trap \'\' INT; exec "$0" "$@"'] if interrupt_ignored else []
     process = subprocess.Popen(
-        [*DWS, "up", "--tick", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        [*ignoring, *DWS, "up", "--tick", "30"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     assert process.stdout is not None
     environment: dict[str, str] = {}
@@ -90,16 +93,20 @@ def stack() -> Iterator[dict[str, str]]:
         assert listening(environment) == []
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize(
+    ("stop", "interrupt_ignored"),
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGHUP", "SIGINT-started-ignored"],
+)
 def test_a_signal_to_dws_up_alone_stops_everything_and_leaves_no_file(
-    stop: signal.Signals,
+    stop: signal.Signals, interrupt_ignored: bool
 ) -> None:
-    """Sent to the dws process only (a service manager, a closed terminal), not to its
-    group: it stops both emulator JVMs and every function server itself, and its run's
-    emulator logs go with it."""
+    """Sent to the dws process only (a service manager, a closed terminal, a script that
+    started it in the background, where SIGINT comes ignored), not to its group: it stops
+    both emulator JVMs and every function server itself, and its run's logs go with it."""
     scratch = Path(tempfile.gettempdir())
     before = set(scratch.glob("opendws-*"))
-    process, environment = start_up()
+    process, environment = start_up(interrupt_ignored=interrupt_ignored)
     assert set(scratch.glob("opendws-*")) - before  # the run's log folders, while it runs
     logs = sorted(Path("/").glob(environment["logs"].lstrip("/")))  # the printed pattern
     assert [log.name for log in logs] == sorted(f"{name}.log" for name, _ in FUNCTIONS)

@@ -53,8 +53,9 @@ def up(tick: float, config_path: Path | None) -> None:
         raise UsageFailure(f"cannot start the local stack: {reason}")
     try:
         # A TERM or HUP (a service manager stopping it, its terminal closing) unwinds like
-        # Ctrl-C, so that every emulator and function server is stopped and its port freed.
-        stack_signals = stop_on_signals()
+        # Ctrl-C, so that every emulator and function server is stopped and its port freed;
+        # so does an INT even where it was started with INT ignored (`dws up &` in a script).
+        stack_signals = stop_on_signals(signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
         with (
             stack_signals,
             local_stack(
