@@ -162,6 +162,18 @@ def test_gauges_show_the_state_after_the_last_pass(scripted: MetricSnapshot) -> 
     assert value(scripted, m.COHORT_USAGE, cohort="research", accelerator=H100) == 0
 
 
+def test_every_configured_quota_has_a_usage_series_from_the_first_pass() -> None:
+    """An idle tenant's usage reads 0, not absent (Kueue reports every resource of a cluster
+    queue), so a dashboard's usage / nominal has a value for every quota."""
+    world, snapshots, metrics = _world()
+    world.run()
+    metrics.flush()
+    (snapshot,) = snapshots.all()
+    assert value(snapshot, m.QUOTA_USAGE, tenant="vision", cohort="research", accelerator=H100) == 0
+    assert value(snapshot, m.QUOTA_USAGE, tenant="speech", cohort="", accelerator=H100) == 0
+    assert value(snapshot, m.COHORT_USAGE, cohort="research", accelerator=H100) == 0
+
+
 def test_passes_are_counted_and_timed(scripted: MetricSnapshot) -> None:
     passes = value(scripted, m.PASSES, outcome="COMPLETED")
     assert passes == 6

@@ -130,9 +130,16 @@ def _quota_gauges(
     metrics: m.Metrics, holding: Mapping[tuple[str, str], int], configuration: Configuration
 ) -> None:
     cohorts = {tenant.name: tenant.cohort or "" for tenant in configuration.tenants}
+    # Every configured quota has its series, 0 while unused (as Kueue reports every resource
+    # of a cluster queue), so that usage / nominal is 0, not absent, for an idle tenant.
+    held: dict[tuple[str, str], float] = {
+        (tenant.name, quota.accelerator): 0 for tenant in configuration.tenants
+        for quota in tenant.quotas
+    }  # fmt: skip
+    held.update(holding)
     usage: list[tuple[Mapping[str, str], float]] = []
     by_cohort: dict[tuple[str, str], float] = defaultdict(float)
-    for (name, accelerator), units in sorted(holding.items()):
+    for (name, accelerator), units in sorted(held.items()):
         cohort = cohorts.get(name, "")
         usage.append(({"tenant": name, "cohort": cohort, "accelerator": accelerator}, units))
         if cohort:
