@@ -84,6 +84,7 @@ class Stack:
     project: str
     environment: dict[str, str]  # what a process needs to use the stack (clients, functions)
     urls: dict[str, str]  # function → URL
+    logs: dict[str, Path]  # function → the file its output goes to, removed at the end
     cloud: SimulatedCloud
     tasks: CloudTasksEmulator
     stop_ticker: threading.Event = field(default_factory=threading.Event)
@@ -108,7 +109,10 @@ def local_stack(
     """Start the stack (see the module docstring); stop it all when the block ends.
     ``review_delay``: how long the simulated Google takes to approve or decline a calendar
     block (Google does not document its own; 30 s keeps a local run short)."""
-    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
+    with (
+        contextlib.ExitStack() as stack,
+        tempfile.TemporaryDirectory(prefix="opendws-stack-") as scratch,
+    ):
         progress("starting the Firestore and Pub/Sub emulators")
         official = stack.enter_context(running())
         progress("starting the Compute Engine / Cloud TPU emulator")
@@ -145,12 +149,16 @@ def local_stack(
         _ensure_timer_queue()
         tenants = _load_config(config)
         wire_tenants(PROJECT, tenants, urls["intake"])
+        logs = {name: Path(scratch) / f"{name}.log" for name, _ in FUNCTIONS}
         for name, signature in FUNCTIONS:
             progress(f"serving the {name} function on {urls[name]}")
-            stack.enter_context(serving(name, signature, environment, port=ports[name]))
+            stack.enter_context(
+                serving(name, signature, environment, port=ports[name], log=logs[name])
+            )
         running_stack = Stack(
-            project=PROJECT, environment=environment, urls=urls, cloud=cloud, tasks=tasks
-        )
+            project=PROJECT, environment=environment, urls=urls, logs=logs, cloud=cloud,
+            tasks=tasks,
+        )  # fmt: skip
         ticker = threading.Thread(
             target=_tick, args=(running_stack, tick), name="reconcile-ticker", daemon=True
         )

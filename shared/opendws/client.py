@@ -31,14 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from opendws import bootstrap
+from opendws.domain.model import CapacityRequest
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
-from opendws.ports import RequestRecord, StatusEvent
+from opendws.ports import RequestRecord, StatusEvent, UnknownTopic, content_digest
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
+    NAME_RULE,
     SCHEMA_ID,
     MessageError,
     Submit,
+    is_request_id,
     parse_message,
     to_capacity_request,
 )
@@ -71,7 +74,10 @@ class UnknownRequest(ClientError, LookupError):
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
-        super().__init__(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
+        if is_request_id(request_id):
+            super().__init__(f"no request {request_id!r} (check the id and OPENDWS_PROJECT)")
+        else:  # asked as is, the store would fail on it (a "/" is a path, "" no document)
+            super().__init__(f"no request can have the id {request_id!r}: ids are {NAME_RULE}")
 
 
 class NotCancellable(ClientError):
@@ -120,14 +126,20 @@ class RequestStatus:
         return self.record.reason
 
     def to_json(self) -> dict[str, Any]:
-        """What ``dws status --json`` prints: id, state, the three times (UTC, to the second)
-        and the events as published on ``capacity-events``."""
+        """What ``dws status --json`` prints, with the fields of the api's ``GET
+        /requests/{id}``: id, tenant, state, pool, the three times (UTC, to the second),
+        position, reason, message and the events as published on ``capacity-events``."""
         return {
             "request_id": self.request_id,
+            "tenant": self.tenant,
             "state": self.state.value,
+            "pool": self.pool,
             "eta": _iso(self.eta),
             "ready_eta": _iso(self.ready_eta),
             "ready_eta_p90": _iso(self.ready_eta_p90),
+            "position": self.position,
+            "reason": self.reason,
+            "message": self.record.message,
             "events": [event.to_json() for event in self.events],
         }
 
@@ -191,13 +203,38 @@ class Client:
         ``opendws.request/v1`` and the rules of its mode (run time, wait, a start in the
         future) first: :class:`InvalidRequest` names every field that breaks one, and nothing
         is published."""
-        message = self._message(request, file, fields)
-        message_id = self.container.adapters.publisher.publish(message)
+        message, checked = self._message(request, file, fields)
+        if "request_id" in message:
+            self._refuse_a_used_id(checked)
+        message_id = self._publish(message)
         return str(message.get("request_id") or message_id)
+
+    def _refuse_a_used_id(self, request: CapacityRequest) -> None:
+        """Intake refuses a different request under a stored one's id only in an event no
+        one follows (the stored request is unchanged, ``status`` shows it): say so now. The
+        same request again is a retry, which intake takes as a duplicate."""
+        stored = self.container.adapters.store.get(request.request_id)
+        if stored is not None and stored.digest != content_digest(request):
+            raise InvalidRequest([("request_id", (
+                f"{request.request_id!r} is already used by a different request "
+                f"({stored.state}); give this one another id"
+            ))])  # fmt: skip
+
+    def _publish(self, message: dict[str, Any]) -> str:
+        """Publish on the message's tenant's topic; a tenant with none is refused by name."""
+        try:
+            return self.container.adapters.publisher.publish(message)
+        except UnknownTopic as missing:
+            tenant = message.get("tenant")
+            raise InvalidRequest([("tenant", (
+                f"{tenant!r} is not a tenant of this deployment: there is no topic "
+                f"{missing.topic!r} (check the name, and OPENDWS_PROJECT)"
+            ))]) from None  # fmt: skip
 
     def _message(
         self, request: Mapping[str, Any] | None, file: str | Path | None, fields: dict[str, Any]
-    ) -> dict[str, Any]:
+    ) -> tuple[dict[str, Any], CapacityRequest]:
+        """The message to publish, checked, and the request intake will make of it."""
         document: dict[str, Any] = {} if file is None else _read_request(Path(file))
         merged = {**document, **(request or {}), **fields}
         action = merged.pop("action", "submit")
@@ -209,15 +246,19 @@ class Client:
             assert isinstance(parsed, Submit)  # the action is submit: so is what parsed
             # The rules intake applies next (run time, wait, start): refused here rather than
             # announced as REJECTED later.
-            to_capacity_request(parsed, default_request_id="checked", submitted_at=self.now())
+            checked = to_capacity_request(
+                parsed, default_request_id="checked", submitted_at=self.now()
+            )
         except MessageError as error:
             raise InvalidRequest(error.problems) from None
-        return message
+        return message, checked
 
     # Follow -----------------------------------------------------------------------------------
 
     def status(self, request_id: str) -> RequestStatus:
         """Where the request is now; :class:`UnknownRequest` if none has this id."""
+        if not is_request_id(request_id):
+            raise UnknownRequest(request_id)
         store = self.container.adapters.store
         record = store.get(request_id)
         if record is None:
@@ -242,6 +283,8 @@ class Client:
         every ``poll`` seconds. ``on_event`` is called once per event, oldest first, those
         already recorded included, before the outcome is returned. A request not stored yet
         (its submission still on its way) is waited for."""
+        if not is_request_id(request_id):
+            raise UnknownRequest(request_id)  # no request will ever have it: do not wait
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         store = self.container.adapters.store
         deadline = time.monotonic() + seconds
@@ -266,8 +309,9 @@ class Client:
     # End --------------------------------------------------------------------------------------
 
     def cancel(self, request_id: str, *, tenant: str) -> str:
-        """Publish a cancel of a request that is not running yet (only its tenant may); returns
-        the message id. Watch :meth:`status` for its effect."""
+        """Publish a cancel of a request that is not running yet (only its tenant may: another
+        tenant's stored request raises :class:`InvalidRequest`); returns the message id.
+        Watch :meth:`status` for its effect."""
         return self._end("cancel", request_id, tenant)
 
     def release(self, request_id: str, *, tenant: str) -> str:
@@ -285,13 +329,20 @@ class Client:
             raise InvalidRequest(error.problems) from None
         adapters = self.container.adapters
         record = adapters.store.get(request_id)
-        if record is not None and record.tenant == tenant:
+        if record is not None and record.tenant != tenant:
+            # Intake would refuse it (NOT_YOUR_REQUEST) in an event of a request the caller
+            # does not follow: say so now. (A request not stored yet may still be on its way.)
+            raise InvalidRequest([("tenant", (
+                f"{request_id!r} is not a request of tenant {tenant!r}; only its own tenant "
+                f"may {action} it"
+            ))])  # fmt: skip
+        if record is not None:
             # A booked block Google would keep (ending it is cancelling it at Google): say so
             # now, rather than in a refusal event only.
             refusal = block_cancel_refusal(record, adapters.config.load(), self.now())
             if refusal is not None:
                 raise NotCancellable(refusal)
-        return adapters.publisher.publish(message)
+        return self._publish(message)
 
     # Views ------------------------------------------------------------------------------------
 

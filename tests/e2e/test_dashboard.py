@@ -191,6 +191,9 @@ def check_dashboard(url: str, browser: Any) -> None:
     events = desktop.locator("#events tbody tr").all_inner_texts()
     assert any("PENDING" in e for e in events)
     assert any(WAITS_BEHIND in e for e in events), events
+    # Its wait announced (a revision in the same state) is no transition.
+    assert any("PENDING (revised)" in e for e in events), events
+    assert not any("PENDING → PENDING" in e for e in events), events
 
     # So does a click on one of a pool's requests.
     desktop.click(f".pool[data-pool='{POOL}'] button[data-request='dash-train']")
@@ -207,6 +210,15 @@ def check_dashboard(url: str, browser: Any) -> None:
             vision.get_attribute("data-limit")) == ("16", "64", "96")  # fmt: skip
     assert vision.locator("line.nominal").count() == 1
     assert vision.locator("line.limit").count() == 1
+    # What a tenant may borrow is what its limit adds to its nominal quota: speech is the
+    # only tenant of its cohort with A100 quota, so it has none of them to borrow.
+    numbers = ".tenant[data-tenant='{}'] .quota:has(.quota-bar[data-accelerator='{}']) .numbers"
+    assert "may borrow 32 (up to 96)" in desktop.inner_text(
+        numbers.format("vision", "nvidia-h100-80gb")
+    )
+    assert "nothing to borrow in its cohort" in desktop.inner_text(
+        numbers.format("speech", "nvidia-a100-80gb")
+    )
     # Accelerator-hours and cost over the last 30 days: dash-short's few seconds, priced.
     assert desktop.locator("svg.daily.used_hours rect.day-bar[data-tenant='vision']").count() == 1
     assert desktop.locator("svg.daily.cost rect.day-bar[data-tenant='vision']").count() == 1

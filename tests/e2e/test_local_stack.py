@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from emulators import missing_reason
+from emulators.stack import FUNCTIONS
 
 DWS = [sys.executable, "-m", "opendws.cli"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,16 +31,21 @@ DATA = ROOT / "tests" / "data" / "hooks"
 CI_CONFIG = ROOT / "tests" / "data" / "local-config-with-ci.yaml"
 
 
-def start_up(scratch: Path | None = None) -> tuple[subprocess.Popen[str], dict[str, str]]:
+def start_up(
+    scratch: Path | None = None, *, interrupt_ignored: bool = False
+) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """``dws up`` in a session of its own, once it says it is up: the process, and the
     variables and function URLs it printed. ``scratch``: its temporary folder (TMPDIR), so that
-    what it leaves there is its own, whatever else runs on the machine."""
+    what it leaves there is its own, whatever else runs on the machine. ``interrupt_ignored``:
+    started with SIGINT ignored, as a non-interactive shell starts ``dws up &``."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(f"official emulators unavailable: {reason}")
+    # An ignored signal stays ignored across exec: the shell's `trap '' INT` hands it on.
+    ignoring = ["sh", "-c", 'trap \'\' INT; exec "$0" "$@"'] if interrupt_ignored else []
     process = subprocess.Popen(
-        [*DWS, "up", "--tick", "30"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
+        [*ignoring, *DWS, "up", "--tick", "30"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env=None if scratch is None else {**os.environ, "TMPDIR": str(scratch)},
     )  # fmt: skip
     assert process.stdout is not None
@@ -52,6 +58,8 @@ def start_up(scratch: Path | None = None) -> tuple[subprocess.Popen[str], dict[s
         if " function: http" in line:
             name, _, url = line.strip().partition(" function: ")
             environment[f"url:{name}"] = url
+        if line.startswith("function logs: "):
+            environment["logs"] = line.removeprefix("function logs: ").split()[0]
         if "Ctrl-C stops everything" in line or time.monotonic() > deadline:
             break
     assert "OPENDWS_COMPUTE_ENDPOINT" in environment, "dws up did not come up"
@@ -88,15 +96,22 @@ def stack() -> Iterator[dict[str, str]]:
         assert listening(environment) == []
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize(
+    ("stop", "interrupt_ignored"),
+    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGINT, True)],
+    ids=["SIGTERM", "SIGHUP", "SIGINT-started-ignored"],
+)
 def test_a_signal_to_dws_up_alone_stops_everything_and_leaves_no_file(
-    stop: signal.Signals, tmp_path: Path
+    stop: signal.Signals, interrupt_ignored: bool, tmp_path: Path
 ) -> None:
-    """Sent to the dws process only (a service manager, a closed terminal), not to its
-    group: it stops both emulator JVMs and every function server itself, and its run's
-    emulator logs go with it: its temporary folder is empty again."""
-    process, environment = start_up(tmp_path)
-    assert list(tmp_path.glob("opendws-*"))  # the run's log folder, while it runs
+    """Sent to the dws process only (a service manager, a closed terminal, a script that
+    started it in the background, where SIGINT comes ignored), not to its group: it stops
+    both emulator JVMs and every function server itself, and its run's logs go with it: its
+    temporary folder is empty again."""
+    process, environment = start_up(tmp_path, interrupt_ignored=interrupt_ignored)
+    assert list(tmp_path.glob("opendws-*"))  # the run's log folders, while it runs
+    logs = sorted(Path("/").glob(environment["logs"].lstrip("/")))  # the printed pattern
+    assert [log.name for log in logs] == sorted(f"{name}.log" for name, _ in FUNCTIONS)
     process.send_signal(stop)
     assert process.wait(60) == 0
     assert listening(environment) == []
@@ -158,6 +173,16 @@ def test_a_request_runs_and_is_released_through_the_cli(
         time.sleep(2)
     admitted_in = (("pool", "us-central1-a/a3-highgpu-8g"), ("tenant", "vision"))
     assert samples[("opendws_admission_wait_time_seconds_count", admitted_in)] == 1
+    # Every function's structured log is in the printed folder while the stack runs: the
+    # request's story is its lines (jsonPayload.request_id in Cloud Logging).
+    story = [
+        record
+        for log in Path("/").glob(stack["logs"].lstrip("/"))
+        for line in log.read_text().splitlines()
+        if line.startswith("{") and (record := json.loads(line)).get("request_id") == "e2e-train"
+    ]
+    assert any("PENDING → PROVISIONING" in record["message"] for record in story), story
+    assert any(record.get("call") == "provision" for record in story), story
     assert scrape_status(stack, "local-vision-key") == 403  # a tenant's key: not its business
     assert scrape_status(stack, None) == 401
     bad = dws(stack, "submit", "--tenant", "vision", "--vm-count", "0", "--run", "1h")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -33,19 +34,35 @@ AHEAD = timedelta(hours=2, seconds=30)  # shown as "in 2 h" for a minute of test
 @pytest.fixture
 def held() -> Iterator[datetime]:
     """One held request, stored now, and its ETA (what the fixture yields)."""
+    yield from holding("held")
+
+
+# An id and a reason as long as real ones get: together they do not fit 80 columns.
+LONG_ID = "speech-asr-large-finetune-v3-retry"
+
+
+@pytest.fixture
+def held_long() -> Iterator[datetime]:
+    yield from holding(LONG_ID, reason="NO_CAPACITY_UNTIL", ahead=timedelta(hours=2, minutes=59))
+
+
+def holding(
+    request_id: str, *, reason: str = "NO_CAPACITY_UNTIL", ahead: timedelta = AHEAD
+) -> Iterator[datetime]:
+    """``request_id`` held for ``ahead`` from now, the process's container on it meanwhile."""
     # The CLI reads the wall clock: the samples must be recent, the ETA ahead, against it.
     now = datetime.now(UTC).replace(microsecond=0)
-    eta = now + AHEAD
+    eta = now + ahead
     store = MemoryRequestStore()
-    record, event = accepted(flex("held", vm_count=2, submitted_at=now), now)
+    record, event = accepted(flex(request_id, vm_count=2, submitted_at=now), now)
     store.create(record, event)
     held = StatusEvent(
-        request_id="held", tenant="t", state=RequestState.PENDING,
-        previous_state=RequestState.PENDING, at=now, reason="NO_CAPACITY_UNTIL", eta=eta,
+        request_id=request_id, tenant="t", state=RequestState.PENDING,
+        previous_state=RequestState.PENDING, at=now, reason=reason, eta=eta,
         pool=POOL, position=1,
     )  # fmt: skip
-    store.change("held", Change(
-        expected_version=1, state=RequestState.PENDING, event=held, reason="NO_CAPACITY_UNTIL",
+    store.change(request_id, Change(
+        expected_version=1, state=RequestState.PENDING, event=held, reason=reason,
         pool=POOL, eta=eta, position=1,
     ))  # fmt: skip
     for index, minutes in enumerate((4, 6, 30)):
@@ -94,6 +111,39 @@ def test_the_queue_fits_an_80_column_terminal_with_relative_times() -> None:
         "held", "t", "1", "in", "2", "h", "in", "2", "h", "6", "min", "NO_CAPACITY_UNTIL",
     ]  # fmt: skip
     assert words[-1].endswith("s")  # waited: the seconds since the fixture stored it
+
+
+def test_queue_and_timeline_json_give_times_in_iso_8601(held: datetime) -> None:
+    """Every time in ``--json`` is ISO 8601 in UTC to the second, as ``dws status --json``
+    gives them, and the wait a duration as ``dws queue`` prints it (with ``waited_s``)."""
+    (entry,) = json.loads(dws("queue", "--json"))
+    assert re.fullmatch(r"(\d+[dhms])+", entry["waited"]), entry["waited"]
+    assert entry["waited_s"] >= 0
+    spans = json.loads(dws("timeline", "--json"))[POOL]
+    (span,) = [span for span in spans if span["request_id"] == "held"]
+    assert (span["start"], span["end"]) == (iso(held), iso(held + timedelta(hours=1)))
+
+
+@pytest.mark.usefixtures("held_long")
+def test_a_long_id_and_reason_fold_within_80_columns_rather_than_being_cut() -> None:
+    """The id is what ``dws status`` needs: it is never shortened to an ellipsis, nor is the
+    reason; the times stay on one line."""
+    table = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["queue"]).stdout
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in table
+    assert LONG_ID in "".join(line.split()[0] for line in lines if line.strip()), table
+    assert "NO_CAPACITY_UNTIL" in table
+    assert "in 2 h 59 min" in table
+
+
+@pytest.mark.usefixtures("held_long")
+def test_the_timeline_folds_a_long_id_rather_than_cutting_it() -> None:
+    table = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["timeline"]).stdout
+    assert max(len(line) for line in table.splitlines()) <= 80
+    assert "…" not in table
+    ids = [line.replace("│", " ").split()[:1] for line in table.splitlines()[3:-1]]
+    assert LONG_ID in "".join(word for words in ids for word in words), table
 
 
 def test_status_shows_both_times(held: datetime) -> None:

@@ -30,7 +30,7 @@ def converted(tmp_path: Path) -> tuple[Path, Path]:
     )  # fmt: skip
     assert code == 0, output
     assert "3 jobs" in output
-    assert "left out 1 jobs: virtual cluster without a capacity" in output
+    assert "left out 1 job: virtual cluster without a capacity" in output
     return trace, pools
 
 
@@ -139,3 +139,29 @@ def test_the_philly_trace_converts_to_the_helios_window(tmp_path: Path) -> None:
     assert "68,503 jobs" in output
     assert "left out 7 jobs: virtual cluster without a capacity" in output
     assert len(read_pools(tmp_path / "p.json").pools) == 11
+
+
+def test_the_comparison_fits_an_80_column_terminal_with_whole_policy_names(
+    converted: tuple[Path, Path],
+) -> None:
+    """Every policy on one line of at most 80 columns, its name whole and no figure cut."""
+    trace, pools = converted
+    result = CliRunner(env={"COLUMNS": "80"}).invoke(
+        main, ["simulate", "--trace", str(trace), "--pools", str(pools)]
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.stdout
+    for policy in ("opendws", "fifo", "strict_fifo", "sjf", "sjf_asked"):
+        assert any(line.split()[:1] == [policy] for line in lines), (policy, lines)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [(45, "45s"), (2_160, "36m"), (75_660, "21h1m"), (407_000, "4d17h"), (432_780, "5d")],
+)
+def test_table_durations_keep_their_two_largest_units(seconds: float, shown: str) -> None:
+    from opendws.cli.replay import _seconds
+
+    assert _seconds(seconds) == shown

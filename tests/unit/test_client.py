@@ -38,6 +38,8 @@ from opendws.clock import ManualClock
 from opendws.domain.model import CapacityRequest
 from opendws.domain.states import RequestState
 from opendws.ports import Change, Configuration, StatusEvent, accepted
+from opendws.schema.request import Submit, parse_message, to_capacity_request
+from opendws.service.api import ApiService, key_digest
 from opendws.service.queries import QueueEntry
 from opendws.service.usage import UsageRow, usage_of
 from tests.builders import A3, DAY, HOUR, NOW, ZONE, calendar, flex
@@ -54,10 +56,10 @@ TRAIN = {
 class System:
     """A client on memory adapters, and those adapters."""
 
-    def __init__(self) -> None:
+    def __init__(self, existing_topics: list[str] | None = None) -> None:
         self.clock = ManualClock(NOW)
         self.store = MemoryRequestStore()
-        self.publisher = MemoryRequestPublisher()
+        self.publisher = MemoryRequestPublisher(existing_topics)
         adapters = bootstrap.Adapters(
             store=self.store, config=MemoryConfigStore(Configuration()), events=MemoryEventBus(),
             nudger=MemoryNudger(), publisher=self.publisher, clock=self.clock,
@@ -159,6 +161,22 @@ def test_a_bad_request_names_its_field_and_publishes_nothing(
     assert system.publisher.messages == []
 
 
+def test_a_different_request_under_a_used_id_is_refused_and_the_same_one_is_a_retry(
+    system: System,
+) -> None:
+    """Intake would refuse it (ID_IN_USE) in an event on no stored request, leaving the
+    stored one as it was for ``status`` and ``wait`` to report as if it were the new one; the
+    same request again is a retry, which intake takes as a duplicate."""
+    message = parse_message({"schema": "opendws.request/v1", "action": "submit", **TRAIN})
+    assert isinstance(message, Submit)
+    system.stored(to_capacity_request(message, default_request_id="x", submitted_at=NOW))
+    with pytest.raises(InvalidRequest, match="request_id: 'train' is already used by a diff"):
+        system.client.submit(TRAIN, run_duration="2h")
+    assert system.publisher.messages == []
+    assert system.client.submit(TRAIN) == "train"  # the same request: published again
+    assert len(system.publisher.messages) == 1
+
+
 def test_a_missing_or_shapeless_file_is_refused_by_name(system: System, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="no such file; check the path"):
         system.client.submit(file=tmp_path / "missing.yaml")
@@ -185,6 +203,42 @@ def test_status_is_the_record_its_events_and_its_json(system: System) -> None:
     assert shown.to_json()["eta"] == eta.isoformat(timespec="seconds")
     with pytest.raises(UnknownRequest, match="no request 'nothing'"):
         system.client.status("nothing")
+
+
+def test_status_json_has_the_fields_of_the_apis_request(system: System) -> None:
+    """``dws status --json`` and ``GET /requests/{id}`` describe a request with the same
+    fields: a script moving from one to the other finds tenant, pool, position and reason."""
+    system.stored(flex("train", tenant="vision"))
+    system.move("train", S.PENDING, reason="NO_CAPACITY_UNTIL", pool=f"{ZONE}/{A3}",
+                eta=NOW + 2 * HOUR, position=1, message="waiting")  # fmt: skip
+    container = system.client.container
+    api = ApiService(
+        system.store, container.queries, container.usage, lambda: container.end, system.clock,
+        {key_digest("admin-key"): "admin"},
+    )  # fmt: skip
+    answer = api.handle("GET", "/requests/train", {"Authorization": "Bearer admin-key"})
+    assert isinstance(answer.body, dict)
+    shown = system.client.status("train").to_json()
+    assert set(shown) == set(answer.body)
+    times = ("eta", "ready_eta", "ready_eta_p90", "events")  # the client's are to the second
+    assert {k: v for k, v in shown.items() if k not in times} == {
+        k: v for k, v in answer.body.items() if k not in times
+    }
+    assert (shown["tenant"], shown["pool"], shown["position"], shown["reason"]) == (
+        "vision", f"{ZONE}/{A3}", 1, "NO_CAPACITY_UNTIL",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("request_id", ["", "a/b", "-x", "x" * 129])
+def test_an_id_no_request_can_have_is_unknown_at_once(system: System, request_id: str) -> None:
+    """Asked as is, the store would fail on it (Firestore: a "/" is a path, "" no document);
+    wait would wait its whole timeout for a request that can never come."""
+    with pytest.raises(UnknownRequest, match=r"no request can have the id .*: ids are letters"):
+        system.client.status(request_id)
+    started = time.monotonic()
+    with pytest.raises(UnknownRequest, match="no request can have the id"):
+        system.client.wait(request_id, timeout=5)
+    assert time.monotonic() - started < 1
 
 
 def test_wait_calls_back_once_per_event_oldest_first_then_returns_active(
@@ -247,6 +301,30 @@ def test_cancel_and_release_publish_on_the_tenants_topic(system: System) -> None
     ]  # fmt: skip
     with pytest.raises(InvalidRequest, match="tenant"):
         system.client.cancel("train", tenant="not a name")
+
+
+@pytest.mark.parametrize("action", ["cancel", "release"])
+def test_another_tenants_request_is_refused_before_publishing(system: System, action: str) -> None:
+    """Intake would refuse it (NOT_YOUR_REQUEST) in an event on a request the caller does not
+    follow; the client says so at once and publishes nothing."""
+    system.stored(flex("train", tenant="vision"))
+    end = system.client.cancel if action == "cancel" else system.client.release
+    with pytest.raises(InvalidRequest, match="'train' is not a request of tenant 'speech'"):
+        end("train", tenant="speech")
+    assert system.publisher.messages == []
+
+
+def test_a_tenant_without_a_topic_is_refused_by_name() -> None:
+    """A tenant this deployment lacks has no request topic (Pub/Sub: NOT_FOUND): submit,
+    cancel and release raise InvalidRequest naming the tenant, not the transport's error."""
+    system = System(existing_topics=["capacity-requests-vision"])
+    with pytest.raises(InvalidRequest, match="tenant: 'visoin' is not a tenant of this") as error:
+        system.client.submit(TRAIN, tenant="visoin")
+    assert "capacity-requests-visoin" in str(error.value)
+    with pytest.raises(InvalidRequest, match="'visoin' is not a tenant"):
+        system.client.release("train", tenant="visoin")
+    assert system.client.submit(TRAIN) == "train"  # a configured tenant's topic exists
+    assert system.publisher.topics == ["capacity-requests-vision"]
 
 
 @pytest.mark.parametrize("action", ["cancel", "release"])

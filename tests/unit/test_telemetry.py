@@ -26,11 +26,11 @@ from opendws.adapters.telemetry import (
     prometheus_text,
 )
 from opendws.domain.states import RequestState
-from opendws.ports import Changes, Configuration, Price, RequestRecord, Watermark
+from opendws.ports import Changes, Configuration, Price, RequestRecord, StatusEvent, Watermark
 from opendws.ports import telemetry as m
 from opendws.ports.telemetry import METRICS, MetricSnapshot, labels_of_mapping
-from opendws.service.telemetry import cloud_error_code, log_cloud_call
-from tests.builders import A3, H100, flex, pool, quota, tenant
+from opendws.service.telemetry import cloud_error_code, log_cloud_call, log_event
+from tests.builders import A3, H100, NOW, flex, pool, quota, tenant
 from tests.world import World, memory_world, submit
 
 S = RequestState
@@ -162,6 +162,18 @@ def test_gauges_show_the_state_after_the_last_pass(scripted: MetricSnapshot) -> 
     assert value(scripted, m.COHORT_USAGE, cohort="research", accelerator=H100) == 0
 
 
+def test_every_configured_quota_has_a_usage_series_from_the_first_pass() -> None:
+    """An idle tenant's usage reads 0, not absent (Kueue reports every resource of a cluster
+    queue), so a dashboard's usage / nominal has a value for every quota."""
+    world, snapshots, metrics = _world()
+    world.run()
+    metrics.flush()
+    (snapshot,) = snapshots.all()
+    assert value(snapshot, m.QUOTA_USAGE, tenant="vision", cohort="research", accelerator=H100) == 0
+    assert value(snapshot, m.QUOTA_USAGE, tenant="speech", cohort="", accelerator=H100) == 0
+    assert value(snapshot, m.COHORT_USAGE, cohort="research", accelerator=H100) == 0
+
+
 def test_passes_are_counted_and_timed(scripted: MetricSnapshot) -> None:
     passes = value(scripted, m.PASSES, outcome="COMPLETED")
     assert passes == 6
@@ -287,6 +299,28 @@ def test_one_json_line_per_state_change_in_cloud_loggings_format() -> None:
     )
     assert first["logging.googleapis.com/spanId"] == "00f067aa0ba902b7"
     assert first["logging.googleapis.com/trace_sampled"] is True
+
+
+def test_a_requests_first_event_is_logged_as_new_and_a_revision_as_revised() -> None:
+    """A first event has no previous state: it is the request's arrival (or its refusal at
+    intake), not a revision of a state it was in."""
+    first = StatusEvent(request_id="train", tenant="vision", state=S.PENDING,
+                        previous_state=None, at=NOW, message="accepted")  # fmt: skip
+    later = StatusEvent(request_id="train", tenant="vision", state=S.PENDING,
+                        previous_state=S.PENDING, at=NOW, reason="NO_CAPACITY_UNTIL")  # fmt: skip
+    refused = StatusEvent(request_id="bad", tenant="vision", state=S.REJECTED,
+                          previous_state=None, at=NOW, reason="INVALID")  # fmt: skip
+
+    def run() -> None:
+        for event in (first, later, refused):
+            log_event(event)
+
+    lines = _lines(run)
+    assert [(line["message"], line["severity"]) for line in lines] == [
+        ("train: new → PENDING", "INFO"),
+        ("train: PENDING (revised) (NO_CAPACITY_UNTIL)", "INFO"),
+        ("bad: new → REJECTED (INVALID)", "WARNING"),
+    ]
 
 
 def test_a_cloud_call_is_logged_with_the_clouds_error_code() -> None:

@@ -30,6 +30,7 @@ from opendws.ports import (
     StatusEvent,
     Timer,
     UnknownRequest,
+    UnknownTopic,
     UsageEntry,
     Watermark,
     Withdrawal,
@@ -840,17 +841,22 @@ class MemoryNudger:
 
 class MemoryRequestPublisher:
     """A RequestPublisher that keeps what was published, and on which topic (its tenant's, as
-    the Pub/Sub publisher routes it); ids count up."""
+    the Pub/Sub publisher routes it); ids count up. Given ``existing`` topics, a message for
+    any other raises :class:`~opendws.ports.UnknownTopic`, as Pub/Sub answers NOT_FOUND;
+    without, every topic exists."""
 
-    def __init__(self) -> None:
+    def __init__(self, existing: Iterable[str] | None = None) -> None:
         self.messages: list[dict[str, object]] = []
         self.topics: list[str] = []
+        self._existing = None if existing is None else frozenset(existing)
         self._lock = threading.Lock()
 
     def publish(self, message: dict[str, object]) -> str:
         tenant = message.get("tenant")
         if not isinstance(tenant, str) or not tenant:
             raise ValueError("tenant: a request message names its tenant, whose topic it goes on")
+        if self._existing is not None and requests_topic(tenant) not in self._existing:
+            raise UnknownTopic(requests_topic(tenant))
         with self._lock:
             self.messages.append(message)
             self.topics.append(requests_topic(tenant))

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import json
 
+from google.api_core.exceptions import NotFound
 from google.cloud.pubsub_v1 import PublisherClient
 
-from opendws.ports import EVENTS_TOPIC, SHARED_REQUESTS_TOPIC, StatusEvent, requests_topic
+from opendws.ports import (
+    EVENTS_TOPIC,
+    SHARED_REQUESTS_TOPIC,
+    StatusEvent,
+    UnknownTopic,
+    requests_topic,
+)
 
 REQUESTS_TOPIC = SHARED_REQUESTS_TOPIC  # the shared topic (off unless configured)
 
@@ -71,5 +78,8 @@ class PubSubRequestPublisher:
                 )
             topic = self._publisher.topic_path(self._project, requests_topic(tenant))
         data = json.dumps(message, separators=(",", ":")).encode()
-        message_id: str = self._publisher.publish(topic, data).result(timeout=timeout)
+        try:
+            message_id: str = self._publisher.publish(topic, data).result(timeout=timeout)
+        except NotFound as error:
+            raise UnknownTopic(topic.rpartition("/")[2]) from error
         return message_id

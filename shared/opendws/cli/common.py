@@ -6,13 +6,14 @@ No command module imports another one; whatever two of them need lives here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -22,7 +23,24 @@ if TYPE_CHECKING:
 # Table width when stdout is not a terminal (a pipe or a file) and COLUMNS is unset.
 PIPED_WIDTH = 160
 
-console = Console()
+
+class CommandConsole(Console):
+    """rich's console, but :data:`PIPED_WIDTH` wide when stdout is a pipe or a file and
+    ``COLUMNS`` is unset, where rich would take 80 columns and cut exact times and ids."""
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or os.environ.get("COLUMNS"):
+            return size
+        return ConsoleDimensions(PIPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self.width, self.height = new_size
+
+
+console = CommandConsole()
 errors = Console(stderr=True)  # progress goes here, beside the results on stdout
 
 F = TypeVar("F", bound=Callable[..., Any])

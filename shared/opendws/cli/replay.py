@@ -16,14 +16,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
-from rich.console import Console
+from rich import box
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -35,7 +33,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from opendws.cli.common import PIPED_WIDTH, UsageFailure, container, errors, project_option
+from opendws.cli.common import CommandConsole, UsageFailure, container, errors, project_option
 from opendws.domain.model import InvalidModel, PolicySettings
 from opendws.durations import format_duration, parse_duration
 from opendws.replay.baselines import Policy
@@ -62,7 +60,7 @@ from opendws.replay.traces import (
     write_trace,
 )
 
-console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+console = CommandConsole()  # PIPED_WIDTH wide when piped, the terminal's otherwise
 
 
 # dws simulate ---------------------------------------------------------------------------------
@@ -255,10 +253,19 @@ def comparison_document(reports: Sequence[PolicyReport]) -> dict[str, object]:
 
 
 def comparison_table(reports: Sequence[PolicyReport]) -> Table:
-    table = Table(title="queueing delay (start − submission) and completion, per policy")
+    """Every policy's figures on one line each, fitting an 80-column terminal: durations
+    to their two largest units, one space between columns, no vertical rules."""
+    table = Table(
+        title="queueing delay (start − submission) and completion, per policy",
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+    )  # fmt: skip
     for heading in ("policy", "mean", "p50", "p95", "p99", "max", "mean JCT", "util",
                     "timed out", "replay"):  # fmt: skip
-        table.add_column(heading, justify="left" if heading == "policy" else "right")
+        if heading == "policy":  # whole names: the rest may wrap
+            longest = max((len(report.policy) for report in reports), default=6)
+            table.add_column(heading, min_width=longest, no_wrap=True)
+        else:
+            table.add_column(heading, justify="right")
     for report in reports:
         table.add_row(
             report.policy,
@@ -275,15 +282,18 @@ def comparison_table(reports: Sequence[PolicyReport]) -> Table:
             ),
             f"{report.utilization:.1%}",
             f"{report.timed_out:,}",
-            f"{report.wall_s:.1f} s",
+            f"{report.wall_s:.1f}s",
         )
     return table
 
 
 def _seconds(value: float) -> str:
+    """A duration to its two largest units, as a table cell (``4d17h``, ``21h1m``, ``36m``,
+    ``45s``): the rest is noise beside a p95 of days."""
     if value < 60:
         return f"{value:.0f}s"
-    return format_duration(timedelta(seconds=round(value / 60) * 60))
+    unit = 3_600 if value >= 86_400 else 60  # days and hours, else hours and minutes
+    return format_duration(timedelta(seconds=round(value / unit) * unit))
 
 
 # dws trace convert ----------------------------------------------------------------------------
@@ -437,7 +447,7 @@ def _write(
         f"{len(pools.tenants)} tenant quotas → {pools_out}"
     )
     for reason, count in sorted(skipped.items()):
-        console.print(f"[dim]left out {count:,} jobs: {reason}[/dim]")
+        console.print(f"[dim]left out {count:,} job{'' if count == 1 else 's'}: {reason}[/dim]")
 
 
 def _day(text: str, option: str) -> datetime:

@@ -16,6 +16,7 @@ Every error a user can fix is one red line and exit code 2.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +30,7 @@ from opendws.cli.common import (
     UsageFailure,
     client,
     console,
+    errors,
     iso_seconds,
     project_option,
     relative,
@@ -39,6 +41,8 @@ if TYPE_CHECKING:
     from opendws.client import InvalidRequest
     from opendws.ports import StatusEvent
 
+# `dws wait` says so on stderr when the request is still not stored after this many seconds.
+NOT_STORED_NOTE_S = 5.0
 # `dws wait` exit codes.
 WAIT_ACTIVE = 0  # the capacity is running
 WAIT_ENDED = 1  # it reached a final state without running (timed out, cancelled, rejected)
@@ -165,12 +169,34 @@ _NARROW: dict[str, Any] = {"box": box.SIMPLE_HEAD, "pad_edge": False}
 def wait(request_id: str, timeout: float) -> None:
     """Follow a request: exit 0 once ACTIVE (or released/expired after running), 1 if it ended
     without running, 3 if still waiting after --timeout."""
-    from opendws.client import Waited
+    from opendws.client import UnknownRequest, Waited
 
     def show(event: StatusEvent) -> None:
-        console.print(f"{event.at.isoformat()}  {event.state:<12} {event.message}")
+        # One line per event, as the terminal wraps it (whole when piped, for grep).
+        line = f"{event.at.isoformat()}  {event.state:<12} {event.message}"
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
-    result = client().wait(request_id, timeout=timeout, on_event=show)
+    dws = client()
+    deadline = time.monotonic() + timeout
+    try:
+        result = dws.wait(request_id, timeout=min(timeout, NOT_STORED_NOTE_S), on_event=show)
+    except UnknownRequest as error:  # an id no request can have
+        raise UsageFailure(str(error)) from None
+    if result.outcome is Waited.TIMEOUT and timeout > NOT_STORED_NOTE_S:
+        if result.state is None:  # a mistyped id would otherwise wait in silence
+            errors.print(
+                f"no request {request_id!r} is stored yet; still waiting (check the id and "
+                "OPENDWS_PROJECT)", markup=False, highlight=False, soft_wrap=True,
+            )  # fmt: skip
+        # The next wait calls back from the oldest event again: skip those shown.
+        already = iter(range(len(result.events)))
+
+        def show_new(event: StatusEvent) -> None:
+            if next(already, None) is None:
+                show(event)
+
+        remaining = max(0.0, deadline - time.monotonic())
+        result = dws.wait(request_id, timeout=remaining, on_event=show_new)
     if result.outcome is Waited.TIMEOUT:
         console.print(f"still {result.state or 'not stored'} after {timeout:.0f} s")
     raise SystemExit(
@@ -228,12 +254,21 @@ def queue(tenant: str | None, wide: bool, as_json: bool) -> None:
         click.echo(json.dumps([{**asdict(e), "eta": iso_seconds(e.eta),
                                 "ready_eta": iso_seconds(e.ready_eta),
                                 "ready_eta_p90": iso_seconds(e.ready_eta_p90),
+                                "waited": format_duration(e.waited),
                                 "waited_s": e.waited.total_seconds()} for e in entries],
-                              default=str, indent=2))  # fmt: skip
+                              indent=2))  # fmt: skip
         return
     if not wide:
-        table = Table("request", "tenant", "#", "ETA", "running", "reason", "waited",
-                      box=box.SIMPLE_HEAD, pad_edge=False)  # fmt: skip
+        # Within 80 columns nothing is cut: an id or a reason too long for its column folds
+        # onto the next line (an id is what `dws status` needs), times stay on one line.
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=0)
+        table.add_column("request", overflow="fold")
+        table.add_column("tenant", overflow="fold")
+        table.add_column("#", no_wrap=True)
+        table.add_column("ETA", no_wrap=True)
+        table.add_column("running", no_wrap=True)
+        table.add_column("reason", overflow="fold")
+        table.add_column("waited", no_wrap=True)
         for e in entries:
             table.add_row(e.request_id, e.tenant, str(e.position or ""), relative(e.eta, now),
                           relative(e.ready_eta, now), e.reason or "",
@@ -265,11 +300,15 @@ def timeline(pool: str | None, wide: bool, as_json: bool) -> None:
     now = dws.now()
     pools = dws.timeline(pool)
     if as_json:
-        click.echo(json.dumps({name: [asdict(s) for s in spans] for name, spans in pools.items()},
-                              default=str, indent=2))  # fmt: skip
+        click.echo(json.dumps({name: [{**asdict(s), "start": iso_seconds(s.start),
+                                       "end": iso_seconds(s.end)} for s in spans]
+                               for name, spans in pools.items()}, indent=2))  # fmt: skip
         return
     for name, spans in pools.items():
-        table = Table("request", "tenant", "state", "units", "from", "until", title=name)
+        table = Table(title=name)
+        table.add_column("request", overflow="fold")  # whole: `dws status` needs it
+        for heading in ("tenant", "state", "units", "from", "until"):
+            table.add_column(heading)
         for s in spans:
             start, end = (
                 (iso_seconds(s.start) or "", iso_seconds(s.end) or "")

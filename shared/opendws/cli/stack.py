@@ -41,7 +41,8 @@ from opendws.scenario import ScenarioError
               help="Configuration to load (default: the example local configuration).")  # fmt: skip
 def up(tick: float, config_path: Path | None) -> None:
     """Start the emulators, every function, the topics and subscriptions, the configuration
-    and the reconcile ticker; print what clients need; stop everything on Ctrl-C."""
+    and the reconcile ticker; print what clients need and where each function logs; stop
+    everything on Ctrl-C."""
     try:
         from emulators import EmulatorError, missing_reason
         from emulators.stack import DEFAULT_CONFIG, local_stack
@@ -52,8 +53,9 @@ def up(tick: float, config_path: Path | None) -> None:
         raise UsageFailure(f"cannot start the local stack: {reason}")
     try:
         # A TERM or HUP (a service manager stopping it, its terminal closing) unwinds like
-        # Ctrl-C, so that every emulator and function server is stopped and its port freed.
-        stack_signals = stop_on_signals()
+        # Ctrl-C, so that every emulator and function server is stopped and its port freed;
+        # so does an INT even where it was started with INT ignored (`dws up &` in a script).
+        stack_signals = stop_on_signals(signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
         with (
             stack_signals,
             local_stack(
@@ -67,6 +69,10 @@ def up(tick: float, config_path: Path | None) -> None:
                 click.echo(f"export {name}={value}")
             for name, url in stack.urls.items():
                 console.print(f"[dim]{name} function: {url}[/dim]")
+            # The functions' structured logs, one file each beside the emulators' (a path
+            # to tail, on one line whatever the width).
+            folder = next(iter(stack.logs.values())).parent
+            click.echo(f"function logs: {folder}/*.log (Cloud Logging JSON lines; removed on exit)")
             console.print("Ctrl-C stops everything (so do SIGTERM and SIGHUP).")
             while True:
                 time.sleep(3600)

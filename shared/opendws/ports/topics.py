@@ -79,13 +79,23 @@ def passes_event_filter(tenant: str, attributes: dict[str, str]) -> bool:
     return attributes.get("tenant") == tenant
 
 
+class UnknownTopic(LookupError):
+    """The topic a message was to go on does not exist: for a tenant's topic, the tenant is
+    not one of this deployment's (its topics are made when a tenant is configured)."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"no topic {topic!r} in this project")
+
+
 class RequestPublisher(Protocol):
     """Where request messages go: each on its tenant's topic (:func:`requests_topic`), as
     that tenant's publishers send them."""
 
     def publish(self, message: dict[str, object]) -> str:
         """Publish one ``opendws.request/v1`` message on the topic of its ``tenant``; returns
-        its message id."""
+        its message id. :class:`UnknownTopic` if that topic does not exist (nothing is
+        published)."""
         ...
 
 

@@ -11,6 +11,7 @@ are refused, not ignored. Durations are ``"6h"``, ``"90m"``, ``"2d"``, ``"1h30m"
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
@@ -38,6 +39,7 @@ from opendws.durations import parse_duration
 
 SCHEMA_ID = "opendws.request/v1"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"  # also a valid Firestore document id
+NAME_RULE = "letters, digits, '.', '_' and '-', at most 128, starting with a letter or digit"
 _LOCATION = r"^[a-z]+-[a-z]+[0-9]+(-[a-z])?$"
 
 
@@ -301,3 +303,9 @@ def _problems(error: ValidationError) -> list[tuple[str, str]]:
             rule = "is not a field of opendws.request/v1 (unknown fields are refused)"
         problems.append((field, rule))
     return problems
+
+
+def is_request_id(text: str) -> bool:
+    """Whether ``text`` could be a request's id (``request_id``'s pattern, which the Pub/Sub
+    message ids intake takes for a missing one also match)."""
+    return re.fullmatch(_NAME, text) is not None

@@ -156,7 +156,8 @@ class ApiService:
             if hmac.compare_digest(known.encode(), digest):
                 known_as = tenant
         if known_as is None:
-            return Response(401, {"error": "give Authorization: Bearer <your API key>"})
+            return Response(401, {"error": "this API key is not known: give Authorization: "
+                                           "Bearer <your API key>"})  # fmt: skip
         return Caller(tenant=known_as, admin=known_as == ADMIN)
 
     def _request(self, caller: Caller, request_id: str) -> Response:

@@ -130,9 +130,16 @@ def _quota_gauges(
     metrics: m.Metrics, holding: Mapping[tuple[str, str], int], configuration: Configuration
 ) -> None:
     cohorts = {tenant.name: tenant.cohort or "" for tenant in configuration.tenants}
+    # Every configured quota has its series, 0 while unused (as Kueue reports every resource
+    # of a cluster queue), so that usage / nominal is 0, not absent, for an idle tenant.
+    held: dict[tuple[str, str], float] = {
+        (tenant.name, quota.accelerator): 0 for tenant in configuration.tenants
+        for quota in tenant.quotas
+    }  # fmt: skip
+    held.update(holding)
     usage: list[tuple[Mapping[str, str], float]] = []
     by_cohort: dict[tuple[str, str], float] = defaultdict(float)
-    for (name, accelerator), units in sorted(holding.items()):
+    for (name, accelerator), units in sorted(held.items()):
         cohort = cohorts.get(name, "")
         usage.append(({"tenant": name, "cohort": cohort, "accelerator": accelerator}, units))
         if cohort:
@@ -161,11 +168,16 @@ def _quota_gauges(
 
 
 def log_event(event: StatusEvent) -> None:
-    """One structured log line for a status event: a transition (``previous_state`` →
-    ``state``) or a revision in the same state (a new ETA, reason or position)."""
-    moved = event.previous_state is not None and event.previous_state is not event.state
+    """One structured log line for a status event: a request's first (``new → PENDING``, or
+    a refusal at intake), a transition (``previous_state`` → ``state``) or a revision in the
+    same state (a new ETA, reason or position)."""
     severity = logging.WARNING if event.state in (S.REJECTED, S.TIMED_OUT) else logging.INFO
-    what = f"{event.previous_state} → {event.state}" if moved else f"{event.state} (revised)"
+    if event.previous_state is None:
+        what = f"new → {event.state}"
+    elif event.previous_state is not event.state:
+        what = f"{event.previous_state} → {event.state}"
+    else:
+        what = f"{event.state} (revised)"
     fields = {
         "request_id": event.request_id, "tenant": event.tenant, "pool": event.pool,
         "state": event.state.value,
