@@ -473,7 +473,9 @@ class _Pass:
     def _decide_calendar(self, calendar: list[_Candidate]) -> None:
         if not calendar:
             return
-        ledger = _ExactLedger(self.now, self.pools, self.pool_row, self.quotas, self.grants)
+        ledger = _ExactLedger(
+            self.now, self.pools, self.pool_row, self.quotas, self.grants, calendar
+        )
         for candidate in sorted(calendar, key=lambda c: calendar_key(c.request)):
             request = candidate.request
             assert request.start_at is not None  # a calendar request always has one
@@ -810,7 +812,10 @@ class _ExactLedger:
         pool_row: dict[str, int],
         quotas: QuotaBook,
         grants: Iterable[Grant],
+        blocks: Iterable[_Candidate] = (),
     ) -> None:
+        """Profiles of ``grants``, with the start and end of each of ``blocks`` (the blocks
+        that may be committed later) already breakpoints wherever it could be committed."""
         self.now = now
         self.pools = pools
         self.quotas = quotas
@@ -824,9 +829,24 @@ class _ExactLedger:
                 per_pool[row].append((start, end, grant.units))
             for limit in quotas.limits(grant.tenant, grant.accelerator):
                 per_limit[limit.key].append((start, end, grant.accelerator_units))
-        self.pool_usage = [StepProfile(intervals) for intervals in per_pool]
+        pool_times: list[list[int]] = [[] for _ in pools]
+        limit_times: dict[LimitKey, list[int]] = defaultdict(list)
+        for block in blocks:
+            request = block.request
+            assert request.start_at is not None  # a calendar request always has one
+            start = self.micros(request.start_at)
+            edges = (start, start + request.run_duration // MICROSECOND)
+            for row in block.pools:
+                pool_times[row] += edges
+            for limit in block.limits:
+                limit_times[limit.key] += edges
+        self.pool_usage = [
+            StepProfile(intervals, times)
+            for intervals, times in zip(per_pool, pool_times, strict=True)
+        ]
         self.limit_usage: dict[LimitKey, StepProfile] = {
-            key: StepProfile(intervals) for key, intervals in per_limit.items()
+            key: StepProfile(per_limit.get(key, ()), limit_times.get(key, ()))
+            for key in (*per_limit, *(key for key in limit_times if key not in per_limit))
         }
 
     def micros(self, at: datetime) -> int:
@@ -847,19 +867,21 @@ class _ExactLedger:
 
     def quota_fits(self, candidate: _Candidate) -> bool:
         """True if the tenant's and cohort's quota hold over the block."""
-        start, end = self._window(candidate.request)
-        amount = candidate.request.accelerator_units
-        return all(
-            self._limit_profile(limit.key).peak(start, end) + amount <= limit.amount
-            for limit in candidate.limits
-        )
+        return self._quota_fits(candidate, *self._window(candidate.request))
+
+    def _quota_fits(self, candidate: _Candidate, start: int, end: int) -> bool:
+        amount = candidate.request.gang.accelerator_units
+        for limit in candidate.limits:
+            if self._limit_profile(limit.key).peak(start, end) + amount > limit.amount:
+                return False
+        return True
 
     def first_fit(self, candidate: _Candidate) -> int | None:
         """The most preferred pool row where the block fits exactly as asked."""
-        if not self.quota_fits(candidate):
-            return None
         start, end = self._window(candidate.request)
-        units = candidate.request.units
+        if not self._quota_fits(candidate, start, end):
+            return None
+        units = candidate.request.gang.units
         for row in candidate.pools:
             pool = self.pools[row]
             if pool.short_until is not None and self.micros(pool.short_until) > start:

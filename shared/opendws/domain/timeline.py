@@ -324,24 +324,34 @@ class StepProfile:
 
     Times are integer microseconds from an origin the caller chooses. ``_levels[i]`` is the usage
     over ``[_times[i], _times[i + 1])``; before the first breakpoint and after the last the usage
-    is zero (every interval added also adds its end).
+    is zero (every interval added also adds its end). A breakpoint may repeat its neighbour's
+    level: the step function, and so every answer, is the same with or without it.
+
+    The levels are a numpy array: a long block raises, and a block's check scans, a slice of
+    thousands of steps (a cohort's profile), in C rather than one Python object at a time.
+    Breakpoints given up front (``breakpoints``) make a later :meth:`add` at those times a slice
+    update; a time not yet a breakpoint is inserted (a copy of the levels).
     """
 
     __slots__ = ("_levels", "_peak", "_times")
 
-    def __init__(self, intervals: Iterable[tuple[int, int, int]] = ()) -> None:
-        """Build from ``(start, end, amount)`` intervals in one sort-and-sum pass."""
-        deltas: dict[int, int] = {}
+    def __init__(
+        self, intervals: Iterable[tuple[int, int, int]] = (), breakpoints: Iterable[int] = ()
+    ) -> None:
+        """Build from ``(start, end, amount)`` intervals in one sort-and-sum pass, with
+        ``breakpoints`` (times later intervals will start or end at) as steps of no change."""
+        deltas: dict[int, int] = dict.fromkeys(breakpoints, 0)
         for start, end, amount in intervals:
             if end > start:
                 deltas[start] = deltas.get(start, 0) + amount
                 deltas[end] = deltas.get(end, 0) - amount
         self._times = sorted(deltas)
-        self._levels = list(itertools.accumulate(deltas[t] for t in self._times))
+        self._levels: npt.NDArray[np.int64] = np.cumsum(
+            np.fromiter(map(deltas.__getitem__, self._times), np.int64, len(self._times))
+        )
         # The highest level anywhere (zero outside the breakpoints): lets ``above`` answer a
-        # threshold nothing reaches without a scan (a cohort's profile holds thousands of
-        # steps, and refused blocks ask it for every limit they count against).
-        self._peak = max(self._levels, default=0)
+        # threshold nothing reaches without a scan.
+        self._peak = max(int(self._levels.max()), 0) if self._times else 0
 
     def add(self, start: int, end: int, amount: int) -> None:
         """Add ``amount`` over ``[start, end)``."""
@@ -349,19 +359,21 @@ class StepProfile:
             return
         first = self._split(start)
         last = self._split(end)
-        raised = [level + amount for level in self._levels[first:last]]
-        self._levels[first:last] = raised
+        raised = self._levels[first:last]
+        raised += amount
         if amount >= 0:
-            self._peak = max(self._peak, *raised)
+            self._peak = max(self._peak, int(raised.max()))
         else:
-            self._peak = max(self._levels, default=0)
+            self._peak = max(int(self._levels.max()), 0)
 
     def peak(self, start: int, end: int) -> int:
         """Highest usage at any instant of ``[start, end)`` (zero where nothing is committed)."""
         times = self._times
         first = bisect.bisect_right(times, start) - 1
         last = bisect.bisect_left(times, end)
-        peak = max(self._levels[max(first, 0) : last], default=0)
+        if last <= max(first, 0):
+            return 0
+        peak = int(self._levels[max(first, 0) : last].max())
         return max(peak, 0) if first < 0 else peak
 
     def above(self, threshold: int) -> list[tuple[int, int]]:
@@ -370,15 +382,17 @@ class StepProfile:
             return [(-FOREVER, FOREVER)]
         if self._peak <= threshold:
             return []
-        spans: list[tuple[int, int]] = []
-        open_at: int | None = None
-        for time, level in zip(self._times, self._levels, strict=True):
-            if level > threshold and open_at is None:
-                open_at = time
-            elif level <= threshold and open_at is not None:
-                spans.append((open_at, time))
-                open_at = None
-        return spans
+        # Each span opens at a breakpoint whose level exceeds the threshold after one that did
+        # not (or none), and closes at the next breakpoint that does not; the last level is
+        # zero, so every span closes.
+        over = np.empty(len(self._times) + 1, dtype=np.int8)
+        over[0] = 0
+        np.greater(self._levels, threshold, out=over[1:].view(np.bool_))
+        edges = np.diff(over)
+        times = self._times
+        opens = np.flatnonzero(edges == 1).tolist()
+        closes = np.flatnonzero(edges == -1).tolist()
+        return [(times[o], times[c]) for o, c in zip(opens, closes, strict=False)]
 
     def _split(self, time: int) -> int:
         """Make ``time`` a breakpoint (keeping the step function) and return its index."""
@@ -386,9 +400,9 @@ class StepProfile:
         index = bisect.bisect_left(times, time)
         if index < len(times) and times[index] == time:
             return index
-        level = self._levels[index - 1] if index > 0 else 0
+        level = int(self._levels[index - 1]) if index > 0 else 0
         times.insert(index, time)
-        self._levels.insert(index, level)
+        self._levels = np.insert(self._levels, index, level)
         return index
 
 
