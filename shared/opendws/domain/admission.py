@@ -520,17 +520,7 @@ class _Pass:
                 if limit.key not in limit_row:
                     limit_row[limit.key] = len(limits)
                     limits.append(limit.amount)
-        half_life = self.snapshot.policy.aging_half_life
-        queue = sorted(
-            (
-                flex_key(c.request, strict=c.strict, now=now, half_life=half_life),
-                c,
-                ceil_cells(c.request.run_duration),
-                self.first_cells(c.request.run_duration),
-                self.last_cell(c.request),
-            )
-            for c in flex
-        )
+        queue = sorted(self._queued(flex))
         cells = 1 + max(
             (
                 *(first + last for _, _, _, first, last in queue),
@@ -544,6 +534,7 @@ class _Pass:
         )
         short = [_short_cell(pool, now, self.origin) for pool in self.pools]
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
+        shapes: dict[_ShapeKey, tuple[_Option, ...]] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         entries: list[_Entry] = []
         kept = self._hold_commitments(grid, queue, binding, limit_row, short)
@@ -558,7 +549,7 @@ class _Pass:
                 continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = _place(
-                grid, candidate, length, first, last, floor, binding, limit_row, short
+                grid, candidate, length, first, last, floor, binding, limit_row, short, shapes
             )
             if self.keep:
                 entries.append(
@@ -582,6 +573,26 @@ class _Pass:
         self._record_placements(grid, placed, lanes)
         if self.keep:
             self.flex = _FlexState(entries, grid, limits, limit_row, binding, lowest, short, cells)
+
+    def _queued(
+        self, flex: Iterable[_Candidate]
+    ) -> Iterator[tuple[FlexKey, _Candidate, int, int, int]]:
+        """Each flex candidate with its policy key and its run and window in cells: ``(key,
+        candidate, length, first, last)`` (see :meth:`first_cells` and :meth:`last_cell`)."""
+        now = self.now
+        origin = self.origin
+        into_minute = now - origin
+        half_life = self.snapshot.policy.aging_half_life
+        for candidate in flex:
+            request = candidate.request
+            run = request.run_duration
+            yield (
+                flex_key(request, strict=candidate.strict, now=now, half_life=half_life),
+                candidate,
+                -(-run // MINUTE),  # ceil_cells(run)
+                -(-(into_minute + run) // MINUTE),  # self.first_cells(run)
+                self.last_cell(request),
+            )
 
     def _hold_commitments(
         self,
@@ -1012,17 +1023,16 @@ def _place(
     binding: Sequence[bool],
     limit_row: dict[LimitKey, int],
     short: Sequence[int],
+    shapes: dict[_ShapeKey, tuple[_Option, ...]] | None = None,
 ) -> tuple[int | None, int, tuple[tuple[int, int], ...], Reason | None]:
     """One flex request's earliest placement on ``grid`` as it stands: start cell (None if no
     slot opens in its window), pool row, the needs it would take and why it is held. A start
-    in cell 0 (now) takes ``first`` cells, a later one (at a whole minute) ``length``."""
-    request = candidate.request
-    units = request.gang.units
-    quota = _quota_needs(candidate, binding, limit_row)
-    options = [
-        (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
-        for row in candidate.pools
-    ]
+    in cell 0 (now) takes ``first`` cells, a later one (at a whole minute) ``length``.
+    ``shapes`` keeps each request shape's options for the pass (see :func:`_options`)."""
+    units = candidate.request.gang.units
+    options: Sequence[_Option] = _options(candidate, binding, limit_row, short, shapes)
+    if floor:
+        options = [(max(floor, lowest), row, needs) for lowest, row, needs in options]
     if first != length:
         # Now lies inside cell 0, so a run from now may reach one cell further than from a
         # whole minute: cell 0 is probed with its own length, the search starts at cell 1.
@@ -1042,6 +1052,41 @@ def _place(
     if best is not None and best > 0:
         reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length, first)
     return best, best_row, needs, reason
+
+
+# (pools, tenant, accelerator, pool units, accelerator units): all a request's options depend on.
+_ShapeKey = tuple[tuple[int, ...], str, str, int, int]
+# (earliest start the pool allows, pool row, the needs a placement there takes)
+_Option = tuple[int, int, tuple[tuple[int, int], ...]]
+
+
+def _options(
+    candidate: _Candidate,
+    binding: Sequence[bool],
+    limit_row: dict[LimitKey, int],
+    short: Sequence[int],
+    shapes: dict[_ShapeKey, tuple[_Option, ...]] | None,
+) -> tuple[_Option, ...]:
+    """Where a candidate may go, most preferred first: per pool, the earliest start its
+    stockout allows, its row and the needs a placement there takes. They depend only on the
+    request's shape (its pools, tenant and gang), which thousands of requests share: within a
+    pass (``binding``, ``limit_row`` and ``short`` fixed) they are built once per shape."""
+    request = candidate.request
+    gang = request.gang
+    key = (candidate.pools, request.tenant, gang.accelerator, gang.units, gang.accelerator_units)
+    if shapes is not None:
+        cached = shapes.get(key)
+        if cached is not None:
+            return cached
+    units = gang.units
+    quota = _quota_needs(candidate, binding, limit_row)
+    options = tuple(
+        (short[row], row, ((row, units), *quota) if binding[row] else quota)
+        for row in candidate.pools
+    )
+    if shapes is not None:
+        shapes[key] = options
+    return options
 
 
 def _waiting(request: CapacityRequest, rank: int) -> Decision:
