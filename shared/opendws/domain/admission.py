@@ -338,7 +338,8 @@ class _Pass:
             self.base_grants = len(self.grants)
         self._decide_calendar(calendar)  # 2
         self._decide_flex(flex, self._racers())  # 3 and 4
-        decisions = tuple(self.decisions[key] for key in sorted(self.decisions))
+        # Every pending request (ids unique, sorted above) has exactly one decision.
+        decisions = tuple(self.decisions[request.request_id] for request in pending)
         races = tuple(Race(request_id=key, pools=self.races[key]) for key in sorted(self.races))
         return Plan(now=self.now, decisions=decisions, races=races)
 
@@ -777,25 +778,32 @@ class _Pass:
     ) -> None:
         """Admissions and held slots as decisions; held slots are numbered per pool by ETA,
         then policy rank (position 1 is next in line)."""
-        placed.sort(key=lambda entry: (entry[0], entry[1], entry[2]))
+        # By pool row, start, then rank: ranks are unique, so the tuples never compare further.
+        placed.sort()
+        pool_ids = [pool.pool_id for pool in self.pools]
+        starts: dict[int, datetime] = {0: self.now}  # cell → the instant a start there means
         position = 0
         previous_row = -1
+        decisions = self.decisions
         for row, start, rank, candidate, reason in placed:
             request = candidate.request
-            start_at = self.start_of(start)
+            start_at = starts.get(start)
+            if start_at is None:
+                start_at = starts[start] = self.start_of(start)
             if start > 0:
                 position = position + 1 if row == previous_row else 1
                 previous_row = row
-            self.decisions[request.request_id] = Decision(
+            raced = lanes.get(request.request_id)
+            decisions[request.request_id] = Decision(
                 request_id=request.request_id,
                 outcome=Outcome.HOLD if start else Outcome.ADMIT,
                 reason=reason,
-                pool_id=self.pools[row].pool_id,
+                pool_id=pool_ids[row],
                 start_at=start_at,
                 end_at=start_at + request.run_duration,
                 rank=rank,
                 position=position if start else None,
-                lanes=tuple(self.pools[lane].pool_id for lane in lanes.get(request.request_id, ())),
+                lanes=tuple(pool_ids[lane] for lane in raced) if raced else (),
             )
 
     def _commitments(
