@@ -186,11 +186,9 @@ class MinuteGrid:
                 pool_lo = fact[2]  # a shorter bucket: its runs are always shorter
         if len(needs) == 1:
             return pool_lo, pool_lo
+        # The pool's busy prefix is in ``pool_lo``; the quota needs' own prefixes are left
+        # out: the facts of the whole needs already carry what their searches proved.
         start = pool_lo
-        for need in needs:
-            prefix = busy.get(need, 0)
-            if prefix > start:
-                start = prefix
         known = self._no_fit.get(needs)
         if known is not None:
             fact = known.get(bucket)
