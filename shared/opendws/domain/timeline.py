@@ -371,9 +371,9 @@ class StepProfile:
         self._levels: npt.NDArray[np.int64] = np.cumsum(
             np.fromiter(map(deltas.__getitem__, self._times), np.int64, len(self._times))
         )
-        # The highest level anywhere (zero outside the breakpoints): lets ``above`` answer a
-        # threshold nothing reaches without a scan.
-        self._peak = max(int(self._levels.max()), 0) if self._times else 0
+        # The highest level anywhere (zero outside the breakpoints), None until ``above`` needs
+        # it again after an add: it answers a threshold nothing reaches without a scan.
+        self._peak: int | None = None
 
     def add(self, start: int, end: int, amount: int) -> None:
         """Add ``amount`` over ``[start, end)``."""
@@ -383,10 +383,7 @@ class StepProfile:
         last = self._split(end)
         raised = self._levels[first:last]
         raised += amount
-        if amount >= 0:
-            self._peak = max(self._peak, int(raised.max()))
-        else:
-            self._peak = max(int(self._levels.max()), 0)
+        self._peak = None
 
     def peak(self, start: int, end: int) -> int:
         """Highest usage at any instant of ``[start, end)`` (zero where nothing is committed)."""
@@ -402,6 +399,8 @@ class StepProfile:
         """Maximal intervals ``[start, end)`` where usage exceeds ``threshold``."""
         if threshold < 0:  # even zero usage exceeds it: blocked at every instant
             return [(-FOREVER, FOREVER)]
+        if self._peak is None:
+            self._peak = max(int(self._levels.max()), 0) if self._times else 0
         if self._peak <= threshold:
             return []
         # Each span opens at a breakpoint whose level exceeds the threshold after one that did
