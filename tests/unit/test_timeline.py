@@ -201,6 +201,30 @@ def test_step_profile_matches_brute_force(seed: int) -> None:
         assert profile.above(threshold) == expected_spans, threshold
 
 
+@pytest.mark.parametrize("seed", range(50), ids=[f"seed-{seed}" for seed in range(50)])
+def test_step_profile_breakpoints_given_up_front_change_no_answer(seed: int) -> None:
+    """Breakpoints of no change (the times blocks may later be committed at) answer as the
+    same profile without them, before and after intervals are added there and elsewhere."""
+    rng = random.Random(seed)
+    intervals = [(start, start + rng.randint(1, 30), rng.randint(1, 5)) for start in
+                 (rng.randint(-20, 60) for _ in range(rng.randint(0, 8)))]  # fmt: skip
+    later = [(start, start + rng.randint(1, 30), rng.randint(1, 5)) for start in
+             (rng.randint(-20, 60) for _ in range(rng.randint(0, 6)))]  # fmt: skip
+    breakpoints = [time for start, end, _ in later for time in (start, end)]
+    breakpoints += [rng.randint(-30, 90) for _ in range(5)]
+    plain, seeded = StepProfile(intervals), StepProfile(intervals, breakpoints)
+    for step in range(len(later) + 1):
+        for _ in range(20):
+            start = rng.randint(-30, 90)
+            end = start + rng.randint(1, 40)
+            assert seeded.peak(start, end) == plain.peak(start, end), (step, start, end)
+        for threshold in range(-1, 12):
+            assert seeded.above(threshold) == plain.above(threshold), (step, threshold)
+        if step < len(later):
+            plain.add(*later[step])
+            seeded.add(*later[step])
+
+
 # --- feasible_starts -----------------------------------------------------------------------------
 
 # (blocked spans, duration, lo, hi, closed ranges of starts)
