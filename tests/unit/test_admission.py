@@ -497,7 +497,6 @@ def test_now_must_be_timezone_aware() -> None:
         admit(snapshot(), NOW.replace(tzinfo=None))
 
 
-
 @pytest.mark.parametrize("enabled", [True, False], ids=["collector on", "collector off"])
 def test_a_pass_runs_without_the_cyclic_collector_and_restores_its_state(
     enabled: bool, monkeypatch: pytest.MonkeyPatch

@@ -29,9 +29,7 @@ def flex_key(
     queues strict FIFO; ``half_life`` is the aging half-life."""
     submitted_at = request.submitted_at
     size = 1.0 if strict else max(request.unit_hours, _SMALLEST_SIZE)
-    waited = (now - submitted_at).total_seconds()
-    if waited < 0.0:
-        waited = 0.0
+    waited = max((now - submitted_at).total_seconds(), 0.0)
     aged = math.log2(size) - waited / half_life.total_seconds()
     return (-request.priority, aged, submitted_at, request.request_id)
 

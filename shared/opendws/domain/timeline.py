@@ -15,7 +15,6 @@ days ahead and must collide by one second, or touch end to start, exactly as ask
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
@@ -173,9 +172,7 @@ class MinuteGrid:
         bucket = length.bit_length()
         below = bucket - 1
         pool = needs[0]
-        pool_lo = busy.get(pool, 0)
-        if pool_lo < lo:
-            pool_lo = lo
+        pool_lo = max(busy.get(pool, 0), lo)
         known = self._no_fit.get(pool)
         if known is not None:
             fact = known.get(bucket)
