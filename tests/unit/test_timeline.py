@@ -389,6 +389,15 @@ def test_minute_grid_take_up_to_the_last_cell() -> None:
     assert grid.earliest_fit([(0, 1)], 0, 100, 90) == 0
 
 
+def test_probe_answers_the_start_itself_or_jumps_past_the_first_short_need() -> None:
+    # Row 0 (the pool): limit 4, 1 free over [10, 20). Row 1 (a quota): limit 5, 0 free at 30.
+    grid = MinuteGrid(NOW, 100, [4, 5], [(0, at(10), at(20), 3), (1, at(30), at(31), 5)])
+    assert grid.probe([(0, 2), (1, 5)], 0, 10) == 0  # both free over [0, 10)
+    assert grid.probe([(0, 2), (1, 5)], 0, 15) == 15  # the pool is short over [10, 15)
+    assert grid.probe([(0, 1), (1, 5)], 25, 10) == 31  # the pool fits; the quota is short at 30
+    assert grid.probe([(0, 2), (1, 1)], 5, 30) == 20  # the first short need decides
+
+
 # One row of 300 cells, limit 4, free 1 over [100, 110) and 0 at cell 200.
 FITS_GRID = ((0, at(100), at(110), 3), (0, at(200), at(201), 4))
 # (amount, start, length, fits)

@@ -1141,8 +1141,16 @@ def _earliest_placement(
         start = grid.earliest_fit(needs, lowest, last, length, bounds)
         return (start, row, needs) if start is not None else (None, -1, ())
     ranked = []
+    fits_now = length <= grid.cells  # a run from cell 0 lies in the grid
     for preference, (lowest, row, needs) in enumerate(options):
         bounds = grid.bounds(needs, lowest, length) if needs else (lowest, lowest)
+        if bounds[1] == 0 and fits_now:
+            # No start is earlier than cell 0, and every more preferred pool was ruled out
+            # there: if this one fits at 0 it wins, and the others need not be looked at.
+            past = grid.probe(needs, 0, length) if needs else 0
+            if past == 0:
+                return 0, row, needs
+            bounds = (bounds[0], past)  # what the probe proved: no fit starts before ``past``
         ranked.append((bounds[1], preference, bounds, lowest, row, needs))
     ranked.sort()  # by bound, then preference: both unique together, so a total order
     best: int | None = None

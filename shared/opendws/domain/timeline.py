@@ -282,6 +282,12 @@ class MinuteGrid:
         fit = _find_run(flags, size, length, flags.find(b"\x01", pool_fit, size))
         return (None if fit < 0 else start + fit), start + pool_fit
 
+    def probe(self, needs: Sequence[tuple[int, int]], start: int, length: int) -> int:
+        """``start`` if every need is free over ``[start, start + length)``; else a later
+        start before which no fit of ``needs`` from ``start`` can begin (just past the last
+        short cell of the first need that is short there). The run must lie in the grid."""
+        return self._past_shortfall(needs, start, length)[0]
+
     def _past_shortfall(
         self, needs: Sequence[tuple[int, int]], start: int, length: int
     ) -> tuple[int, int]:
