@@ -495,3 +495,42 @@ def test_now_must_be_timezone_aware() -> None:
 
     with pytest.raises(InvalidModel, match="timezone-aware"):
         admit(snapshot(), NOW.replace(tzinfo=None))
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["collector on", "collector off"])
+def test_a_pass_runs_without_the_cyclic_collector_and_restores_its_state(
+    enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from opendws.domain import admission
+
+    inside: list[bool] = []
+    run = admission._Pass.run
+
+    def recording(self: admission._Pass) -> Plan:
+        inside.append(gc.isenabled())
+        if self.snapshot.pending[0].request_id == "boom":
+            raise RuntimeError("boom")
+        return run(self)
+
+    monkeypatch.setattr(admission._Pass, "run", recording)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        plan = admit(snapshot(pending=[flex("f1")]), NOW)
+        assert plan.decision("f1").outcome is Outcome.ADMIT
+        assert gc.isenabled() is enabled
+        with pytest.raises(RuntimeError, match="boom"):
+            admit(snapshot(pending=[flex("boom")]), NOW)
+        assert gc.isenabled() is enabled  # restored when the pass fails too
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert inside == [False, False]
+
+
+def test_decisions_follow_request_ids_whatever_the_order_pending_is_given_in() -> None:
+    pending = [flex("f-3"), calendar("c-2", vm_count=1), flex("f-1", vm_count=99), flex("a-9")]
+    plan = admit(snapshot(pending=pending), NOW)
+    assert [d.request_id for d in plan.decisions] == ["a-9", "c-2", "f-1", "f-3"]
+    assert plan == admit(snapshot(pending=pending[::-1]), NOW)

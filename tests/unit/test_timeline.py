@@ -201,6 +201,30 @@ def test_step_profile_matches_brute_force(seed: int) -> None:
         assert profile.above(threshold) == expected_spans, threshold
 
 
+@pytest.mark.parametrize("seed", range(50), ids=[f"seed-{seed}" for seed in range(50)])
+def test_step_profile_breakpoints_given_up_front_change_no_answer(seed: int) -> None:
+    """Breakpoints of no change (the times blocks may later be committed at) answer as the
+    same profile without them, before and after intervals are added there and elsewhere."""
+    rng = random.Random(seed)
+    intervals = [(start, start + rng.randint(1, 30), rng.randint(1, 5)) for start in
+                 (rng.randint(-20, 60) for _ in range(rng.randint(0, 8)))]  # fmt: skip
+    later = [(start, start + rng.randint(1, 30), rng.randint(1, 5)) for start in
+             (rng.randint(-20, 60) for _ in range(rng.randint(0, 6)))]  # fmt: skip
+    breakpoints = [time for start, end, _ in later for time in (start, end)]
+    breakpoints += [rng.randint(-30, 90) for _ in range(5)]
+    plain, seeded = StepProfile(intervals), StepProfile(intervals, breakpoints)
+    for step in range(len(later) + 1):
+        for _ in range(20):
+            start = rng.randint(-30, 90)
+            end = start + rng.randint(1, 40)
+            assert seeded.peak(start, end) == plain.peak(start, end), (step, start, end)
+        for threshold in range(-1, 12):
+            assert seeded.above(threshold) == plain.above(threshold), (step, threshold)
+        if step < len(later):
+            plain.add(*later[step])
+            seeded.add(*later[step])
+
+
 # --- feasible_starts -----------------------------------------------------------------------------
 
 # (blocked spans, duration, lo, hi, closed ranges of starts)
@@ -363,6 +387,15 @@ def test_minute_grid_take_up_to_the_last_cell() -> None:
     assert grid.lowest(0) == 0
     assert grid.earliest_fit([(0, 1)], 0, 100, 91) is None
     assert grid.earliest_fit([(0, 1)], 0, 100, 90) == 0
+
+
+def test_probe_answers_the_start_itself_or_jumps_past_the_first_short_need() -> None:
+    # Row 0 (the pool): limit 4, 1 free over [10, 20). Row 1 (a quota): limit 5, 0 free at 30.
+    grid = MinuteGrid(NOW, 100, [4, 5], [(0, at(10), at(20), 3), (1, at(30), at(31), 5)])
+    assert grid.probe([(0, 2), (1, 5)], 0, 10) == 0  # both free over [0, 10)
+    assert grid.probe([(0, 2), (1, 5)], 0, 15) == 15  # the pool is short over [10, 15)
+    assert grid.probe([(0, 1), (1, 5)], 25, 10) == 31  # the pool fits; the quota is short at 30
+    assert grid.probe([(0, 2), (1, 1)], 5, 30) == 20  # the first short need decides
 
 
 # One row of 300 cells, limit 4, free 1 over [100, 110) and 0 at cell 200.

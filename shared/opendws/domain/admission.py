@@ -23,12 +23,15 @@ order gives the same plan. One pass reads as numbered steps:
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
+from operator import itemgetter
 from typing import NamedTuple
 
 from opendws.domain.calendar import lead_of
@@ -195,7 +198,27 @@ class Plan:
 def admit(snapshot: Snapshot, now: datetime) -> Plan:
     """Decide every pending request of ``snapshot`` at ``now`` (see the module docstring)."""
     require_utc("now", now)
-    return _Pass(snapshot, now).run()
+    with _collector_paused():
+        return _Pass(snapshot, now).run()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Keep Python's cyclic garbage collector off for the duration, then restore its state.
+
+    A pass allocates hundreds of thousands of small objects (keys, needs, decisions) that
+    all live to its end and form no cycles: each collection would only re-scan them, and the
+    oldest generation's collections re-scan everything allocated so far, so their total cost
+    grows faster than the pass (about a tenth of a 100k pass). Reference counting still frees
+    whatever dies; the collector, when it was on, runs again as soon as the pass returns.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Candidate(NamedTuple):
@@ -316,7 +339,8 @@ class _Pass:
             self.base_grants = len(self.grants)
         self._decide_calendar(calendar)  # 2
         self._decide_flex(flex, self._racers())  # 3 and 4
-        decisions = tuple(self.decisions[key] for key in sorted(self.decisions))
+        # Every pending request (ids unique, sorted above) has exactly one decision.
+        decisions = tuple(self.decisions[request.request_id] for request in pending)
         races = tuple(Race(request_id=key, pools=self.races[key]) for key in sorted(self.races))
         return Plan(now=self.now, decisions=decisions, races=races)
 
@@ -451,7 +475,9 @@ class _Pass:
     def _decide_calendar(self, calendar: list[_Candidate]) -> None:
         if not calendar:
             return
-        ledger = _ExactLedger(self.now, self.pools, self.pool_row, self.quotas, self.grants)
+        ledger = _ExactLedger(
+            self.now, self.pools, self.pool_row, self.quotas, self.grants, calendar
+        )
         for candidate in sorted(calendar, key=lambda c: calendar_key(c.request)):
             request = candidate.request
             assert request.start_at is not None  # a calendar request always has one
@@ -496,17 +522,9 @@ class _Pass:
                 if limit.key not in limit_row:
                     limit_row[limit.key] = len(limits)
                     limits.append(limit.amount)
-        half_life = self.snapshot.policy.aging_half_life
-        queue = sorted(
-            (
-                flex_key(c.request, strict=c.strict, now=now, half_life=half_life),
-                c,
-                ceil_cells(c.request.run_duration),
-                self.first_cells(c.request.run_duration),
-                self.last_cell(c.request),
-            )
-            for c in flex
-        )
+        # By policy key alone: keys are unique (they end in request_id), so this is the order
+        # of the whole tuples, with one key comparison per step instead of two.
+        queue = sorted(self._queued(flex), key=_first)
         cells = 1 + max(
             (
                 *(first + last for _, _, _, first, last in queue),
@@ -520,6 +538,7 @@ class _Pass:
         )
         short = [_short_cell(pool, now, self.origin) for pool in self.pools]
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
+        shapes: dict[_ShapeKey, tuple[_Option, ...]] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         entries: list[_Entry] = []
         kept = self._hold_commitments(grid, queue, binding, limit_row, short)
@@ -534,7 +553,7 @@ class _Pass:
                 continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = _place(
-                grid, candidate, length, first, last, floor, binding, limit_row, short
+                grid, candidate, length, first, last, floor, binding, limit_row, short, shapes
             )
             if self.keep:
                 entries.append(
@@ -558,6 +577,26 @@ class _Pass:
         self._record_placements(grid, placed, lanes)
         if self.keep:
             self.flex = _FlexState(entries, grid, limits, limit_row, binding, lowest, short, cells)
+
+    def _queued(
+        self, flex: Iterable[_Candidate]
+    ) -> Iterator[tuple[FlexKey, _Candidate, int, int, int]]:
+        """Each flex candidate with its policy key and its run and window in cells: ``(key,
+        candidate, length, first, last)`` (see :meth:`first_cells` and :meth:`last_cell`)."""
+        now = self.now
+        origin = self.origin
+        into_minute = now - origin
+        half_life = self.snapshot.policy.aging_half_life
+        for candidate in flex:
+            request = candidate.request
+            run = request.run_duration
+            yield (
+                flex_key(request, strict=candidate.strict, now=now, half_life=half_life),
+                candidate,
+                -(-run // MINUTE),  # ceil_cells(run)
+                -(-(into_minute + run) // MINUTE),  # self.first_cells(run)
+                self.last_cell(request),
+            )
 
     def _hold_commitments(
         self,
@@ -742,25 +781,32 @@ class _Pass:
     ) -> None:
         """Admissions and held slots as decisions; held slots are numbered per pool by ETA,
         then policy rank (position 1 is next in line)."""
-        placed.sort(key=lambda entry: (entry[0], entry[1], entry[2]))
+        # By pool row, start, then rank: ranks are unique, so the tuples never compare further.
+        placed.sort()
+        pool_ids = [pool.pool_id for pool in self.pools]
+        starts: dict[int, datetime] = {0: self.now}  # cell → the instant a start there means
         position = 0
         previous_row = -1
+        decisions = self.decisions
         for row, start, rank, candidate, reason in placed:
             request = candidate.request
-            start_at = self.start_of(start)
+            start_at = starts.get(start)
+            if start_at is None:
+                start_at = starts[start] = self.start_of(start)
             if start > 0:
                 position = position + 1 if row == previous_row else 1
                 previous_row = row
-            self.decisions[request.request_id] = Decision(
+            raced = lanes.get(request.request_id)
+            decisions[request.request_id] = Decision(
                 request_id=request.request_id,
                 outcome=Outcome.HOLD if start else Outcome.ADMIT,
                 reason=reason,
-                pool_id=self.pools[row].pool_id,
+                pool_id=pool_ids[row],
                 start_at=start_at,
                 end_at=start_at + request.run_duration,
                 rank=rank,
                 position=position if start else None,
-                lanes=tuple(self.pools[lane].pool_id for lane in lanes.get(request.request_id, ())),
+                lanes=tuple(pool_ids[lane] for lane in raced) if raced else (),
             )
 
     def _commitments(
@@ -788,7 +834,10 @@ class _ExactLedger:
         pool_row: dict[str, int],
         quotas: QuotaBook,
         grants: Iterable[Grant],
+        blocks: Iterable[_Candidate] = (),
     ) -> None:
+        """Profiles of ``grants``, with the start and end of each of ``blocks`` (the blocks
+        that may be committed later) already breakpoints wherever it could be committed."""
         self.now = now
         self.pools = pools
         self.quotas = quotas
@@ -802,9 +851,24 @@ class _ExactLedger:
                 per_pool[row].append((start, end, grant.units))
             for limit in quotas.limits(grant.tenant, grant.accelerator):
                 per_limit[limit.key].append((start, end, grant.accelerator_units))
-        self.pool_usage = [StepProfile(intervals) for intervals in per_pool]
+        pool_times: list[list[int]] = [[] for _ in pools]
+        limit_times: dict[LimitKey, list[int]] = defaultdict(list)
+        for block in blocks:
+            request = block.request
+            assert request.start_at is not None  # a calendar request always has one
+            start = self.micros(request.start_at)
+            edges = (start, start + request.run_duration // MICROSECOND)
+            for row in block.pools:
+                pool_times[row] += edges
+            for limit in block.limits:
+                limit_times[limit.key] += edges
+        self.pool_usage = [
+            StepProfile(intervals, times)
+            for intervals, times in zip(per_pool, pool_times, strict=True)
+        ]
         self.limit_usage: dict[LimitKey, StepProfile] = {
-            key: StepProfile(intervals) for key, intervals in per_limit.items()
+            key: StepProfile(per_limit.get(key, ()), limit_times.get(key, ()))
+            for key in (*per_limit, *(key for key in limit_times if key not in per_limit))
         }
 
     def micros(self, at: datetime) -> int:
@@ -825,19 +889,21 @@ class _ExactLedger:
 
     def quota_fits(self, candidate: _Candidate) -> bool:
         """True if the tenant's and cohort's quota hold over the block."""
-        start, end = self._window(candidate.request)
-        amount = candidate.request.accelerator_units
-        return all(
-            self._limit_profile(limit.key).peak(start, end) + amount <= limit.amount
-            for limit in candidate.limits
-        )
+        return self._quota_fits(candidate, *self._window(candidate.request))
+
+    def _quota_fits(self, candidate: _Candidate, start: int, end: int) -> bool:
+        amount = candidate.request.gang.accelerator_units
+        for limit in candidate.limits:
+            if self._limit_profile(limit.key).peak(start, end) + amount > limit.amount:
+                return False
+        return True
 
     def first_fit(self, candidate: _Candidate) -> int | None:
         """The most preferred pool row where the block fits exactly as asked."""
-        if not self.quota_fits(candidate):
-            return None
         start, end = self._window(candidate.request)
-        units = candidate.request.units
+        if not self._quota_fits(candidate, start, end):
+            return None
+        units = candidate.request.gang.units
         for row in candidate.pools:
             pool = self.pools[row]
             if pool.short_until is not None and self.micros(pool.short_until) > start:
@@ -968,17 +1034,16 @@ def _place(
     binding: Sequence[bool],
     limit_row: dict[LimitKey, int],
     short: Sequence[int],
+    shapes: dict[_ShapeKey, tuple[_Option, ...]] | None = None,
 ) -> tuple[int | None, int, tuple[tuple[int, int], ...], Reason | None]:
     """One flex request's earliest placement on ``grid`` as it stands: start cell (None if no
     slot opens in its window), pool row, the needs it would take and why it is held. A start
-    in cell 0 (now) takes ``first`` cells, a later one (at a whole minute) ``length``."""
-    request = candidate.request
-    units = request.gang.units
-    quota = _quota_needs(candidate, binding, limit_row)
-    options = [
-        (max(floor, short[row]), row, ((row, units), *quota) if binding[row] else quota)
-        for row in candidate.pools
-    ]
+    in cell 0 (now) takes ``first`` cells, a later one (at a whole minute) ``length``.
+    ``shapes`` keeps each request shape's options for the pass (see :func:`_options`)."""
+    units = candidate.request.gang.units
+    options: Sequence[_Option] = _options(candidate, binding, limit_row, short, shapes)
+    if floor:
+        options = [(max(floor, lowest), row, needs) for lowest, row, needs in options]
     if first != length:
         # Now lies inside cell 0, so a run from now may reach one cell further than from a
         # whole minute: cell 0 is probed with its own length, the search starts at cell 1.
@@ -998,6 +1063,41 @@ def _place(
     if best is not None and best > 0:
         reason = _hold_reason(grid, best_row, units, best, floor, short[best_row], length, first)
     return best, best_row, needs, reason
+
+
+# (pools, tenant, accelerator, pool units, accelerator units): all a request's options depend on.
+_ShapeKey = tuple[tuple[int, ...], str, str, int, int]
+# (earliest start the pool allows, pool row, the needs a placement there takes)
+_Option = tuple[int, int, tuple[tuple[int, int], ...]]
+
+
+def _options(
+    candidate: _Candidate,
+    binding: Sequence[bool],
+    limit_row: dict[LimitKey, int],
+    short: Sequence[int],
+    shapes: dict[_ShapeKey, tuple[_Option, ...]] | None,
+) -> tuple[_Option, ...]:
+    """Where a candidate may go, most preferred first: per pool, the earliest start its
+    stockout allows, its row and the needs a placement there takes. They depend only on the
+    request's shape (its pools, tenant and gang), which thousands of requests share: within a
+    pass (``binding``, ``limit_row`` and ``short`` fixed) they are built once per shape."""
+    request = candidate.request
+    gang = request.gang
+    key = (candidate.pools, request.tenant, gang.accelerator, gang.units, gang.accelerator_units)
+    if shapes is not None:
+        cached = shapes.get(key)
+        if cached is not None:
+            return cached
+    units = gang.units
+    quota = _quota_needs(candidate, binding, limit_row)
+    options = tuple(
+        (short[row], row, ((row, units), *quota) if binding[row] else quota)
+        for row in candidate.pools
+    )
+    if shapes is not None:
+        shapes[key] = options
+    return options
 
 
 def _waiting(request: CapacityRequest, rank: int) -> Decision:
@@ -1041,8 +1141,16 @@ def _earliest_placement(
         start = grid.earliest_fit(needs, lowest, last, length, bounds)
         return (start, row, needs) if start is not None else (None, -1, ())
     ranked = []
+    fits_now = length <= grid.cells  # a run from cell 0 lies in the grid
     for preference, (lowest, row, needs) in enumerate(options):
         bounds = grid.bounds(needs, lowest, length) if needs else (lowest, lowest)
+        if bounds[1] == 0 and fits_now:
+            # No start is earlier than cell 0, and every more preferred pool was ruled out
+            # there: if this one fits at 0 it wins, and the others need not be looked at.
+            past = grid.probe(needs, 0, length) if needs else 0
+            if past == 0:
+                return 0, row, needs
+            bounds = (bounds[0], past)  # what the probe proved: no fit starts before ``past``
         ranked.append((bounds[1], preference, bounds, lowest, row, needs))
     ranked.sort()  # by bound, then preference: both unique together, so a total order
     best: int | None = None
@@ -1088,6 +1196,9 @@ def _hold_reason(
     if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
+
+
+_first = itemgetter(0)
 
 
 def _grant_key(grant: Grant) -> tuple[str, datetime, str]:

@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from opendws.domain.calendar import TPU_MAX_LEAD, CancellationRule, count_problem, lead_of
 
+_HOUR = timedelta(hours=1)  # unit_hours divides by it (one object, not one per call)
 # Limits of the two modes, as in Google's Dynamic Workload Scheduler.
 FLEX_MIN_RUN = timedelta(minutes=10)
 FLEX_MAX_RUN = timedelta(days=7)
@@ -239,7 +240,7 @@ class CapacityRequest:
     @property
     def unit_hours(self) -> float:
         """Requested accelerator-hours: the size that shortest-first ordering uses."""
-        return self.accelerator_units * self.run_duration / timedelta(hours=1)
+        return self.gang.accelerator_units * self.run_duration / _HOUR
 
     def allows(self, zone: str) -> bool:
         """True if the request may run in ``zone``."""

@@ -27,10 +27,11 @@ def flex_key(
 ) -> FlexKey:
     """Sort key of a flex request at ``now`` (smaller goes first). ``strict`` says its tenant
     queues strict FIFO; ``half_life`` is the aging half-life."""
+    submitted_at = request.submitted_at
     size = 1.0 if strict else max(request.unit_hours, _SMALLEST_SIZE)
-    waited = max((now - request.submitted_at).total_seconds(), 0.0)
+    waited = max((now - submitted_at).total_seconds(), 0.0)
     aged = math.log2(size) - waited / half_life.total_seconds()
-    return (-request.priority, aged, request.submitted_at, request.request_id)
+    return (-request.priority, aged, submitted_at, request.request_id)
 
 
 def calendar_key(request: CapacityRequest) -> CalendarKey:

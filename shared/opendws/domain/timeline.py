@@ -15,7 +15,6 @@ days ahead and must collide by one second, or touch end to start, exactly as ask
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
@@ -63,6 +62,7 @@ class MinuteGrid:
         "_flags",
         "_free",
         "_no_fit",
+        "_rows",
         "_scratch",
         "_scratch_view",
         "_view",
@@ -102,20 +102,26 @@ class MinuteGrid:
             flat = np.asarray(rows, dtype=np.int64) * width + np.asarray(edges, dtype=np.int64)
             np.add.at(steps.reshape(-1), flat, np.asarray(amounts, dtype=np.int32))
             np.cumsum(steps, axis=1, out=steps)
-            self._free = np.subtract(limit_column, steps[:, :cells])
+            # Free = limit - usage, in the same buffer (no second grid-sized allocation); the
+            # extra column past the last cell is never read.
+            np.subtract(limit_column, steps, out=steps)
+            self._free = steps[:, :cells]
         else:
             self._free = np.empty((len(limits), cells), dtype=np.int32)
             self._free[:] = limit_column
+        # One 1-D view per row: slicing a row is then one cheap index, not a 2-D one.
+        self._rows: list[npt.NDArray[np.int32]] = list(self._free)
         self._flags = bytearray(cells)
         self._view: npt.NDArray[np.bool_] = np.frombuffer(self._flags, dtype=np.bool_)
         self._scratch = bytearray(cells)
         self._scratch_view: npt.NDArray[np.bool_] = np.frombuffer(self._scratch, dtype=np.bool_)
         # (row, amount) → cells before this one never have that amount free again.
         self._busy_prefix: dict[tuple[int, int], int] = {}
-        # (needs, length bucket) → (length, lo, n): from lo, no run of at least that length
+        # needs → length bucket → (length, lo, n): from lo, no run of at least that length
         # fits before n. A fact also holds for every longer run: lookups use their own bucket
-        # (checking the length) and the one below (always shorter).
-        self._no_fit: dict[tuple[object, int], tuple[int, int, int]] = {}
+        # (checking the length) and the one below (always shorter). Keyed by needs first, so
+        # a lookup hashes the needs once for both buckets.
+        self._no_fit: dict[object, dict[int, tuple[int, int, int]]] = {}
 
     def at(self, cell: int) -> datetime:
         """The instant where ``cell`` begins."""
@@ -123,7 +129,7 @@ class MinuteGrid:
 
     def free(self, row: int, cell: int) -> int:
         """Free amount of ``row`` during ``cell``."""
-        return int(self._free[row, cell])
+        return int(self._rows[row][cell])
 
     def lowest(self, row: int) -> int:
         """The least free amount of ``row`` at any cell of the grid."""
@@ -133,21 +139,23 @@ class MinuteGrid:
         """True if ``amount`` is free in ``row`` over cells ``[start, start + length)``."""
         if start < 0 or start + length > self.cells:
             return False
-        return bool((self._free[row, start : start + length] >= amount).all())
+        return length <= 0 or bool(self._rows[row][start : start + length].min() >= amount)
 
     def take(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
         """Commit every ``(row, amount)`` need over cells ``[start, start + length)``."""
         stop = start + length
+        rows = self._rows
         for row, amount in needs:
-            cells = self._free[row, start:stop]
+            cells = rows[row][start:stop]
             np.subtract(cells, amount, cells)
 
     def give(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
         """Return every ``(row, amount)`` need over cells ``[start, start + length)`` (undo a
         :meth:`take`). Free amounts go up, so call :meth:`forget` before searching again."""
         stop = start + length
+        rows = self._rows
         for row, amount in needs:
-            cells = self._free[row, start:stop]
+            cells = rows[row][start:stop]
             np.add(cells, amount, cells)
 
     def forget(self) -> None:
@@ -159,24 +167,32 @@ class MinuteGrid:
         """What earlier searches proved, from ``lo``, for a run of ``length``: no fit of the
         pool (``needs[0]``) alone starts before the first number, and no fit of all ``needs``
         before the second. A few lookups, no scan."""
-        # The hottest call of a pass (several per request): _proven is inlined here.
+        # The hottest call of a pass (several per request): the fact lookups are inlined.
         busy = self._busy_prefix
-        facts = self._no_fit
         bucket = length.bit_length()
+        below = bucket - 1
         pool = needs[0]
         pool_lo = max(busy.get(pool, 0), lo)
-        for pool_slot in ((pool, bucket), (pool, bucket - 1)):
-            fact = facts.get(pool_slot)
+        known = self._no_fit.get(pool)
+        if known is not None:
+            fact = known.get(bucket)
             if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > pool_lo:
                 pool_lo = fact[2]
+            fact = known.get(below)
+            if fact is not None and fact[1] <= lo and fact[2] > pool_lo:
+                pool_lo = fact[2]  # a shorter bucket: its runs are always shorter
         if len(needs) == 1:
             return pool_lo, pool_lo
+        # The pool's busy prefix is in ``pool_lo``; the quota needs' own prefixes are left
+        # out: the facts of the whole needs already carry what their searches proved.
         start = pool_lo
-        for need in needs:
-            start = max(start, busy.get(need, 0))
-        for slot in ((needs, bucket), (needs, bucket - 1)):
-            fact = facts.get(slot)
+        known = self._no_fit.get(needs)
+        if known is not None:
+            fact = known.get(bucket)
             if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > start:
+                start = fact[2]
+            fact = known.get(below)
+            if fact is not None and fact[1] <= lo and fact[2] > start:
                 start = fact[2]
         return pool_lo, start
 
@@ -241,23 +257,36 @@ class MinuteGrid:
         """The earliest start in ``[start, stop]`` where every need is free over the run, and
         the earliest where the pool alone is: the pool is compared over the stretch, then each
         other need is combined into the same flags."""
-        size = stop + length - start
+        end = stop + length
+        size = end - start
         view = self._view[:size]
-        row, amount = needs[0]
-        np.greater_equal(self._free[row, start : stop + length], amount, view)
-        first = self._flags.find(b"\x01", 0, size)
-        self._learn_prefix(needs[0], start, first if first >= 0 else size)
-        pool_fit = _find_run(self._flags, size, length, first)
+        rows = self._rows
+        flags = self._flags
+        pool = needs[0]
+        np.greater_equal(rows[pool[0]][start:end], pool[1], view)
+        first = flags.find(b"\x01", 0, size)
+        self._learn_prefix(pool, start, first if first >= 0 else size)
+        pool_fit = _find_run(flags, size, length, first)
         if pool_fit < 0:
             return None, None
         if len(needs) == 1:
             return start + pool_fit, start + pool_fit
-        scratch = self._scratch_view[:size]
+        # Only starts from the pool's first fit on can win: the other needs are compared from
+        # there (a shorter stretch, the same answer).
+        offset = start + pool_fit
+        tail = view[pool_fit:]
+        scratch = self._scratch_view[: size - pool_fit]
         for row, amount in needs[1:]:
-            np.greater_equal(self._free[row, start : stop + length], amount, scratch)
-            np.logical_and(view, scratch, view)
-        fit = _find_run(self._flags, size, length, self._flags.find(b"\x01", pool_fit, size))
+            np.greater_equal(rows[row][offset:end], amount, scratch)
+            np.logical_and(tail, scratch, tail)
+        fit = _find_run(flags, size, length, flags.find(b"\x01", pool_fit, size))
         return (None if fit < 0 else start + fit), start + pool_fit
+
+    def probe(self, needs: Sequence[tuple[int, int]], start: int, length: int) -> int:
+        """``start`` if every need is free over ``[start, start + length)``; else a later
+        start before which no fit of ``needs`` from ``start`` can begin (just past the last
+        short cell of the first need that is short there). The run must lie in the grid."""
+        return self._past_shortfall(needs, start, length)[0]
 
     def _past_shortfall(
         self, needs: Sequence[tuple[int, int]], start: int, length: int
@@ -268,9 +297,10 @@ class MinuteGrid:
         stop = start + length
         scratch = self._scratch
         view = self._scratch_view[:length]
+        rows = self._rows
         for index, need in enumerate(needs):
             row, amount = need
-            np.greater_equal(self._free[row, start:stop], amount, view)
+            np.greater_equal(rows[row][start:stop], amount, view)
             short = scratch.rfind(b"\x00", 0, length)
             if short >= 0:
                 first_free = scratch.find(b"\x01", 0, length)
@@ -285,24 +315,19 @@ class MinuteGrid:
         if start <= known < start + busy_cells:
             self._busy_prefix[need] = start + busy_cells
 
-    def _proven(self, key: object, bucket: int, lo: int, length: int, floor: int) -> int:
-        """``floor``, raised by what the facts of ``key`` prove for a run of ``length`` from
-        ``lo``: a fact holds for runs at least as long as its own, from a start no later."""
-        for slot in ((key, bucket), (key, bucket - 1)):
-            fact = self._no_fit.get(slot)
-            if fact is not None and fact[0] <= length and fact[1] <= lo and fact[2] > floor:
-                floor = fact[2]
-        return floor
-
     def _remember(self, key: object, length: int, lo: int, no_fit_before: int) -> None:
         """Keep the fact "from ``lo``, no run of ``length`` fits ``key`` before
         ``no_fit_before``" in its length bucket, unless the one there already says more."""
         if no_fit_before <= lo:
             return
-        slot = (key, length.bit_length())
-        known = self._no_fit.get(slot)
-        if known is None or no_fit_before >= known[2] or (length <= known[0] and lo <= known[1]):
-            self._no_fit[slot] = (length, lo, no_fit_before)
+        bucket = length.bit_length()
+        known = self._no_fit.get(key)
+        if known is None:
+            self._no_fit[key] = {bucket: (length, lo, no_fit_before)}
+            return
+        fact = known.get(bucket)
+        if fact is None or no_fit_before >= fact[2] or (length <= fact[0] and lo <= fact[1]):
+            known[bucket] = (length, lo, no_fit_before)
 
 
 def _find_run(flags: bytearray, size: int, length: int, first: int) -> int:
@@ -324,24 +349,34 @@ class StepProfile:
 
     Times are integer microseconds from an origin the caller chooses. ``_levels[i]`` is the usage
     over ``[_times[i], _times[i + 1])``; before the first breakpoint and after the last the usage
-    is zero (every interval added also adds its end).
+    is zero (every interval added also adds its end). A breakpoint may repeat its neighbour's
+    level: the step function, and so every answer, is the same with or without it.
+
+    The levels are a numpy array: a long block raises, and a block's check scans, a slice of
+    thousands of steps (a cohort's profile), in C rather than one Python object at a time.
+    Breakpoints given up front (``breakpoints``) make a later :meth:`add` at those times a slice
+    update; a time not yet a breakpoint is inserted (a copy of the levels).
     """
 
     __slots__ = ("_levels", "_peak", "_times")
 
-    def __init__(self, intervals: Iterable[tuple[int, int, int]] = ()) -> None:
-        """Build from ``(start, end, amount)`` intervals in one sort-and-sum pass."""
-        deltas: dict[int, int] = {}
+    def __init__(
+        self, intervals: Iterable[tuple[int, int, int]] = (), breakpoints: Iterable[int] = ()
+    ) -> None:
+        """Build from ``(start, end, amount)`` intervals in one sort-and-sum pass, with
+        ``breakpoints`` (times later intervals will start or end at) as steps of no change."""
+        deltas: dict[int, int] = dict.fromkeys(breakpoints, 0)
         for start, end, amount in intervals:
             if end > start:
                 deltas[start] = deltas.get(start, 0) + amount
                 deltas[end] = deltas.get(end, 0) - amount
         self._times = sorted(deltas)
-        self._levels = list(itertools.accumulate(deltas[t] for t in self._times))
-        # The highest level anywhere (zero outside the breakpoints): lets ``above`` answer a
-        # threshold nothing reaches without a scan (a cohort's profile holds thousands of
-        # steps, and refused blocks ask it for every limit they count against).
-        self._peak = max(self._levels, default=0)
+        self._levels: npt.NDArray[np.int64] = np.cumsum(
+            np.fromiter(map(deltas.__getitem__, self._times), np.int64, len(self._times))
+        )
+        # The highest level anywhere (zero outside the breakpoints), None until ``above`` needs
+        # it again after an add: it answers a threshold nothing reaches without a scan.
+        self._peak: int | None = None
 
     def add(self, start: int, end: int, amount: int) -> None:
         """Add ``amount`` over ``[start, end)``."""
@@ -349,36 +384,39 @@ class StepProfile:
             return
         first = self._split(start)
         last = self._split(end)
-        raised = [level + amount for level in self._levels[first:last]]
-        self._levels[first:last] = raised
-        if amount >= 0:
-            self._peak = max(self._peak, *raised)
-        else:
-            self._peak = max(self._levels, default=0)
+        raised = self._levels[first:last]
+        raised += amount
+        self._peak = None
 
     def peak(self, start: int, end: int) -> int:
         """Highest usage at any instant of ``[start, end)`` (zero where nothing is committed)."""
         times = self._times
         first = bisect.bisect_right(times, start) - 1
         last = bisect.bisect_left(times, end)
-        peak = max(self._levels[max(first, 0) : last], default=0)
+        if last <= max(first, 0):
+            return 0
+        peak = int(self._levels[max(first, 0) : last].max())
         return max(peak, 0) if first < 0 else peak
 
     def above(self, threshold: int) -> list[tuple[int, int]]:
         """Maximal intervals ``[start, end)`` where usage exceeds ``threshold``."""
         if threshold < 0:  # even zero usage exceeds it: blocked at every instant
             return [(-FOREVER, FOREVER)]
+        if self._peak is None:
+            self._peak = max(int(self._levels.max()), 0) if self._times else 0
         if self._peak <= threshold:
             return []
-        spans: list[tuple[int, int]] = []
-        open_at: int | None = None
-        for time, level in zip(self._times, self._levels, strict=True):
-            if level > threshold and open_at is None:
-                open_at = time
-            elif level <= threshold and open_at is not None:
-                spans.append((open_at, time))
-                open_at = None
-        return spans
+        # Each span opens at a breakpoint whose level exceeds the threshold after one that did
+        # not (or none), and closes at the next breakpoint that does not; the last level is
+        # zero, so every span closes.
+        over = np.empty(len(self._times) + 1, dtype=np.int8)
+        over[0] = 0
+        np.greater(self._levels, threshold, out=over[1:].view(np.bool_))
+        edges = np.diff(over)
+        times = self._times
+        opens = np.flatnonzero(edges == 1).tolist()
+        closes = np.flatnonzero(edges == -1).tolist()
+        return [(times[o], times[c]) for o, c in zip(opens, closes, strict=False)]
 
     def _split(self, time: int) -> int:
         """Make ``time`` a breakpoint (keeping the step function) and return its index."""
@@ -386,9 +424,9 @@ class StepProfile:
         index = bisect.bisect_left(times, time)
         if index < len(times) and times[index] == time:
             return index
-        level = self._levels[index - 1] if index > 0 else 0
+        level = int(self._levels[index - 1]) if index > 0 else 0
         times.insert(index, time)
-        self._levels.insert(index, level)
+        self._levels = np.insert(self._levels, index, level)
         return index
 
 
