@@ -207,6 +207,12 @@ class Settings:
         )
 
 
+def _unique_name() -> str:
+    """A name no other process, nor another call in this one, has: host, pid and a random
+    suffix (the reconciler's lease holder, a metrics instance)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
 def _exports(text: str | None) -> tuple[str, ...]:
     """``OPENDWS_METRICS_EXPORT`` as names (unset: ``snapshots``; ``none``: nowhere)."""
     if text is None:
@@ -380,7 +386,7 @@ class Container:
         from opendws.adapters.telemetry import OtelMetrics, SnapshotExporter
 
         settings = self.settings
-        instance = f"{settings.service}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        instance = f"{settings.service}-{_unique_name()}"
         exporters: list[MetricExporter] = []
         resource: dict[str, str] = {}
         if "snapshots" in settings.metrics_export:
@@ -488,7 +494,7 @@ class Container:
         adapters = self.adapters
         return ReconcileService(
             adapters.store, adapters.config, self.providers, self.events, adapters.clock,
-            holder=f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+            holder=_unique_name(),
             timers=self.timers, metrics=self.metrics,
         )  # fmt: skip
 

@@ -53,7 +53,7 @@ from opendws.ports import (
     request_from_document,
     request_to_document,
 )
-from opendws.ports.telemetry import Buckets, Labels, MetricSnapshot
+from opendws.ports.telemetry import Buckets, Labels, MetricSnapshot, labels_of_mapping
 
 T = TypeVar("T")
 
@@ -404,11 +404,11 @@ def _snapshot_fields(snapshot: MetricSnapshot) -> dict[str, Any]:
 def _snapshot(data: dict[str, Any]) -> MetricSnapshot:
     values: dict[str, dict[Labels, float]] = {}
     for item in data.get("values", []):
-        labels = tuple(sorted((str(k), str(v)) for k, v in item["labels"].items()))
+        labels = labels_of_mapping(item["labels"])
         values.setdefault(item["name"], {})[labels] = float(item["value"])
     histograms: dict[str, dict[Labels, Buckets]] = {}
     for item in data.get("histograms", []):
-        labels = tuple(sorted((str(k), str(v)) for k, v in item["labels"].items()))
+        labels = labels_of_mapping(item["labels"])
         histograms.setdefault(item["name"], {})[labels] = Buckets(
             count=int(item["count"]), sum=float(item["sum"]),
             counts=tuple(int(c) for c in item["counts"]),
