@@ -4,8 +4,11 @@
 OpenTelemetry SDK meter: one instrument per catalog entry, histograms with the catalog's
 bucket bounds (views), cumulative temporality. Its readers export on :meth:`~OtelMetrics.flush`
 (the end of each function invocation: Cloud Run gives an instance CPU only while it serves,
-so a periodic export alone may never run) and at most every ``min_interval`` (Cloud Monitoring
-refuses points of one series written more often than every 5 s). Exporters:
+so a periodic export alone may never run). Each exporter sends at most every ``min_interval``,
+whoever asks (the end of an invocation or the periodic reader): Cloud Monitoring requires the
+end times of the points written to one time series to be at least 10 s apart
+(cloud.google.com/monitoring/quotas). An export skipped is lost to no one: every export is
+cumulative, so the next one carries it. Exporters:
 
 - :class:`SnapshotExporter`: the process's cumulative values as a
   :class:`~opendws.ports.telemetry.MetricSnapshot` into a
@@ -78,8 +81,9 @@ from opendws.ports.telemetry import labels_of_mapping as labels_of
 CUMULATIVE: dict[type, AggregationTemporality] = dict.fromkeys(
     (Counter, Histogram, SdkGauge), AggregationTemporality.CUMULATIVE
 )
-# Cloud Monitoring: "points must be written at most once every 5 seconds" per series.
-MIN_INTERVAL = timedelta(seconds=10)
+# Cloud Monitoring: points of one series at least 10 s apart; 15 s leaves room for the time
+# between a collection and its export.
+MIN_INTERVAL = timedelta(seconds=15)
 # Between exports while a process is idle but has CPU (a local function server).
 EXPORT_EVERY = timedelta(seconds=60)
 
@@ -96,7 +100,8 @@ class OtelMetrics:
     ) -> None:  # fmt: skip
         periodic = [
             PeriodicExportingMetricReader(
-                exporter, export_interval_millis=EXPORT_EVERY.total_seconds() * 1000
+                SpacedExporter(exporter, min_interval),
+                export_interval_millis=EXPORT_EVERY.total_seconds() * 1000,
             )
             for exporter in exporters
         ]
@@ -134,8 +139,6 @@ class OtelMetrics:
                     )
         self._lock = threading.Lock()
         self._set: dict[str, set[Labels]] = defaultdict(set)  # gauge series set so far
-        self._min_interval = min_interval.total_seconds()
-        self._flushed_at: float | None = None
 
     def add(self, metric: Metric, amount: float, labels: Mapping[str, str]) -> None:
         metric.check(labels)
@@ -160,15 +163,37 @@ class OtelMetrics:
             self._set[metric.name] |= given
 
     def flush(self) -> None:
-        """Export now, unless the last export was less than ``min_interval`` ago (the
-        periodic readers then export within a minute)."""
+        """Export now (each exporter skips it if it sent less than ``min_interval`` ago; the
+        periodic readers then send within a minute)."""
+        self._provider.force_flush()
+
+
+class SpacedExporter(MetricExporter):
+    """``inner``, sending at most every ``min_interval``: an export asked for sooner is
+    skipped (and reported a success: the next, cumulative, export carries what it had)."""
+
+    def __init__(self, inner: MetricExporter, min_interval: timedelta) -> None:
+        super().__init__(preferred_temporality=CUMULATIVE)
+        self._inner = inner
+        self._min_interval = min_interval.total_seconds()
+        self._lock = threading.Lock()
+        self._sent_at: float | None = None
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
         with self._lock:
             now = time.monotonic()
-            recent = self._flushed_at is not None and now - self._flushed_at < self._min_interval
-            if recent:
-                return
-            self._flushed_at = now
-        self._provider.force_flush()
+            if self._sent_at is not None and now - self._sent_at < self._min_interval:
+                return MetricExportResult.SUCCESS
+            self._sent_at = now
+        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
 class SnapshotExporter(MetricExporter):
