@@ -98,6 +98,8 @@ def test_an_eta_never_gets_later_when_a_request_behind_it_arrives_incrementally(
     new = after.decision(request.request_id)
     for decision in before.having(Outcome.HOLD, Outcome.ADMIT):
         later = after.decision(decision.request_id)
-        ahead = new.rank is not None and decision.rank is not None and decision.rank < new.rank
+        new_rank = after.rank(new.request_id)
+        rank = after.rank(decision.request_id)
+        ahead = new_rank is not None and rank is not None and rank < new_rank
         if later.outcome in (Outcome.HOLD, Outcome.ADMIT) and ahead:
             assert later.start_at == decision.start_at

@@ -474,7 +474,7 @@ def test_held_requests_are_numbered_per_pool_by_eta() -> None:
         "second": (2, 2 * HOUR),
         "third": (3, 4 * HOUR),
     }
-    assert [d.rank for d in plan.decisions] == [1, 2, 3]
+    assert [plan.rank(d.request_id) for d in plan.decisions] == [1, 2, 3]
 
 
 def test_every_decision_has_a_message_a_person_can_read() -> None:

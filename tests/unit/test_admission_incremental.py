@@ -11,7 +11,19 @@ import pytest
 from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import PolicySettings
-from tests.builders import HOUR, MINUTE, NOW, calendar, flex, grant, pool, quota, tenant
+from tests.builders import (
+    DAY,
+    HOUR,
+    MINUTE,
+    NOW,
+    ZONE,
+    calendar,
+    flex,
+    grant,
+    pool,
+    quota,
+    tenant,
+)
 from tests.builders import snapshot as build_snapshot
 from tests.property.test_admission_properties import applied
 
@@ -108,3 +120,75 @@ def test_broad_changes_plan_in_full_and_say_why(change: object, why: str) -> Non
     assert planner.plan(changed, now) == admit(changed, now)
     assert planner.last_pass.full
     assert planner.last_pass.why.startswith(why)
+
+
+def two_queues() -> Snapshot:
+    """Two pools of 4 VMs in two zones, each with a queue of 100 one-VM requests of an hour
+    held one after another; the tenant's quota never binds."""
+    zones = (ZONE, "us-central1-b")
+    return build_snapshot(
+        pools=[pool(zone=zone, capacity=4) for zone in zones],
+        tenants=[tenant("t", quota(nominal=100_000))],
+        pending=[
+            flex(f"{zone}-{index:03d}", vm_count=4, hours=1, locations=(zone,), max_wait=7 * DAY)
+            for zone in zones
+            for index in range(100)
+        ],
+    )
+
+
+def test_an_arrival_behind_a_long_queue_visits_only_itself() -> None:
+    """The walk visits the requests on rows the change reaches, not the queue behind the
+    first one it reaches: the last of 201 in policy order is searched alone."""
+    planner = IncrementalPlanner()
+    first = two_queues()
+    planner.plan(first, NOW)
+    late = flex("late", vm_count=4, hours=3, locations=("us-central1-b",), max_wait=6 * DAY)
+    second = replace(first, pending=(*first.pending, late))
+    plan = planner.plan(second, NOW)
+    assert plan == admit(second, NOW)
+    assert not planner.last_pass.full
+    assert (planner.last_pass.walked, planner.last_pass.searched) == (1, 1)
+    assert plan.rank("late") == 201
+
+
+def test_an_arrival_at_the_front_moves_ranks_without_rewriting_decisions() -> None:
+    """A small request at the front of a queue whose pool has room for it now changes no one's
+    slot: every rank behind it moves by one (the plan's order), every other decision is the
+    very one the last pass made, and none of the other pool's requests is visited."""
+    planner = IncrementalPlanner()
+    roomy = replace(two_queues(), grants=())
+    first = replace(
+        roomy, pools=(pool(zone=ZONE, capacity=4), pool(zone="us-central1-b", capacity=5))
+    )
+    before = planner.plan(first, NOW)
+    urgent = flex("urgent", vm_count=1, hours=1, locations=("us-central1-b",), priority=1)
+    second = replace(first, pending=(urgent, *first.pending))
+    after = planner.plan(second, NOW)
+    assert after == admit(second, NOW)
+    assert not planner.last_pass.full
+    assert after.rank("urgent") == 1
+    assert after.decision("urgent").outcome is Outcome.ADMIT
+    for decision in before.decisions:
+        assert after.decision(decision.request_id) is decision
+        assert after.rank(decision.request_id) == (before.rank(decision.request_id) or 0) + 1
+    assert planner.last_pass.walked <= 101  # the arrival and its own pool's queue
+    assert planner.last_pass.searched == 1
+
+
+def test_a_release_searches_only_requests_that_could_use_what_it_frees() -> None:
+    """A one-VM run that ends early frees one VM for its last two hours. Only the two
+    four-VM requests whose own slots lie in those hours could see four VMs free there; the 98
+    queued behind them never can, so they take their slots again without a search, and the
+    plan is still the full one."""
+    planner = IncrementalPlanner()
+    first = replace(
+        two_queues(),
+        pools=(pool(zone=ZONE, capacity=5), pool(zone="us-central1-b", capacity=4)),
+        grants=(grant("small", units=1, start_at=NOW - HOUR, hours=3),),
+    )
+    planner.plan(first, NOW)
+    second = replace(first, grants=())
+    assert planner.plan(second, NOW) == admit(second, NOW)
+    assert not planner.last_pass.full
+    assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 2)

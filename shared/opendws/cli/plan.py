@@ -82,13 +82,14 @@ def plan_document(plan: Plan) -> dict[str, object]:
     outcome. Timestamps are ISO 8601 in UTC."""
     return {
         "now": iso(plan.now),
-        "decisions": [decision_document(decision) for decision in plan.decisions],
+        "decisions": [decision_document(decision, plan) for decision in plan.decisions],
         "counts": {outcome.value: count for outcome, count in outcome_counts(plan)},
     }
 
 
-def decision_document(decision: Decision) -> dict[str, object]:
-    """One decision as JSON-ready data, every field present (null when it does not apply)."""
+def decision_document(decision: Decision, plan: Plan) -> dict[str, object]:
+    """One decision of ``plan`` as JSON-ready data, every field present (null when it does not
+    apply)."""
     return {
         "request_id": decision.request_id,
         "outcome": decision.outcome.value,
@@ -97,7 +98,7 @@ def decision_document(decision: Decision) -> dict[str, object]:
         "start_at": _iso_or_none(decision.start_at),
         "end_at": _iso_or_none(decision.end_at),
         "eta": _iso_or_none(decision.eta),
-        "rank": decision.rank,
+        "rank": plan.rank(decision.request_id),
         "position": decision.position,
         "alternatives": [_alternative_document(alt) for alt in decision.alternatives],
         "message": decision.message,

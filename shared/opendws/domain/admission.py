@@ -110,7 +110,6 @@ class Decision:
     pool_id: str | None = None  # ADMIT, HOLD, CONFIRM: where
     start_at: datetime | None = None  # ADMIT, CONFIRM: the start; HOLD: the ETA
     end_at: datetime | None = None  # ADMIT, HOLD, CONFIRM: start + run_duration
-    rank: int | None = None  # flex: 1-based place in policy order this pass
     position: int | None = None  # HOLD: 1-based place in line for its pool, by ETA
     alternatives: tuple[Alternative, ...] = ()  # REFUSE: nearest starts that would fit
     lanes: tuple[str, ...] = ()  # ADMIT: more pools raced at once besides pool_id, preferred first
@@ -165,16 +164,31 @@ class Race:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """Everything one admission pass decided: one decision per pending request, and the
-    races that grow (requests already admitted, offered to more pools)."""
+    """Everything one admission pass decided: one decision per pending request, the races
+    that grow (requests already admitted, offered to more pools), and the flex requests that
+    were planned, in policy order.
+
+    A request's rank (its place in that order) is read from ``order``, not kept in its
+    decision: one arrival near the front of a long queue moves every rank behind it, and a
+    planner that re-plans only what a change reaches must not rewrite every decision for it."""
 
     now: datetime
     decisions: tuple[Decision, ...]  # sorted by request_id
     races: tuple[Race, ...] = ()  # sorted by request_id
+    order: tuple[str, ...] = ()  # the planned flex requests' ids, in policy order
 
     @cached_property
     def _index(self) -> dict[str, Decision]:
         return {decision.request_id: decision for decision in self.decisions}
+
+    @cached_property
+    def _ranks(self) -> dict[str, int]:
+        return {request_id: rank for rank, request_id in enumerate(self.order, start=1)}
+
+    def rank(self, request_id: str) -> int | None:
+        """1-based place of a flex request in policy order this pass; None for a calendar
+        block and for a request decided at screening."""
+        return self._ranks.get(request_id)
 
     def decision(self, request_id: str) -> Decision:
         """The decision for ``request_id`` (KeyError if it was not pending)."""
@@ -321,6 +335,7 @@ class _Pass:
         self.grants: list[Grant] = sorted(snapshot.grants, key=_grant_key)
         self.decisions: dict[str, Decision] = {}
         self.races: dict[str, tuple[str, ...]] = {}
+        self.order: list[str] = []  # the planned flex requests' ids, in policy order
         # (provider, shape, accelerator) → location (zone or region) → pool rows, ascending.
         self._pools_by_location: dict[tuple[str, str, str], dict[str, list[int]]] = {}
         for row, pool in enumerate(self.pools):
@@ -342,7 +357,7 @@ class _Pass:
         # Every pending request (ids unique, sorted above) has exactly one decision.
         decisions = tuple(self.decisions[request.request_id] for request in pending)
         races = tuple(Race(request_id=key, pools=self.races[key]) for key in sorted(self.races))
-        return Plan(now=self.now, decisions=decisions, races=races)
+        return Plan(now=self.now, decisions=decisions, races=races, order=tuple(self.order))
 
     def first_cells(self, run: timedelta) -> int:
         """Cells a run takes from now (inside cell 0): it may reach one further than from a
@@ -525,6 +540,7 @@ class _Pass:
         # By policy key alone: keys are unique (they end in request_id), so this is the order
         # of the whole tuples, with one key comparison per step instead of two.
         queue = sorted(self._queued(flex), key=_first)
+        self.order = [candidate.request.request_id for _, candidate, _, _, _ in queue]
         cells = 1 + max(
             (
                 *(first + last for _, _, _, first, last in queue),
@@ -565,7 +581,7 @@ class _Pass:
                 if candidate.strict:
                     # It starts by its deadline or times out then: either way, no later.
                     fifo_floor[request.tenant] = max(floor, last)
-                self.decisions[request.request_id] = _waiting(request, rank)
+                self.decisions[request.request_id] = _waiting(request)
                 continue
             grid.take(needs, best, first if best == 0 else length)
             if candidate.strict:
@@ -788,7 +804,7 @@ class _Pass:
         position = 0
         previous_row = -1
         decisions = self.decisions
-        for row, start, rank, candidate, reason in placed:
+        for row, start, _rank, candidate, reason in placed:
             request = candidate.request
             start_at = starts.get(start)
             if start_at is None:
@@ -804,7 +820,6 @@ class _Pass:
                 pool_id=pool_ids[row],
                 start_at=start_at,
                 end_at=start_at + request.run_duration,
-                rank=rank,
                 position=position if start else None,
                 lanes=tuple(pool_ids[lane] for lane in raced) if raced else (),
             )
@@ -1100,13 +1115,10 @@ def _options(
     return options
 
 
-def _waiting(request: CapacityRequest, rank: int) -> Decision:
+def _waiting(request: CapacityRequest) -> Decision:
     """A flex request no slot opens for inside its window, as things stand."""
     return Decision(
-        request_id=request.request_id,
-        outcome=Outcome.WAIT,
-        reason=Reason.WINDOW_TOO_SHORT,
-        rank=rank,
+        request_id=request.request_id, outcome=Outcome.WAIT, reason=Reason.WINDOW_TOO_SHORT
     )
 
 

@@ -7,13 +7,17 @@ strict-FIFO floor its search started from, its start, pool, needs and reason), t
 blocks and the plan's decisions. The next call compares the snapshot with the last one:
 
 - Flex arrivals, departures (cancelled, timed out, admitted), releases (a grant that is gone)
-  and new grants are applied. The walk starts at the first request in policy order they can
-  reach; requests before it keep their decisions. A grid row is rolled back (the takes of the
-  requests not walked yet given back) only once the walk must read or change it. A request none
-  of whose rows (the pools and quota limits its search reads) has changed so far, with the same
-  strict-FIFO floor, finds what it found last time: its slot is taken again without a search.
-  Any other is searched; if its slot moved, the rows it left and took count as changed. Ranks
-  follow the new order; held slots are renumbered in the pools where one came, left or moved.
+  and new grants are applied. Requests before the first one in policy order they can reach
+  keep their decisions. A grid row is rolled back (the takes of the requests from there on
+  given back) only once the walk must read or change it, and only the requests on rolled rows
+  are visited after that, in policy order (each row keeps its readers in order; the walk
+  merges them): one on no rolled row keeps its slot untouched. Per rolled row the walk keeps
+  how its free amounts differ from what the request it is at saw last pass; a request whose
+  slot that difference cannot change (no gain where a run of its could newly fit, no loss
+  inside its slot: see ``_stands``) takes its slot again without a search. Any other is
+  searched; if its slot moved, the difference follows. Held slots are renumbered in the
+  pools where one came, left or moved. Ranks are the plan's ``order``, kept in step, so an
+  arrival near the front rewrites no decision behind it.
 - An admission carried out (the request left, its grant came holding exactly the slot it took)
   changes no row a search reads: nothing after it is searched again.
 - A grant that came or went while calendar blocks are pending decides the blocks again (it can
@@ -32,9 +36,15 @@ tracked (rows that could never bind are left out of every search).
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from opendws.domain.admission import (
     Decision,
@@ -42,8 +52,10 @@ from opendws.domain.admission import (
     Plan,
     Race,
     _Candidate,
+    _collector_paused,
     _Entry,
     _FlexState,
+    _hold_reason,
     _Pass,
     _place,
     _waiting,
@@ -57,7 +69,9 @@ from opendws.domain.model import (
     require_utc,
 )
 from opendws.domain.policy import FlexKey, flex_key
-from opendws.domain.timeline import ceil_cells, floor_cells
+from opendws.domain.timeline import MinuteGrid, ceil_cells, floor_cells
+
+_Item = TypeVar("_Item")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +81,8 @@ class PassReport:
 
     full: bool
     why: str = ""  # full: the reason
-    from_rank: int = 0  # incremental: 1-based rank of the first request walked again
-    walked: int = 0  # incremental: requests walked again
+    from_rank: int = 0  # incremental: 1-based rank of the first request a change reached
+    walked: int = 0  # incremental: requests visited (those on a rolled-back row)
     searched: int = 0  # incremental: of those, searched again
 
 
@@ -81,27 +95,38 @@ class IncrementalPlanner:
         self._pass: _Pass | None = None
         self._snapshot: Snapshot | None = None
         self._pending: dict[int, CapacityRequest] = {}  # id() → the pending request
-        self._grants: Counter[Grant] = Counter()
+        self._grants: dict[int, Grant] = {}  # id() → the grant
         self._ids: list[str] = []  # decision ids, sorted: the plan's order
+        self._decisions: list[Decision] = []  # the decision of each of _ids, in that order
+        self._order: list[str] = []  # the flex entries' ids, in policy order
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
         self._by_pool: dict[int, set[_Entry]] = {}  # pool row → the entries placed in it
+        self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
+        self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
         self.last_pass = PassReport(full=True, why="no pass yet")
 
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
         """The plan ``admit(snapshot, now)`` gives, made incrementally where it can be."""
         require_utc("now", now)
-        why = self._why_full(snapshot, now)
-        if why is None:
-            why = self._replan(snapshot)
-        if why is not None:
-            self._full(snapshot, now, why)
-        state = self._pass
-        assert state is not None
-        decisions = tuple(map(state.decisions.__getitem__, self._ids))
-        races = tuple(Race(request_id=key, pools=state.races[key]) for key in sorted(state.races))
-        return Plan(now=state.now, decisions=decisions, races=races)
+        with _collector_paused():
+            why = self._why_full(snapshot, now)
+            if why is None:
+                why = self._replan(snapshot)
+            if why is not None:
+                self._full(snapshot, now, why)
+            state = self._pass
+            assert state is not None
+            races = tuple(
+                Race(request_id=key, pools=state.races[key]) for key in sorted(state.races)
+            )
+            return Plan(
+                now=state.now,
+                decisions=tuple(self._decisions),
+                races=races,
+                order=tuple(self._order),
+            )
 
     # A full pass -----------------------------------------------------------------------------
 
@@ -109,20 +134,30 @@ class IncrementalPlanner:
         state = _Pass(snapshot, now, keep=True)
         state.run()
         self._pass = state
-        self._remember(snapshot, _by_identity(snapshot), None)
+        self._remember(snapshot, _by_identity(snapshot.pending), None)
         self._ids = sorted(state.decisions)
+        self._decisions = list(map(state.decisions.__getitem__, self._ids))
+        self._order = list(state.order)
         flex = state.flex
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
         self._reads = {}
         self._entry_of = {}
         self._by_pool = {}
+        self._readers = {}
+        self._siblings = {}
         if flex is not None:
             # Its facts hold only while free amounts go down; a walk first gives slots back.
             flex.grid.forget()
-            for entry in flex.entries:
-                key = entry.candidate.request.request_id
-                self._count(snapshot, flex, entry.candidate, 1)
-                self._reads[key] = _reads(flex, entry.candidate)
+            readers = self._readers
+            for entry in flex.entries:  # in policy order: every list below stays in order
+                candidate = entry.candidate
+                key = candidate.request.request_id
+                self._count(snapshot, flex, candidate, 1)
+                reads = self._reads[key] = _reads(flex, candidate)
+                for row in reads:
+                    readers.setdefault(row, []).append(entry)
+                if candidate.strict:
+                    self._siblings.setdefault(candidate.request.tenant, []).append(entry)
                 self._entry_of[key] = entry
                 if entry.best is not None:
                     self._by_pool.setdefault(entry.row, set()).add(entry)
@@ -132,11 +167,28 @@ class IncrementalPlanner:
         self,
         snapshot: Snapshot,
         pending: dict[int, CapacityRequest],
-        grants: Counter[Grant] | None,
+        grants: dict[int, Grant] | None,
     ) -> None:
         self._snapshot = snapshot
         self._pending = pending
-        self._grants = Counter(snapshot.grants) if grants is None else grants
+        self._grants = _by_identity(snapshot.grants) if grants is None else grants
+
+    def _put(self, state: _Pass, key: str, decision: Decision) -> None:
+        """Set the decision for ``key``, in the pass and in the plan's sorted list."""
+        state.decisions[key] = decision
+        index = bisect.bisect_left(self._ids, key)
+        if index < len(self._ids) and self._ids[index] == key:
+            self._decisions[index] = decision
+        else:
+            self._ids.insert(index, key)
+            self._decisions.insert(index, decision)
+
+    def _drop(self, state: _Pass, key: str) -> None:
+        """Forget the decision for ``key`` (its request left)."""
+        del state.decisions[key]
+        index = bisect.bisect_left(self._ids, key)
+        del self._ids[index]
+        del self._decisions[index]
 
     def _why_full(self, snapshot: Snapshot, now: datetime) -> str | None:
         """Why the next plan cannot start from the last one, or None if it can."""
@@ -176,7 +228,7 @@ class IncrementalPlanner:
         if self._snapshot is None or snapshot.pending is not self._snapshot.pending:
             # By identity first (C-speed set differences), then by value: a request that was
             # read again as an equal object is no change.
-            pending = _by_identity(snapshot)
+            pending = _by_identity(snapshot.pending)
             left = {old[k].request_id: old[k] for k in old.keys() - pending.keys()}
             for k in pending.keys() - old.keys():
                 request = pending[k]
@@ -189,9 +241,12 @@ class IncrementalPlanner:
         released: list[Grant] = []
         added: list[Grant] = []
         if self._snapshot is None or snapshot.grants is not self._snapshot.grants:
-            grants = Counter(snapshot.grants)
-            added = list((grants - self._grants).elements())
-            released = list((self._grants - grants).elements())
+            # The same by identity, then by value (equal grants read again cancel out).
+            grants = _by_identity(snapshot.grants)
+            new = Counter(grants[k] for k in grants.keys() - self._grants.keys())
+            ended = Counter(self._grants[k] for k in self._grants.keys() - grants.keys())
+            added = list((new - ended).elements())
+            released = list((ended - new).elements())
         calendar_ids = {candidate.request.request_id for candidate in state.calendar}
         if any(key in calendar_ids for key in gone):
             return "a calendar request left"
@@ -250,11 +305,9 @@ class IncrementalPlanner:
             if why is not None:
                 return why
         for key in gone:
-            del state.decisions[key]
-            del self._ids[bisect.bisect_left(self._ids, key)]
+            self._drop(state, key)
         for key, decision in screened.items():
-            state.decisions[key] = decision
-            bisect.insort(self._ids, key)
+            self._put(state, key, decision)
         report = PassReport(full=False)
         if flex is not None:
             report = self._walk(snapshot, state, flex, gone, arrivals, released, added)
@@ -271,7 +324,7 @@ class IncrementalPlanner:
             return "a grant that came or went changes which calendar blocks are confirmed"
         for candidate in state.calendar:
             key = candidate.request.request_id
-            state.decisions[key] = fresh.decisions[key]
+            self._put(state, key, fresh.decisions[key])
         state.grants = fresh.grants
         state.base_grants = len(snapshot.grants)
         return None
@@ -286,10 +339,14 @@ class IncrementalPlanner:
         released: list[Grant],
         added: list[Grant],
     ) -> PassReport:
-        """Re-plan the flex requests from the first one the changes reach (module docstring)."""
+        """Re-plan the flex requests the changes reach, in policy order (module docstring).
+
+        Only entries on a row the walk rolls back are visited: a row is rolled back from the
+        first request in policy order that must read or change it, and every later entry on
+        it is then visited in order (through each row's readers, merged by key), to take its
+        share again or to be searched. An entry on no such row keeps its slot untouched."""
         entries = flex.entries
         grid = flex.grid
-        starts = [len(entries)]
         gone_set = set(gone)
         # (row, first cell, cells, amount given back: negative for a new grant's take)
         freed: list[tuple[int, int, int, int]] = []
@@ -317,60 +374,83 @@ class IncrementalPlanner:
                 continue
             if span[1] > 0:
                 freed.extend((row, span[0], span[1], -amount) for row, amount in contributions)
-        leaving = [self._entry_of.pop(key) for key in gone if key in self._entry_of]
-        for entry in leaving:
-            starts.append(bisect.bisect_left(entries, entry.key, key=_key_of))
-            self._count(snapshot, flex, entry.candidate, -1)
-            del self._reads[entry.candidate.request.request_id]
-        for entry in arrivals:
-            starts.append(bisect.bisect_left(entries, entry.key, key=_key_of))
-            self._reads[entry.candidate.request.request_id] = _reads(flex, entry.candidate)
-            self._entry_of[entry.candidate.request.request_id] = entry
         for grant in released:
             first, cells = _grant_cells(flex, grant)
             if cells > 0:
                 freed.extend(
                     (row, first, cells, amount) for row, amount in _grant_rows(state, flex, grant)
                 )
-        dirty = {row for row, _, _, _ in freed}
-        if dirty:
-            for index, entry in enumerate(entries):
-                if not self._reads_of(entry).isdisjoint(dirty):
-                    starts.append(index)
-                    break
+        # Where the walk begins: the first request in policy order a change can reach.
+        starts: list[FlexKey] = []
+        # Entries visited whatever their rows: arrivals, and the strict-FIFO requests whose
+        # tenant's earlier request left (their floor moves). (key, seq, entry)
+        direct: list[tuple[FlexKey, int, _Entry]] = []
+        leaving = [self._entry_of.pop(key) for key in gone if key in self._entry_of]
+        for entry in leaving:
+            starts.append(entry.key)
+            self._count(snapshot, flex, entry.candidate, -1)
+            after = self._remove(flex, entry)
+            if after is not None:
+                direct.append((after.key, len(direct), after))
+        for entry in arrivals:
+            starts.append(entry.key)
+            self._insert(flex, entry)
+            direct.append((entry.key, len(direct), entry))
+        based = {row for row, _, _, _ in freed}
+        for row in based:
+            readers = self._readers.get(row)
+            if readers:
+                starts.append(readers[0].key)
+        if not starts:
+            for row, first, cells, amount in freed:  # rows no request reads: keep them true
+                grid.give(((row, amount),), first, cells)
+            return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
-        if start == len(entries) and not arrivals:
-            return PassReport(full=False, from_rank=start + 1)
+        from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
         fresh = {id(entry) for entry in arrivals}
-        suffix = [e for e in entries[start:] if e.candidate.request.request_id not in gone_set]
-        suffix.extend(arrivals)
-        suffix.sort(key=_key_of)
-        # A row is rolled back only once it must be read or changed: to the grid as it stood
-        # before the entry being walked, by giving back the takes of the entries not walked yet
-        # (``holders``: per row, the suffix indices holding a take on it). A row never rolled
-        # back is one no change reached: its final state is the same as before.
-        holders: dict[int, list[int]] = {}
-        for index, entry in enumerate(suffix):
-            if entry.best is not None and id(entry) not in fresh:
-                for row, _ in entry.needs:
-                    holders.setdefault(row, []).append(index)
         rolled: set[int] = set()
+        # Per rolled row, what is free now minus what was free last pass, as seen by the entry
+        # the walk is at (both before its own take): the walk keeps it so as it goes.
+        delta: dict[int, npt.NDArray[np.int32]] = {}
+        live: set[int] = set()  # rows whose delta was ever changed (it may be nonzero)
+        # The walk's queue, smallest key first: (key, row, index into the row's readers,
+        # None) for a rolled row's next reader; (key, -1, seq, entry) for a direct visit;
+        # (key, -2, seq, entry) for a departed entry, whose slot others saw from there on.
+        heap: list[tuple[FlexKey, int, int, _Entry | None]] = [
+            (key, -1, seq, entry) for key, seq, entry in direct
+        ]
         grid.forget()
 
-        def roll(row: int, at: int) -> None:
+        def roll(row: int, at: FlexKey) -> None:
+            """Roll ``row`` back to the grid as it stood before the entry at key ``at``: give
+            back the takes of the entries from there on, each visited later to take again."""
             rolled.add(row)
-            indices = holders.get(row, [])
-            for index in indices[bisect.bisect_left(indices, at) :]:
-                holder = suffix[index]
-                assert holder.best is not None
-                grid.give(
-                    [need for need in holder.needs if need[0] == row], holder.best, holder.span
-                )
+            delta[row] = np.zeros(flex.cells, dtype=np.int32)
+            readers = self._readers.get(row)
+            if not readers:
+                return
+            index = bisect.bisect_left(readers, at, key=_key_of)
+            for holder in readers[index:]:
+                if holder.best is not None:
+                    give = [need for need in holder.needs if need[0] == row]
+                    if give:
+                        grid.give(give, holder.best, holder.span)
+            if index < len(readers):
+                heapq.heappush(heap, (readers[index].key, row, index, None))
 
-        for row in dirty:
-            roll(row, 0)
+        def shift(needs: tuple[tuple[int, int], ...], first: int, cells: int, sign: int) -> None:
+            """Add ``sign`` × each need's amount to its row's delta over the cells."""
+            for row, amount in needs:
+                cells_of = delta[row][first : first + cells]
+                cells_of += sign * amount
+                live.add(row)
+
+        for row in based:
+            roll(row, start)
         for row, first, cells, amount in freed:
             grid.give(((row, amount),), first, cells)
+            shift(((row, amount),), first, cells, 1)
+        touched = {entry.row for entry in leaving if entry.best is not None}  # renumber them
         for entry in leaving:
             if entry.candidate.request.request_id in absorbed:
                 assert entry.best is not None
@@ -379,36 +459,51 @@ class IncrementalPlanner:
             if entry.best is not None:
                 for row, _ in entry.needs:
                     if row not in rolled:
-                        roll(row, 0)
+                        roll(row, start)
                 grid.give(entry.needs, entry.best, entry.span)
                 self._by_pool[entry.row].discard(entry)
-            dirty.update(row for row, _ in entry.needs)
-        # Each strict-FIFO tenant's floor after its last request before ``start``: walk back
-        # until every such tenant is found (usually a few entries).
-        floors: dict[str, int] = {}
-        strict_tenants = {
-            t.name for t in snapshot.tenants if t.queueing is QueueingStrategy.STRICT_FIFO
-        }
-        for index in range(start - 1, -1, -1):
-            if len(floors) == len(strict_tenants):
-                break
-            entry = entries[index]
-            tenant = entry.candidate.request.tenant
-            if entry.candidate.strict and tenant not in floors:
-                floors[tenant] = _floor_after(entry)
+                heap.append((entry.key, -2, len(heap), entry))
+        heapq.heapify(heap)
         searched = 0
-        moved: set[int] = set()  # entries whose decision may differ beyond rank and position
-        touched = {entry.row for entry in leaving if entry.best is not None}  # renumber them
-        for index, entry in enumerate(suffix):
+        visited = 0
+        moved: dict[int, _Entry] = {}  # entries whose decision may differ beyond position
+        last: _Entry | None = None
+        readers_of = self._readers
+        siblings = self._siblings
+        while heap:
+            key, tag, index, item = heapq.heappop(heap)
+            if tag >= 0:
+                readers = readers_of[tag]
+                entry = readers[index]
+                if index + 1 < len(readers):
+                    heapq.heappush(heap, (readers[index + 1].key, tag, index + 1, None))
+            else:
+                assert item is not None
+                entry = item
+                if tag == -2:  # from here on, the departed slot is free
+                    assert entry.best is not None
+                    shift(entry.needs, entry.best, entry.span, 1)
+                    continue
+            if entry is last:
+                continue  # reached through several rows: once is enough
+            last = entry
+            visited += 1
             candidate = entry.candidate
-            tenant = candidate.request.tenant
-            floor = floors.get(tenant, 0) if candidate.strict else 0
+            floor = self._floor_of(entry) if candidate.strict else 0
             reads = self._reads_of(entry)
-            if id(entry) in fresh or floor != entry.floor or not dirty.isdisjoint(reads):
+            is_fresh = id(entry) in fresh
+            keep: bool | None = False  # the slot stands; True: its reason may not
+            if is_fresh or floor != entry.floor:
+                keep = None
+            elif not live.isdisjoint(reads):
+                keep = _stands(
+                    grid, entry, [row for row in reads if row in live], delta, len(state.pools)
+                )
+            if keep is None:
                 searched += 1
                 for row in reads:
                     if row not in rolled:
-                        roll(row, index)
+                        roll(row, key)
                 best, row, needs, reason = _place(
                     grid,
                     candidate,
@@ -420,17 +515,20 @@ class IncrementalPlanner:
                     flex.limit_row,
                     flex.short,
                 )
-                if id(entry) in fresh or (best, row, needs) != (entry.best, entry.row, entry.needs):
-                    dirty.update(r for r, _ in entry.needs)
-                    dirty.update(r for r, _ in needs)
+                before = _floor_after(entry)
+                if is_fresh or (best, row, needs) != (entry.best, entry.row, entry.needs):
+                    if entry.best is not None:
+                        shift(entry.needs, entry.best, entry.span, 1)
                     touched.update(r for r in (entry.row, row) if r >= 0)
-                if id(entry) in fresh or (best, row, needs, reason) != (
+                    if best is not None:
+                        shift(needs, best, entry.first if best == 0 else entry.length, -1)
+                if is_fresh or (best, row, needs, reason) != (
                     entry.best,
                     entry.row,
                     entry.needs,
                     entry.reason,
                 ):
-                    moved.add(id(entry))
+                    moved[id(entry)] = entry
                 if entry.best is not None:
                     self._by_pool[entry.row].discard(entry)
                 if best is not None:
@@ -439,84 +537,125 @@ class IncrementalPlanner:
                 entry.needs, entry.reason = needs, reason
                 if best is not None:
                     grid.take(needs, best, entry.span)
-            elif entry.best is not None and rolled:
-                again = [need for need in entry.needs if need[0] in rolled]
-                if again:
-                    grid.take(again, entry.best, entry.span)
-            if candidate.strict:
-                floors[tenant] = _floor_after(entry)
-        entries[start:] = suffix
-        self._decide(state, flex, start, moved, touched)
-        return PassReport(full=False, from_rank=start + 1, walked=len(suffix), searched=searched)
+                if candidate.strict and (is_fresh or _floor_after(entry) != before):
+                    # The tenant's next request starts from this one's slot: visit it.
+                    tenant = siblings[candidate.request.tenant]
+                    following = bisect.bisect_right(tenant, key, key=_key_of)
+                    if following < len(tenant):
+                        sibling = tenant[following]
+                        heapq.heappush(heap, (sibling.key, -1, -1 - visited, sibling))
+                continue
+            if entry.best is None:
+                continue
+            again = [need for need in entry.needs if need[0] in rolled]
+            if again:
+                grid.take(again, entry.best, entry.span)
+            if keep and entry.best > 0:
+                # Its pool's free amounts moved near its slot: what holds it may have changed.
+                reason = _hold_reason(
+                    grid,
+                    entry.row,
+                    candidate.request.gang.units,
+                    entry.best,
+                    floor,
+                    flex.short[entry.row],
+                    entry.length,
+                    entry.first,
+                )
+                if reason != entry.reason:
+                    entry.reason = reason
+                    moved[id(entry)] = entry
+        self._decide(state, moved, touched)
+        return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
 
-    def _decide(
-        self,
-        state: _Pass,
-        flex: _FlexState,
-        start: int,
-        moved: set[int],
-        touched: set[int],
-    ) -> None:
-        """The flex decisions after a walk from ``start``: ranks from there follow the new
-        order; held slots are renumbered in the pools where a slot appeared, left or moved
-        (``touched``), and elsewhere their relative order, so every position, is as it was.
-        A decision that comes out the same is kept as it was."""
-        entries = flex.entries
+    def _insert(self, flex: _FlexState, entry: _Entry) -> None:
+        """Add an arrival's entry in policy order: to the entries, the order and the readers
+        of every row its search reads (and its tenant's, if strict FIFO)."""
+        candidate = entry.candidate
+        request_id = candidate.request.request_id
+        reads = self._reads[request_id] = _reads(flex, candidate)
+        self._entry_of[request_id] = entry
+        index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
+        flex.entries.insert(index, entry)
+        self._order.insert(index, request_id)
+        for row in reads:
+            bisect.insort(self._readers.setdefault(row, []), entry, key=_key_of)
+        if candidate.strict:
+            bisect.insort(
+                self._siblings.setdefault(candidate.request.tenant, []), entry, key=_key_of
+            )
+
+    def _remove(self, flex: _FlexState, entry: _Entry) -> _Entry | None:
+        """Take a departed entry out of every list :meth:`_insert` put it in; returns its
+        tenant's next strict-FIFO entry, whose floor it set, if there is one."""
+        candidate = entry.candidate
+        reads = self._reads.pop(candidate.request.request_id)
+        index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
+        assert flex.entries[index] is entry
+        del flex.entries[index]
+        del self._order[index]
+        for row in reads:
+            readers = self._readers[row]
+            del readers[bisect.bisect_left(readers, entry.key, key=_key_of)]
+        if not candidate.strict:
+            return None
+        tenant = self._siblings[candidate.request.tenant]
+        index = bisect.bisect_left(tenant, entry.key, key=_key_of)
+        del tenant[index]
+        return tenant[index] if index < len(tenant) else None
+
+    def _floor_of(self, entry: _Entry) -> int:
+        """The strict-FIFO floor ``entry`` starts from: where its tenant's request before it
+        (in policy order) left it, as that request stands now."""
+        tenant = self._siblings[entry.candidate.request.tenant]
+        index = bisect.bisect_left(tenant, entry.key, key=_key_of)
+        return _floor_after(tenant[index - 1]) if index > 0 else 0
+
+    def _decide(self, state: _Pass, moved: dict[int, _Entry], touched: set[int]) -> None:
+        """The flex decisions after a walk: those of the entries whose placement or reason
+        changed (``moved``), and positions renumbered in the pools where a slot appeared,
+        left or moved (``touched``); elsewhere their relative order, so every position, is as
+        it was. A decision that comes out the same is kept as it was."""
         positions: dict[int, int | None] = {}
-        renumbered: list[_Entry] = []
         for row in touched:
             position = 0
             for entry in sorted(self._by_pool.get(row, ()), key=_slot_order):
-                renumbered.append(entry)
                 if entry.best:
                     position += 1
                     positions[id(entry)] = position
                 else:
                     positions[id(entry)] = None
-        walked = {id(entry) for entry in entries[start:]}
-        for entry in renumbered:  # before the walk: the same rank, maybe another position
-            if id(entry) not in walked:
-                before = state.decisions[entry.candidate.request.request_id]
-                if before.position != positions[id(entry)]:
-                    self._record(state, flex, entry, before.rank or 0, positions[id(entry)])
-        for rank, entry in enumerate(entries[start:], start=start + 1):
-            request = entry.candidate.request
-            known = state.decisions.get(request.request_id)
-            if known is None:
-                bisect.insort(self._ids, request.request_id)
-            position_of = (
-                known.position
-                if known is not None and id(entry) not in positions
-                else positions.get(id(entry))
-            )
-            if (
-                known is not None
-                and id(entry) not in moved
-                and known.rank == rank
-                and known.position == position_of
-            ):
-                continue
-            self._record(state, flex, entry, rank, position_of)
+                if id(entry) not in moved:
+                    before = state.decisions[entry.candidate.request.request_id]
+                    if before.position != positions[id(entry)]:
+                        self._record(state, entry, positions[id(entry)])
+        for key, entry in moved.items():
+            if key in positions:
+                place = positions[key]
+            else:  # its slot stayed where it was: so did its place in line
+                known = state.decisions.get(entry.candidate.request.request_id)
+                place = known.position if known is not None else None
+            self._record(state, entry, place)
 
-    @staticmethod
-    def _record(
-        state: _Pass, flex: _FlexState, entry: _Entry, rank: int, position: int | None
-    ) -> None:
-        """The decision for ``entry`` at ``rank`` (and ``position`` if held)."""
+    def _record(self, state: _Pass, entry: _Entry, position: int | None) -> None:
+        """The decision for ``entry`` (at ``position`` in line, if held)."""
         request = entry.candidate.request
         if entry.best is None:
-            state.decisions[request.request_id] = _waiting(request, rank)
+            self._put(state, request.request_id, _waiting(request))
             return
         start_at = state.start_of(entry.best)
-        state.decisions[request.request_id] = Decision(
-            request_id=request.request_id,
-            outcome=Outcome.HOLD if entry.best else Outcome.ADMIT,
-            reason=entry.reason,
-            pool_id=state.pools[entry.row].pool_id,
-            start_at=start_at,
-            end_at=start_at + request.run_duration,
-            rank=rank,
-            position=position,
+        self._put(
+            state,
+            request.request_id,
+            Decision(
+                request_id=request.request_id,
+                outcome=Outcome.HOLD if entry.best else Outcome.ADMIT,
+                reason=entry.reason,
+                pool_id=state.pools[entry.row].pool_id,
+                start_at=start_at,
+                end_at=start_at + request.run_duration,
+                position=position,
+            ),
         )
 
     def _reads_of(self, entry: _Entry) -> frozenset[int]:
@@ -535,8 +674,45 @@ class IncrementalPlanner:
             self._demand[flex.limit_row[limit.key]] += sign * gang.accelerator_units * lanes
 
 
-def _by_identity(snapshot: Snapshot) -> dict[int, CapacityRequest]:
-    return dict(zip(map(id, snapshot.pending), snapshot.pending, strict=True))
+def _stands(
+    grid: MinuteGrid,
+    entry: _Entry,
+    rows: list[int],
+    delta: dict[int, npt.NDArray[np.int32]],
+    pools: int,
+) -> bool | None:
+    """Whether ``entry``'s last slot is still what a search would find, judged from how the
+    free amounts of ``rows`` (those of its rows that changed) differ from last pass: None if
+    it must be searched again; else whether its hold reason must be worked out again.
+    (Rows below ``pools`` are pools, counted in the gang's units; the rest quota.)
+
+    Exact, not a heuristic. A search finds the earliest start, a tie going to the more
+    preferred pool. No start before the slot (nor a more preferred pool at it) fitted last
+    pass. One fits now only if its run covers a cell where some row gained, and where that
+    row now has what the request needs of it: without such a cell within the cells those
+    runs cover, none does. The slot itself still fits unless a row lost within it. A request
+    with no slot waits on unless such a cell lies anywhere."""
+    gang = entry.candidate.request.gang
+    best = entry.best
+    reach = grid.cells if best is None else best + max(entry.span, entry.first)
+    for row in rows:
+        if grid.gain_fits(row, gang.units if row < pools else gang.accelerator_units,
+                          delta[row], reach):  # fmt: skip
+            return None
+    if best is None:
+        return False
+    span = entry.span
+    for row, amount in entry.needs:
+        lost = row in delta and delta[row][best : best + span].min() < 0
+        if lost and not grid.fits(row, amount, best, span):
+            return None
+    return entry.row in rows
+
+
+def _by_identity(items: Sequence[_Item]) -> dict[int, _Item]:
+    """``items`` by identity: comparing two passes' keys is a C-speed set difference (both
+    passes' objects are alive, so no identity is reused between them)."""
+    return dict(zip(map(id, items), items, strict=True))
 
 
 def _key_of(entry: _Entry) -> FlexKey:

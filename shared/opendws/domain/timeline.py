@@ -141,6 +141,12 @@ class MinuteGrid:
             return False
         return length <= 0 or bool(self._rows[row][start : start + length].min() >= amount)
 
+    def gain_fits(self, row: int, amount: int, gain: npt.NDArray[np.int32], stop: int) -> bool:
+        """True if some cell before ``stop`` both gained (``gain`` > 0 there) and has
+        ``amount`` free in ``row``: the cells a run newly fitting could owe its fit to."""
+        stop = min(stop, self.cells)
+        return bool(np.logical_and(gain[:stop] > 0, self._rows[row][:stop] >= amount).any())
+
     def take(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
         """Commit every ``(row, amount)`` need over cells ``[start, start + length)``."""
         stop = start + length

@@ -48,6 +48,7 @@ from opendws.domain.admission import (
     Alternative,
     Decision,
     Outcome,
+    Plan,
     Race,
     Reason,
     calendar_alternatives,
@@ -379,7 +380,7 @@ class _Cycle:
         for race in plan.races:
             with self._one_request(race.request_id):
                 self._grow_race(race)
-        for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, order)):
+        for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, plan, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
         slots = {
@@ -918,10 +919,10 @@ class _Cycle:
                 self._announce(record, missing)
 
 
-def _apply_order(decision: Decision, first: dict[Outcome, int]) -> tuple[int, int, str]:
+def _apply_order(decision: Decision, plan: Plan, first: dict[Outcome, int]) -> tuple[int, int, str]:
     """Starts first, then confirmations, then the rest; within each, the plan's rank (calendar
     and screened decisions have none), then the id."""
-    rank = decision.rank if decision.rank is not None else 0
+    rank = plan.rank(decision.request_id) or 0
     return first.get(decision.outcome, 2), rank, decision.request_id
 
 
