@@ -9,9 +9,11 @@ from dataclasses import replace
 import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
+from opendws.domain.admission import Reason
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import PolicySettings
 from tests.builders import (
+    A3,
     DAY,
     HOUR,
     MINUTE,
@@ -192,3 +194,38 @@ def test_a_release_searches_only_requests_that_could_use_what_it_frees() -> None
     assert planner.plan(second, NOW) == admit(second, NOW)
     assert not planner.last_pass.full
     assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 2)
+
+
+def test_an_admission_carried_out_behind_a_quota_hold_turns_its_reason_to_capacity() -> None:
+    """e waits for its tenant's quota with the pool free; x, behind it in policy order, is
+    admitted into that pool now. Once x's grant holds the pool, a full plan says e waits for
+    the pool's capacity: so must the incremental one."""
+    other = "us-central1-b"
+    first = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=other, capacity=8)],
+        tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
+        grants=[
+            grant(
+                "ga",
+                tenant="a",
+                pool_id=f"{other}/{A3}",
+                units=4,
+                accelerator_units=32,
+                start_at=NOW - HOUR,
+                hours=2,
+            )
+        ],
+        pending=[
+            flex("e", tenant="a", vm_count=4, hours=1),
+            flex("x", tenant="b", vm_count=8, hours=0.6),
+        ],
+    )
+    planner = IncrementalPlanner()
+    plan = planner.plan(first, NOW)
+    assert plan.decision("e").reason is Reason.QUOTA
+    assert plan.decision("x").outcome is Outcome.ADMIT
+    carried = applied(first, plan)
+    again = planner.plan(carried, NOW)
+    assert again == admit(carried, NOW)
+    assert not planner.last_pass.full
+    assert again.decision("e").reason is Reason.NO_CAPACITY_UNTIL

@@ -19,7 +19,9 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   pools where one came, left or moved. Ranks are the plan's ``order``, kept in step, so an
   arrival near the front rewrites no decision behind it.
 - An admission carried out (the request left, its grant came holding exactly the slot it took)
-  changes no row a search reads: nothing after it is searched again.
+  changes no row a search reads: nothing after it is searched again — unless a request ahead
+  of it is held in the same pool by quota, whose reason may then turn to the pool's capacity;
+  the grant is then applied as any other.
 - A grant that came or went while calendar blocks are pending decides the blocks again (it can
   make a refused block fit or a confirmed one not, and moves the alternatives offered).
 
@@ -51,6 +53,7 @@ from opendws.domain.admission import (
     Outcome,
     Plan,
     Race,
+    Reason,
     _Candidate,
     _collector_paused,
     _Entry,
@@ -366,6 +369,12 @@ class IncrementalPlanner:
                 and span == (entry.best, entry.span)
                 and state.pool_row.get(grant.pool_id) == entry.row
                 and sorted(c for c in contributions if flex.binding[c[0]]) == sorted(entry.needs)
+                # A request ahead of it held in the same pool by quota sees the pool fuller
+                # now (the grant counts from the start): its reason may turn to capacity.
+                and not any(
+                    other.reason is Reason.QUOTA and other.key < entry.key
+                    for other in self._by_pool.get(entry.row, ())
+                )
             ):
                 absorbed.add(grant.request_id)
                 for row, amount in contributions:
