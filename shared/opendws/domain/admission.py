@@ -684,7 +684,6 @@ class _Pass:
     ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
         """Each committed request, in policy order, moves to an earlier start where what the
         plan left free allows (its own slot given back first, so it never moves later)."""
-        grid.forget()  # slots given back raise free amounts: what searches proved may not hold
         moved = []
         for row, cell, rank, candidate, reason in sorted(placed, key=lambda entry: entry[2]):
             promise = kept.get(candidate.request.request_id)
@@ -696,7 +695,11 @@ class _Pass:
             first = self.first_cells(candidate.request.run_duration)
             needs = promise[2]
             grid.give(needs, cell, length)
-            grid.forget()
+            if not self._may_start_before(grid, candidate, cell, binding, limit_row, short):
+                grid.take(needs, cell, length)  # back as it was: what searches proved holds
+                moved.append((row, cell, rank, candidate, reason))
+                continue
+            grid.forget()  # its slot given back raised free amounts: facts may not hold
             best, best_row, best_needs, best_reason = _place(
                 grid, candidate, length, first, cell, 0, binding, limit_row, short
             )
@@ -705,6 +708,29 @@ class _Pass:
             grid.take(best_needs, best, first if best == 0 else length)
             moved.append((best_row, best, rank, candidate, best_reason))
         return moved
+
+    @staticmethod
+    def _may_start_before(
+        grid: MinuteGrid,
+        candidate: _Candidate,
+        cell: int,
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> bool:
+        """False if ``candidate`` cannot start before ``cell`` in any of its pools: no cell
+        from the pool's first allowed one up to ``cell`` has all it needs free there (so no
+        run of it can start there either); True proves nothing."""
+        units = candidate.request.gang.units
+        quota = _quota_needs(candidate, binding, limit_row)
+        for pool_row in candidate.pools:
+            lowest = short[pool_row]
+            if lowest >= cell:
+                continue
+            needs = ((pool_row, units), *quota) if binding[pool_row] else quota
+            if not needs or grid.may_start(needs, lowest, cell):
+                return True
+        return False
 
     def _race(
         self,

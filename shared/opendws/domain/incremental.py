@@ -40,9 +40,10 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import filterfalse
 from typing import TypeVar
 
 import numpy as np
@@ -59,6 +60,7 @@ from opendws.domain.admission import (
     _Entry,
     _FlexState,
     _hold_reason,
+    _options,
     _Pass,
     _place,
     _waiting,
@@ -75,6 +77,7 @@ from opendws.domain.policy import FlexKey, flex_key
 from opendws.domain.timeline import MinuteGrid, ceil_cells, floor_cells
 
 _Item = TypeVar("_Item")
+_NONE = 1 << 62  # no cell yet: above every grid
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +235,8 @@ class IncrementalPlanner:
             # By identity first (C-speed set differences), then by value: a request that was
             # read again as an equal object is no change.
             pending = _by_identity(snapshot.pending)
-            left = {old[k].request_id: old[k] for k in old.keys() - pending.keys()}
-            for k in pending.keys() - old.keys():
+            left = {old[k].request_id: old[k] for k in _missing(old, pending)}
+            for k in _missing(pending, old):
                 request = pending[k]
                 if left.get(request.request_id) == request:
                     del left[request.request_id]
@@ -246,8 +249,8 @@ class IncrementalPlanner:
         if self._snapshot is None or snapshot.grants is not self._snapshot.grants:
             # The same by identity, then by value (equal grants read again cancel out).
             grants = _by_identity(snapshot.grants)
-            new = Counter(grants[k] for k in grants.keys() - self._grants.keys())
-            ended = Counter(self._grants[k] for k in self._grants.keys() - grants.keys())
+            new = Counter(grants[k] for k in _missing(grants, self._grants))
+            ended = Counter(self._grants[k] for k in _missing(self._grants, grants))
             added = list((new - ended).elements())
             released = list((ended - new).elements())
         calendar_ids = {candidate.request.request_id for candidate in state.calendar}
@@ -422,6 +425,9 @@ class IncrementalPlanner:
         # the walk is at (both before its own take): the walk keeps it so as it goes.
         delta: dict[int, npt.NDArray[np.int32]] = {}
         live: set[int] = set()  # rows whose delta was ever changed (it may be nonzero)
+        # Per live row, cells outside which its delta has never gained ([0]) or lost ([1]):
+        # most visits are settled from these bounds without reading the delta at all.
+        spans: dict[int, list[int]] = {}
         # The walk's queue, smallest key first: (key, row, index into the row's readers,
         # None) for a rolled row's next reader; (key, -1, seq, entry) for a direct visit;
         # (key, -2, seq, entry) for a departed entry, whose slot others saw from there on.
@@ -450,9 +456,18 @@ class IncrementalPlanner:
         def shift(needs: tuple[tuple[int, int], ...], first: int, cells: int, sign: int) -> None:
             """Add ``sign`` × each need's amount to its row's delta over the cells."""
             for row, amount in needs:
+                change = sign * amount
+                if change == 0 or cells <= 0:
+                    continue
                 cells_of = delta[row][first : first + cells]
-                cells_of += sign * amount
+                cells_of += change
                 live.add(row)
+                bounds = spans.get(row)
+                if bounds is None:
+                    bounds = spans[row] = [_NONE, -1, _NONE, -1]
+                side = 0 if change > 0 else 2
+                bounds[side] = min(bounds[side], first)
+                bounds[side + 1] = max(bounds[side + 1], first + cells)
 
         for row in based:
             roll(row, start)
@@ -506,7 +521,7 @@ class IncrementalPlanner:
                 keep = None
             elif not live.isdisjoint(reads):
                 keep = _stands(
-                    grid, entry, [row for row in reads if row in live], delta, len(state.pools)
+                    grid, flex, entry, [row for row in reads if row in live], delta, spans, rolled
                 )
             if keep is None:
                 searched += 1
@@ -683,38 +698,78 @@ class IncrementalPlanner:
             self._demand[flex.limit_row[limit.key]] += sign * gang.accelerator_units * lanes
 
 
+def _missing(keys: Mapping[int, object], among: Mapping[int, object]) -> list[int]:
+    """The keys of ``keys`` that ``among`` lacks, in C (no set of all of them is built)."""
+    return list(filterfalse(among.__contains__, keys))
+
+
 def _stands(
     grid: MinuteGrid,
+    flex: _FlexState,
     entry: _Entry,
     rows: list[int],
     delta: dict[int, npt.NDArray[np.int32]],
-    pools: int,
+    spans: dict[int, list[int]],
+    rolled: set[int],
 ) -> bool | None:
     """Whether ``entry``'s last slot is still what a search would find, judged from how the
     free amounts of ``rows`` (those of its rows that changed) differ from last pass: None if
     it must be searched again; else whether its hold reason must be worked out again.
-    (Rows below ``pools`` are pools, counted in the gang's units; the rest quota.)
+    (``spans`` bounds, per row, the cells where it gained and where it lost.)
 
-    Exact, not a heuristic. A search finds the earliest start, a tie going to the more
-    preferred pool. No start before the slot (nor a more preferred pool at it) fitted last
-    pass. One fits now only if its run covers a cell where some row gained, and where that
-    row now has what the request needs of it: without such a cell within the cells those
-    runs cover, none does. The slot itself still fits unless a row lost within it. A request
-    with no slot waits on unless such a cell lies anywhere."""
-    gang = entry.candidate.request.gang
+    Exact, not a heuristic. A search finds the earliest start among the request's options
+    (a pool and the quota it counts against), a tie going to the more preferred pool. No
+    start before the slot (nor a more preferred pool at it) fitted last pass. One fits now
+    only if its run covers a cell where a row of that option gained and where every row of
+    the option now has what the request needs of it: without such a cell within the cells
+    those runs cover, none does. The slot itself still fits unless a row lost within it. A
+    request with no slot waits on unless such a cell lies anywhere."""
     best = entry.best
     reach = grid.cells if best is None else best + max(entry.span, entry.first)
-    for row in rows:
-        if grid.gain_fits(row, gang.units if row < pools else gang.accelerator_units,
-                          delta[row], reach):  # fmt: skip
+    for lowest, _, every_need in _options(
+        entry.candidate, flex.binding, flex.limit_row, flex.short, None
+    ):
+        # Only rolled rows hold what this request sees; the others still carry the takes of
+        # requests after it, so they are left out: fewer needs fit more often (a search more,
+        # never a slot kept wrongly). Every row that gained is a rolled one.
+        needs = tuple(need for need in every_need if need[0] in rolled)
+        if not needs:
+            continue
+        gained_from, gained_to = _NONE, lowest
+        gains: list[npt.NDArray[np.int32] | None] = []
+        for row, _ in needs:
+            bounds = spans.get(row)
+            if bounds is None or bounds[0] >= min(bounds[1], reach):
+                gains.append(None)
+                continue
+            gains.append(delta[row])
+            gained_from = min(gained_from, bounds[0])
+            gained_to = max(gained_to, min(bounds[1], reach))
+        if max(gained_from, lowest) >= gained_to or not grid.gain_fits(
+            needs, gains, max(gained_from, lowest), gained_to
+        ):
+            continue
+        # Such a cell exists: is there a whole run over one, starting no later than the slot?
+        # (From a whole minute; a run from now is one cell longer, so this errs to search.)
+        length = entry.length
+        first_start = max(lowest, gained_from - length + 1)
+        last_start = min(gained_to - 1, entry.last if best is None else best)
+        if first_start <= last_start and (
+            grid.earliest_fit(needs, first_start, last_start, length) is not None
+        ):
             return None
     if best is None:
         return False
     span = entry.span
     for row, amount in entry.needs:
-        lost = row in delta and delta[row][best : best + span].min() < 0
+        bounds = spans.get(row)
+        if bounds is None:
+            continue
+        lost_from, lost_to = max(bounds[2], best), min(bounds[3], best + span)
+        lost = lost_from < lost_to and delta[row][lost_from:lost_to].min() < 0
         if lost and not grid.fits(row, amount, best, span):
             return None
+    # Its reason reads its pool's row (one that never binds always has room: no change).
     return entry.row in rows
 
 

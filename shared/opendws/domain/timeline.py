@@ -141,11 +141,42 @@ class MinuteGrid:
             return False
         return length <= 0 or bool(self._rows[row][start : start + length].min() >= amount)
 
-    def gain_fits(self, row: int, amount: int, gain: npt.NDArray[np.int32], stop: int) -> bool:
-        """True if some cell before ``stop`` both gained (``gain`` > 0 there) and has
-        ``amount`` free in ``row``: the cells a run newly fitting could owe its fit to."""
+    def may_start(self, needs: Sequence[tuple[int, int]], start: int, stop: int) -> bool:
+        """False if no cell of ``[start, stop)`` has every need's amount free: no run of
+        ``needs`` can start there (a quick test that spares a search; True proves nothing)."""
         stop = min(stop, self.cells)
-        return bool(np.logical_and(gain[:stop] > 0, self._rows[row][:stop] >= amount).any())
+        if start >= stop:
+            return False
+        rows = self._rows
+        (row, amount), *rest = needs
+        free = rows[row][start:stop] >= amount
+        for row, amount in rest:
+            np.logical_and(free, rows[row][start:stop] >= amount, out=free)
+        return bool(free.any())
+
+    def gain_fits(
+        self,
+        needs: Sequence[tuple[int, int]],
+        gains: Sequence[npt.NDArray[np.int32] | None],
+        start: int,
+        stop: int,
+    ) -> bool:
+        """True if some cell of ``[start, stop)`` has every need's amount free and gained on
+        one of their rows (``gains``, per need: how much its row gained per cell, None if it
+        gained nothing): the cells a run of ``needs`` newly fitting could owe its fit to."""
+        stop = min(stop, self.cells)
+        if start >= stop:
+            return False
+        rows = self._rows
+        (row, amount), *rest = needs
+        free = rows[row][start:stop] >= amount
+        for row, amount in rest:
+            np.logical_and(free, rows[row][start:stop] >= amount, out=free)
+        gained = np.zeros(stop - start, dtype=np.bool_)
+        for gain in gains:
+            if gain is not None:
+                np.logical_or(gained, gain[start:stop] > 0, out=gained)
+        return bool(np.logical_and(free, gained, out=free).any())
 
     def take(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
         """Commit every ``(row, amount)`` need over cells ``[start, start + length)``."""
