@@ -185,6 +185,15 @@ def test_a_calendar_block_runs_in_its_reservation(stack: Stack) -> None:
 def test_four_reconcilers_at_once_provision_each_request_exactly_once(
     stack: Stack, lease_ttl: timedelta
 ) -> None:
+    """Four reconcilers run passes at once, twice over; then one finishes whatever they left.
+    Every request is admitted once, ordered once, and ends ACTIVE.
+
+    Firestore resolves contention on a document by delaying or failing one of the operations
+    (cloud.google.com/firestore/docs/transaction-data-contention), so one contender goes on.
+    The official emulator can fail every contender instead, with "Transaction lock timeout"
+    (firebase-tools#6758, open: "neither transaction is going to succeed"), so on it the
+    concurrent passes may all stand down; what they leave is finished by passes one at a
+    time, and the counts below are over every pass."""
     world = stack.world
     names = [f"job-{index:02d}" for index in range(8)]
     for index, name in enumerate(names):
@@ -208,7 +217,10 @@ def test_four_reconcilers_at_once_provision_each_request_exactly_once(
         for thread in threads:
             thread.join()
         stack.advance(LATENCY)
-    stack.run()
+    for _ in range(2):  # admit what is left, then see it through provisioning
+        reports.append(world.run())
+        stack.advance(LATENCY)
+    reports.append(world.run())
     assert errors == []
     assert {name: world.state(name) for name in names} == dict.fromkeys(names, S.ACTIVE)
     created = stack.cloud.created("resizeRequests")
