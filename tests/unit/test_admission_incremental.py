@@ -5,6 +5,7 @@ tests/property/test_incremental_properties.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 
 import pytest
 
@@ -103,7 +104,7 @@ def test_an_equal_request_read_again_is_no_change() -> None:
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        (lambda s: s, "the clock moved"),
+        (lambda s: s, "the clock went back"),
         (lambda s: replace(s, pools=(pool(capacity=9),)), "the pools changed"),
         (lambda s: replace(s, policy=PolicySettings(race_width=1)), "the policy changed"),
         (
@@ -118,7 +119,7 @@ def test_broad_changes_plan_in_full_and_say_why(change: object, why: str) -> Non
     planner.plan(first, NOW)
     assert callable(change)
     changed: Snapshot = change(first)
-    now = NOW + MINUTE if why == "the clock moved" else NOW
+    now = NOW - MINUTE if why == "the clock went back" else NOW
     assert planner.plan(changed, now) == admit(changed, now)
     assert planner.last_pass.full
     assert planner.last_pass.why.startswith(why)
@@ -229,3 +230,56 @@ def test_an_admission_carried_out_behind_a_quota_hold_turns_its_reason_to_capaci
     assert again == admit(carried, NOW)
     assert not planner.last_pass.full
     assert again.decision("e").reason is Reason.NO_CAPACITY_UNTIL
+
+
+@pytest.mark.parametrize("later", [timedelta(seconds=20), MINUTE, 61 * MINUTE, 5 * HOUR])
+def test_a_later_now_is_planned_incrementally_with_the_same_plan(later: timedelta) -> None:
+    """The clock moving is a change like the others: the kept grid drops the minutes now
+    past, the held starts that came are planned again (here the ones behind the running
+    grant, which ends 2 h from NOW), and the rest keep their slots."""
+    planner = IncrementalPlanner()
+    first = busy()
+    planner.plan(first, NOW)
+    plan = planner.plan(first, NOW + later)
+    assert plan == admit(first, NOW + later)
+    assert not planner.last_pass.full, planner.last_pass
+    assert plan.now == NOW + later
+
+
+def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None:
+    planner = IncrementalPlanner()
+    queued = replace(
+        busy(), pending=(*busy().pending, flex("hurry", vm_count=8, hours=1, max_wait=HOUR))
+    )
+    before = planner.plan(queued, NOW)
+    assert before.decision("hurry").outcome is Outcome.WAIT
+    after = planner.plan(queued, NOW + 2 * HOUR)
+    assert after == admit(queued, NOW + 2 * HOUR)
+    assert not planner.last_pass.full
+    assert after.decision("hurry").outcome is Outcome.TIME_OUT
+
+
+def test_a_request_stamped_after_now_plans_in_full_when_the_clock_moves() -> None:
+    """Its aging counts from now, not from its stamp, until now passes its stamp."""
+    planner = IncrementalPlanner()
+    ahead = replace(busy(), pending=(*busy().pending, flex("early", submitted_at=NOW + HOUR)))
+    planner.plan(ahead, NOW)
+    assert planner.plan(ahead, NOW + MINUTE) == admit(ahead, NOW + MINUTE)
+    assert planner.last_pass.why == "a request stamped after the last pass ages from now on"
+
+
+def test_two_strict_fifo_requests_leaving_at_once_leave_no_slot_behind() -> None:
+    """The first one's departure queues its tenant's next request for a visit; that one left
+    too, so the walk must skip it rather than place a request that is gone."""
+    planner = IncrementalPlanner()
+    first = build_snapshot(
+        pools=[pool(capacity=4)],
+        tenants=[tenant("s", quota(nominal=1024), strict_fifo=True)],
+        pending=[flex(f"s{index}", tenant="s", vm_count=4, hours=1) for index in range(4)],
+    )
+    planner.plan(first, NOW)
+    second = replace(first, pending=first.pending[2:])
+    plan = planner.plan(second, NOW)
+    assert plan == admit(second, NOW)
+    assert not planner.last_pass.full
+    assert plan.decision("s2").outcome is Outcome.ADMIT

@@ -61,6 +61,8 @@ from opendws.domain.timeline import (
 
 # How many alternative start times a refused calendar block is offered.
 ALTERNATIVES = 3
+# Cells a planner that plans again keeps beyond what its pass needs (see _decide_flex).
+KEPT_SLACK_CELLS = 24 * 60
 
 
 class Outcome(StrEnum):
@@ -547,6 +549,11 @@ class _Pass:
                 *(self.first_cells(racer.request.run_duration) for racer, _ in racers),
             )
         )
+        if self.keep:
+            # A kept grid reaches a day further, so that later passes can move its origin
+            # with the clock (a larger grid decides nothing differently: every run searched
+            # still ends by its own deadline plus its length).
+            cells += KEPT_SLACK_CELLS
         grid = MinuteGrid(self.origin, cells, limits, self._commitments(limit_row))
         lowest = [grid.lowest(row) for row in range(len(limits))] if self.keep else []
         binding = self._binding_rows(

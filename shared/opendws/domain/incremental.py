@@ -1,11 +1,17 @@
 """Planning pass after pass: :class:`IncrementalPlanner` keeps what one pass built and, given
-the next snapshot at the same instant, plans again only what the changes reach.
+the next snapshot (at the same instant or later), plans again only what the changes reach.
 
 ``IncrementalPlanner().plan(snapshot, now)`` always returns exactly ``admit(snapshot, now)``.
 It keeps the minute grid after every placement, each flex request's entry in policy order (the
 strict-FIFO floor its search started from, its start, pool, needs and reason), the calendar
 blocks and the plan's decisions. The next call compares the snapshot with the last one:
 
+- A later ``now`` moves the kept grid's origin to its minute (cells are whole minutes; a kept
+  grid reaches a day beyond what its pass needed), dropping the cells now past; aging keys do
+  not move with the clock (``policy.flex_key``). The requests whose start came (an admission
+  not carried out, a held start reached) are planned again from their place in the order, and
+  those whose max_wait passed time out; a held start still ahead keeps its slot unless another
+  change reaches it (see ``IncrementalPlanner._move_clock``).
 - Flex arrivals, departures (cancelled, timed out, admitted), releases (a grant that is gone)
   and new grants are applied. Requests before the first one in policy order they can reach
   keep their decisions. A grid row is rolled back (the takes of the requests from there on
@@ -26,10 +32,11 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   make a refused block fit or a confirmed one not, and moves the alternatives offered).
 
 Anything else is planned in full, and :attr:`IncrementalPlanner.last_pass` says why: the first
-pass; a different ``now`` (every grid cell, deadline and aging key is relative to it); changed
-pools, tenants or policy; commitments (``commit_within`` with any commitment); racing
-(``snapshot.racing``, or ``race_eagerly``: lanes are taken after every placement); a calendar
-request that arrived or
+pass; an earlier ``now``; a later one while a calendar block is pending (its verdict depends on
+now), a pool cools down after a stockout, a request stamped after the last now is kept (it
+ages from now), or beyond the kept grid's reach; changed pools, tenants or policy;
+commitments (``commit_within`` with any commitment); racing (``snapshot.racing``, or
+``race_eagerly``: lanes are taken after every placement); a calendar request that arrived or
 left; a grant that changes which blocks are confirmed; an arrival that needs a longer grid or
 a quota row the grid lacks; an arrival or a grant that makes a row bind that the grid never
 tracked (rows that could never bind are left out of every search).
@@ -41,8 +48,8 @@ import bisect
 import heapq
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from itertools import filterfalse
 from typing import TypeVar
 
@@ -74,7 +81,7 @@ from opendws.domain.model import (
     require_utc,
 )
 from opendws.domain.policy import FlexKey, flex_key
-from opendws.domain.timeline import MinuteGrid, ceil_cells, floor_cells
+from opendws.domain.timeline import MINUTE, MinuteGrid, ceil_cells, floor_cells
 
 _Item = TypeVar("_Item")
 _NONE = 1 << 62  # no cell yet: above every grid
@@ -90,6 +97,24 @@ class PassReport:
     from_rank: int = 0  # incremental: 1-based rank of the first request a change reached
     walked: int = 0  # incremental: requests visited (those on a rolled-back row)
     searched: int = 0  # incremental: of those, searched again
+
+
+@dataclass(slots=True)
+class _ClockMove:
+    """What moving the clock changed (see :meth:`IncrementalPlanner._move_clock`)."""
+
+    restart: list[_Entry] = field(default_factory=list)  # a start came: plan it again
+    expired: list[_Entry] = field(default_factory=list)  # max_wait passed: TIME_OUT
+    slots: dict[int, tuple[int, int]] = field(default_factory=dict)  # id → what is left of a
+    # started entry's slot: (first cell, cells)
+
+    def slot(self, entry: _Entry) -> tuple[int, int]:
+        """The cells ``entry`` holds in the grid now: (first cell, cells)."""
+        left = self.slots.get(id(entry))
+        if left is not None:
+            return left
+        assert entry.best is not None
+        return entry.best, entry.span
 
 
 class IncrementalPlanner:
@@ -111,6 +136,7 @@ class IncrementalPlanner:
         self._by_pool: dict[int, set[_Entry]] = {}  # pool row → the entries placed in it
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
+        self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
         self.last_pass = PassReport(full=True, why="no pass yet")
 
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
@@ -119,7 +145,7 @@ class IncrementalPlanner:
         with _collector_paused():
             why = self._why_full(snapshot, now)
             if why is None:
-                why = self._replan(snapshot)
+                why = self._replan(snapshot, now)
             if why is not None:
                 self._full(snapshot, now, why)
             state = self._pass
@@ -141,6 +167,10 @@ class IncrementalPlanner:
         state.run()
         self._pass = state
         self._remember(snapshot, _by_identity(snapshot.pending), None)
+        self._latest_submitted = max(
+            (request.submitted_at for request in snapshot.pending),
+            default=datetime.min.replace(tzinfo=UTC),
+        )
         self._ids = sorted(state.decisions)
         self._decisions = list(map(state.decisions.__getitem__, self._ids))
         self._order = list(state.order)
@@ -202,8 +232,15 @@ class IncrementalPlanner:
         state = self._pass
         if last is None or state is None:
             return "no pass yet"
+        if now < state.now:
+            return "the clock went back"
         if now != state.now:
-            return "the clock moved: every cell, deadline and aging key is relative to now"
+            if state.calendar:
+                return "calendar blocks are pending: a block's verdict depends on now"
+            if any(p.short_until is not None and p.short_until > state.now for p in state.pools):
+                return "a pool cools down after a stockout: where it may start moves with now"
+            if self._latest_submitted > state.now:
+                return "a request stamped after the last pass ages from now on"
         if snapshot.policy != last.policy:
             return "the policy changed"
         if snapshot.pools is not last.pools and set(snapshot.pools) != set(last.pools):
@@ -221,12 +258,11 @@ class IncrementalPlanner:
 
     # An incremental pass ---------------------------------------------------------------------
 
-    def _replan(self, snapshot: Snapshot) -> str | None:
-        """Bring the kept pass up to ``snapshot``; None when done, else why a full pass is
-        needed (what was changed by then is rebuilt by that full pass)."""
+    def _replan(self, snapshot: Snapshot, now: datetime) -> str | None:
+        """Bring the kept pass up to ``snapshot`` at ``now``; None when done, else why a full
+        pass is needed (what was changed by then is rebuilt by that full pass)."""
         state = self._pass
         assert state is not None
-        now = state.now
         old = self._pending
         pending = old
         gone: list[str] = []
@@ -253,6 +289,13 @@ class IncrementalPlanner:
             ended = Counter(self._grants[k] for k in _missing(self._grants, grants))
             added = list((new - ended).elements())
             released = list((ended - new).elements())
+        clock = _ClockMove()
+        if now != state.now:
+            moved = self._move_clock(now, set(gone))
+            if isinstance(moved, str):
+                return moved
+            clock = moved
+        now = state.now
         calendar_ids = {candidate.request.request_id for candidate in state.calendar}
         if any(key in calendar_ids for key in gone):
             return "a calendar request left"
@@ -314,12 +357,74 @@ class IncrementalPlanner:
             self._drop(state, key)
         for key, decision in screened.items():
             self._put(state, key, decision)
+        for entry in clock.expired:
+            request = entry.candidate.request
+            verdict = state._screen_out(request, state._allowed_pools(request))
+            assert verdict is not None
+            assert verdict.outcome is Outcome.TIME_OUT
+            self._put(state, request.request_id, verdict)
+        self._latest_submitted = max(
+            (self._latest_submitted, *(request.submitted_at for request in came))
+        )
         report = PassReport(full=False)
         if flex is not None:
-            report = self._walk(snapshot, state, flex, gone, arrivals, released, added)
+            report = self._walk(snapshot, state, flex, gone, arrivals, released, added, clock)
         self._remember(snapshot, pending, grants)
         self.last_pass = report
         return None
+
+    def _move_clock(self, now: datetime, gone: set[str]) -> _ClockMove | str:
+        """Carry the kept pass over to a later ``now`` (the caller ruled out what this cannot
+        carry: pending blocks, stockouts, requests stamped after the last now); else why not.
+
+        The grid's cells are whole minutes, so a later minute drops the cells now past and
+        keeps the rest, and every cell number (a start, a deadline, a strict-FIFO floor)
+        moves down by as many. Aging keys do not move (policy.flex_key). What the clock does
+        change is returned as changes for the walk: requests whose start came (an admission
+        not carried out, a held start reached) are planned again from their key, with what
+        is left of their slot given back; requests whose max_wait passed leave (TIME_OUT).
+        A held start still ahead stays: a run from the new now is no shorter than one from
+        that minute, which did not fit before it (nothing else changed)."""
+        state = self._pass
+        assert state is not None
+        origin = now.replace(second=0, microsecond=0)
+        shift = (origin - state.origin) // MINUTE
+        flex = state.flex
+        if flex is not None and shift > flex.grid.cells:
+            return "the clock moved past the kept grid"
+        state.now, state.origin = now, origin
+        clock = _ClockMove()
+        if flex is None:
+            return clock
+        flex.grid.advance(shift)
+        flex.cells = flex.grid.cells
+        into = now - origin
+        reach = 0
+        for entry in flex.entries:
+            request = entry.candidate.request
+            span = entry.span  # from the last now: before first changes
+            entry.first = -(-(into + request.run_duration) // MINUTE)
+            entry.last -= shift
+            entry.floor = max(0, entry.floor - shift)
+            if entry.best is not None:
+                entry.best -= shift
+            key = request.request_id
+            started = entry.best is not None and entry.best <= 0
+            if started:
+                assert entry.best is not None
+                clock.slots[id(entry)] = (0, max(0, entry.best + span))
+            if key in gone:
+                continue
+            max_wait = request.max_wait
+            if max_wait is not None and request.submitted_at + max_wait < now:
+                clock.expired.append(entry)
+            elif started:
+                clock.restart.append(entry)
+            else:
+                reach = max(reach, entry.first + entry.last)
+        if 1 + reach > flex.cells:
+            return "the kept grid no longer reaches every deadline"
+        return clock
 
     def _recalendar(self, snapshot: Snapshot, state: _Pass) -> str | None:
         """Decide the calendar blocks again on the new grants; why not, if that confirms
@@ -344,6 +449,7 @@ class IncrementalPlanner:
         arrivals: list[_Entry],
         released: list[Grant],
         added: list[Grant],
+        clock: _ClockMove,
     ) -> PassReport:
         """Re-plan the flex requests the changes reach, in policy order (module docstring).
 
@@ -369,7 +475,7 @@ class IncrementalPlanner:
                 and grant.request_id in gone_set
                 and grant.request_id not in absorbed
                 and entry.best is not None
-                and span == (entry.best, entry.span)
+                and span == clock.slot(entry)
                 and state.pool_row.get(grant.pool_id) == entry.row
                 and sorted(c for c in contributions if flex.binding[c[0]]) == sorted(entry.needs)
                 # A request ahead of it held in the same pool by quota sees the pool fuller
@@ -398,6 +504,25 @@ class IncrementalPlanner:
         # tenant's earlier request left (their floor moves). (key, seq, entry)
         direct: list[tuple[FlexKey, int, _Entry]] = []
         leaving = [self._entry_of.pop(key) for key in gone if key in self._entry_of]
+        leaving += (
+            self._entry_of.pop(entry.candidate.request.request_id) for entry in clock.expired
+        )
+        for entry in clock.restart:  # planned again from its key, as if it had just come
+            leaving.append(self._entry_of.pop(entry.candidate.request.request_id))
+            again = _Entry(
+                entry.key,
+                entry.candidate,
+                entry.length,
+                entry.first,
+                entry.last,
+                0,
+                None,
+                -1,
+                (),
+                None,
+            )
+            self._count(snapshot, flex, again.candidate, 1)
+            arrivals = [*arrivals, again]
         for entry in leaving:
             starts.append(entry.key)
             self._count(snapshot, flex, entry.candidate, -1)
@@ -484,7 +609,8 @@ class IncrementalPlanner:
                 for row, _ in entry.needs:
                     if row not in rolled:
                         roll(row, start)
-                grid.give(entry.needs, entry.best, entry.span)
+                first_cell, cells = clock.slot(entry)
+                grid.give(entry.needs, first_cell, cells)
                 self._by_pool[entry.row].discard(entry)
                 heap.append((entry.key, -2, len(heap), entry))
         heapq.heapify(heap)
@@ -506,10 +632,12 @@ class IncrementalPlanner:
                 entry = item
                 if tag == -2:  # from here on, the departed slot is free
                     assert entry.best is not None
-                    shift(entry.needs, entry.best, entry.span, 1)
+                    shift(entry.needs, *clock.slot(entry), 1)
                     continue
             if entry is last:
                 continue  # reached through several rows: once is enough
+            if self._entry_of.get(entry.candidate.request.request_id) is not entry:
+                continue  # a strict-FIFO sibling queued for a visit that has left since
             last = entry
             visited += 1
             candidate = entry.candidate
@@ -571,9 +699,9 @@ class IncrementalPlanner:
                 continue
             if entry.best is None:
                 continue
-            again = [need for need in entry.needs if need[0] in rolled]
-            if again:
-                grid.take(again, entry.best, entry.span)
+            retake = [need for need in entry.needs if need[0] in rolled]
+            if retake:
+                grid.take(retake, entry.best, entry.span)
             if keep and entry.best > 0:
                 # Its pool's free amounts moved near its slot: what holds it may have changed.
                 reason = _hold_reason(

@@ -195,6 +195,18 @@ class MinuteGrid:
             cells = rows[row][start:stop]
             np.add(cells, amount, cells)
 
+    def advance(self, cells: int) -> None:
+        """Move the origin ``cells`` minutes later: the cells before it are past and dropped,
+        the rest keep what they hold (the grid ends where it ended). What searches proved is
+        forgotten: it was said from cells that moved."""
+        if not 0 <= cells <= self.cells:
+            raise ValueError(f"cannot advance a grid of {self.cells} cells by {cells}")
+        self._free = self._free[:, cells:]
+        self._rows = list(self._free)
+        self.cells -= cells
+        self.origin += cells * MINUTE
+        self.forget()
+
     def forget(self) -> None:
         """Drop what searches proved: it holds only while free amounts go down."""
         self._busy_prefix.clear()
