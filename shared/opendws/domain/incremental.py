@@ -84,6 +84,10 @@ from opendws.domain.policy import FlexKey, flex_key
 from opendws.domain.timeline import MINUTE, MinuteGrid, ceil_cells, floor_cells
 
 _Item = TypeVar("_Item")
+# Above this share of the flex queue planned again after the clock moved (and this many:
+# a short queue replans cheaply either way), plan in full.
+RESTART_SHARE = 0.25
+RESTART_FLOOR = 64
 _NONE = 1 << 62  # no cell yet: above every grid
 
 
@@ -104,9 +108,11 @@ class _ClockMove:
     """What moving the clock changed (see :meth:`IncrementalPlanner._move_clock`)."""
 
     restart: list[_Entry] = field(default_factory=list)  # a start came: plan it again
+    arrived: list[_Entry] = field(default_factory=list)  # a start came, as held: admit it
     expired: list[_Entry] = field(default_factory=list)  # max_wait passed: TIME_OUT
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)  # id → what is left of a
     # started entry's slot: (first cell, cells)
+    moved: bool = False  # the clock moved: every held request's reason is judged again
 
     def slot(self, entry: _Entry) -> tuple[int, int]:
         """The cells ``entry`` holds in the grid now: (first cell, cells)."""
@@ -393,7 +399,7 @@ class IncrementalPlanner:
         if flex is not None and shift > flex.grid.cells:
             return "the clock moved past the kept grid"
         state.now, state.origin = now, origin
-        clock = _ClockMove()
+        clock = _ClockMove(moved=True)
         if flex is None:
             return clock
         flex.grid.advance(shift)
@@ -410,7 +416,11 @@ class IncrementalPlanner:
                 entry.best -= shift
             key = request.request_id
             started = entry.best is not None and entry.best <= 0
-            if started:
+            # A held start on the new now's minute, whose run from now takes the same cells:
+            # it holds exactly what an admission now takes, in the same view. It is admitted
+            # where it stands; only its decision changes.
+            arrived = started and entry.best == 0 and entry.first == span
+            if started and not arrived:
                 assert entry.best is not None
                 clock.slots[id(entry)] = (0, max(0, entry.best + span))
             if key in gone:
@@ -418,12 +428,21 @@ class IncrementalPlanner:
             max_wait = request.max_wait
             if max_wait is not None and request.submitted_at + max_wait < now:
                 clock.expired.append(entry)
+            elif arrived:
+                entry.reason = None
+                clock.arrived.append(entry)
+                reach = max(reach, entry.first + entry.last)
             elif started:
                 clock.restart.append(entry)
             else:
                 reach = max(reach, entry.first + entry.last)
         if 1 + reach > flex.cells:
             return "the kept grid no longer reaches every deadline"
+        again = len(clock.restart) + len(clock.expired)
+        if again > max(RESTART_FLOOR, len(flex.entries) * RESTART_SHARE):
+            # Each is planned again from its place, and what follows it is walked again:
+            # past this share, a full pass costs less (and plans the same).
+            return "most of the queue's starts came: a full pass costs less"
         return clock
 
     def _recalendar(self, snapshot: Snapshot, state: _Pass) -> str | None:
@@ -534,6 +553,11 @@ class IncrementalPlanner:
             self._insert(flex, entry)
             direct.append((entry.key, len(direct), entry))
         based = {row for row, _, _, _ in freed}
+        if clock.moved:
+            # A held request's reason is judged at its earliest start, over cells the clock
+            # just dropped (or one it added to a run from now): in its own view, which a
+            # rolled row gives, for every pool a held slot lies in.
+            based.update(row for row, held in self._by_pool.items() if held and flex.binding[row])
         for row in based:
             readers = self._readers.get(row)
             if readers:
@@ -699,11 +723,10 @@ class IncrementalPlanner:
                 continue
             if entry.best is None:
                 continue
-            retake = [need for need in entry.needs if need[0] in rolled]
-            if retake:
-                grid.take(retake, entry.best, entry.span)
-            if keep and entry.best > 0:
-                # Its pool's free amounts moved near its slot: what holds it may have changed.
+            if entry.best > 0 and (keep or (clock.moved and entry.row in rolled)):
+                # Its pool's free amounts moved near its slot, or the clock moved its earliest
+                # start: what holds it may have changed. Judged as a search judges it, in the
+                # grid before its own take.
                 reason = _hold_reason(
                     grid,
                     entry.row,
@@ -717,6 +740,13 @@ class IncrementalPlanner:
                 if reason != entry.reason:
                     entry.reason = reason
                     moved[id(entry)] = entry
+            retake = [need for need in entry.needs if need[0] in rolled]
+            if retake:
+                grid.take(retake, entry.best, entry.span)
+        for entry in clock.arrived:  # admitted where it was held (unless the walk moved it)
+            moved[id(entry)] = entry
+            if entry.best is not None:
+                touched.add(entry.row)
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
 
