@@ -77,7 +77,7 @@ def test_incremental_plans_equal_full_plans_on_a_busy_grid(
         plan = admit(snapshot, planner_bench.NOW)
         snapshot = planner_bench.carried_out(replace(snapshot, pending=flex), plan)
     now = planner_bench.NOW
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     planner.plan(snapshot, now)
     rng = random.Random(seed)
     incremental = 0

@@ -72,7 +72,7 @@ def test_incremental_plans_equal_full_plans_after_every_change(
     snapshot = replace(
         snapshot, policy=replace(snapshot.policy, race_eagerly=eager, commit_within=horizon)
     )
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     now = NOW
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
@@ -88,7 +88,7 @@ def test_an_eta_never_gets_later_when_a_request_behind_it_arrives_incrementally(
     snapshot: Snapshot, data: st.DataObject
 ) -> None:
     snapshot = replace(snapshot, policy=PolicySettings(race_width=1))
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     before = planner.plan(snapshot, NOW)
     names = [tenant.name for tenant in snapshot.tenants]
     request = data.draw(request_strategy(99, names, list(snapshot.pools)))

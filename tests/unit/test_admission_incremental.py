@@ -42,7 +42,7 @@ def busy() -> Snapshot:
 
 
 def test_an_arrival_is_planned_incrementally_with_the_same_plan() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     assert planner.plan(first, NOW) == admit(first, NOW)
     assert planner.last_pass.full
@@ -53,7 +53,7 @@ def test_an_arrival_is_planned_incrementally_with_the_same_plan() -> None:
 
 
 def test_a_release_moves_the_held_slots_earlier_as_a_full_plan_does() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     before = planner.plan(first, NOW)
     released = replace(first, grants=())
@@ -64,7 +64,7 @@ def test_a_release_moves_the_held_slots_earlier_as_a_full_plan_does() -> None:
 
 
 def test_a_departure_is_planned_incrementally() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     planner.plan(first, NOW)
     fewer = replace(first, pending=first.pending[1:])
@@ -73,7 +73,7 @@ def test_a_departure_is_planned_incrementally() -> None:
 
 
 def test_an_admission_carried_out_is_planned_incrementally() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     plan = planner.plan(first, NOW)
     carried = applied(first, plan)
@@ -83,7 +83,7 @@ def test_an_admission_carried_out_is_planned_incrementally() -> None:
 
 
 def test_a_new_grant_elsewhere_is_planned_incrementally() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     planner.plan(first, NOW)
     more = replace(first, grants=(*first.grants, grant("g2", units=2, start_at=NOW + HOUR)))
@@ -92,7 +92,7 @@ def test_a_new_grant_elsewhere_is_planned_incrementally() -> None:
 
 
 def test_an_equal_request_read_again_is_no_change() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     planner.plan(first, NOW)
     again = replace(first, pending=tuple(replace(request) for request in first.pending))
@@ -114,7 +114,7 @@ def test_an_equal_request_read_again_is_no_change() -> None:
     ],
 )
 def test_broad_changes_plan_in_full_and_say_why(change: object, why: str) -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     planner.plan(first, NOW)
     assert callable(change)
@@ -143,7 +143,7 @@ def two_queues() -> Snapshot:
 def test_an_arrival_behind_a_long_queue_visits_only_itself() -> None:
     """The walk visits the requests on rows the change reaches, not the queue behind the
     first one it reaches: the last of 201 in policy order is searched alone."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = two_queues()
     planner.plan(first, NOW)
     late = flex("late", vm_count=4, hours=3, locations=("us-central1-b",), max_wait=6 * DAY)
@@ -159,7 +159,7 @@ def test_an_arrival_at_the_front_moves_ranks_without_rewriting_decisions() -> No
     """A small request at the front of a queue whose pool has room for it now changes no one's
     slot: every rank behind it moves by one (the plan's order), every other decision is the
     very one the last pass made, and none of the other pool's requests is visited."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     roomy = replace(two_queues(), grants=())
     first = replace(
         roomy, pools=(pool(zone=ZONE, capacity=4), pool(zone="us-central1-b", capacity=5))
@@ -184,7 +184,7 @@ def test_a_release_searches_only_requests_that_could_use_what_it_frees() -> None
     four-VM requests whose own slots lie in those hours could see four VMs free there; the 98
     queued behind them never can, so they take their slots again without a search, and the
     plan is still the full one."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = replace(
         two_queues(),
         pools=(pool(zone=ZONE, capacity=5), pool(zone="us-central1-b", capacity=4)),
@@ -221,7 +221,7 @@ def test_an_admission_carried_out_behind_a_quota_hold_turns_its_reason_to_capaci
             flex("x", tenant="b", vm_count=8, hours=0.6),
         ],
     )
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     plan = planner.plan(first, NOW)
     assert plan.decision("e").reason is Reason.QUOTA
     assert plan.decision("x").outcome is Outcome.ADMIT
@@ -237,7 +237,7 @@ def test_a_later_now_is_planned_incrementally_with_the_same_plan(later: timedelt
     """The clock moving is a change like the others: the kept grid drops the minutes now
     past, the held starts that came are planned again (here the ones behind the running
     grant, which ends 2 h from NOW), and the rest keep their slots."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     planner.plan(first, NOW)
     plan = planner.plan(first, NOW + later)
@@ -247,7 +247,7 @@ def test_a_later_now_is_planned_incrementally_with_the_same_plan(later: timedelt
 
 
 def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None:
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     queued = replace(
         busy(), pending=(*busy().pending, flex("hurry", vm_count=8, hours=1, max_wait=HOUR))
     )
@@ -261,7 +261,7 @@ def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None
 
 def test_a_request_stamped_after_now_plans_in_full_when_the_clock_moves() -> None:
     """Its aging counts from now, not from its stamp, until now passes its stamp."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     ahead = replace(busy(), pending=(*busy().pending, flex("early", submitted_at=NOW + HOUR)))
     planner.plan(ahead, NOW)
     assert planner.plan(ahead, NOW + MINUTE) == admit(ahead, NOW + MINUTE)
@@ -271,7 +271,7 @@ def test_a_request_stamped_after_now_plans_in_full_when_the_clock_moves() -> Non
 def test_two_strict_fifo_requests_leaving_at_once_leave_no_slot_behind() -> None:
     """The first one's departure queues its tenant's next request for a visit; that one left
     too, so the walk must skip it rather than place a request that is gone."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = build_snapshot(
         pools=[pool(capacity=4)],
         tenants=[tenant("s", quota(nominal=1024), strict_fifo=True)],
@@ -289,7 +289,7 @@ def test_a_clock_move_that_starts_most_of_the_queue_plans_in_full() -> None:
     """Sixty hours on, 120 of 200 one-hour holds in two rows have started (a pass every
     minute would have admitted them): replanning each from its place costs more than a full
     pass."""
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     first = two_queues()
     planner.plan(first, NOW)
     assert planner.plan(first, NOW + 60 * HOUR) == admit(first, NOW + 60 * HOUR)
@@ -325,7 +325,7 @@ def test_a_reason_judged_again_leaves_the_requests_own_slot_out() -> None:
         ],
         pending=[flex("e", tenant="a", vm_count=4, hours=1)],
     )
-    planner = IncrementalPlanner()
+    planner = IncrementalPlanner(clock_floor=0)
     plan = planner.plan(first, NOW)
     assert plan.decision("e").reason is Reason.QUOTA
     released = replace(first, grants=first.grants[:2])
@@ -333,3 +333,13 @@ def test_a_reason_judged_again_leaves_the_requests_own_slot_out() -> None:
     assert again == admit(released, NOW)
     assert not planner.last_pass.full
     assert again.decision("e").reason is Reason.QUOTA
+
+
+def test_a_later_now_over_a_short_queue_plans_in_full() -> None:
+    """By default, a queue shorter than CLOCK_FLOOR is planned again in full when the clock
+    moves (cheaper there, as measured); the tests above lower the floor to walk it."""
+    planner = IncrementalPlanner()
+    first = busy()
+    planner.plan(first, NOW)
+    assert planner.plan(first, NOW + MINUTE) == admit(first, NOW + MINUTE)
+    assert planner.last_pass.why == "a later now over a short queue: a full pass costs no more"

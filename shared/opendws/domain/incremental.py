@@ -88,6 +88,10 @@ _Item = TypeVar("_Item")
 # a short queue replans cheaply either way), plan in full.
 RESTART_SHARE = 0.25
 RESTART_FLOOR = 64
+# Below this many flex requests, a later now plans in full: measured, the Philly replay's
+# largest cluster (about a hundred queued in one pool) planned 20% slower carried over than
+# in full, and a 10,000-request snapshot 3–4× faster.
+CLOCK_FLOOR = 1_000
 _NONE = 1 << 62  # no cell yet: above every grid
 
 
@@ -128,7 +132,10 @@ class IncrementalPlanner:
     last pass where the changes allow (see the module docstring). One reconciler owns one
     planner; it is not thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock_floor: int = CLOCK_FLOOR) -> None:
+        """``clock_floor``: below this many flex requests a later now plans in full (the
+        walk that carries a short queue over costs more than planning it again)."""
+        self._clock_floor = clock_floor
         self._pass: _Pass | None = None
         self._snapshot: Snapshot | None = None
         self._pending: dict[int, CapacityRequest] = {}  # id() → the pending request
@@ -247,6 +254,8 @@ class IncrementalPlanner:
                 return "a pool cools down after a stockout: where it may start moves with now"
             if self._latest_submitted > state.now:
                 return "a request stamped after the last pass ages from now on"
+            if state.flex is None or len(state.flex.entries) < self._clock_floor:
+                return "a later now over a short queue: a full pass costs no more"
         if snapshot.policy != last.policy:
             return "the policy changed"
         if snapshot.pools is not last.pools and set(snapshot.pools) != set(last.pools):
