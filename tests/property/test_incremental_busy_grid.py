@@ -12,12 +12,9 @@ search would have moved; this test fails on it within a few steps, the small one
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -26,19 +23,12 @@ from hypothesis import strategies as st
 
 from opendws.domain import Mode, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench_modules import load_bench
 
 
 @pytest.fixture(scope="module")
 def planner_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_planner", BENCH / "planner.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("planner", "bench_planner")
 
 
 def changed(bench: ModuleType, snapshot: Snapshot, rng: random.Random, index: int) -> Snapshot:

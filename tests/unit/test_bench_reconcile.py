@@ -4,29 +4,19 @@ and the arrivals it writes between steady passes."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 from google.cloud.firestore_v1.document import DocumentReference
 from google.cloud.firestore_v1.query import Query
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench_modules import load_bench
 
 
 @pytest.fixture(scope="module")
 def reconcile() -> ModuleType:
-    sys.path.insert(0, str(BENCH))  # it imports the planner benchmark's load
-    spec = importlib.util.spec_from_file_location("bench_reconcile", BENCH / "reconcile.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("reconcile", "bench_reconcile")
 
 
 @dataclass

@@ -144,15 +144,8 @@ class MinuteGrid:
     def may_start(self, needs: Sequence[tuple[int, int]], start: int, stop: int) -> bool:
         """False if no cell of ``[start, stop)`` has every need's amount free: no run of
         ``needs`` can start there (a quick test that spares a search; True proves nothing)."""
-        stop = min(stop, self.cells)
-        if start >= stop:
-            return False
-        rows = self._rows
-        (row, amount), *rest = needs
-        free = rows[row][start:stop] >= amount
-        for row, amount in rest:
-            np.logical_and(free, rows[row][start:stop] >= amount, out=free)
-        return bool(free.any())
+        room = self._room(needs, start, min(stop, self.cells))
+        return room is not None and bool(room.any())
 
     def gain_fits(
         self,
@@ -165,18 +158,28 @@ class MinuteGrid:
         one of their rows (``gains``, per need: how much its row gained per cell, None if it
         gained nothing): the cells a run of ``needs`` newly fitting could owe its fit to."""
         stop = min(stop, self.cells)
-        if start >= stop:
+        room = self._room(needs, start, stop)
+        if room is None:
             return False
-        rows = self._rows
-        (row, amount), *rest = needs
-        free = rows[row][start:stop] >= amount
-        for row, amount in rest:
-            np.logical_and(free, rows[row][start:stop] >= amount, out=free)
         gained = np.zeros(stop - start, dtype=np.bool_)
         for gain in gains:
             if gain is not None:
                 np.logical_or(gained, gain[start:stop] > 0, out=gained)
-        return bool(np.logical_and(free, gained, out=free).any())
+        return bool(np.logical_and(room, gained, out=room).any())
+
+    def _room(
+        self, needs: Sequence[tuple[int, int]], start: int, stop: int
+    ) -> npt.NDArray[np.bool_] | None:
+        """Per cell of ``[start, stop)``, whether every need's amount is free there (None for
+        no cells)."""
+        if start >= stop:
+            return None
+        rows = self._rows
+        (row, amount), *rest = needs
+        room = rows[row][start:stop] >= amount
+        for row, amount in rest:
+            np.logical_and(room, rows[row][start:stop] >= amount, out=room)
+        return room
 
     def take(self, needs: Iterable[tuple[int, int]], start: int, length: int) -> None:
         """Commit every ``(row, amount)`` need over cells ``[start, start + length)``."""
