@@ -8,10 +8,13 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
 
 - A later ``now`` moves the kept grid's origin to its minute (cells are whole minutes; a kept
   grid reaches a day beyond what its pass needed), dropping the cells now past; aging keys do
-  not move with the clock (``policy.flex_key``). The requests whose start came (an admission
-  not carried out, a held start reached) are planned again from their place in the order, and
-  those whose max_wait passed time out; a held start still ahead keeps its slot unless another
-  change reaches it (see ``IncrementalPlanner._move_clock``).
+  not move with the clock (``policy.flex_key``). A held start on the new minute whose run from
+  now takes the same cells is admitted where it stands; any other start that came (an
+  admission not carried out, a start passed between passes) is planned again from its place in
+  the order; requests whose max_wait passed time out; a held start still ahead keeps its slot
+  unless another change reaches it; every held reason is judged again in its request's view
+  (see ``IncrementalPlanner._move_clock``). Below ``CLOCK_FLOOR`` flex requests a later now
+  plans in full, which costs less there.
 - Flex arrivals, departures (cancelled, timed out, admitted), releases (a grant that is gone)
   and new grants are applied. Requests before the first one in policy order they can reach
   keep their decisions. A grid row is rolled back (the takes of the requests from there on
@@ -395,11 +398,12 @@ class IncrementalPlanner:
         The grid's cells are whole minutes, so a later minute drops the cells now past and
         keeps the rest, and every cell number (a start, a deadline, a strict-FIFO floor)
         moves down by as many. Aging keys do not move (policy.flex_key). What the clock does
-        change is returned as changes for the walk: requests whose start came (an admission
-        not carried out, a held start reached) are planned again from their key, with what
-        is left of their slot given back; requests whose max_wait passed leave (TIME_OUT).
-        A held start still ahead stays: a run from the new now is no shorter than one from
-        that minute, which did not fit before it (nothing else changed)."""
+        change is returned as changes for the walk: a held start on the new minute whose run
+        from now takes the same cells is admitted where it stands; any other start that came
+        is planned again from its key, with what is left of its slot given back; requests
+        whose max_wait passed leave (TIME_OUT). A held start still ahead stays: a run from the
+        new now is no shorter than one from that minute, which did not fit before it (nothing
+        else changed). The walk then judges every held reason again."""
         state = self._pass
         assert state is not None
         origin = now.replace(second=0, microsecond=0)
