@@ -5,14 +5,14 @@ tests/property/test_incremental_properties.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.admission import Reason
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import PolicySettings
+from opendws.domain.model import Grant, PolicySettings
 from tests.builders import (
     A3,
     DAY,
@@ -197,24 +197,32 @@ def test_a_release_searches_only_requests_that_could_use_what_it_frees() -> None
     assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 2)
 
 
+OTHER_ZONE = "us-central1-b"
+
+
+def quota_in_use_elsewhere(*, until: datetime) -> Grant:
+    """Tenant ``a``'s whole quota (32 H100s, 4 VMs) held by a run in the other zone's pool,
+    started an hour ago, until ``until``: ``a`` waits for quota in the first pool, not room."""
+    return grant(
+        "ga",
+        tenant="a",
+        pool_id=f"{OTHER_ZONE}/{A3}",
+        units=4,
+        accelerator_units=32,
+        start_at=NOW - HOUR,
+        end_at=until,
+    )
+
+
 def test_an_admission_carried_out_behind_a_quota_hold_turns_its_reason_to_capacity() -> None:
     """e waits for its tenant's quota with the pool free; x, behind it in policy order, is
     admitted into that pool now. Once x's grant holds the pool, a full plan says e waits for
     the pool's capacity: so must the incremental one."""
-    other = "us-central1-b"
     first = build_snapshot(
-        pools=[pool(capacity=8), pool(zone=other, capacity=8)],
+        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
         tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
         grants=[
-            grant(
-                "ga",
-                tenant="a",
-                pool_id=f"{other}/{A3}",
-                units=4,
-                accelerator_units=32,
-                start_at=NOW - HOUR,
-                hours=2,
-            )
+            quota_in_use_elsewhere(until=NOW + HOUR),
         ],
         pending=[
             flex("e", tenant="a", vm_count=4, hours=1),
@@ -302,24 +310,15 @@ def test_a_reason_judged_again_leaves_the_requests_own_slot_out() -> None:
     judged over. A block after it in its pool is released: e's slot stands and its reason is
     judged again, as a search judges it, before e takes its slot: still QUOTA, not the pool's
     capacity."""
-    other = "us-central1-b"
     first = build_snapshot(
-        pools=[pool(capacity=8), pool(zone=other, capacity=8)],
+        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
         tenants=[
             tenant("a", quota(nominal=32)),
             tenant("b", quota(nominal=1000)),
             tenant("c", quota(nominal=1000)),
         ],
         grants=[
-            grant(
-                "ga",
-                tenant="a",
-                pool_id=f"{other}/{A3}",
-                units=4,
-                accelerator_units=32,
-                start_at=NOW - HOUR,
-                end_at=NOW + 30 * MINUTE,
-            ),
+            quota_in_use_elsewhere(until=NOW + 30 * MINUTE),
             grant("gb", tenant="b", units=4, accelerator_units=32, start_at=NOW - HOUR, hours=3),
             grant("gc", tenant="c", units=1, accelerator_units=8, start_at=NOW + 100 * MINUTE),
         ],
