@@ -1,9 +1,9 @@
 """The incremental planner against a full plan from scratch.
 
 Random sequences of changes (flex and calendar arrivals, departures, releases, admissions
-carried out, the clock moving, a pool resized) are applied to a random snapshot; after each
-step the planner that kept the previous passes must give exactly ``admit(snapshot, now)``,
-and the admission properties must hold for its plan too.
+carried out, a held slot booked as a grant, the clock moving, a pool resized) are applied to
+a random snapshot; after each step the planner that kept the previous passes must give
+exactly ``admit(snapshot, now)``, and the admission properties must hold for its plan too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from opendws.domain import Outcome, Plan, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import PolicySettings
+from opendws.domain.model import Grant, PolicySettings
 from tests.property.test_admission_properties import (
     NOW,
     applied,
@@ -26,7 +26,9 @@ from tests.property.test_admission_properties import (
     violations,
 )
 
-STEPS = ("arrive", "arrive", "arrive", "leave", "leave", "release", "release", "apply", "tick")
+STEPS = (
+    "arrive", "arrive", "arrive", "leave", "leave", "release", "release", "apply", "book", "tick",
+)  # fmt: skip
 
 
 def check(snapshot: Snapshot, now: datetime, plan: Plan) -> None:
@@ -56,6 +58,17 @@ def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[S
         return replace(snapshot, grants=grants), 0
     if kind == "apply":
         return applied(snapshot, plan), 0
+    held = plan.having(Outcome.HOLD)
+    if kind == "book" and held:
+        # A held slot becomes a grant ahead (its request leaves the queue): a grant that
+        # comes in the future, on rows pending calendar blocks may read.
+        decision = draw(st.sampled_from(held))
+        assert decision.pool_id is not None
+        assert decision.start_at is not None
+        request = next(r for r in snapshot.pending if r.request_id == decision.request_id)
+        booked = Grant.of(request, decision.pool_id, decision.start_at)
+        pending = tuple(r for r in snapshot.pending if r is not request)
+        return replace(snapshot, pending=pending, grants=(*snapshot.grants, booked)), 0
     if kind == "tick":
         return snapshot, draw(st.sampled_from([60, 61, 600, 3600]))
     return snapshot, 0

@@ -342,3 +342,69 @@ def test_a_later_now_over_a_short_queue_plans_in_full() -> None:
     planner.plan(first, NOW)
     assert planner.plan(first, NOW + MINUTE) == admit(first, NOW + MINUTE)
     assert planner.last_pass.why == "a later now over a short queue: a full pass costs no more"
+
+
+def two_zones_of_blocks() -> Snapshot:
+    """Two pools of 8 VMs in two zones, each with its own tenant (no cohort), a grant of its
+    tenant holding the whole pool for three days, one more for day 4, and a one-day calendar
+    block on day 2 that is refused: its alternatives are the gaps between the grants."""
+    zones = (ZONE, "us-central1-b")
+    return build_snapshot(
+        pools=[pool(zone=zone, capacity=8) for zone in zones],
+        tenants=[tenant(f"t-{zone}", quota(nominal=1024)) for zone in zones],
+        grants=[
+            grant(
+                f"{zone}-{name}",
+                tenant=f"t-{zone}",
+                pool_id=f"{zone}/{A3}",
+                units=8,
+                start_at=start,
+                hours=hours,
+            )
+            for zone in zones
+            for name, start, hours in (("now", NOW, 72), ("day4", NOW + 4 * DAY, 24))
+        ],
+        pending=[
+            calendar(f"block-{zone}", tenant=f"t-{zone}", locations=(zone,), start_at=NOW + DAY)
+            for zone in zones
+        ],
+    )
+
+
+def test_a_release_decides_again_only_the_blocks_on_its_rows() -> None:
+    """Releasing day 4's grant in one zone changes the alternatives offered to that zone's
+    refused block, as a full plan does; the other zone's block, on none of the grant's rows
+    (its pool, its tenant's quota), is not decided again."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = two_zones_of_blocks()
+    before = planner.plan(first, NOW)
+    assert {d.outcome for d in before.decisions} == {Outcome.REFUSE}
+    released = replace(
+        first, grants=tuple(g for g in first.grants if g.request_id != f"{ZONE}-day4")
+    )
+    after = planner.plan(released, NOW)
+    assert after == admit(released, NOW)
+    assert not planner.last_pass.full
+    assert planner.last_pass.redecided == 1
+    block = f"block-{ZONE}"
+    assert after.decision(block).outcome is Outcome.REFUSE
+    assert after.decision(block).alternatives != before.decision(block).alternatives
+    other = "block-us-central1-b"
+    assert after.decision(other) == before.decision(other)
+
+
+def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
+    """A block confirmed where it was refused changes what the flex grid holds: in full."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = two_zones_of_blocks()
+    planner.plan(first, NOW)
+    released = replace(
+        first, grants=tuple(g for g in first.grants if g.request_id != f"{ZONE}-now")
+    )
+    plan = planner.plan(released, NOW)
+    assert plan == admit(released, NOW)
+    assert plan.decision(f"block-{ZONE}").outcome is Outcome.CONFIRM
+    assert planner.last_pass.full
+    assert planner.last_pass.why.startswith(
+        "a grant that came or went changes which calendar blocks are confirmed"
+    )

@@ -334,6 +334,8 @@ class _Pass:
         self.pools: tuple[Pool, ...] = tuple(sorted(snapshot.pools, key=lambda p: p.pool_id))
         self.pool_row = {pool.pool_id: row for row, pool in enumerate(self.pools)}
         self.quotas = QuotaBook(sorted(snapshot.tenants, key=lambda t: t.name))
+        # The snapshot's grants, then (step 2) the blocks confirmed. A kept pass's stay as its
+        # own pass left them: the incremental planner keeps the later grants and bookings.
         self.grants: list[Grant] = sorted(snapshot.grants, key=_grant_key)
         self.decisions: dict[str, Decision] = {}
         self.races: dict[str, tuple[str, ...]] = {}
@@ -496,33 +498,39 @@ class _Pass:
             self.now, self.pools, self.pool_row, self.quotas, self.grants, calendar
         )
         for candidate in sorted(calendar, key=lambda c: calendar_key(c.request)):
-            request = candidate.request
-            assert request.start_at is not None  # a calendar request always has one
-            row = ledger.first_fit(candidate)
-            if row is not None:
-                grant = Grant.of(request, self.pools[row].pool_id, request.start_at)
+            grant = self.decide_block(ledger, candidate)
+            if grant is not None:
                 ledger.commit(grant)
                 self.grants.append(grant)
-                self.decisions[request.request_id] = Decision(
-                    request_id=request.request_id,
-                    outcome=Outcome.CONFIRM,
-                    pool_id=grant.pool_id,
-                    start_at=grant.start_at,
-                    end_at=grant.end_at,
-                )
-                continue
-            quota_bound = not ledger.quota_fits(candidate)
-            alternatives = ledger.alternatives(candidate)
-            binding = "the tenant's quota is" if quota_bound else "the capacity is"
+
+    def decide_block(self, ledger: _ExactLedger, candidate: _Candidate) -> Grant | None:
+        """Decide one calendar block on ``ledger`` (the grants and the blocks confirmed before
+        it, in calendar order) and record the decision; the grant it books if confirmed (the
+        caller commits it)."""
+        request = candidate.request
+        assert request.start_at is not None  # a calendar request always has one
+        row = ledger.first_fit(candidate)
+        if row is not None:
+            grant = Grant.of(request, self.pools[row].pool_id, request.start_at)
             self.decisions[request.request_id] = Decision(
                 request_id=request.request_id,
-                outcome=Outcome.REFUSE,
-                reason=Reason.QUOTA if quota_bound else Reason.NO_CAPACITY,
-                alternatives=alternatives,
-                detail=(
-                    f"{binding} committed during the block from {request.start_at.isoformat()}"
-                ),
+                outcome=Outcome.CONFIRM,
+                pool_id=grant.pool_id,
+                start_at=grant.start_at,
+                end_at=grant.end_at,
             )
+            return grant
+        quota_bound = not ledger.quota_fits(candidate)
+        alternatives = ledger.alternatives(candidate)
+        binding = "the tenant's quota is" if quota_bound else "the capacity is"
+        self.decisions[request.request_id] = Decision(
+            request_id=request.request_id,
+            outcome=Outcome.REFUSE,
+            reason=Reason.QUOTA if quota_bound else Reason.NO_CAPACITY,
+            alternatives=alternatives,
+            detail=(f"{binding} committed during the block from {request.start_at.isoformat()}"),
+        )
+        return None
 
     # 3. Flex requests -----------------------------------------------------------------------
 

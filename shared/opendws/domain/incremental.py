@@ -31,8 +31,10 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   changes no row a search reads: nothing after it is searched again — unless a request ahead
   of it is held in the same pool by quota, whose reason may then turn to the pool's capacity;
   the grant is then applied as any other.
-- A grant that came or went while calendar blocks are pending decides the blocks again (it can
-  make a refused block fit or a confirmed one not, and moves the alternatives offered).
+- A grant that came or went while calendar blocks are pending decides again the blocks that
+  read one of its rows (its pool or a quota limit it counts against): it can make a refused
+  block fit or a confirmed one not, and moves the alternatives offered. A block on none of
+  its rows is decided as before (see ``_recalendar``).
 
 Anything else is planned in full, and :attr:`IncrementalPlanner.last_pass` says why: the first
 pass; an earlier ``now``; a later one while a calendar block is pending (its verdict depends on
@@ -51,7 +53,7 @@ import bisect
 import heapq
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import filterfalse
 from typing import TypeVar
@@ -68,6 +70,7 @@ from opendws.domain.admission import (
     _Candidate,
     _collector_paused,
     _Entry,
+    _ExactLedger,
     _FlexState,
     _hold_reason,
     _options,
@@ -83,7 +86,8 @@ from opendws.domain.model import (
     Snapshot,
     require_utc,
 )
-from opendws.domain.policy import FlexKey, flex_key
+from opendws.domain.policy import FlexKey, calendar_key, flex_key
+from opendws.domain.quotas import LimitKey
 from opendws.domain.timeline import MINUTE, MinuteGrid, ceil_cells, floor_cells
 
 _Item = TypeVar("_Item")
@@ -100,14 +104,17 @@ _NONE = 1 << 62  # no cell yet: above every grid
 
 @dataclass(frozen=True, slots=True)
 class PassReport:
-    """How the last plan was made: in full (and why), or incrementally (from which rank, and
-    how many requests were searched again; the others took their slot again)."""
+    """How the last plan was made: in full (and why), or incrementally (from which rank, how
+    many requests were searched again, the others taking their slot again, and how many
+    calendar blocks were decided again)."""
 
     full: bool
     why: str = ""  # full: the reason
     from_rank: int = 0  # incremental: 1-based rank of the first request a change reached
     walked: int = 0  # incremental: requests visited (those on a rolled-back row)
     searched: int = 0  # incremental: of those, searched again
+    redecided: int = 0  # incremental: pending calendar blocks decided again (a grant reached
+    # one of their rows)
 
 
 @dataclass(slots=True)
@@ -152,6 +159,8 @@ class IncrementalPlanner:
         self._by_pool: dict[int, set[_Entry]] = {}  # pool row → the entries placed in it
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
+        self._blocks: list[_Candidate] = []  # the pending calendar blocks, in calendar order
+        self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
         self.last_pass = PassReport(full=True, why="no pass yet")
 
@@ -197,6 +206,8 @@ class IncrementalPlanner:
         self._by_pool = {}
         self._readers = {}
         self._siblings = {}
+        self._blocks = sorted(state.calendar, key=lambda c: calendar_key(c.request))
+        self._booked = {grant.request_id: grant for grant in state.grants[state.base_grants :]}
         if flex is not None:
             # Its facts hold only while free amounts go down; a walk first gives slots back.
             flex.grid.forget()
@@ -367,10 +378,12 @@ class IncrementalPlanner:
                     demand = self._demand[row]
                     if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
                         return "a new grant makes a row bind that the grid never tracked"
+        redecided = 0
         if (released or added) and state.calendar:
-            why = self._recalendar(snapshot, state)
-            if why is not None:
-                return why
+            outcome = self._recalendar(snapshot, state, [*released, *added])
+            if isinstance(outcome, str):
+                return outcome
+            redecided = outcome
         for key in gone:
             self._drop(state, key)
         for key, decision in screened.items():
@@ -388,7 +401,7 @@ class IncrementalPlanner:
         if flex is not None:
             report = self._walk(snapshot, state, flex, gone, arrivals, released, added, clock)
         self._remember(snapshot, pending, grants)
-        self.last_pass = report
+        self.last_pass = replace(report, redecided=redecided)
         return None
 
     def _move_clock(self, now: datetime, gone: set[str]) -> _ClockMove | str:
@@ -458,19 +471,44 @@ class IncrementalPlanner:
             return "most of the queue's starts came: a full pass costs less"
         return clock
 
-    def _recalendar(self, snapshot: Snapshot, state: _Pass) -> str | None:
-        """Decide the calendar blocks again on the new grants; why not, if that confirms
-        another set of blocks (the flex grid holds the confirmed ones)."""
-        fresh = _Pass(snapshot, state.now)
-        fresh._decide_calendar(state.calendar)
-        if fresh.grants[len(snapshot.grants) :] != state.grants[state.base_grants :]:
-            return "a grant that came or went changes which calendar blocks are confirmed"
-        for candidate in state.calendar:
-            key = candidate.request.request_id
-            self._put(state, key, fresh.decisions[key])
-        state.grants = fresh.grants
-        state.base_grants = len(snapshot.grants)
-        return None
+    def _recalendar(self, snapshot: Snapshot, state: _Pass, changed: list[Grant]) -> int | str:
+        """Decide again the calendar blocks the grants that came or went (``changed``) reach,
+        and say how many; why not, if that confirms another set of blocks (the flex grid
+        holds the confirmed ones).
+
+        A block's decision reads only its own rows (its pools and quota limits): the grants
+        and the blocks confirmed before it there. So a block on no row a changed grant holds
+        is decided as before, and while every block reached keeps its grant, no block after
+        it sees another row. The ledger for the reached ones is built over just the rows they
+        read, from the grants there and the earlier blocks' bookings, which are unchanged."""
+        touched = {resource for grant in changed for resource in _grant_resources(state, grant)}
+        reached = [block for block in self._blocks if _reads_any(block, touched)]
+        if not reached:
+            return 0
+        rows = {resource for block in reached for resource in _block_resources(block)}
+        blocks = [block for block in self._blocks if _reads_any(block, rows)]
+        ledger = _ExactLedger(
+            state.now,
+            state.pools,
+            state.pool_row,
+            state.quotas,
+            (g for g in snapshot.grants if not rows.isdisjoint(_grant_resources(state, g))),
+            blocks,
+        )
+        again = {id(block) for block in reached}
+        decided: list[str] = []
+        for block in blocks:
+            key = block.request.request_id
+            booked = self._booked.get(key)
+            if id(block) in again:
+                if state.decide_block(ledger, block) != booked:
+                    return "a grant that came or went changes which calendar blocks are confirmed"
+                decided.append(key)
+            if booked is not None:
+                ledger.commit(booked)
+        for key in decided:
+            self._put(state, key, state.decisions[key])
+        return len(decided)
 
     def _walk(
         self,
@@ -971,6 +1009,31 @@ def _grant_cells(flex: _FlexState, grant: Grant) -> tuple[int, int]:
     first = max(0, floor_cells(grant.start_at - origin))
     last = min(flex.cells, ceil_cells(grant.end_at - origin))
     return first, max(0, last - first)
+
+
+# A row of the calendar ledger: a pool's row, or a quota limit's key.
+_Resource = int | LimitKey
+
+
+def _grant_resources(state: _Pass, grant: Grant) -> list[_Resource]:
+    """The ledger rows ``grant`` counts against: its pool (if configured) and its limits."""
+    row = state.pool_row.get(grant.pool_id)
+    limits: list[_Resource] = [
+        limit.key for limit in state.quotas.limits(grant.tenant, grant.accelerator)
+    ]
+    return limits if row is None else [row, *limits]
+
+
+def _block_resources(block: _Candidate) -> list[_Resource]:
+    """The ledger rows deciding ``block`` reads: its pools and its quota limits."""
+    return [*block.pools, *(limit.key for limit in block.limits)]
+
+
+def _reads_any(block: _Candidate, resources: set[_Resource]) -> bool:
+    """True if deciding ``block`` reads any of ``resources``."""
+    return not resources.isdisjoint(block.pools) or any(
+        limit.key in resources for limit in block.limits
+    )
 
 
 def _grant_rows(state: _Pass, flex: _FlexState, grant: Grant) -> list[tuple[int, int]]:
