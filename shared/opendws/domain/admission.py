@@ -314,6 +314,9 @@ class _FlexState:
     lowest: list[int]  # per row, its least free amount from commitments alone
     short: list[int]
     cells: int
+    # Each request shape's options (see _options): binding, limit_row and short stay as they
+    # are while the state lives (a change to any of them plans in full), so these hold too.
+    shapes: dict[_ShapeKey, tuple[_Option, ...]]
 
 
 class _Pass:
@@ -607,7 +610,9 @@ class _Pass:
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
         if self.keep:
-            self.flex = _FlexState(entries, grid, limits, limit_row, binding, lowest, short, cells)
+            self.flex = _FlexState(
+                entries, grid, limits, limit_row, binding, lowest, short, cells, shapes
+            )
 
     def _queued(
         self, flex: Iterable[_Candidate]

@@ -741,6 +741,7 @@ class IncrementalPlanner:
                     flex.binding,
                     flex.limit_row,
                     flex.short,
+                    flex.shapes,
                 )
                 before = _floor_after(entry)
                 if is_fresh or (best, row, needs) != (entry.best, entry.row, entry.needs):
@@ -935,8 +936,13 @@ def _stands(
     request with no slot waits on unless such a cell lies anywhere."""
     best = entry.best
     reach = grid.cells if best is None else best + max(entry.span, entry.first)
-    for lowest, _, every_need in _options(
-        entry.candidate, flex.binding, flex.limit_row, flex.short, None
+    # Most visits follow a change that only took cells (an arrival): no row gained where a
+    # run of this request could reach, and no option can newly fit.
+    gained = any(spans[row][0] < min(spans[row][1], reach) for row in rows)
+    for lowest, _, every_need in (
+        _options(entry.candidate, flex.binding, flex.limit_row, flex.short, flex.shapes)
+        if gained
+        else ()
     ):
         # Only rolled rows hold what this request sees; the others still carry the takes of
         # requests after it, so they are left out: fewer needs fit more often (a search more,

@@ -158,14 +158,23 @@ class MinuteGrid:
         one of their rows (``gains``, per need: how much its row gained per cell, None if it
         gained nothing): the cells a run of ``needs`` newly fitting could owe its fit to."""
         stop = min(stop, self.cells)
-        room = self._room(needs, start, stop)
-        if room is None:
+        if start >= stop:
             return False
-        gained = np.zeros(stop - start, dtype=np.bool_)
+        # The gained cells first, then narrowed by each need's room, in one buffer: most
+        # calls have one need and one gain, where every numpy call counts.
+        gained: npt.NDArray[np.bool_] | None = None
         for gain in gains:
             if gain is not None:
-                np.logical_or(gained, gain[start:stop] > 0, out=gained)
-        return bool(np.logical_and(room, gained, out=room).any())
+                if gained is None:
+                    gained = gain[start:stop] > 0
+                else:
+                    np.logical_or(gained, gain[start:stop] > 0, out=gained)
+        if gained is None:
+            return False
+        rows = self._rows
+        for row, amount in needs:
+            np.logical_and(gained, rows[row][start:stop] >= amount, out=gained)
+        return bool(gained.any())
 
     def _room(
         self, needs: Sequence[tuple[int, int]], start: int, stop: int
