@@ -84,6 +84,33 @@ TPU_COMPUTE_ACCELERATORS: dict[str, str] = {
 }
 TPU_TYPE_OF_VM_FAMILY = {family: api for api, family in TPU_VM_FAMILIES.items()}
 
+# The TPU generations Dynamic Workload Scheduler serves, per mode. Flex-start: "You can only
+# request Flex-start TPU v6e and v5e" (tpu/docs/request-using-flex-start, Limitations).
+# Calendar mode: "You can only reserve the following TPU versions": v6e, v5p and v5e
+# (tpu/docs/calendar-mode-reservation, Limitations). Google GPUs have no such list per mode.
+TPU_FLEX_START = frozenset({"tpu-v5e", "tpu-v6e"})
+TPU_CALENDAR = frozenset({"tpu-v5e", "tpu-v5p", "tpu-v6e"})
+
+
+def tpu_mode_problem(accelerator: str, mode: str) -> str | None:
+    """Why Google would refuse a TPU request of ``accelerator`` in ``mode`` (``flex_start`` or
+    ``calendar``); None if it serves it, or if ``accelerator`` is not a TPU."""
+    if accelerator not in TPU_ACCELERATORS:
+        return None
+    flex = mode == "flex_start"
+    served = TPU_FLEX_START if flex else TPU_CALENDAR
+    if accelerator in served:
+        return None
+    label, page = ("flex-start", "request-using-flex-start") if flex else (
+        "calendar mode", "calendar-mode-reservation")  # fmt: skip
+    problem = (
+        f"Google Cloud's {label} serves {', '.join(sorted(served))} only, not {accelerator} "
+        f"(cloud.google.com/tpu/docs/{page})"
+    )
+    if flex and accelerator in TPU_CALENDAR:
+        problem += f"; reserve {accelerator} in calendar mode instead"
+    return problem
+
 
 # The Cloud TPU software version each generation boots (tpu/docs/runtimes): queued resources of
 # one accelerator use its version unless OPENDWS_TPU_RUNTIME_VERSION names another for all.

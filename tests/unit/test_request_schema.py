@@ -220,3 +220,51 @@ def test_the_shipped_json_schema_matches_the_model() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+def tpu_gang(accelerator: str, topology: str) -> dict[str, Any]:
+    return {"vm_count": 1, "accelerator": accelerator, "topology": topology}
+
+
+CALENDAR = {"mode": "calendar", "max_wait": None, "run_duration": "2d",
+            "start_at": "2026-12-10T00:00:00Z"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        (message(gang=tpu_gang("tpu-v5p", "2x2x1")), "reserve tpu-v5p in calendar mode instead"),
+        (message(gang=tpu_gang("tpu-v4", "2x2x1")), "request-using-flex-start"),
+        (message(gang=tpu_gang("tpu-v4", "2x2x1"), **CALENDAR), "calendar-mode-reservation"),
+    ],
+    ids=["flex v5p", "flex v4", "calendar v4"],
+)
+def test_a_tpu_generation_google_does_not_serve_in_that_mode_is_refused(
+    payload: dict[str, Any], words: str
+) -> None:
+    """Flex-start: "You can only request Flex-start TPU v6e and v5e"
+    (tpu/docs/request-using-flex-start, "Limitations"); calendar mode: "You can only reserve
+    the following TPU versions": v6e, v5p, v5e (tpu/docs/calendar-mode-reservation). Such a
+    request is refused at intake, naming the page, instead of admitted and refused by Google
+    on every pass."""
+    with pytest.raises(MessageError) as raised:
+        parse_message(payload)
+    [(field, rule)] = raised.value.problems
+    assert field == "gang.accelerator"
+    assert words in rule
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        message(gang=tpu_gang("tpu-v5e", "2x2")),
+        message(gang=tpu_gang("tpu-v6e", "2x4")),
+        message(gang=tpu_gang("tpu-v5p", "2x2x1"), **CALENDAR),
+        message(gang=tpu_gang("tpu-v6e", "2x2"), **CALENDAR),
+    ],
+    ids=["flex v5e", "flex v6e", "calendar v5p", "calendar v6e"],
+)
+def test_the_tpu_generations_google_serves_in_a_mode_are_accepted(
+    payload: dict[str, Any],
+) -> None:
+    assert isinstance(parse_message(payload), Submit)

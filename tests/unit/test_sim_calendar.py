@@ -395,6 +395,16 @@ def test_a_gpu_block_reserves_1_to_80_vms_and_a_tpu_block_an_allowed_chip_count(
     refused(lambda: cloud.insert_future_reservation(P, Z, family), "vmFamily")
 
 
+def test_calendar_mode_reserves_tpu_v6e_v5p_and_v5e_only(cloud: SimulatedCloud) -> None:
+    """ "You can only reserve the following TPU versions": v6e, v5p and v5e
+    (tpu/docs/calendar-mode-reservation, "Limitations"): a v4 block is refused."""
+    v4 = tpu_block("t", 8, START + 10 * DAY)
+    aggregate = v4["aggregateReservation"]
+    aggregate["vmFamily"] = TPU_VM_FAMILIES["V4"]
+    aggregate["reservedResources"][0]["accelerator"]["acceleratorType"] = "ct4p"
+    refused(lambda: cloud.insert_future_reservation(P, Z, v4), "vmFamily", "only")
+
+
 # ---------------------------------------------------------------------- start and end
 
 

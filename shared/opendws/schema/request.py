@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from opendws.catalog import ACCELERATORS, MACHINE_TYPES, TPU_ACCELERATORS
+from opendws.catalog import ACCELERATORS, MACHINE_TYPES, TPU_ACCELERATORS, tpu_mode_problem
 from opendws.domain.model import (
     FLEX_MAX_WAIT,
     CapacityRequest,
@@ -157,6 +157,15 @@ class Submit(_Strict):
     labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], str] = Field(
         default_factory=dict, max_length=64
     )
+
+    @model_validator(mode="after")
+    def _served_by_google(self) -> Submit:
+        # Google serves each mode for some TPU generations only: a request it would refuse
+        # is refused here, with the page that says so, not admitted and refused at Google.
+        problem = tpu_mode_problem(self.gang.accelerator, self.mode)
+        if problem is not None:
+            raise FieldProblem("gang.accelerator", problem)
+        return self
 
 
 class Cancel(_Strict):

@@ -52,7 +52,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from opendws.catalog import TPU_COMPUTE_ACCELERATORS, TPU_TYPE_OF_VM_FAMILY, TPU_VM_FAMILIES
+from opendws.catalog import (
+    TPU_API_TYPES,
+    TPU_CALENDAR,
+    TPU_COMPUTE_ACCELERATORS,
+    TPU_TYPE_OF_VM_FAMILY,
+    TPU_VM_FAMILIES,
+)
 from opendws.domain.calendar import (
     CancellationRule,
     Lead,
@@ -98,6 +104,9 @@ PREFERENCES = ("ALLOW", "DENY")
 MAX_RECOMMENDATIONS = 3
 # lockTime is the last moment a block may be cancelled: it is locked just after.
 LOCK_AFTER = timedelta(microseconds=1)
+
+# The TPU API types calendar mode reserves (catalog.TPU_CALENDAR).
+CALENDAR_TPU_TYPES = tuple(sorted(TPU_API_TYPES[accelerator] for accelerator in TPU_CALENDAR))
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,7 +681,14 @@ def _tpu_type(family: object, where: str) -> str:
         raise CloudError.invalid(
             f"Invalid value for field '{where}': {family!r}. It must be one of {allowed}"
         )
-    return TPU_TYPE_OF_VM_FAMILY[family]
+    shape = TPU_TYPE_OF_VM_FAMILY[family]
+    if shape not in CALENDAR_TPU_TYPES:
+        # tpu/docs/calendar-mode-reservation: only v6e, v5p and v5e can be reserved.
+        raise CloudError.invalid(
+            f"Invalid value for field '{where}': {family!r}. Calendar mode reserves TPU "
+            f"{', '.join(TPU_VM_FAMILIES[t] for t in CALENDAR_TPU_TYPES)} only"
+        )
+    return shape
 
 
 def _workload_type(value: object, where: str) -> None:

@@ -35,6 +35,7 @@ import functools
 import re
 from datetime import datetime, timedelta
 
+from opendws.catalog import TPU_API_TYPES, TPU_FLEX_START
 from opendws.sim.cloud.errors import CloudError
 from opendws.sim.cloud.parsing import (
     JSON,
@@ -57,7 +58,8 @@ from opendws.sim.cloud.world import (
 )
 
 API_VERSIONS = ("v2", "v2alpha1")
-FLEX_TYPES = ("V6E", "V5LITE_POD")  # flex-start is documented for v6e and v5e only
+# Flex-start is documented for v6e and v5e only (catalog.TPU_FLEX_START).
+FLEX_TYPES = tuple(sorted(TPU_API_TYPES[accelerator] for accelerator in TPU_FLEX_START))
 MAX_RUN = timedelta(days=7)
 PROVISIONING_MODELS = (
     "PROVISIONING_MODEL_UNSPECIFIED", "STANDARD", "SPOT", "RESERVATION_BOUND", "FLEX_START",
