@@ -139,8 +139,24 @@ def test_another_request_under_a_used_id_is_refused(parts: Parts) -> None:
             },
             "start_at",
         ),
+        (
+            # tpu/docs/request-using-flex-start: "You can only request Flex-start TPU v6e and
+            # v5e" (catalog.tpu_mode_problem).
+            {
+                **DESIGN_EXAMPLE,
+                "gang": {"vm_count": 1, "accelerator": "tpu-v5p", "topology": "2x2x1"},
+            },
+            "gang.accelerator",
+        ),
     ],
-    ids=["not JSON", "no tenant", "too short", "unknown accelerator", "calendar start passed"],
+    ids=[
+        "not JSON",
+        "no tenant",
+        "too short",
+        "unknown accelerator",
+        "calendar start passed",
+        "flex-start TPU v5p",
+    ],
 )
 def test_bad_input_is_answered_with_a_rejected_event_naming_the_field(
     parts: Parts, payload: dict[str, Any] | bytes, field: str

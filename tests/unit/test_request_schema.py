@@ -247,8 +247,10 @@ def test_a_tpu_generation_google_does_not_serve_in_that_mode_is_refused(
     the following TPU versions": v6e, v5p, v5e (tpu/docs/calendar-mode-reservation). Such a
     request is refused at intake, naming the page, instead of admitted and refused by Google
     on every pass."""
+    submit = parse_message(payload)
+    assert isinstance(submit, Submit)
     with pytest.raises(MessageError) as raised:
-        parse_message(payload)
+        to_capacity_request(submit, default_request_id="m", submitted_at=NOW)
     [(field, rule)] = raised.value.problems
     assert field == "gang.accelerator"
     assert words in rule
@@ -267,4 +269,18 @@ def test_a_tpu_generation_google_does_not_serve_in_that_mode_is_refused(
 def test_the_tpu_generations_google_serves_in_a_mode_are_accepted(
     payload: dict[str, Any],
 ) -> None:
-    assert isinstance(parse_message(payload), Submit)
+    submit = parse_message(payload)
+    assert isinstance(submit, Submit)
+    request = to_capacity_request(submit, default_request_id="m", submitted_at=NOW)
+    assert request.gang.accelerator == payload["gang"]["accelerator"]
+
+
+def test_a_release_naming_such_a_request_as_if_absent_is_still_a_release() -> None:
+    """The rule is the request's, checked where a request is made of a submission: a release
+    must never be refused for what its if_absent describes (it releases what exists)."""
+    absent = message(gang=tpu_gang("tpu-v5p", "2x2x1"), request_id="r")
+    release = parse_message(
+        {"schema": "opendws.request/v1", "action": "release", "request_id": "r",
+         "tenant": absent["tenant"], "if_absent": absent}
+    )  # fmt: skip
+    assert isinstance(release, Release)

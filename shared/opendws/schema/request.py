@@ -158,15 +158,6 @@ class Submit(_Strict):
         default_factory=dict, max_length=64
     )
 
-    @model_validator(mode="after")
-    def _served_by_google(self) -> Submit:
-        # Google serves each mode for some TPU generations only: a request it would refuse
-        # is refused here, with the page that says so, not admitted and refused at Google.
-        problem = tpu_mode_problem(self.gang.accelerator, self.mode)
-        if problem is not None:
-            raise FieldProblem("gang.accelerator", problem)
-        return self
-
 
 class Cancel(_Strict):
     """Withdraw a request that is not yet active."""
@@ -250,6 +241,13 @@ def to_capacity_request(
     if it breaks a rule of its mode (run time, wait, start)."""
     if submit.start_at is not None and submit.start_at < submitted_at:
         raise MessageError([("start_at", "lies in the past")])
+    # Google serves each mode for some TPU generations only: a request it would refuse is
+    # refused here, naming the page that says so, not admitted and then refused by Google.
+    # (A rule of the request, not of the message: a release naming such a request as
+    # if_absent is still a valid release.)
+    tpu_problem = tpu_mode_problem(submit.gang.accelerator, submit.mode)
+    if tpu_problem is not None:
+        raise MessageError([("gang.accelerator", tpu_problem)])
     gang = submit.gang
     machine = MACHINE_TYPES.get(gang.machine_type or "")
     mode = Mode(submit.mode)
