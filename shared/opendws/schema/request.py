@@ -238,7 +238,8 @@ def to_capacity_request(
     submit: Submit, *, default_request_id: str, submitted_at: datetime
 ) -> CapacityRequest:
     """The domain request a submission asks for, submitted at ``submitted_at``; MessageError
-    if it breaks a rule of its mode (run time, wait, start)."""
+    if it breaks a rule of its mode (run time, wait, start, the TPU generations Google
+    serves in it)."""
     if submit.start_at is not None and submit.start_at < submitted_at:
         raise MessageError([("start_at", "lies in the past")])
     # Google serves each mode for some TPU generations only: a request it would refuse is
