@@ -19,6 +19,12 @@ grants would need live records), in one run:
    transaction): the stores' own ``documents_read`` when they count it, else a counter on the
    Firestore client's reads (the run says which). Target (issue 17): reads ≈ k + a constant,
    not ≈ the backlog.
+4. with ``--emulators``, what the providers cost a steady pass: how many pools each pass
+   observed (ReconcileSettings.observe_all_every: those of live orders, and those where
+   something ended or was released, rather than all configured), and one observation of
+   every pool against one of the live orders' pools only, in the same minutes. The load of
+   part 3 keeps live orders in almost every pool, so the same is measured once more with
+   1,000 requests located in one region of the ten (20 of the 200 pools).
 
     python bench/reconcile.py                  # N = 1,000 and 10,000 in memory
     python bench/reconcile.py --quick          # N = 1,000 (CI keeps it working)
@@ -27,7 +33,9 @@ grants would need live records), in one run:
     python bench/reconcile.py --json           # ...and one JSON object as the last line:
         {"memory": …, "emulators": …, "steady_reads": {"1000": {"0": n, "1": n, "100": n},
          "10000": …}, "steady_pass_s": {same shape}, "steady_backlog": {"1000": {"pending":
-         n, "live": n}, …}, "reads_counted_by": "…"}  (the last four with --emulators)
+         n, "live": n}, …}, "reads_counted_by": "…", "steady_observe": {"1000": {"pools_all",
+         "pools_live", "all_s", "live_s", "observed_pools": {"0": n, …}}, …, "1000 in
+         us-central1": {…}}}  (the last five with --emulators)
 """
 
 from __future__ import annotations
@@ -63,21 +71,24 @@ from opendws.ports import (  # noqa: E402
     Configuration,
     Providers,
     RequestStore,
+    submitted,
 )
 from opendws.service.reconcile import PassReport, ReconcileService  # noqa: E402
-from planner import NOW, build_snapshot  # noqa: E402
+from planner import NOW, REGIONS, build_snapshot  # noqa: E402
 from tests.world import submit  # noqa: E402
 
 
-def pending_only(size: int) -> Snapshot:
+def pending_only(size: int, region: str | None = None) -> Snapshot:
     """``size`` pending requests of the planner's load, only ones intake accepts: that load
     also asks for flex-start TPU v5p, which Google does not serve (catalog.tpu_mode_problem)
-    and intake refuses."""
-    snapshot = build_snapshot(size * 3 // 2)
+    and intake refuses. With ``region``, only requests located in it (the configuration keeps
+    all 200 pools: the work sits in that region's 20)."""
+    snapshot = build_snapshot(size * (15 if region else 3) // 2)
     accepted = [
         request
         for request in snapshot.pending
         if tpu_mode_problem(request.gang.accelerator, request.mode) is None
+        and (region is None or all(where.startswith(region) for where in request.locations))
     ][:size]
     assert len(accepted) == size, f"the load has {len(accepted)} acceptable requests, not {size}"
     return Snapshot(pools=snapshot.pools, tenants=snapshot.tenants, pending=tuple(accepted))
@@ -285,9 +296,11 @@ def submit_all(store: RequestStore, requests: Sequence[Any]) -> None:
         list(pool.map(lambda request: submit(store, request), requests))
 
 
-def steady(size: int) -> dict[str, Any] | None:
+def steady(size: int, region: str | None = None) -> dict[str, Any] | None:
     """Documents read and wall time of one pass after k changes, k in CHANGES, over ``size``
-    submitted requests on the emulators (see the module docstring, part 3)."""
+    submitted requests on the emulators (see the module docstring, part 3); the pools each
+    pass observed; and, after the last, the time to observe every configured pool against
+    the pools of live orders only (part 4)."""
     from emulators import missing_reason
 
     reason = missing_reason()
@@ -296,7 +309,7 @@ def steady(size: int) -> dict[str, Any] | None:
         return None
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
-    snapshot = pending_only(size)
+    snapshot = pending_only(size, region)
     with emulated(snapshot, "steady") as (client, providers):
         store, config = FirestoreRequestStore(client), FirestoreConfigStore(client)
         started = time.perf_counter()
@@ -319,6 +332,7 @@ def steady(size: int) -> dict[str, Any] | None:
             )
             counts: dict[str, int] = {}
             times: dict[str, float] = {}
+            looked: dict[str, int] = {}
             for round_, changed in enumerate(CHANGES):
                 submit_all(store, arrivals(snapshot, round_, changed))
                 before = reads.total()
@@ -326,19 +340,43 @@ def steady(size: int) -> dict[str, Any] | None:
                 report = reconciler.run_pass()
                 times[str(changed)] = round(time.perf_counter() - started, 4)
                 counts[str(changed)] = reads.total() - before
+                looked[str(changed)] = report.observed_pools
                 if not report.ran:
                     print(f"  k = {changed}: the pass did not run ({report.outcome})")
-    shown = ", ".join(f"k = {k}: {counts[k]:,} reads in {times[k]:.2f} s" for k in counts)
+            observe = observe_cost(store, providers, snapshot)
+    shown = ", ".join(
+        f"k = {k}: {counts[k]:,} reads in {times[k]:.2f} s, {looked[k]} pools observed"
+        for k in counts
+    )
+    where = f" in {region}" if region else ""
     print(
-        f"{size:>6,} submitted on the emulators ({pending:,} pending, {live:,} live after the "
-        f"first pass {first_s:.1f} s, {first_reads:,} reads; setup {submit_s:.1f} s): steady "
-        f"pass after k changes: {shown}",
+        f"{size:>6,} submitted{where} on the emulators ({pending:,} pending, {live:,} live after "
+        f"the first pass {first_s:.1f} s, {first_reads:,} reads; setup {submit_s:.1f} s): "
+        f"steady pass after k changes: {shown}; observing all {observe['pools_all']} pools "
+        f"{observe['all_s']:.3f} s, the {observe['pools_live']} of live orders "
+        f"{observe['live_s']:.3f} s = {observe['live_s'] / observe['all_s']:.2f}x",
         flush=True,
     )
     return {
         "reads": counts, "pass_s": times, "backlog": {"pending": pending, "live": live},
         "first_pass_s": round(first_s, 3), "first_pass_reads": first_reads,
-        "source": reads.source,
+        "source": reads.source, "observed_pools": looked, "observe": observe,
+    }  # fmt: skip
+
+
+def observe_cost(store: Any, providers: Providers, snapshot: Snapshot) -> dict[str, Any]:
+    """Best of 3 wall times of one observation of every configured pool (what each pass
+    did before ReconcileSettings.observe_all_every) and of the pools of live orders only
+    (what a steady pass observes), in the same minutes."""
+    live = store.in_states(RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED)
+    live += [r for r in store.in_states(RequestState.PENDING) if submitted(r)]
+    wanted = {lane.pool for record in live for lane in record.orders}
+    these = [pool for pool in snapshot.pools if pool.pool_id in wanted]
+    every = list(snapshot.pools)
+    return {
+        "pools_all": len(every), "pools_live": len(these),
+        "all_s": round(best_of(3, lambda: providers.observe(every)), 4),
+        "live_s": round(best_of(3, lambda: providers.observe(these)), 4),
     }  # fmt: skip
 
 
@@ -367,6 +405,13 @@ def main() -> int:
                 for size, found in passes.items()
             }  # fmt: skip
             result["reads_counted_by"] = next(iter(passes.values()))["source"]
+            concentrated = steady(1_000, REGIONS[0])
+            if concentrated is not None:
+                passes[f"1000 in {REGIONS[0]}"] = concentrated
+            result["steady_observe"] = {
+                size: {**found["observe"], "observed_pools": found["observed_pools"]}
+                for size, found in passes.items()
+            }
     if args.json:
         print(json.dumps(result))
     return 0

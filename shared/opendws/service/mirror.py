@@ -10,7 +10,9 @@ fake. A cold instance reads everything once.
 Invariant: the mirror is only ever a view. Every write the reconciler makes is guarded by the
 record's version and the lease's fence, so a stale copy can cause a refused write (then the
 next read brings the newer one), never a wrong one. A copy is replaced only by a newer version
-of itself; a request that reached a final state leaves the mirror.
+of itself; a request that reached a final state leaves the mirror, and the pools of its
+orders are noted (:meth:`RequestMirror.take_ended_pools`): whoever released them, the
+reconciler looks there next for what the release left behind.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class RequestMirror:
     def __init__(self) -> None:
         self._records: dict[str, RequestRecord] = {}
         self._watermark: Watermark | None = None
+        # Pools of the orders of requests that became final since the last take.
+        self._ended_pools: set[str] = set()
         self._lock = threading.Lock()
 
     def refresh(self, store: Requests) -> list[RequestRecord]:
@@ -49,11 +53,21 @@ class RequestMirror:
         with self._lock:
             self._keep(record)
 
+    def take_ended_pools(self) -> set[str]:
+        """The pools where a request that left the mirror since the last call had orders (its
+        last copy here, and its final record: either may name them), and forget them. A
+        final record read again at the watermark, once gone, notes nothing more."""
+        with self._lock:
+            ended, self._ended_pools = self._ended_pools, set()
+        return ended
+
     def _keep(self, record: RequestRecord) -> None:
         held = self._records.get(record.request_id)
         if held is not None and held.version > record.version:
             return  # an older copy (read again at the watermark): the newer one stays
         if record.state.is_final:
-            self._records.pop(record.request_id, None)
+            gone = self._records.pop(record.request_id, None)
+            if gone is not None:
+                self._ended_pools.update(lane.pool for lane in (*gone.orders, *record.orders))
         else:
             self._records[record.request_id] = record

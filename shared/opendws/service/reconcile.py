@@ -6,7 +6,10 @@ concurrent runs. One pass reads as the numbered cycle of the design:
    nothing; with it, every write of this pass carries the token and is refused once another
    reconciler takes over. Then bring the mirror of the requests not yet final up to date,
    reading only what changed since the last pass (:mod:`opendws.service.mirror`).
-2. Observe the providers: every resource opendws owns in every configured pool.
+2. Observe the providers: every resource opendws owns in the pools where something may have
+   changed — those with a live order, those where a request ended or a release was asked
+   since, and those where the last look found something no live request wanted — and in
+   every configured pool on an instance's first pass and every ``observe_all_every`` after.
 3. Sweep the live requests against what was observed, through the pure table of
    ``opendws.domain.sweep``: provisioning that Google served (ACTIVE; a race's other orders
    cancelled), that waits in Google's queue (kept there until max_wait, its pool marked short),
@@ -39,7 +42,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -144,6 +147,13 @@ class ReconcileSettings:
     give_up_after: timedelta | None = None
     # A create call the cloud kept refusing this long after admission drops that order.
     not_taken_after: timedelta = timedelta(minutes=15)
+    # A pass observes the pools where something may have changed: those with a live order,
+    # those where a request ended since the last pass or a release was asked, and those
+    # where the last look found something no live request wanted. Every pool is observed on
+    # an instance's first pass and then at least this often, so that a resource left behind
+    # where nothing points (a release Google accepted and then failed) is still found.
+    # timedelta(0): every pool, every pass.
+    observe_all_every: timedelta = timedelta(minutes=5)
 
     @property
     def sweep(self) -> SweepSettings:
@@ -191,6 +201,8 @@ class PassReport:
     # Requests left PROVISIONING or under Google's review: a pass soon will see them through.
     in_flight: int = 0
     published: int = 0
+    observed_pools: int = 0  # pools whose resources were listed (see observe_all_every)
+    observed_all: bool = False  # every configured pool was
     # Another pass was asked for while this one held the lease: the caller runs one more.
     again: bool = False
     # The plan's earliest held start: a pass then admits it on time (an ETA that moved by
@@ -262,6 +274,11 @@ class ReconcileService:
         # slot a request holds, which may be earlier than the ETA it was told (a move under
         # eta_tolerance is not announced). A cold instance starts from the announced ones.
         self._held: dict[str, tuple[str, datetime]] = {}
+        # Pools to observe next pass although no live order is there (observe_all_every):
+        # a request ended there, a release was asked there, or the last look there found
+        # something no live request wanted. Guarded by _lock.
+        self._watched: set[str] = set()
+        self._observed_all_at: datetime | None = None  # None: never yet, on this instance
 
     def run_pass(self) -> PassReport:
         """One pass. Returns at once if another reconciler holds the lease.
@@ -340,6 +357,7 @@ class _Cycle:
         self.service = service
         self.mirror = service._mirror
         self.grants_lock = service._lock
+        self.released_in: set[str] = set()  # pools where this pass asked for a release
 
     def run(self) -> None:
         # 1. The lease is held (run_pass took it).
@@ -351,8 +369,10 @@ class _Cycle:
         # Calendar blocks at Google's review are swept with the live ones.
         live = [*live, *(record for record in pending if submitted(record))]
         self._announce_backlog()
-        # 2. Observe the providers.
-        observed = self.providers.observe(self.pools.values())
+        # 2. Observe the providers where something may have changed (every pool, at times).
+        looked, whole = self._pools_to_observe(live)
+        observed = self.providers.observe(looked)
+        self.report.observed_pools, self.report.observed_all = len(looked), whole
         # 3. Sweep the live requests against it; release what nobody wants.
         for record in live:
             seen = {
@@ -369,6 +389,8 @@ class _Cycle:
                 continue  # its last sweep did nothing, and nothing it reads has changed since
             with self._one_request(record.request_id):
                 self._sweep(record, seen, inputs)
+        # What is left was seen where no live request wants it: leaks, and blocks Google keeps.
+        self._watch({pool.pool_id for pool in looked}, observed, whole)
         for name in sorted(observed):
             self._release_leak(observed[name])
         # 4. Snapshot and admission.
@@ -393,6 +415,38 @@ class _Cycle:
         self.report.in_flight = sum(
             r.state is S.PROVISIONING or submitted(r) for r in self.records.values()
         )
+
+    def _pools_to_observe(self, live: Sequence[RequestRecord]) -> tuple[list[Pool], bool]:
+        """The pools this pass observes, and whether they are all of them: every configured
+        pool on the instance's first pass and once observe_all_every has passed since the
+        last such pass; else those of live orders and those watched (see ReconcileService).
+        Every order a live request has is in them, so the sweep never mistakes an order it
+        did not look for for one Google lost."""
+        service = self.service
+        with self.grants_lock:
+            service._watched |= self.mirror.take_ended_pools()
+            last = service._observed_all_at
+            whole = last is None or self.now - last >= self.settings.observe_all_every
+            wanted = set(service._watched)
+        if whole:
+            return list(self.pools.values()), True
+        for record in live:
+            wanted.update(lane.pool for lane in record.orders)
+            if record.pool is not None:
+                wanted.add(record.pool)  # the sweep also looks under (pool, attempt)
+        return [pool for pool_id, pool in self.pools.items() if pool_id in wanted], False
+
+    def _watch(self, looked: set[str], unwanted: dict[str, Sighting], whole: bool) -> None:
+        """After the sweep: a pool looked at and found clean leaves the watch, unless this
+        pass asked for a release there; one with something no live request wanted stays."""
+        dirty = {sighting.observed.pool_id for sighting in unwanted.values()}
+        with self.grants_lock:
+            watched = self.service._watched
+            watched -= looked - dirty - self.released_in
+            watched |= dirty
+            if whole:
+                watched &= set(self.pools)  # forget pools no longer configured
+                self.service._observed_all_at = self.now
 
     @contextlib.contextmanager
     def _one_request(self, request_id: str) -> Iterator[None]:
@@ -560,6 +614,11 @@ class _Cycle:
         which issues the call again (it is safe to repeat), so one bad order never holds up
         the others."""
         request = order.request
+        if action is Call.RELEASE:
+            # Watched until a pass sees the pool clean (what Google deletes takes a while).
+            with self.grants_lock:
+                self.service._watched.add(order.pool.pool_id)
+            self.released_in.add(order.pool.pool_id)
         try:
             call(order)
         except Exception as error:
