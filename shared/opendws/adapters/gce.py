@@ -4,7 +4,8 @@ idempotence (an "already exists" on create and a "not found" on delete are both 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol, TypeVar
@@ -16,6 +17,7 @@ from opendws.catalog import TPU_RUNTIME_VERSIONS, vm_profile
 from opendws.ports import ORDER_PREFIX
 
 T = TypeVar("T")
+V = TypeVar("V")
 MANAGED_BY = {"managed-by": "opendws"}
 
 
@@ -39,6 +41,11 @@ class CloudSettings:
     # How long one Compute Engine operation (template, group, resize request, cancel, delete)
     # is awaited before the call gives up (the next pass repeats it).
     operation_timeout: float = 300.0
+    # How many zones an observation lists at once. Google lists resize requests per MIG,
+    # instances and queued resources per zone, each list one round trip, so a pass over many
+    # pools spends its time waiting; the clients sit on requests' thread-safe connection
+    # pool (googleapis/google-cloud-python#5763). 1: one zone after another.
+    observe_workers: int = 8
 
     def runtime_version(self, accelerator: str) -> str:
         """The TPU software version a slice of ``accelerator`` boots."""
@@ -58,6 +65,26 @@ def awaited(call: Callable[[], _Operation], timeout: float) -> Callable[[], obje
         return call().result(timeout=timeout)
 
     return run
+
+
+def per_zone(
+    zones: Iterable[str], observe: Callable[[str], dict[str, V]], workers: int
+) -> dict[str, V]:
+    """``observe`` of each zone, up to ``workers`` zones at once, merged in zone order (so the
+    result does not depend on which call finished first). Each zone's call must touch only
+    its own state; the first error raised is raised here, after every call has ended."""
+    ordered = sorted(set(zones))
+    if workers <= 1 or len(ordered) <= 1:
+        results = [observe(zone) for zone in ordered]
+    else:
+        with ThreadPoolExecutor(
+            max_workers=min(workers, len(ordered)), thread_name_prefix="observe"
+        ) as pool:
+            results = list(pool.map(observe, ordered))
+    merged: dict[str, V] = {}
+    for result in results:
+        merged.update(result)
+    return merged
 
 
 def created(call: Callable[[], object]) -> None:

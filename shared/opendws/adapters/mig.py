@@ -54,6 +54,7 @@ from opendws.adapters.gce import (
     network,
     order_of_vm,
     owned,
+    per_zone,
     vm_names,
 )
 from opendws.domain.model import FLEX_MAX_RUN, Pool
@@ -111,11 +112,18 @@ class MigFlexProvider:
     # The port ---------------------------------------------------------------------------
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
-        observed: dict[str, Observed] = {}
-        zone_vms: dict[str, list[compute_v1.Instance]] = {}
+        by_zone: dict[str, list[Pool]] = {}
         for pool in pools:
-            observed.update(self._observe_pool(pool, zone_vms))
-        return observed
+            by_zone.setdefault(pool.zone, []).append(pool)
+
+        def observe_zone(zone: str) -> dict[str, Observed]:
+            observed: dict[str, Observed] = {}
+            zone_vms: dict[str, list[compute_v1.Instance]] = {}  # this zone's, listed once
+            for pool in by_zone[zone]:
+                observed.update(self._observe_pool(pool, zone_vms))
+            return observed
+
+        return per_zone(by_zone, observe_zone, self._settings.observe_workers)
 
     def reserve(self, order: Order) -> None:
         """Flex-start capacity is not reserved ahead."""

@@ -52,6 +52,7 @@ from opendws.adapters.gce import (
     network,
     order_of_vm,
     owned,
+    per_zone,
     vm_names,
 )
 from opendws.adapters.tpu import Response, Session, TpuQueuedProvider, queued_resource_spec
@@ -346,10 +347,10 @@ class CalendarReservationProvider(_Blocks):
         for pool in pools:
             if pool.provider is Provider.MIG:
                 by_zone[pool.zone][pool.shape] = pool
-        observed: dict[str, Observed] = {}
-        for zone, pools_here in sorted(by_zone.items()):
-            observed.update(self._observe_zone(zone, pools_here))
-        return observed
+        return per_zone(
+            by_zone, lambda zone: self._observe_zone(zone, by_zone[zone]),
+            self._settings.observe_workers,
+        )  # fmt: skip
 
     def provision(self, order: Order) -> None:
         """The block's VMs, consuming its reservation (the next pass sees them)."""
@@ -437,31 +438,37 @@ class TpuCalendarProvider(_Blocks):
         for pool in pools:
             if pool.provider is Provider.TPU:
                 by_zone[pool.zone][pool.accelerator] = pool
+        return per_zone(
+            by_zone, lambda zone: self._observe_zone(zone, by_zone[zone]),
+            self._settings.observe_workers,
+        )  # fmt: skip
+
+    def _observe_zone(self, zone: str, pools_here: dict[str, Pool]) -> dict[str, Observed]:
+        """The TPU blocks of ``zone`` and their consumers, and consumers whose block is gone."""
         observed: dict[str, Observed] = {}
-        for zone, pools_here in sorted(by_zone.items()):
-            consumers = {
-                str(resource.get("name", "")).rsplit("/", 1)[-1]: resource
-                for resource in self._queued.listed(zone)
-                if resource.get("reservationName")
-            }
-            for name, (block, live) in self._blocks(zone).items():
-                api_type = TPU_TYPE_OF_VM_FAMILY.get(block.aggregate_reservation.vm_family, "")
-                block_pool = pools_here.get(TPU_ACCELERATOR_OF_API_TYPE.get(api_type, ""))
-                if block_pool is None:
-                    continue
-                consumer = consumers.pop(name, None)
-                running = [] if consumer is None else [_state(consumer) == "ACTIVE"]
-                observed[name] = self._observed(name, block_pool, block, live, 1, running)
-            for name, resource in consumers.items():
-                # A queued resource whose block is gone: reported, so that it is released.
-                home = next(iter(pools_here.values()), None)
-                if owned(name) and home is not None:
-                    phase = (
-                        ProvisionPhase.READY
-                        if _state(resource) == "ACTIVE"
-                        else ProvisionPhase.CREATING
-                    )
-                    observed[name] = Observed(name=name, pool_id=home.pool_id, phase=phase)
+        consumers = {
+            str(resource.get("name", "")).rsplit("/", 1)[-1]: resource
+            for resource in self._queued.listed(zone)
+            if resource.get("reservationName")
+        }
+        for name, (block, live) in self._blocks(zone).items():
+            api_type = TPU_TYPE_OF_VM_FAMILY.get(block.aggregate_reservation.vm_family, "")
+            block_pool = pools_here.get(TPU_ACCELERATOR_OF_API_TYPE.get(api_type, ""))
+            if block_pool is None:
+                continue
+            consumer = consumers.pop(name, None)
+            running = [] if consumer is None else [_state(consumer) == "ACTIVE"]
+            observed[name] = self._observed(name, block_pool, block, live, 1, running)
+        for name, resource in consumers.items():
+            # A queued resource whose block is gone: reported, so that it is released.
+            home = next(iter(pools_here.values()), None)
+            if owned(name) and home is not None:
+                phase = (
+                    ProvisionPhase.READY
+                    if _state(resource) == "ACTIVE"
+                    else ProvisionPhase.CREATING
+                )
+                observed[name] = Observed(name=name, pool_id=home.pool_id, phase=phase)
         return observed
 
     def provision(self, order: Order) -> None:

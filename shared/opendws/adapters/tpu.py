@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from google.api_core import exceptions
 
-from opendws.adapters.gce import CloudSettings, owned
+from opendws.adapters.gce import CloudSettings, owned, per_zone
 from opendws.catalog import TPU_ACCELERATOR_OF_API_TYPE, TPU_API_TYPES
 from opendws.domain.model import Pool
 from opendws.ports import Observed, Order, ProvisionPhase
@@ -73,15 +73,18 @@ class TpuQueuedProvider:
         by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)
         for pool in pools:
             by_zone[pool.zone][pool.accelerator] = pool
-        observed: dict[str, Observed] = {}
-        for zone, pools_here in sorted(by_zone.items()):
+
+        def observe_zone(zone: str) -> dict[str, Observed]:
+            observed: dict[str, Observed] = {}
             for resource in self.listed(zone):
                 name = str(resource.get("name", "")).rsplit("/", 1)[-1]
-                home = pools_here.get(_accelerator(resource) or "")
+                home = by_zone[zone].get(_accelerator(resource) or "")
                 if not owned(name) or home is None or resource.get("reservationName"):
                     continue  # one on a reservation consumes a calendar block: not ours
                 observed[name] = _observed(name, home, resource)
-        return observed
+            return observed
+
+        return per_zone(by_zone, observe_zone, self._settings.observe_workers)
 
     def reserve(self, order: Order) -> None:
         """Queued resources are asked for at the start; nothing is reserved ahead."""
