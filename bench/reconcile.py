@@ -11,14 +11,14 @@ grants would need live records), in one run:
    and the real Compute/TPU clients over the project's emulator, against E raw Firestore
    transactional writes in the same run (a pass makes about one transaction per request);
 3. with ``--emulators``, steady passes on the same emulators: N requests submitted as intake
-   stores them (``FirestoreRequestStore.create`` of ``ports.accepted``), a first pass and one
-   more to settle, then for k = 0, 1, 100 in turn: k new arrivals written by someone else
-   (created through the store as intake does), then one pass — the Firestore documents it read
-   and its wall time. Documents read are every document snapshot the two stores read during
-   the pass (the lease, the configuration, pool status, queries, the reads inside each
-   transaction): the stores' own ``documents_read`` when they count it, else a counter on the
-   Firestore client's reads (the run says which). Target (issue 17): reads ≈ k + a constant,
-   not ≈ the backlog.
+   stores them (``FirestoreRequestStore.create`` of ``ports.accepted``), a first pass and up to
+   SETTLE_PASSES more until one writes nothing, then for k = 0, 1, 100 in turn: k new arrivals
+   written by someone else (created through the store as intake does), then one pass — the
+   Firestore documents it read and its wall time. Documents read are every document snapshot
+   the two stores read during the pass (the lease, the configuration, pool status, queries, the
+   reads inside each transaction): the stores' own ``documents_read`` when they count it, else
+   a counter on the Firestore client's reads (the run says which). Target (issue 17): reads ≈ k
+   + a constant, not ≈ the backlog.
 4. with ``--emulators``, what the providers cost a steady pass: how many pools each pass
    observed (ReconcileSettings.observe_all_every: those of live orders, and those where
    something ended or was released, rather than all configured), and one observation of
@@ -36,7 +36,8 @@ grants would need live records), in one run:
          "10000": …}, "steady_pass_s": {same shape}, "steady_backlog": {"1000": {"pending":
          n, "live": n}, …}, "reads_counted_by": "…", "steady_observe": {"1000": {
          "pools_all", "pools_live", "all_s", "live_s", "all_one_zone_at_a_time_s",
-         "live_one_zone_at_a_time_s", "observed_pools": {"0": n, …}}, …,
+         "live_one_zone_at_a_time_s", "round_trip_0.05_s": {the same four},
+         "observed_pools": {"0": n, …}}, …,
          "1000 in us-central1": {…}}}  (the last five with --emulators)
 """
 
@@ -85,7 +86,7 @@ def pending_only(size: int, region: str | None = None) -> Snapshot:
     also asks for flex-start TPU v5p, which Google does not serve (catalog.tpu_mode_problem)
     and intake refuses. With ``region``, only requests located in it (the configuration keeps
     all 200 pools: the work sits in that region's 20)."""
-    snapshot = build_snapshot(size * (15 if region else 3) // 2)
+    snapshot = build_snapshot(size * (30 if region else 3) // 2)
     accepted = [
         request
         for request in snapshot.pending
@@ -145,10 +146,11 @@ def in_memory(size: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def emulated(snapshot: Snapshot, name: str) -> Iterator[tuple[Any, Providers, Providers]]:
+def emulated(snapshot: Snapshot, name: str) -> Iterator[tuple[Any, Providers, Providers, Any]]:
     """The official Firestore emulator and the Compute/TPU emulator over a simulated cloud
     stocked as ``snapshot``'s pools: a Firestore client of a fresh project, the capacity
-    providers on the emulator, and the same listing one zone at a time (observe_workers=1)."""
+    providers on the emulator, the same listing one zone at a time (observe_workers=1), and
+    the Compute emulator itself."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import firestore
 
@@ -171,6 +173,7 @@ def emulated(snapshot: Snapshot, name: str) -> Iterator[tuple[Any, Providers, Pr
             yield (
                 client, capacity_providers(project, endpoint=compute.endpoint),
                 capacity_providers(project, endpoint=compute.endpoint, cloud=one_at_a_time),
+                compute,
             )  # fmt: skip
         finally:
             client.close()  # type: ignore[no-untyped-call]
@@ -186,7 +189,7 @@ def on_emulators(size: int) -> dict[str, Any] | None:
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
     snapshot = pending_only(size)
-    with emulated(snapshot, "reconcile") as (client, providers, _):
+    with emulated(snapshot, "reconcile") as (client, providers, _, _):
         raw_s = raw_transactions(client, size)
         reconciler = service(
             snapshot,
@@ -229,6 +232,8 @@ def raw_transactions(client: Any, count: int) -> float:
 # Steady passes: documents read when k requests changed -----------------------------------
 
 STEADY_SIZES = (1_000, 10_000)
+SETTLE_PASSES = 5  # at most, before the k passes
+ROUND_TRIP = 0.05  # seconds: a stand-in for one call's round trip to Google (observe_cost)
 CHANGES = (0, 1, 100)
 WRITERS = 8  # threads that submit the backlog (setup only, not measured)
 
@@ -317,7 +322,7 @@ def steady(size: int, region: str | None = None) -> dict[str, Any] | None:
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
     snapshot = pending_only(size, region)
-    with emulated(snapshot, "steady") as (client, providers, one_at_a_time):
+    with emulated(snapshot, "steady") as (client, providers, one_at_a_time, compute):
         store, config = FirestoreRequestStore(client), FirestoreConfigStore(client)
         started = time.perf_counter()
         submit_all(store, snapshot.pending)
@@ -332,7 +337,15 @@ def steady(size: int, region: str | None = None) -> dict[str, Any] | None:
             reconciler.run_pass()
             first_s = time.perf_counter() - started
             first_reads = reads.total()
-            reconciler.run_pass()  # settles what the first pass left moving
+            # Settle what the first pass left moving (on this load the second pass revises
+            # a few hundred ETAs), so that the k = 0 pass follows one that wrote nothing:
+            # every write is read back once by the next pass's delta read.
+            settling = 0
+            while settling < SETTLE_PASSES:
+                settling += 1
+                settled = reconciler.run_pass()
+                if not (settled.transitions or settled.revisions):
+                    break
             pending = len(store.in_states(RequestState.PENDING))
             live = len(
                 store.in_states(RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED)
@@ -350,35 +363,42 @@ def steady(size: int, region: str | None = None) -> dict[str, Any] | None:
                 looked[str(changed)] = report.observed_pools
                 if not report.ran:
                     print(f"  k = {changed}: the pass did not run ({report.outcome})")
-            observe = observe_cost(store, providers, one_at_a_time, snapshot)
+            observe = observe_cost(store, providers, one_at_a_time, snapshot, compute)
     shown = ", ".join(
         f"k = {k}: {counts[k]:,} reads in {times[k]:.2f} s, {looked[k]} pools observed"
         for k in counts
     )
     where = f" in {region}" if region else ""
+    held = ", ".join(f"{k} {v:.2f}" for k, v in observe[f"round_trip_{ROUND_TRIP}_s"].items())
     print(
         f"{size:>6,} submitted{where} on the emulators ({pending:,} pending, {live:,} live after "
-        f"the first pass {first_s:.1f} s, {first_reads:,} reads; setup {submit_s:.1f} s): "
+        f"the first pass {first_s:.1f} s, {first_reads:,} reads, {settling} more to settle; "
+        f"setup {submit_s:.1f} s): "
         f"steady pass after k changes: {shown}; observing all {observe['pools_all']} pools "
         f"{observe['all_s']:.3f} s ({observe['all_one_zone_at_a_time_s']:.3f} s one zone at a "
         f"time), the {observe['pools_live']} of live orders {observe['live_s']:.3f} s "
-        f"({observe['live_one_zone_at_a_time_s']:.3f} s)",
+        f"({observe['live_one_zone_at_a_time_s']:.3f} s); with a {ROUND_TRIP * 1000:.0f} ms "
+        f"round trip: {held}",
         flush=True,
     )
     return {
         "reads": counts, "pass_s": times, "backlog": {"pending": pending, "live": live},
         "first_pass_s": round(first_s, 3), "first_pass_reads": first_reads,
-        "source": reads.source, "observed_pools": looked, "observe": observe,
+        "settle_passes": settling, "source": reads.source, "observed_pools": looked,
+        "observe": observe,
     }  # fmt: skip
 
 
 def observe_cost(
-    store: Any, providers: Providers, one_at_a_time: Providers, snapshot: Snapshot
+    store: Any, providers: Providers, one_at_a_time: Providers, snapshot: Snapshot, compute: Any
 ) -> dict[str, Any]:
     """Best of 3 wall times of one observation of every configured pool (what each pass
     did before ReconcileSettings.observe_all_every) and of the pools of live orders only
     (what a steady pass observes), each listing up to 8 zones at once (the default) and one
-    zone at a time, in the same minutes."""
+    zone at a time, in the same minutes. The emulator runs in this process and answers at
+    once, so its calls contend for one interpreter and do not overlap; the same four are
+    timed once more (once each) with every answer held back ROUND_TRIP seconds, a stand-in
+    for the network and Google's own time (an assumption, not a measurement of Google)."""
     live = store.in_states(RequestState.PROVISIONING, RequestState.ACTIVE, RequestState.BOOKED)
     live += [r for r in store.in_states(RequestState.PENDING) if submitted(r)]
     wanted = {lane.pool for record in live for lane in record.orders}
@@ -390,7 +410,25 @@ def observe_cost(
         "live_s": round(best_of(3, lambda: providers.observe(these)), 4),
         "all_one_zone_at_a_time_s": round(best_of(3, lambda: one_at_a_time.observe(every)), 4),
         "live_one_zone_at_a_time_s": round(best_of(3, lambda: one_at_a_time.observe(these)), 4),
+        f"round_trip_{ROUND_TRIP}_s": held_back(providers, one_at_a_time, every, these, compute),
     }  # fmt: skip
+
+
+def held_back(
+    providers: Providers, one_at_a_time: Providers, every: list[Any], these: list[Any],
+    compute: Any,
+) -> dict[str, float]:  # fmt: skip
+    """The four observations of observe_cost with every answer held back ROUND_TRIP s."""
+    compute.round_trip = ROUND_TRIP
+    try:
+        return {
+            "all_s": round(best_of(1, lambda: providers.observe(every)), 3),
+            "live_s": round(best_of(1, lambda: providers.observe(these)), 3),
+            "all_one_zone_at_a_time_s": round(best_of(1, lambda: one_at_a_time.observe(every)), 3),
+            "live_one_zone_at_a_time_s": round(best_of(1, lambda: one_at_a_time.observe(these)), 3),
+        }
+    finally:
+        compute.round_trip = 0.0
 
 
 def main() -> int:

@@ -39,6 +39,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -398,9 +399,12 @@ class _Application:
     def __init__(self, cloud: SimulatedCloud) -> None:
         self.cloud = cloud
         self._map = _url_map()
+        self.round_trip = 0.0  # seconds added to every answer (ComputeEmulator.round_trip)
 
     def __call__(self, environ: Any, start_response: Any) -> Any:
         response = self._dispatch(Request(environ))
+        if self.round_trip > 0:
+            time.sleep(self.round_trip)  # outside the cloud's lock: calls overlap as on Google
         return response(environ, start_response)
 
     def _dispatch(self, request: Request) -> Response:
@@ -442,6 +446,19 @@ class ComputeEmulator:
         self._port = port
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
+        self._application = _Application(self.cloud)
+
+    @property
+    def round_trip(self) -> float:
+        """Seconds every answer is held back: 0 (the default) answers at once; a benchmark
+        sets a stand-in for the network and Google's own time, to see what overlaps."""
+        return self._application.round_trip
+
+    @round_trip.setter
+    def round_trip(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"round_trip: {seconds} s is negative")
+        self._application.round_trip = seconds
 
     @property
     def endpoint(self) -> str:
@@ -455,7 +472,7 @@ class ComputeEmulator:
         server = make_server(
             self._host,
             self._port,
-            _Application(self.cloud),
+            self._application,
             threaded=True,
             request_handler=_QuietHandler,
         )

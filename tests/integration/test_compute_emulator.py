@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -65,6 +66,7 @@ def emu(emulator: ComputeEmulator) -> ComputeEmulator:
     emulator.cloud.set_latency(LATENCY)
     emulator.cloud.set_review_delay(REVIEW_DELAY)
     emulator.cloud.set_cancellation_rule(CancellationRule.WINDOWS)
+    emulator.round_trip = 0.0
     return emulator
 
 
@@ -175,6 +177,18 @@ QR_STATE = tpu_v2.QueuedResourceState.State
 
 
 # ---------------------------------------------------------------------- Compute
+
+
+def test_a_round_trip_holds_every_answer_back(emu: ComputeEmulator, clients: Clients) -> None:
+    """bench/reconcile.py sets a round trip to see which calls overlap; none by default."""
+    with pytest.raises(ValueError, match="negative"):
+        emu.round_trip = -1
+    emu.round_trip = 0.3
+    started = time.monotonic()
+    list(clients.migs.list(project=PROJECT, zone=ZONE))
+    assert time.monotonic() - started >= 0.3
+    emu.round_trip = 0.0
+    assert emu.round_trip == 0.0
 
 
 def test_template_and_mig_are_created_listed_and_deleted(clients: Clients) -> None:
