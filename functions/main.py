@@ -96,6 +96,8 @@ def summary(report: PassReport) -> dict[str, Any]:
         "provisioned": len(report.provisioned),
         "released": len(report.released),
         "leaks": len(report.leaks),
+        "observed_pools": report.observed_pools,
+        "observed_all": report.observed_all,
         "published": report.published,
         "in_flight": report.in_flight,
         "again": report.again,

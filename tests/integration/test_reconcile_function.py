@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -26,6 +27,7 @@ from tests.world import submit, tenants_for
 ROOT = Path(__file__).resolve().parents[2]
 ENVELOPE = json.loads((ROOT / "tests" / "data" / "pubsub_message_published.json").read_text())
 ZONE = "us-central1-a"
+IDLE_ZONE = "us-central1-b"  # a configured pool no request asks for
 
 
 @dataclass
@@ -61,7 +63,10 @@ def wired(official_emulators: Emulators, emulator_project: str) -> Iterator[Wire
         subscriber.create_subscription(request={"name": subscription, "topic": topic})
         db = firestore.Client(project=emulator_project, credentials=AnonymousCredentials())
         FirestoreConfigStore(db).save(
-            Configuration(pools=(pool(zone=ZONE, capacity=4),), tenants=tenants_for(H100))
+            Configuration(
+                pools=(pool(zone=ZONE, capacity=4), pool(zone=IDLE_ZONE, capacity=4)),
+                tenants=tenants_for(H100),
+            )
         )
         client = create_app(
             "reconcile", str(ROOT / "functions" / "main.py"), "cloudevent"
@@ -79,10 +84,22 @@ def tick(client: Any, message_id: str) -> Any:
     return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
 
 
-def test_one_tick_admits_and_follows_the_request_up_to_active(wired: Wired) -> None:
+def test_one_tick_admits_and_follows_the_request_up_to_active(
+    wired: Wired, caplog: pytest.LogCaptureFixture
+) -> None:
     now = datetime.now(UTC)
     submit(wired.store, flex("train", vm_count=2, hours=1, locations=(ZONE,), submitted_at=now))
-    assert tick(wired.client, "tick-1").status_code == 200
+    with caplog.at_level(logging.INFO, logger="opendws.functions"):
+        assert tick(wired.client, "tick-1").status_code == 200
+    passes = [
+        getattr(r, "fields", {})
+        for r in caplog.records
+        if r.getMessage() == "reconcile pass: COMPLETED"
+    ]
+    # The instance's first pass observes both configured pools; its follow-up, only the pool
+    # of the live order.
+    observed = [(f["observed_all"], f["observed_pools"]) for f in passes[:2]]
+    assert observed == [(True, 2), (False, 1)]
     # The pass admitted it; with the request provisioning, the same invocation followed up
     # a couple of seconds later and saw it ready.
     record = wired.store.get("train")
