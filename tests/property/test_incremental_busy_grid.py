@@ -32,20 +32,22 @@ def planner_bench() -> ModuleType:
 
 
 def changed(bench: ModuleType, snapshot: Snapshot, rng: random.Random, index: int) -> Snapshot:
-    """One random change: a flex arrival, a flex request leaving, or a running grant ending."""
+    """One random change: a flex arrival, a flex request leaving, or a running grant ending
+    (an arrival when there is no such request or grant left: a snapshot carried out from a
+    plan may hold no grant that started before NOW)."""
     kind = rng.random()
-    if kind < 0.4:
-        request = bench.build_request(rng, 700_000 + index)
-        if request.mode is Mode.FLEX_START:
-            return replace(snapshot, pending=(*snapshot.pending, request))
-        return snapshot
-    if kind < 0.7:
-        flex = [r for r in snapshot.pending if r.mode is Mode.FLEX_START]
+    flex = [r for r in snapshot.pending if r.mode is Mode.FLEX_START]
+    running = [g for g in snapshot.grants if g.start_at < bench.NOW]
+    if 0.4 <= kind < 0.7 and flex:
         gone = rng.choice(flex)
         return replace(snapshot, pending=tuple(r for r in snapshot.pending if r is not gone))
-    running = [g for g in snapshot.grants if g.start_at < bench.NOW]
-    ended = rng.choice(running)
-    return replace(snapshot, grants=tuple(g for g in snapshot.grants if g is not ended))
+    if kind >= 0.7 and running:
+        ended = rng.choice(running)
+        return replace(snapshot, grants=tuple(g for g in snapshot.grants if g is not ended))
+    request = bench.build_request(rng, 700_000 + index)
+    if request.mode is Mode.FLEX_START:
+        return replace(snapshot, pending=(*snapshot.pending, request))
+    return snapshot
 
 
 # How far the clock moves when it does (seconds): within a minute, to the next, and beyond.
