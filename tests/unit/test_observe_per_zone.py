@@ -75,3 +75,13 @@ def test_an_error_in_one_zone_is_raised_once_every_call_has_ended() -> None:
     with pytest.raises(RuntimeError, match="503"):
         per_zone(ZONES, observe, workers=3)
     assert sorted(ended) == ["europe-west4-a", "us-east1-b"]
+
+
+def test_the_default_workers_fit_one_client_connection_pool() -> None:
+    """Each client's session keeps requests' default pool of connections per host; more
+    threads on one client than that would open connections only to throw them away."""
+    import requests.adapters
+
+    from opendws.adapters.gce import CloudSettings
+
+    assert CloudSettings(project="p").observe_workers <= requests.adapters.DEFAULT_POOLSIZE
