@@ -74,7 +74,8 @@ def per_zone(
 ) -> dict[str, V]:
     """``observe`` of each zone, up to ``workers`` zones at once, merged in zone order (so the
     result does not depend on which call finished first). Each zone's call must touch only
-    its own state; the first error raised is raised here, after every call has ended."""
+    its own state. If calls fail, the error of the first failing zone in that order is raised
+    here, once every call has ended."""
     ordered = sorted(set(zones))
     if workers <= 1 or len(ordered) <= 1:
         results = [observe(zone) for zone in ordered]
