@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from opendws.domain import Outcome, Snapshot, admit
+from opendws.domain import Outcome, Reason, Snapshot, admit
 from opendws.domain.model import Commitment, PolicySettings
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, ZONE, flex, grant, pool, quota, tenant
 from tests.builders import snapshot as build_snapshot
@@ -112,3 +112,40 @@ def test_held_slots_lie_on_whole_minutes_of_the_clock_whatever_the_instant_of_th
     ended = grant("blocker", units=1, end_at=NOW + HOUR)
     plan = admit(snapshot(pools=[pool(capacity=1)], grants=[ended], pending=[second]), now)
     assert plan.decision("second").start_at == NOW + HOUR  # not now + 1 h: a whole minute
+
+
+def test_a_held_commitment_names_the_same_reason_before_and_after_an_admission_is_carried_out() -> (
+    None
+):
+    """``early`` (1 VM, 30 min) was told 1 h; ``late`` (1 VM, 1 h, larger and so later in
+    policy order) was told now, and is admitted. The pool has one VM free: ``late`` takes it
+    until 1 h, so that is what keeps ``early`` waiting — the pool's capacity, named the same
+    whether ``late``'s run is this plan's admission or, one pass later, a grant. (Judged
+    while commitments were still being held, before ``late`` took the VM, the pool looked
+    free and ``early`` read QUOTA, with no quota anywhere near binding; the next pass read
+    NO_CAPACITY_UNTIL, and every admission flipped the held requests' reasons back and forth,
+    a write and an event each.)"""
+    one_free = grant("blocker", units=1, hours=3)
+    early = flex("early", vm_count=1, run=30 * MINUTE, submitted_at=NOW - HOUR)
+    late = flex("late", vm_count=1, hours=1, submitted_at=NOW - HOUR)
+    told_early = Commitment(request_id="early", pool_id=POOL, start_at=NOW + HOUR)
+    told_late = Commitment(request_id="late", pool_id=POOL, start_at=NOW)
+    base = snapshot(pools=[pool(capacity=2)], grants=[one_free], policy=STICKY)
+
+    admitting = admit(
+        replace(base, pending=(early, late), commitments=(told_early, told_late)), NOW
+    )
+    assert admitting.decision("late").outcome is Outcome.ADMIT
+    carried_out = admit(
+        replace(
+            base,
+            grants=(one_free, grant("late", units=1, hours=1)),
+            pending=(early,),
+            commitments=(told_early,),
+        ),
+        NOW,
+    )
+    for plan in (admitting, carried_out):
+        held = plan.decision("early")
+        assert (held.outcome, held.start_at) == (Outcome.HOLD, NOW + HOUR)
+        assert held.reason is Reason.NO_CAPACITY_UNTIL

@@ -607,6 +607,7 @@ class _Pass:
             placed.append((best_row, best, rank, candidate, reason))
         if kept:
             placed = self._move_earlier(grid, placed, kept, binding, limit_row, short)
+            placed = self._judge_commitments(grid, placed, kept, binding, limit_row, short)
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
         if self.keep:
@@ -728,6 +729,50 @@ class _Pass:
             grid.take(best_needs, best, first if best == 0 else length)
             moved.append((best_row, best, rank, candidate, best_reason))
         return moved
+
+    def _judge_commitments(
+        self,
+        grid: MinuteGrid,
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]],
+        kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
+        """Why each committed request still waits, judged on the finished plan.
+
+        A commitment is held before anyone else is placed and moved earlier after everyone
+        is, so the grid it was held on lacked most of what now keeps it waiting. Judged
+        there, a pool with room at that moment read as QUOTA; judged again once the plan's
+        own admissions are carried out (as grants, present from the start), the same slot read
+        as NO_CAPACITY_UNTIL, and the request's reason flipped on every pass that followed an
+        admission. On the finished grid, with its own slot given back, the reason is what
+        keeps it from starting earlier in this plan — whether its blockers are grants or
+        placements — so two passes over the same commitments name the same reason. A
+        strict-FIFO tenant's commitments keep the reason they were held with: they never move
+        (see :meth:`_move_earlier`)."""
+        if not any(cell > 0 and candidate.request.request_id in kept
+                   for _, cell, _, candidate, _ in placed):  # fmt: skip
+            return placed
+        grid.forget()  # slots were given back while moving earlier: facts may not hold
+        judged = []
+        for row, cell, rank, candidate, held_with in placed:
+            reason = held_with
+            promise = kept.get(candidate.request.request_id)
+            if promise is not None and cell > 0 and not candidate.strict:
+                request = candidate.request
+                length = ceil_cells(request.run_duration)
+                first = self.first_cells(request.run_duration)
+                quota = _quota_needs(candidate, binding, limit_row)
+                needs = ((row, request.gang.units), *quota) if binding[row] else quota
+                grid.give(needs, cell, length)
+                reason = _hold_reason(
+                    grid, row, request.gang.units, cell, 0, short[row], length, first
+                )
+                grid.take(needs, cell, length)
+            judged.append((row, cell, rank, candidate, reason))
+        grid.forget()
+        return judged
 
     @staticmethod
     def _may_start_before(
