@@ -149,3 +149,30 @@ def test_a_held_commitment_names_the_same_reason_before_and_after_an_admission_i
         held = plan.decision("early")
         assert (held.outcome, held.start_at) == (Outcome.HOLD, NOW + HOUR)
         assert held.reason is Reason.NO_CAPACITY_UNTIL
+
+
+def test_a_strict_fifo_commitment_is_still_held_by_its_sibling() -> None:
+    """A strict-FIFO tenant: ``head`` (2 VMs) waits for the pool until 1 h; ``next`` (1 VM,
+    submitted after it) could start now in the one free VM but queues behind ``head``:
+    FIFO_BLOCKED. Told 1 h, both become commitments; the next pass names the same reasons
+    (judged with no floor, ``next`` read QUOTA: the pool had room, and no quota binds)."""
+    strict = [tenant("t", quota(H100, 1024), strict_fifo=True)]
+    one_free = grant("blocker", units=2, hours=1)
+    head = flex("head", vm_count=2, run=30 * MINUTE, submitted_at=NOW - 2 * HOUR)
+    behind = flex("next", vm_count=1, run=30 * MINUTE, submitted_at=NOW - HOUR)
+    base = snapshot(
+        tenants=strict, pools=[pool(capacity=3)], grants=[one_free], pending=[head, behind],
+        policy=STICKY,
+    )  # fmt: skip
+    first = admit(base, NOW)
+    told = tuple(
+        Commitment(request_id=name, pool_id=POOL, start_at=NOW + HOUR) for name in ("head", "next")
+    )
+    again = admit(replace(base, commitments=told), NOW)
+    for plan in (first, again):
+        assert [
+            (d.outcome, d.start_at, d.reason) for d in map(plan.decision, ("head", "next"))
+        ] == [
+            (Outcome.HOLD, NOW + HOUR, Reason.NO_CAPACITY_UNTIL),
+            (Outcome.HOLD, NOW + HOUR, Reason.FIFO_BLOCKED),
+        ]

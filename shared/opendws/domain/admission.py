@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -576,12 +576,14 @@ class _Pass:
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         entries: list[_Entry] = []
         kept = self._hold_commitments(grid, queue, binding, limit_row, short)
+        floors: dict[str, int] = {}  # a strict-FIFO commitment → its tenant's floor before it
         for rank, (key, candidate, length, first, last) in enumerate(queue, start=1):
             request = candidate.request
             promise = kept.get(request.request_id)
             if promise is not None:  # held where it was promised; it may move earlier below
                 cell, row, needs, reason = promise
                 if candidate.strict:
+                    floors[request.request_id] = fifo_floor.get(request.tenant, 0)
                     fifo_floor[request.tenant] = cell
                 placed.append((row, cell, rank, candidate, reason))
                 continue
@@ -607,7 +609,7 @@ class _Pass:
             placed.append((best_row, best, rank, candidate, reason))
         if kept:
             placed = self._move_earlier(grid, placed, kept, binding, limit_row, short)
-            placed = self._judge_commitments(grid, placed, kept, binding, limit_row, short)
+            placed = self._judge_commitments(grid, placed, kept, floors, binding, limit_row, short)
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
         if self.keep:
@@ -735,6 +737,7 @@ class _Pass:
         grid: MinuteGrid,
         placed: list[tuple[int, int, int, _Candidate, Reason | None]],
         kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
+        floors: Mapping[str, int],
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
@@ -749,8 +752,9 @@ class _Pass:
         admission. On the finished grid, with its own slot given back, the reason is what
         keeps it from starting earlier in this plan — whether its blockers are grants or
         placements — so two passes over the same commitments name the same reason. A
-        strict-FIFO tenant's commitments keep the reason they were held with: they never move
-        (see :meth:`_move_earlier`)."""
+        strict-FIFO tenant's commitment is judged from ``floors`` (its tenant's floor when the
+        policy order reached it), as a search would be: FIFO_BLOCKED where an earlier sibling
+        is what holds it."""
         if not any(cell > 0 and candidate.request.request_id in kept
                    for _, cell, _, candidate, _ in placed):  # fmt: skip
             return placed
@@ -759,15 +763,16 @@ class _Pass:
         for row, cell, rank, candidate, held_with in placed:
             reason = held_with
             promise = kept.get(candidate.request.request_id)
-            if promise is not None and cell > 0 and not candidate.strict:
+            if promise is not None and cell > 0:
                 request = candidate.request
                 length = ceil_cells(request.run_duration)
                 first = self.first_cells(request.run_duration)
                 quota = _quota_needs(candidate, binding, limit_row)
                 needs = ((row, request.gang.units), *quota) if binding[row] else quota
                 grid.give(needs, cell, length)
+                floor = floors.get(request.request_id, 0)
                 reason = _hold_reason(
-                    grid, row, request.gang.units, cell, 0, short[row], length, first
+                    grid, row, request.gang.units, cell, floor, short[row], length, first
                 )
                 grid.take(needs, cell, length)
             judged.append((row, cell, rank, candidate, reason))
