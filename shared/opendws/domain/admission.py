@@ -609,7 +609,7 @@ class _Pass:
             placed.append((best_row, best, rank, candidate, reason))
         if kept:
             placed = self._move_earlier(grid, placed, kept, binding, limit_row, short)
-            placed = self._judge_commitments(grid, placed, kept, floors, binding, limit_row, short)
+            placed = self._judge_commitments(grid, placed, kept, floors, binding, short)
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
         if self.keep:
@@ -739,7 +739,6 @@ class _Pass:
         kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
         floors: Mapping[str, int],
         binding: Sequence[bool],
-        limit_row: dict[LimitKey, int],
         short: Sequence[int],
     ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
         """Why each committed request still waits, judged on the finished plan.
@@ -758,25 +757,28 @@ class _Pass:
         if not any(cell > 0 and candidate.request.request_id in kept
                    for _, cell, _, candidate, _ in placed):  # fmt: skip
             return placed
-        grid.forget()  # slots were given back while moving earlier: facts may not hold
+        # What searches proved holds for the finished grid (free amounts went down since, or
+        # came back where they were), not once a slot is given back: forget it.
+        grid.forget()
         judged = []
         for row, cell, rank, candidate, held_with in placed:
             reason = held_with
-            promise = kept.get(candidate.request.request_id)
-            if promise is not None and cell > 0:
+            if cell > 0 and candidate.request.request_id in kept:
                 request = candidate.request
+                units = request.gang.units
                 length = ceil_cells(request.run_duration)
                 first = self.first_cells(request.run_duration)
-                quota = _quota_needs(candidate, binding, limit_row)
-                needs = ((row, request.gang.units), *quota) if binding[row] else quota
-                grid.give(needs, cell, length)
                 floor = floors.get(request.request_id, 0)
-                reason = _hold_reason(
-                    grid, row, request.gang.units, cell, floor, short[row], length, first
-                )
-                grid.take(needs, cell, length)
+                # The reason reads the pool's row from max(floor, short) over at most a run
+                # from now: give back its own slot only where that reaches it.
+                own = ((row, units),) if binding[row] else ()
+                reaches = bool(own) and cell < max(floor, short[row]) + 1 + first
+                if reaches:
+                    grid.give(own, cell, length)
+                reason = _hold_reason(grid, row, units, cell, floor, short[row], length, first)
+                if reaches:
+                    grid.take(own, cell, length)
             judged.append((row, cell, rank, candidate, reason))
-        grid.forget()
         return judged
 
     @staticmethod
