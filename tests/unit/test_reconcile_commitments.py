@@ -81,3 +81,40 @@ def test_within_the_horizon_a_later_eta_is_always_told(committed: bool) -> None:
         assert world.record("behind").eta == NOW + HOUR + 2 * MINUTE
     else:
         assert told == [NOW + HOUR]  # a 2-minute move of an estimate is not news
+
+
+def test_a_pass_that_only_sees_its_admissions_run_rewrites_no_held_request() -> None:
+    """One VM of two is taken for 3 h. ``late`` (1 VM, 1 h) is admitted when the other frees
+    at 1 h, and ``early`` (1 VM, 30 min, first in policy order) is held behind it, both as
+    commitments. The next pass at the same instant only sees ``late`` running: the plan is
+    the same, so nothing waiting is written or announced again. (A commitment's reason used
+    to be judged before the plan's own admission was placed: QUOTA in the pass that admitted
+    ``late``, NO_CAPACITY_UNTIL in the next, one write and one event per held request for
+    every admission — 96% of the Philly replay's events.)"""
+    world, cloud = memory_world([pool(capacity=2)], tenants_for(H100), latency=timedelta(0))
+    cloud.set_stock(ZONE, A3, 2)
+    service = world.reconciler()
+    submit(world.store, flex("blocker", vm_count=1, hours=3))
+    submit(world.store, flex("running", vm_count=1, hours=1))
+    service.run_pass()
+    service.run_pass()  # both run from now
+    world.clock.advance(MINUTE)
+    submit(world.store, flex("late", vm_count=1, hours=1, submitted_at=world.clock.now()))
+    service.run_pass()
+    world.clock.advance(MINUTE)
+    early = flex("early", vm_count=1, run=30 * MINUTE, submitted_at=world.clock.now())
+    submit(world.store, early)
+    service.run_pass()
+    assert world.record("late").eta == NOW + HOUR
+    world.clock.set_at_least(NOW + HOUR)  # "running" ends: "late" comes to its slot
+    admitting = service.run_pass()
+    assert world.state("late") is S.PROVISIONING
+    assert world.state("early") is S.PENDING
+    held = world.record("early")
+    seen_running = service.run_pass()
+    assert world.state("late") is S.ACTIVE
+    assert seen_running.revisions == 0
+    assert world.record("early").version == held.version
+    assert held.reason == "NO_CAPACITY_UNTIL"
+    assert admitting.ran
+    assert seen_running.ran
