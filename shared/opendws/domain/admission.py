@@ -581,11 +581,11 @@ class _Pass:
             request = candidate.request
             promise = kept.get(request.request_id)
             if promise is not None:  # held where it was promised; it may move earlier below
-                cell, row, needs, reason = promise
+                cell, row, needs = promise
                 if candidate.strict:
                     floors[request.request_id] = fifo_floor.get(request.tenant, 0)
                     fifo_floor[request.tenant] = cell
-                placed.append((row, cell, rank, candidate, reason))
+                placed.append((row, cell, rank, candidate, None))  # judged at the end
                 continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = _place(
@@ -644,18 +644,19 @@ class _Pass:
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
-    ) -> dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]]:
+    ) -> dict[str, _Kept]:
         """Commitments (``policy.commit_within``): in policy order, each pending flex request
         whose announced ETA lies within the horizon takes its slot in its pool first, where it
         still fits — at the minute of its ETA, or the next when the grid's minutes fall
         between (under a minute's rounding). One that no longer fits (a stockout, a pool or a
         quota shrunk, a run that started late) is planned again like any other. Returns
-        request id → (cell, pool row, needs, hold reason)."""
+        request id → (cell, pool row, needs); why each waits is judged once the plan is
+        finished (:meth:`_judge_commitments`)."""
         horizon = self.snapshot.policy.commit_within
         if horizon is None or not self.snapshot.commitments:
             return {}
         promised = {c.request_id: c for c in self.snapshot.commitments}
-        kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]] = {}
+        kept: dict[str, _Kept] = {}
         for _, candidate, length, first_length, last in queue:
             request = candidate.request
             commitment = promised.get(request.request_id)
@@ -677,22 +678,9 @@ class _Pass:
                 if cell > last or cell < short[row]:
                     continue
                 if all(grid.fits(need, units, cell, span) for need, units in needs):
-                    reason = (
-                        _hold_reason(
-                            grid,
-                            row,
-                            request.gang.units,
-                            cell,
-                            0,
-                            short[row],
-                            length,
-                            first_length,
-                        )
-                        if cell > 0
-                        else None
-                    )
+                    # Why it waits is judged on the finished plan (_judge_commitments).
                     grid.take(needs, cell, span)
-                    kept[request.request_id] = (cell, row, needs, reason)
+                    kept[request.request_id] = (cell, row, needs)
                     break
         return kept
 
@@ -700,7 +688,7 @@ class _Pass:
         self,
         grid: MinuteGrid,
         placed: list[tuple[int, int, int, _Candidate, Reason | None]],
-        kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
+        kept: dict[str, _Kept],
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
@@ -717,11 +705,12 @@ class _Pass:
             length = ceil_cells(candidate.request.run_duration)
             first = self.first_cells(candidate.request.run_duration)
             needs = promise[2]
-            grid.give(needs, cell, length)
+            # The test reads only the cells before its slot, so its own slot may stay taken
+            # for it; the search may reach into the slot, so that is given back first.
             if not self._may_start_before(grid, candidate, cell, binding, limit_row, short):
-                grid.take(needs, cell, length)  # back as it was: what searches proved holds
                 moved.append((row, cell, rank, candidate, reason))
                 continue
+            grid.give(needs, cell, length)
             grid.forget()  # its slot given back raised free amounts: facts may not hold
             best, best_row, best_needs, best_reason = _place(
                 grid, candidate, length, first, cell, 0, binding, limit_row, short
@@ -736,7 +725,7 @@ class _Pass:
         self,
         grid: MinuteGrid,
         placed: list[tuple[int, int, int, _Candidate, Reason | None]],
-        kept: dict[str, tuple[int, int, tuple[tuple[int, int], ...], Reason | None]],
+        kept: dict[str, _Kept],
         floors: Mapping[str, int],
         binding: Sequence[bool],
         short: Sequence[int],
@@ -1180,6 +1169,8 @@ def _place(
 
 # (pools, tenant, accelerator, pool units, accelerator units): all a request's options depend on.
 _ShapeKey = tuple[tuple[int, ...], str, str, int, int]
+# A commitment held where it was promised: (cell, pool row, the needs it took).
+_Kept = tuple[int, int, tuple[tuple[int, int], ...]]
 # (earliest start the pool allows, pool row, the needs a placement there takes)
 _Option = tuple[int, int, tuple[tuple[int, int], ...]]
 
