@@ -14,6 +14,7 @@ from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.model import Commitment, Mode
 from tests.property.test_admission_properties import (
     NOW,
+    applied,
     planned_grants,
     request_strategy,
     snapshots,
@@ -81,3 +82,26 @@ def test_no_limit_is_exceeded_whatever_the_commitments(
     plan = admit(after, NOW)
     assert violations(after, planned_grants(after, plan)) == []
     assert [d.request_id for d in plan.decisions] == sorted(r.request_id for r in after.pending)
+
+
+@given(snapshots())
+def test_carrying_out_a_plan_leaves_its_commitments_reasons_as_they_were(
+    snapshot: Snapshot,
+) -> None:
+    """A pass over the same commitments after the last one's admissions and confirmations
+    were carried out (now grants) names the same reason for every request that was held at
+    its promised slot both times, as long as nothing moved: a reason is judged on the
+    finished plan, whether what holds the request is a grant or another request's slot — so
+    a reconcile pass that only sees its own admissions running rewrites no commitment."""
+    snapshot = committing(snapshot)
+    first = replace(snapshot, commitments=told(snapshot))
+    plan = admit(first, NOW)
+    second = replace(applied(first, plan), commitments=told(first))
+    again = admit(second, NOW)
+    held = {d.request_id: d for d in plan.having(Outcome.HOLD)}
+    if any(again.decision(request_id).start_at != d.start_at for request_id, d in held.items()):
+        return  # a slot moved earlier: the plan changed, and so may what holds the rest
+    promised = {c.request_id: c.start_at for c in first.commitments}
+    for request_id, decision in held.items():
+        if promised.get(request_id) == decision.start_at:  # kept where it was promised
+            assert again.decision(request_id).reason == decision.reason, request_id
