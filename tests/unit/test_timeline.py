@@ -423,6 +423,28 @@ def test_minute_grid_fits(amount: int, start: int, length: int, fits: bool) -> N
     assert grid.fits(0, amount, start, length) is fits
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_first_room_answers_every_may_start_up_to_its_stop(seed: int) -> None:
+    """``first_room(needs, start, stop) < s`` is ``may_start(needs, start, s)`` for every ``s``
+    up to ``stop``, also past the grid's end and for an empty range: one scan stands for all
+    of those tests while the grid is unchanged (admission's move of commitments earlier)."""
+    rng = random.Random(seed)
+    cells = rng.randint(1, 60)
+    commitments = [
+        (row, NOW + rng.randint(0, cells) * MINUTE, NOW + rng.randint(0, cells) * MINUTE, amount)
+        for row in (0, 1)
+        for amount in (rng.randint(1, 3) for _ in range(rng.randint(0, 6)))
+    ]
+    grid = MinuteGrid(NOW, cells, [4, 6], commitments)
+    for _ in range(20):
+        needs = [(0, rng.randint(0, 5))] + ([(1, rng.randint(0, 7))] if rng.random() < 0.5 else [])
+        start = rng.randint(0, cells + 2)
+        stop = rng.randint(0, cells + 5)
+        first = grid.first_room(needs, start, stop)
+        for s in range(0, stop + 1):
+            assert (first < s) is grid.may_start(needs, start, s), (needs, start, stop, s)
+
+
 # --- MinuteGrid.earliest_fit: named cases --------------------------------------------------------
 
 # Row 0: a pool of 4 over 300 cells, 1 free over [100, 110) and none at 200.

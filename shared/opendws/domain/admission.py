@@ -696,6 +696,11 @@ class _Pass:
         """Each committed request, in policy order, moves to an earlier start where what the
         plan left free allows (its own slot given back first, so it never moves later)."""
         moved = []
+        # Every test reads cells before a commitment's slot, all within the horizon: per
+        # (needs, first allowed cell), the first cell with room up to the last slot answers
+        # them all until the grid changes (a move), so each is scanned once, not per request.
+        reach = 1 + max(promise[0] for promise in kept.values())
+        rooms: dict[tuple[tuple[tuple[int, int], ...], int], int] = {}
         for row, cell, rank, candidate, reason in sorted(placed, key=lambda entry: entry[2]):
             promise = kept.get(candidate.request.request_id)
             # A strict-FIFO tenant's requests keep their order among themselves: they stay.
@@ -707,7 +712,9 @@ class _Pass:
             needs = promise[2]
             # The test reads only the cells before its slot, so its own slot may stay taken
             # for it; the search may reach into the slot, so that is given back first.
-            if not self._may_start_before(grid, candidate, cell, binding, limit_row, short):
+            if not self._may_start_before(
+                grid, candidate, cell, binding, limit_row, short, rooms, reach
+            ):
                 moved.append((row, cell, rank, candidate, reason))
                 continue
             grid.give(needs, cell, length)
@@ -717,6 +724,8 @@ class _Pass:
             )
             if best is None or best >= cell:
                 best, best_row, best_needs, best_reason = cell, row, needs, reason
+            else:
+                rooms.clear()  # it moved: free amounts changed
             grid.take(best_needs, best, first if best == 0 else length)
             moved.append((best_row, best, rank, candidate, best_reason))
         return moved
@@ -778,10 +787,14 @@ class _Pass:
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
+        rooms: dict[tuple[tuple[tuple[int, int], ...], int], int],
+        reach: int,
     ) -> bool:
-        """False if ``candidate`` cannot start before ``cell`` in any of its pools: no cell
-        from the pool's first allowed one up to ``cell`` has all it needs free there (so no
-        run of it can start there either); True proves nothing."""
+        """False if ``candidate`` cannot start before ``cell`` (at most ``reach``) in any of
+        its pools: no cell from the pool's first allowed one up to ``cell`` has all it needs
+        free there (so no run of it can start there either); True proves nothing. ``rooms``
+        keeps, per (needs, first allowed cell), the first cell with room before ``reach``:
+        valid while the grid is unchanged."""
         units = candidate.request.gang.units
         quota = _quota_needs(candidate, binding, limit_row)
         for pool_row in candidate.pools:
@@ -789,7 +802,12 @@ class _Pass:
             if lowest >= cell:
                 continue
             needs = ((pool_row, units), *quota) if binding[pool_row] else quota
-            if not needs or grid.may_start(needs, lowest, cell):
+            if not needs:
+                return True
+            first_room = rooms.get((needs, lowest))
+            if first_room is None:
+                first_room = rooms[needs, lowest] = grid.first_room(needs, lowest, reach)
+            if first_room < cell:
                 return True
         return False
 
