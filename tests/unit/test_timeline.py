@@ -445,6 +445,50 @@ def test_first_room_answers_every_may_start_up_to_its_stop(seed: int) -> None:
             assert (first < s) is grid.may_start(needs, start, s), (needs, start, stop, s)
 
 
+def _free_cells(grid: MinuteGrid, rows: int) -> list[list[int]]:
+    return [[grid.free(row, cell) for cell in range(grid.cells)] for row in range(rows)]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_take_all_takes_all_exactly_when_each_fits_in_turn(seed: int) -> None:
+    """``take_all`` is ``fits`` then ``take`` for each item in turn when every item fits so,
+    and leaves the grid untouched otherwise (also for runs off the grid, amounts of zero and
+    rows that start over their limit): admission holds a pass's commitments with it."""
+    rng = random.Random(seed)
+    cells = rng.randint(1, 40)
+    rows = 3
+    grants = [
+        (rng.randrange(rows), NOW + rng.randint(0, cells) * MINUTE,
+         NOW + rng.randint(0, cells) * MINUTE, rng.randint(0, 4))
+        for _ in range(rng.randint(0, 5))
+    ]  # fmt: skip
+    takes = []
+    for _ in range(rng.randint(0, 6)):
+        needs = [(row, rng.randint(0, 3)) for row in rng.sample(range(rows), rng.randint(0, 2))]
+        takes.append((needs, rng.randint(-1, cells), rng.randint(0, cells // 2 + 1)))
+    grid = MinuteGrid(NOW, cells, [4, 5, 3], grants)
+    shadow = MinuteGrid(NOW, cells, [4, 5, 3], grants)
+    before = _free_cells(grid, rows)
+    each_fits = True
+    for needs, start, length in takes:
+        if not all(shadow.fits(row, amount, start, length) for row, amount in needs):
+            each_fits = False
+            break
+        shadow.take(needs, start, length)
+    assert grid.take_all(takes) is each_fits
+    assert _free_cells(grid, rows) == (_free_cells(shadow, rows) if each_fits else before)
+
+
+def test_take_all_refuses_an_item_that_fits_only_before_a_later_one() -> None:
+    """Two runs of 3 where 4 are free: the second does not fit once the first is taken, so
+    neither is taken (judged in turn, not each against the grid alone)."""
+    grid = MinuteGrid(NOW, 10, [4])
+    assert grid.take_all([([(0, 3)], 0, 5), ([(0, 3)], 2, 5)]) is False
+    assert [grid.free(0, cell) for cell in range(10)] == [4] * 10
+    assert grid.take_all([([(0, 3)], 0, 5), ([(0, 1)], 2, 5)]) is True
+    assert [grid.free(0, cell) for cell in range(10)] == [1, 1, 0, 0, 0, 3, 3, 4, 4, 4]
+
+
 # --- MinuteGrid.earliest_fit: named cases --------------------------------------------------------
 
 # Row 0: a pool of 4 over 300 cells, 1 free over [100, 110) and none at 200.

@@ -656,7 +656,9 @@ class _Pass:
         if horizon is None or not self.snapshot.commitments:
             return {}
         promised = {c.request_id: c for c in self.snapshot.commitments}
-        kept: dict[str, _Kept] = {}
+        # Per commitment, in policy order: (request id, pool row, needs, its candidate slots
+        # as (cell, span)).
+        held: list[tuple[str, int, tuple[tuple[int, int], ...], list[tuple[int, int]]]] = []
         for _, candidate, length, first_length, last in queue:
             request = candidate.request
             commitment = promised.get(request.request_id)
@@ -671,16 +673,25 @@ class _Pass:
             first = max(0, floor_cells(offset))
             cells = [first] if first == 0 or offset % MINUTE == timedelta(0) else [
                 first, first + 1]  # fmt: skip
-            quota = _quota_needs(candidate, binding, limit_row)
-            needs = ((row, request.gang.units), *quota) if binding[row] else quota
-            for cell in cells:
-                span = first_length if cell == 0 else length
-                if cell > last or cell < short[row]:
-                    continue
+            slots = [
+                (cell, first_length if cell == 0 else length)
+                for cell in cells
+                if short[row] <= cell <= last
+            ]
+            if slots:
+                quota = _quota_needs(candidate, binding, limit_row)
+                needs = ((row, request.gang.units), *quota) if binding[row] else quota
+                held.append((request.request_id, row, needs, slots))
+        # Why each waits is judged on the finished plan (_judge_commitments). Most passes
+        # keep every commitment at its first slot: taken at once where they all fit so.
+        if grid.take_all([(needs, *slots[0]) for _, _, needs, slots in held]):
+            return {key: (slots[0][0], row, needs) for key, row, needs, slots in held}
+        kept: dict[str, _Kept] = {}
+        for key, row, needs, slots in held:
+            for cell, span in slots:
                 if all(grid.fits(need, units, cell, span) for need, units in needs):
-                    # Why it waits is judged on the finished plan (_judge_commitments).
                     grid.take(needs, cell, span)
-                    kept[request.request_id] = (cell, row, needs)
+                    kept[key] = (cell, row, needs)
                     break
         return kept
 
