@@ -176,3 +176,20 @@ def test_a_strict_fifo_commitment_is_still_held_by_its_sibling() -> None:
             (Outcome.HOLD, NOW + HOUR, Reason.NO_CAPACITY_UNTIL),
             (Outcome.HOLD, NOW + HOUR, Reason.FIFO_BLOCKED),
         ]
+
+
+def test_a_commitment_held_by_quota_reads_quota_where_its_pool_has_just_room() -> None:
+    """The pool has exactly the one VM ``held`` needs free now; the tenant's quota (one VM's
+    GPUs) is taken by ``other`` until 1 h. Told 1 h, ``held`` is a commitment, and what keeps
+    it waiting is quota, not the pool: a pool with just the room a request needs has room."""
+    one_vm = [tenant("t", quota(H100, 8))]
+    other = grant("other", units=1, hours=1)
+    held = flex("held", vm_count=1, run=30 * MINUTE, submitted_at=NOW - HOUR)
+    base = snapshot(tenants=one_vm, pools=[pool(capacity=2)], grants=[other], pending=[held],
+                    policy=STICKY)  # fmt: skip
+    told = Commitment(request_id="held", pool_id=POOL, start_at=NOW + HOUR)
+    for plan in (admit(base, NOW), admit(replace(base, commitments=(told,)), NOW)):
+        decision = plan.decision("held")
+        assert (decision.outcome, decision.start_at, decision.reason) == (
+            Outcome.HOLD, NOW + HOUR, Reason.QUOTA,
+        )  # fmt: skip

@@ -778,6 +778,9 @@ class _Pass:
                 length = ceil_cells(request.run_duration)
                 first = self.first_cells(request.run_duration)
                 floor = floors.get(request.request_id, 0)
+                if _full_at_first_start(grid, row, units, cell, floor, short[row], length, first):
+                    judged.append((row, cell, rank, candidate, Reason.NO_CAPACITY_UNTIL))
+                    continue
                 # The reason reads the pool's row from max(floor, short) over at most a run
                 # from now: give back its own slot only where that reaches it.
                 own = ((row, units),) if binding[row] else ()
@@ -1326,6 +1329,26 @@ def _hold_reason(
     if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
+
+
+def _full_at_first_start(
+    grid: MinuteGrid,
+    row: int,
+    units: int,
+    start: int,
+    floor: int,
+    short: int,
+    length: int,
+    first: int,
+) -> bool:
+    """True if :func:`_hold_reason` (same arguments) is NO_CAPACITY_UNTIL because the pool row
+    lacks ``units`` in the first cell of the run it compares, a cell before ``start``: one
+    read, and the slot at ``start`` need not be given back to judge it (it covers no cell
+    before ``start``). False proves nothing."""
+    lowest = max(floor, short)
+    if lowest == 0 and first != length and start > 1:
+        lowest = 1  # as _hold_reason: a run from now that is one cell longer starts at cell 1
+    return lowest < start and grid.free(row, lowest) < units
 
 
 _first = itemgetter(0)
