@@ -769,7 +769,7 @@ class _Pass:
         # What searches proved holds for the finished grid (free amounts went down since, or
         # came back where they were), not once a slot is given back: forget it.
         grid.forget()
-        judged = []
+        judged: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         for row, cell, rank, candidate, held_with in placed:
             reason = held_with
             if cell > 0 and candidate.request.request_id in kept:
