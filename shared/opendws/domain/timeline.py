@@ -88,9 +88,15 @@ class MinuteGrid:
         rows: list[int] = []
         edges: list[int] = []
         amounts: list[int] = []
+        first = last = 0
+        start_was = end_was = None
         for row, start_at, end_at, amount in commitments:
-            first = max(0, floor_cells(start_at - origin))
-            last = min(cells, ceil_cells(end_at - origin))
+            # One grant comes once per row it counts against, with the same times: round them
+            # once (datetime arithmetic is most of this loop).
+            if start_at is not start_was or end_at is not end_was:
+                first = max(0, (start_at - origin) // MINUTE)  # floor_cells
+                last = min(cells, -((origin - end_at) // MINUTE))  # ceil_cells
+                start_was, end_was = start_at, end_at
             if last > first:
                 rows += (row, row)
                 edges += (first, last)
