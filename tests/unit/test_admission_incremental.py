@@ -11,8 +11,8 @@ import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.admission import Reason
-from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import Grant, PolicySettings
+from opendws.domain.incremental import COMMITMENTS_HELD, IncrementalPlanner
+from opendws.domain.model import Commitment, Grant, PolicySettings
 from tests.builders import (
     A3,
     DAY,
@@ -408,3 +408,31 @@ def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
     assert planner.last_pass.why.startswith(
         "a grant that came or went changes which calendar blocks are confirmed"
     )
+
+
+def test_a_pass_over_commitments_keeps_nothing_and_planning_resumes_once_they_are_gone() -> None:
+    """Commitments are held before the policy order, so the pass after one that held any
+    plans in full whatever it sees: that pass keeps nothing (it is ``admit``'s), and the next
+    names the commitments as its reason. Once a pass holds none, the one after it is planned
+    incrementally again."""
+    sticky = PolicySettings(commit_within=DAY)
+    first = replace(busy(), policy=sticky)
+    told = tuple(
+        Commitment(request_id=d.request_id, pool_id=d.pool_id or "", start_at=d.start_at)
+        for d in admit(first, NOW).decisions
+        if d.outcome is Outcome.HOLD and d.start_at is not None
+    )
+    assert told
+    planner = IncrementalPlanner(clock_floor=0)
+    committed = replace(first, commitments=told)
+    assert planner.plan(committed, NOW) == admit(committed, NOW)
+    assert planner.last_pass.full
+    again = replace(committed, pending=(*committed.pending, flex("late", vm_count=1, hours=1)))
+    assert planner.plan(again, NOW) == admit(again, NOW)
+    assert planner.last_pass.why == COMMITMENTS_HELD
+    none_held = replace(again, commitments=())
+    assert planner.plan(none_held, NOW) == admit(none_held, NOW)
+    assert planner.last_pass.why == COMMITMENTS_HELD  # the last pass held some
+    later = replace(none_held, pending=(*none_held.pending, flex("later", vm_count=1, hours=2)))
+    assert planner.plan(later, NOW) == admit(later, NOW)
+    assert not planner.last_pass.full

@@ -44,7 +44,9 @@ commitments (``commit_within`` with any commitment); racing (``snapshot.racing``
 ``race_eagerly``: lanes are taken after every placement); a calendar request that arrived or
 left; a grant that changes which blocks are confirmed; an arrival that needs a longer grid or
 a quota row the grid lacks; an arrival or a grant that makes a row bind that the grid never
-tracked (rows that could never bind are left out of every search).
+tracked (rows that could never bind are left out of every search). A full pass over
+commitments keeps nothing (the next one is full whatever it sees): it costs what ``admit``
+costs, and the next pass names the commitments as its reason.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ RESTART_FLOOR = 64
 # in full, and a 10,000-request snapshot 3–4× faster.
 CLOCK_FLOOR = 1_000
 _NONE = 1 << 62  # no cell yet: above every grid
+COMMITMENTS_HELD = "commitments are held before the policy order is planned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ class IncrementalPlanner:
         self._blocks: list[_Candidate] = []  # the pending calendar blocks, in calendar order
         self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
+        self._unkept_after = False  # the last pass held commitments and kept nothing
         self.last_pass = PassReport(full=True, why="no pass yet")
 
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
@@ -171,6 +175,9 @@ class IncrementalPlanner:
             why = self._why_full(snapshot, now)
             if why is None:
                 why = self._replan(snapshot, now)
+            if why is not None and _holds_commitments(snapshot):
+                # The next pass plans in full whatever it sees (see _why_full): keep nothing.
+                return self._unkept(snapshot, now, why)
             if why is not None:
                 self._full(snapshot, now, why)
             state = self._pass
@@ -187,7 +194,17 @@ class IncrementalPlanner:
 
     # A full pass -----------------------------------------------------------------------------
 
+    def _unkept(self, snapshot: Snapshot, now: datetime, why: str) -> Plan:
+        """A full pass that keeps nothing to plan from: ``admit``'s, without the bookkeeping
+        (readers, demand, a longer grid) that only a pass planned from it would use."""
+        self._pass = None
+        self._snapshot = None
+        self._unkept_after = True
+        self.last_pass = PassReport(full=True, why=why)
+        return _Pass(snapshot, now).run()
+
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
+        self._unkept_after = False
         state = _Pass(snapshot, now, keep=True)
         state.run()
         self._pass = state
@@ -258,7 +275,7 @@ class IncrementalPlanner:
         last = self._snapshot
         state = self._pass
         if last is None or state is None:
-            return "no pass yet"
+            return COMMITMENTS_HELD if self._unkept_after else "no pass yet"
         if now < state.now:
             return "the clock went back"
         if now != state.now:
@@ -278,7 +295,7 @@ class IncrementalPlanner:
             return "the tenants changed"
         if snapshot.policy.commit_within is not None and (snapshot.commitments or last.commitments):
             # Without any, a horizon changes nothing: admit plans as without one.
-            return "commitments are held before the policy order is planned"
+            return COMMITMENTS_HELD
         if snapshot.racing or last.racing:
             return "racing requests take lanes after every placement"
         if snapshot.policy.race_eagerly and snapshot.policy.race_width > 1:
@@ -906,6 +923,12 @@ class IncrementalPlanner:
         lanes = min(snapshot.policy.race_width, len(candidate.pools))
         for limit in candidate.limits:
             self._demand[flex.limit_row[limit.key]] += sign * gang.accelerator_units * lanes
+
+
+def _holds_commitments(snapshot: Snapshot) -> bool:
+    """True if ``snapshot`` holds commitments under a horizon: the pass after it plans in
+    full whatever it sees (its commitments are held before the policy order)."""
+    return snapshot.policy.commit_within is not None and bool(snapshot.commitments)
 
 
 def _missing(keys: Mapping[int, object], among: Mapping[int, object]) -> list[int]:
