@@ -659,10 +659,11 @@ class _Pass:
         # Per commitment, in policy order: (request id, pool row, needs, its candidate slots
         # as (cell, span)).
         held: list[tuple[str, int, tuple[tuple[int, int], ...], list[tuple[int, int]]]] = []
+        beyond = self.now + horizon  # a start told from here on is an estimate
         for _, candidate, length, first_length, last in queue:
             request = candidate.request
             commitment = promised.get(request.request_id)
-            if commitment is None or commitment.start_at - self.now >= horizon:
+            if commitment is None or commitment.start_at >= beyond:
                 continue
             row = self.pool_row.get(commitment.pool_id)
             if row is None or row not in candidate.pools:
@@ -712,14 +713,12 @@ class _Pass:
         # them all until the grid changes (a move), so each is scanned once, not per request.
         reach = 1 + max(promise[0] for promise in kept.values())
         rooms: dict[tuple[tuple[tuple[int, int], ...], int], int] = {}
-        for row, cell, rank, candidate, reason in sorted(placed, key=lambda entry: entry[2]):
+        for row, cell, rank, candidate, reason in placed:  # in rank order, as placed
             promise = kept.get(candidate.request.request_id)
             # A strict-FIFO tenant's requests keep their order among themselves: they stay.
             if promise is None or cell == 0 or candidate.strict:
                 moved.append((row, cell, rank, candidate, reason))
                 continue
-            length = ceil_cells(candidate.request.run_duration)
-            first = self.first_cells(candidate.request.run_duration)
             needs = promise[2]
             # The test reads only the cells before its slot, so its own slot may stay taken
             # for it; the search may reach into the slot, so that is given back first.
@@ -728,6 +727,8 @@ class _Pass:
             ):
                 moved.append((row, cell, rank, candidate, reason))
                 continue
+            length = ceil_cells(candidate.request.run_duration)
+            first = self.first_cells(candidate.request.run_duration)
             grid.give(needs, cell, length)
             grid.forget()  # its slot given back raised free amounts: facts may not hold
             best, best_row, best_needs, best_reason = _place(
