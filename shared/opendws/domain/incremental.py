@@ -163,6 +163,8 @@ class IncrementalPlanner:
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
         self._blocks: list[_Candidate] = []  # the pending calendar blocks, in calendar order
+        # ledger row → the indexes in _blocks of the blocks whose decision reads it, ascending
+        self._block_readers: dict[_Resource, list[int]] = {}
         self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
         self._unkept_after = False  # the last pass held commitments and kept nothing
@@ -224,6 +226,10 @@ class IncrementalPlanner:
         self._readers = {}
         self._siblings = {}
         self._blocks = sorted(state.calendar, key=lambda c: calendar_key(c.request))
+        self._block_readers = {}
+        for index, block in enumerate(self._blocks):
+            for resource in _block_resources(block):
+                self._block_readers.setdefault(resource, []).append(index)
         self._booked = {grant.request_id: grant for grant in state.grants[state.base_grants :]}
         if flex is not None:
             # Its facts hold only while free amounts go down; a walk first gives slots back.
@@ -499,19 +505,28 @@ class IncrementalPlanner:
         it sees another row. The ledger for the reached ones is built over just the rows they
         read, from the grants there and the earlier blocks' bookings, which are unchanged."""
         touched = {resource for grant in changed for resource in _grant_resources(state, grant)}
-        reached = [block for block in self._blocks if _reads_any(block, touched)]
+        reached = [self._blocks[index] for index in self._reading(touched)]
         if not reached:
             return 0
         rows = {resource for block in reached for resource in _block_resources(block)}
-        blocks = [block for block in self._blocks if _reads_any(block, rows)]
-        ledger = _ExactLedger(
-            state.now,
-            state.pools,
-            state.pool_row,
-            state.quotas,
-            (g for g in snapshot.grants if not rows.isdisjoint(_grant_resources(state, g))),
-            blocks,
-        )
+        blocks = [self._blocks[index] for index in self._reading(rows)]
+        # A grant is on those rows by its pool, or by the quota limits of its tenant and
+        # accelerator (worked out once per pair: there are few).
+        pools_on = {pool_id for pool_id, row in state.pool_row.items() if row in rows}
+        limits_on: dict[tuple[str, str], bool] = {}
+        on_rows: list[Grant] = []
+        for grant in snapshot.grants:
+            if grant.pool_id not in pools_on:
+                kind = (grant.tenant, grant.accelerator)
+                hit = limits_on.get(kind)
+                if hit is None:
+                    hit = limits_on[kind] = any(
+                        limit.key in rows for limit in state.quotas.limits(*kind)
+                    )
+                if not hit:
+                    continue
+            on_rows.append(grant)
+        ledger = _ExactLedger(state.now, state.pools, state.pool_row, state.quotas, on_rows, blocks)
         again = {id(block) for block in reached}
         decided: list[str] = []
         for block in blocks:
@@ -526,6 +541,15 @@ class IncrementalPlanner:
         for key in decided:
             self._put(state, key, state.decisions[key])
         return len(decided)
+
+    def _reading(self, resources: set[_Resource]) -> list[int]:
+        """The indexes in ``_blocks`` (ascending: calendar order) of the blocks whose decision
+        reads any of ``resources``."""
+        readers = self._block_readers
+        found: set[int] = set()
+        for resource in resources:
+            found.update(readers.get(resource, ()))
+        return sorted(found)
 
     def _walk(
         self,
@@ -1056,13 +1080,6 @@ def _grant_resources(state: _Pass, grant: Grant) -> list[_Resource]:
 def _block_resources(block: _Candidate) -> list[_Resource]:
     """The ledger rows deciding ``block`` reads: its pools and its quota limits."""
     return [*block.pools, *(limit.key for limit in block.limits)]
-
-
-def _reads_any(block: _Candidate, resources: set[_Resource]) -> bool:
-    """True if deciding ``block`` reads any of ``resources``."""
-    return not resources.isdisjoint(block.pools) or any(
-        limit.key in resources for limit in block.limits
-    )
 
 
 def _grant_rows(state: _Pass, flex: _FlexState, grant: Grant) -> list[tuple[int, int]]:
