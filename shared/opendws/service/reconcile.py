@@ -164,6 +164,8 @@ class ReconcileSettings:
 
 
 # The reasons of a held slot: a pending request with one of these was told its ETA and pool.
+_GRANTED = frozenset((S.PROVISIONING, S.ACTIVE, S.BOOKED))  # live states that hold a grant
+_WAITING = frozenset((Outcome.HOLD, Outcome.WAIT))  # decisions that leave a request PENDING
 _HELD = frozenset(
     {Reason.NO_CAPACITY_UNTIL, Reason.QUOTA, Reason.POOL_SHORT_UNTIL, Reason.FIFO_BLOCKED}
 )
@@ -403,6 +405,10 @@ class _Cycle:
             with self._one_request(race.request_id):
                 self._grow_race(race)
         for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, plan, order)):
+            if decision.outcome in _WAITING and not self._news(
+                self.records[decision.request_id], decision
+            ):
+                continue  # nothing to write (most held requests, most passes)
             with self._one_request(decision.request_id):
                 self._apply(decision)
         slots = {
@@ -647,11 +653,12 @@ class _Cycle:
         commitments = []
         committing = self.config.policy.commit_within is not None
         for record in self.records.values():
-            if record.request_id == without:
+            if without is not None and record.request_id == without:
                 continue
-            if submitted(record):
+            state = record.state
+            if state is S.PENDING and submitted(record):
                 grants.append(self._grant_of(record))  # held while Google reviews it
-            elif record.state is S.PENDING:
+            elif state is S.PENDING:
                 pending.append(record.request)
                 if committing and record.reason in _HELD and record.eta and record.pool:
                     # The promise (PolicySettings.commit_within): the slot the last plan held
@@ -665,12 +672,12 @@ class _Cycle:
                     commitments.append(
                         Commitment(request_id=record.request_id, pool_id=pool_id, start_at=start_at)
                     )
-            elif record.state is S.PROVISIONING and len(record.lanes) > 1:
+            elif state is S.PROVISIONING and len(record.lanes) > 1:
                 # Racing: every lane holds its own grant until one wins (see PolicySettings).
                 grants.extend(
                     replace(_grant(record, self.now), pool_id=lane.pool) for lane in record.lanes
                 )
-            elif record.state in (S.PROVISIONING, S.ACTIVE, S.BOOKED) and record.pool:
+            elif state in _GRANTED and record.pool:
                 grants.append(self._grant_of(record))
         with self.grants_lock:  # drop what no live request needs any more
             for request_id in [i for i in self.grant_cache if i not in self.records]:
