@@ -154,9 +154,10 @@ class MinuteGrid:
         return room is not None and bool(room.any())
 
     def first_room(self, needs: Sequence[tuple[int, int]], start: int, stop: int) -> int:
-        """The first cell of ``[start, stop)`` where every need's amount is free, or ``stop``
-        if there is none: ``may_start(needs, start, s)`` is ``first_room(...) < s`` for every
-        ``s`` up to ``stop``, so one scan answers many such tests while the grid is unchanged."""
+        """The first cell of ``[start, stop)`` where every need's amount is free, or
+        ``max(start, stop)`` if there is none: ``may_start(needs, start, s)`` is
+        ``first_room(...) < s`` for every ``s`` up to ``stop``, so one scan answers many such
+        tests while the grid is unchanged."""
         room = self._room(needs, start, min(stop, self.cells))
         if room is None:
             return max(start, stop)
