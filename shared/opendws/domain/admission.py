@@ -722,8 +722,10 @@ class _Pass:
             needs = promise[2]
             # The test reads only the cells before its slot, so its own slot may stay taken
             # for it; the search may reach into the slot, so that is given back first.
+            # Its needs are its pool's (where that can bind), then its quota's.
+            quota = needs[1:] if binding[promise[1]] else needs
             if not self._may_start_before(
-                grid, candidate, cell, binding, limit_row, short, rooms, reach
+                grid, candidate, cell, quota, binding, short, rooms, reach
             ):
                 moved.append((row, cell, rank, candidate, reason))
                 continue
@@ -799,19 +801,19 @@ class _Pass:
         grid: MinuteGrid,
         candidate: _Candidate,
         cell: int,
+        quota: tuple[tuple[int, int], ...],
         binding: Sequence[bool],
-        limit_row: dict[LimitKey, int],
         short: Sequence[int],
         rooms: dict[tuple[tuple[tuple[int, int], ...], int], int],
         reach: int,
     ) -> bool:
-        """False if ``candidate`` cannot start before ``cell`` (at most ``reach``) in any of
-        its pools: no cell from the pool's first allowed one up to ``cell`` has all it needs
-        free there (so no run of it can start there either); True proves nothing. ``rooms``
-        keeps, per (needs, first allowed cell), the first cell with room before ``reach``:
-        valid while the grid is unchanged."""
+        """False if ``candidate`` (with ``quota``, its needs of the quota rows that can bind)
+        cannot start before ``cell`` (at most ``reach``) in any of its pools: no cell from the
+        pool's first allowed one up to ``cell`` has all it needs free there (so no run of it
+        can start there either); True proves nothing. ``rooms`` keeps, per (needs, first
+        allowed cell), the first cell with room before ``reach``: valid while the grid is
+        unchanged."""
         units = candidate.request.gang.units
-        quota = _quota_needs(candidate, binding, limit_row)
         for pool_row in candidate.pools:
             lowest = short[pool_row]
             if lowest >= cell:
