@@ -193,3 +193,31 @@ def test_a_commitment_held_by_quota_reads_quota_where_its_pool_has_just_room() -
         assert (decision.outcome, decision.start_at, decision.reason) == (
             Outcome.HOLD, NOW + HOUR, Reason.QUOTA,
         )  # fmt: skip
+
+
+def test_a_commitment_moves_earlier_into_a_gap_exactly_as_long_as_its_run() -> None:
+    """One VM; ``first`` holds it for 30 min and ``second`` from 1 h to 2 h, so it is free
+    only over [30 min, 1 h). ``fits`` (30 min) was told 2 h: the gap holds its run exactly,
+    though the minute just before its slot is busy, so it moves there."""
+    grants = [
+        grant("first", units=1, hours=0.5),
+        grant("second", units=1, start_at=NOW + HOUR, hours=1),
+    ]
+    fits = flex("fits", vm_count=1, run=30 * MINUTE, submitted_at=NOW - HOUR)
+    told = Commitment(request_id="fits", pool_id=POOL, start_at=NOW + 2 * HOUR)
+    base = snapshot(pools=[pool(capacity=1)], grants=grants, pending=[fits], policy=STICKY)
+    plan = admit(replace(base, commitments=(told,)), NOW)
+    decision = plan.decision("fits")
+    assert (decision.outcome, decision.start_at) == (Outcome.HOLD, NOW + 30 * MINUTE)
+
+
+def test_a_commitment_moves_earlier_into_a_gap_shorter_than_its_run_that_reaches_its_slot() -> None:
+    """One VM, held by ``first`` for 30 min and free after. ``long`` (2 h) was told 2 h: the
+    90 free minutes before its slot are shorter than its run, but they reach its slot, which
+    it gives back, so it moves to 30 min."""
+    first = grant("first", units=1, hours=0.5)
+    long = flex("long", vm_count=1, hours=2, submitted_at=NOW - HOUR)
+    told = Commitment(request_id="long", pool_id=POOL, start_at=NOW + 2 * HOUR)
+    base = snapshot(pools=[pool(capacity=1)], grants=[first], pending=[long], policy=STICKY)
+    decision = admit(replace(base, commitments=(told,)), NOW).decision("long")
+    assert (decision.outcome, decision.start_at) == (Outcome.HOLD, NOW + 30 * MINUTE)

@@ -424,10 +424,11 @@ def test_minute_grid_fits(amount: int, start: int, length: int, fits: bool) -> N
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_first_room_answers_every_may_start_up_to_its_stop(seed: int) -> None:
-    """``first_room(needs, start, stop) < s`` is ``may_start(needs, start, s)`` for every ``s``
-    up to ``stop``, also past the grid's end and for an empty range: one scan stands for all
-    of those tests while the grid is unchanged (admission's move of commitments earlier)."""
+def test_room_runs_says_where_there_is_room_and_the_longest_stretch_so_far(seed: int) -> None:
+    """``room_runs(needs, start, stop)`` gives, per cell of ``[start, stop)`` up to the grid's
+    end, whether every need's amount is free there (as ``may_start`` over that one cell) and
+    the longest stretch of such cells ending at or before it: admission's test of whether a
+    commitment could start earlier reads both."""
     rng = random.Random(seed)
     cells = rng.randint(1, 60)
     commitments = [
@@ -440,9 +441,16 @@ def test_first_room_answers_every_may_start_up_to_its_stop(seed: int) -> None:
         needs = [(0, rng.randint(0, 5))] + ([(1, rng.randint(0, 7))] if rng.random() < 0.5 else [])
         start = rng.randint(0, cells + 2)
         stop = rng.randint(0, cells + 5)
-        first = grid.first_room(needs, start, stop)
-        for s in range(0, stop + 1):
-            assert (first < s) is grid.may_start(needs, start, s), (needs, start, stop, s)
+        room, longest = grid.room_runs(needs, start, stop)
+        expected = [
+            grid.may_start(needs, cell, cell + 1) for cell in range(start, min(stop, cells))
+        ]
+        assert list(room) == expected
+        stretch = best = 0
+        for index, free in enumerate(expected):
+            stretch = stretch + 1 if free else 0
+            best = max(best, stretch)
+            assert longest[index] == best, (needs, start, stop, index)
 
 
 def _free_cells(grid: MinuteGrid, rows: int) -> list[list[int]]:

@@ -34,6 +34,9 @@ from functools import cached_property
 from operator import itemgetter
 from typing import NamedTuple
 
+import numpy as np
+import numpy.typing as npt
+
 from opendws.domain.calendar import lead_of
 from opendws.domain.model import (
     CapacityRequest,
@@ -709,10 +712,10 @@ class _Pass:
         plan left free allows (its own slot given back first, so it never moves later)."""
         moved = []
         # Every test reads cells before a commitment's slot, all within the horizon: per
-        # (needs, first allowed cell), the first cell with room up to the last slot answers
-        # them all until the grid changes (a move), so each is scanned once, not per request.
+        # (needs, first allowed cell), one scan up to the last slot answers them all until
+        # the grid changes (a move), so each is scanned once, not per request.
         reach = 1 + max(promise[0] for promise in kept.values())
-        rooms: dict[tuple[tuple[tuple[int, int], ...], int], int] = {}
+        rooms: dict[tuple[tuple[tuple[int, int], ...], int], _Rooms] = {}
         for row, cell, rank, candidate, reason in placed:  # in rank order, as placed
             promise = kept.get(candidate.request.request_id)
             # A strict-FIFO tenant's requests keep their order among themselves: they stay.
@@ -724,12 +727,12 @@ class _Pass:
             # for it; the search may reach into the slot, so that is given back first.
             # Its needs are its pool's (where that can bind), then its quota's.
             quota = needs[1:] if binding[promise[1]] else needs
+            length = ceil_cells(candidate.request.run_duration)
             if not self._may_start_before(
-                grid, candidate, cell, quota, binding, short, rooms, reach
+                grid, candidate, cell, length, quota, binding, short, rooms, reach
             ):
                 moved.append((row, cell, rank, candidate, reason))
                 continue
-            length = ceil_cells(candidate.request.run_duration)
             first = self.first_cells(candidate.request.run_duration)
             grid.give(needs, cell, length)
             grid.forget()  # its slot given back raised free amounts: facts may not hold
@@ -801,18 +804,23 @@ class _Pass:
         grid: MinuteGrid,
         candidate: _Candidate,
         cell: int,
+        length: int,
         quota: tuple[tuple[int, int], ...],
         binding: Sequence[bool],
         short: Sequence[int],
-        rooms: dict[tuple[tuple[tuple[int, int], ...], int], int],
+        rooms: dict[tuple[tuple[tuple[int, int], ...], int], _Rooms],
         reach: int,
     ) -> bool:
-        """False if ``candidate`` (with ``quota``, its needs of the quota rows that can bind)
-        cannot start before ``cell`` (at most ``reach``) in any of its pools: no cell from the
-        pool's first allowed one up to ``cell`` has all it needs free there (so no run of it
-        can start there either); True proves nothing. ``rooms`` keeps, per (needs, first
-        allowed cell), the first cell with room before ``reach``: valid while the grid is
-        unchanged."""
+        """False if ``candidate`` (a run of ``length`` cells, more from now; ``quota``: its
+        needs of the quota rows that can bind) cannot start before ``cell`` (at most
+        ``reach``) in any of its pools; True proves nothing.
+
+        The test reads only cells before ``cell``, which its own slot (from ``cell``) leaves
+        as they are: a run from ``s`` before ``cell`` needs room for all it needs in every
+        cell of ``[s, min(s + run, cell))``, so in the cell just before ``cell``, or else in
+        a stretch of at least ``length`` cells before that. ``rooms`` keeps, per (needs,
+        first allowed cell), where there is room up to ``reach`` and the longest stretch so
+        far (:meth:`MinuteGrid.room_runs`): valid while the grid is unchanged."""
         units = candidate.request.gang.units
         for pool_row in candidate.pools:
             lowest = short[pool_row]
@@ -821,10 +829,12 @@ class _Pass:
             needs = ((pool_row, units), *quota) if binding[pool_row] else quota
             if not needs:
                 return True
-            first_room = rooms.get((needs, lowest))
-            if first_room is None:
-                first_room = rooms[needs, lowest] = grid.first_room(needs, lowest, reach)
-            if first_room < cell:
+            runs = rooms.get((needs, lowest))
+            if runs is None:
+                runs = rooms[needs, lowest] = grid.room_runs(needs, lowest, reach)
+            room, longest = runs
+            before = cell - 1 - lowest  # the cell just before the slot, in the arrays
+            if before >= len(room) or room[before] or (before and longest[before - 1] >= length):
                 return True
         return False
 
@@ -1206,6 +1216,9 @@ def _place(
 _ShapeKey = tuple[tuple[int, ...], str, str, int, int]
 # A commitment held where it was promised: (cell, pool row, the needs it took).
 _Kept = tuple[int, int, tuple[tuple[int, int], ...]]
+# Per cell of a stretch: whether a request's needs have room there, and the longest stretch of
+# such cells ending at or before it (MinuteGrid.room_runs).
+_Rooms = tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]
 # (earliest start the pool allows, pool row, the needs a placement there takes)
 _Option = tuple[int, int, tuple[tuple[int, int], ...]]
 

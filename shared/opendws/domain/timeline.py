@@ -153,16 +153,22 @@ class MinuteGrid:
         room = self._room(needs, start, min(stop, self.cells))
         return room is not None and bool(room.any())
 
-    def first_room(self, needs: Sequence[tuple[int, int]], start: int, stop: int) -> int:
-        """The first cell of ``[start, stop)`` where every need's amount is free, or
-        ``max(start, stop)`` if there is none: ``may_start(needs, start, s)`` is
-        ``first_room(...) < s`` for every ``s`` up to ``stop``, so one scan answers many such
-        tests while the grid is unchanged."""
+    def room_runs(
+        self, needs: Sequence[tuple[int, int]], start: int, stop: int
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+        """Over ``[start, stop)`` (at most the grid's end): per cell, whether every need's
+        amount is free there, and the longest stretch of such cells that ends at or before it.
+        Enough to tell, for any cell ``c`` in the range, whether a run of ``length`` could
+        start before ``c``: it needs room in the cell just before ``c``, or a stretch of room
+        of ``length`` cells before that."""
         room = self._room(needs, start, min(stop, self.cells))
         if room is None:
-            return max(start, stop)
-        cell = int(room.argmax())
-        return start + cell if room[cell] else max(start, stop)
+            return np.zeros(0, dtype=np.bool_), np.zeros(0, dtype=np.int64)
+        index = np.arange(len(room))
+        # Per cell, the last cell without room at or before it; a stretch's length is the
+        # distance from there.
+        last_short = np.maximum.accumulate(np.where(room, -1, index))
+        return room, np.maximum.accumulate(index - last_short)
 
     def gain_fits(
         self,
