@@ -1338,9 +1338,7 @@ def _hold_reason(
     if start == lowest and short > 0:
         return Reason.POOL_SHORT_UNTIL
     # What earlier searches proved usually settles it; only otherwise is the window compared.
-    # A run from now that is one cell longer was searched from cell 1: so is the pool.
-    if lowest == 0 and first != length and start > 1:
-        lowest = 1
+    lowest = _first_compared(start, floor, short, length, first)
     pool_bound = grid.bounds(((row, units),), lowest, length)[0]
     if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
@@ -1361,10 +1359,16 @@ def _full_at_first_start(
     lacks ``units`` in the first cell of the run it compares, a cell before ``start``: one
     read, and the slot at ``start`` need not be given back to judge it (it covers no cell
     before ``start``). False proves nothing."""
-    lowest = max(floor, short)
-    if lowest == 0 and first != length and start > 1:
-        lowest = 1  # as _hold_reason: a run from now that is one cell longer starts at cell 1
+    lowest = _first_compared(start, floor, short, length, first)
     return lowest < start and grid.free(row, lowest) < units
+
+
+def _first_compared(start: int, floor: int, short: int, length: int, first: int) -> int:
+    """The first cell of the run :func:`_hold_reason` compares in the pool: where a start may
+    come (after the strict-FIFO floor and the cool-down), or cell 1 where that is now and a
+    run from now is one cell longer (such a run was searched from cell 1: so is the pool)."""
+    lowest = max(floor, short)
+    return 1 if lowest == 0 and first != length and start > 1 else lowest
 
 
 _first = itemgetter(0)
