@@ -94,8 +94,8 @@ class MinuteGrid:
             # One grant comes once per row it counts against, with the same times: round them
             # once (datetime arithmetic is most of this loop).
             if start_at is not start_was or end_at is not end_was:
-                first = max(0, (start_at - origin) // MINUTE)  # floor_cells
-                last = min(cells, -((origin - end_at) // MINUTE))  # ceil_cells
+                first = max(0, floor_cells(start_at - origin))
+                last = min(cells, ceil_cells(end_at - origin))
                 start_was, end_was = start_at, end_at
             if last > first:
                 rows += (row, row)

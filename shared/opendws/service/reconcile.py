@@ -408,7 +408,7 @@ class _Cycle:
             if decision.outcome in _WAITING and not self._news(
                 self.records[decision.request_id], decision
             ):
-                continue  # nothing to write (most held requests, most passes)
+                continue  # nothing to write (most held requests, most passes): not applied
             with self._one_request(decision.request_id):
                 self._apply(decision)
         slots = {
@@ -726,6 +726,8 @@ class _Cycle:
     # Step 5: apply ----------------------------------------------------------------------
 
     def _apply(self, decision: Decision) -> None:
+        """Carry out one decision. A held or waiting request comes here only with news (see
+        :meth:`_news`): the pass leaves the others as they are."""
         record = self.records[decision.request_id]
         match decision.outcome:
             case Outcome.ADMIT:
@@ -763,11 +765,10 @@ class _Cycle:
             case Outcome.TIME_OUT:
                 self._write(record, S.TIMED_OUT, decision.reason or "", decision.message)
             case Outcome.HOLD | Outcome.WAIT:
-                if self._news(record, decision):
-                    self._write(
-                        record, S.PENDING, decision.reason or "", decision.message,
-                        pool=decision.pool_id, eta=decision.eta, position=decision.position,
-                    )  # fmt: skip
+                self._write(
+                    record, S.PENDING, decision.reason or "", decision.message,
+                    pool=decision.pool_id, eta=decision.eta, position=decision.position,
+                )  # fmt: skip
 
     def _submit_block(self, record: RequestRecord, pool: Pool) -> None:
         """A block our plan fits: ask Google's Advice API whether it has the capacity as
