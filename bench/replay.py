@@ -9,6 +9,12 @@ cluster. Two regimes, in one run:
    policies differ; the targets are judged here;
 2. full: the Helios capacities, where every policy waits close to zero.
 
+Then opendws alone once more on the contended pools behind Google's queue (``--google-queue``:
+each admitted order is served after a log-normal wait, median 10 min and p90 60 min by default
+— an assumption, as Google publishes no figure): how often the capacity ran by the first
+``ready_eta`` told (eta + the pool's learned admission → ACTIVE median) and by its p90 bound,
+and how the ETAs held (JSON ``ready_eta``; quick mode too).
+
 Targets (contended): opendws's mean queueing delay at or below SJF's; its p99 at or below
 FIFO's; no job of opendws's timed out that a baseline ran (a reservation could have served it);
 the opendws replay in under a minute. Each figure is printed with its ratio to the baseline of
@@ -19,6 +25,7 @@ their own extract of the trace, so comparable in kind and magnitude only).
     python bench/replay.py --quick         # the first 3 days, contended only (CI)
     python bench/replay.py --json          # ...and one JSON object as the last line
     python bench/replay.py --compare-commitments 0,6,336   # opendws per commitment horizon
+    python bench/replay.py --google-queue 5,30   # Google's queue: median, p90 in minutes; off
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from opendws.domain.model import PolicySettings  # noqa: E402
 from opendws.replay.baselines import JobOutcome, Policy  # noqa: E402
+from opendws.replay.google_queue import GoogleQueue  # noqa: E402
 from opendws.replay.metrics import (  # noqa: E402
     NAIVE_RATE_WINDOW,
     EtaAccuracy,
@@ -45,11 +53,12 @@ from opendws.replay.metrics import (  # noqa: E402
     eta_accuracy,
     naive_accuracy,
     naive_etas,
+    ready_accuracy,
     utilization_series,
     waits,
 )
 from opendws.replay.philly import HELIOS_END, HELIOS_START, convert, largest_gangs  # noqa: E402
-from opendws.replay.runner import Replayed, replay, replay_many  # noqa: E402
+from opendws.replay.runner import Replayed, replay, replay_many, replay_opendws  # noqa: E402
 from opendws.replay.traces import PoolsFile, TraceJob  # noqa: E402
 
 TRACES = Path(os.environ.get("OPENDWS_TRACES") or ROOT.parent / "shared" / "traces" / "philly")
@@ -281,6 +290,70 @@ def commitment_policies(
     return rows, replays
 
 
+def behind_google_queue(
+    jobs: list[TraceJob], pools: PoolsFile, workers: int, settings: PolicySettings | None,
+    queue: GoogleQueue, horizon: timedelta | None,
+) -> tuple[dict[str, Any], list[JobOutcome]]:  # fmt: skip
+    """opendws again on the contended pools, with Google serving each admitted order after a
+    wait drawn from ``queue`` (the baselines have no such queue, so they are not run): how
+    well ``ready_eta`` tells when capacity runs, and how the ETA promises hold, printed; the
+    figures and the outcomes."""
+    started = time.perf_counter()
+    outcomes = replay_opendws(
+        jobs, pools, workers=workers, policy=settings, google_queue=queue
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    ready = ready_accuracy(outcomes)
+    told = eta_accuracy(outcomes)
+    near = eta_accuracy(outcomes, horizon) if horizon is not None else None
+    print(
+        f"\nbehind Google's queue (contended, opendws; {queue.describe()}; an assumption: "
+        "Google publishes no figure): ready_eta = eta + the pool's learned admission → ACTIVE "
+        "median; error = ACTIVE − the first one told"
+    )
+    print(f"{'estimate':24} {'jobs':>7} {'kept':>7} {'median error':>14} {'p90 error':>12}")
+    for name, accuracy in (
+        ("ready_eta", ready.ready), ("ready_eta_p90", ready.ready_p90),
+        ("eta alone", ready.eta_alone),
+    ):  # fmt: skip
+        print(
+            f"{name:24} {accuracy.jobs:7,} {accuracy.kept_share:7.1%} "
+            f"{accuracy.median_error_s:12,.0f} s {accuracy.p90_error_s:10,.0f} s"
+        )
+    kept_within = "—" if near is None else f"{near.kept_share:.1%} of {near.jobs:,}"
+    print(
+        f"  ETAs (admission): {told.kept_share:.1%} kept, within the horizon {kept_within}; "
+        f"moved later {told.moved_later:,}; mean wait to ACTIVE "
+        f"{float(waits(outcomes).mean()):,.0f} s; wall {wall:.1f} s"
+    )
+    figures: dict[str, Any] = {
+        "google_queue": {
+            "median_s": queue.median.total_seconds(), "p90_s": queue.p90.total_seconds(),
+        },
+        **ready.to_json(),
+        "eta": {
+            "kept_share": told.kept_share, "moved_later": told.moved_later,
+            "kept_within_share": None if near is None else near.kept_share,
+            "jobs_within": None if near is None else near.jobs,
+        },
+        "mean_wait_s": float(waits(outcomes).mean()),
+        "timed_out": sum(outcome.timed_out for outcome in outcomes),
+        "wall_s": wall,
+    }  # fmt: skip
+    return figures, outcomes
+
+
+def parse_google_queue(text: str) -> GoogleQueue | None:
+    """``MEDIAN,P90`` in minutes, or ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        median, p90 = (float(part) for part in text.split(","))
+        return GoogleQueue(median=timedelta(minutes=median), p90=timedelta(minutes=p90))
+    except ValueError as error:
+        raise ValueError(f"--google-queue takes MEDIAN,P90 in minutes, or off: {error}") from None
+
+
 def _policy_name(horizon: timedelta | None) -> str:
     if horizon is None:
         return "opendws, no commitments"
@@ -390,7 +463,17 @@ def main() -> int:
         help="replay opendws again under each of these commitment horizons (hours; 0: none; "
         "contended only) and compare their waits and ETAs in a table and one plot",
     )  # fmt: skip
+    parser.add_argument(
+        "--google-queue", type=str, default="10,60", metavar="MEDIAN,P90",
+        help="replay opendws once more behind Google's queue: each order served after a "
+        "log-normal wait with this median and 90th percentile, in minutes (an assumption: "
+        "Google publishes none), to measure ready_eta; off: skip (default: 10,60)",
+    )  # fmt: skip
     arguments = parser.parse_args()
+    try:
+        google_queue = parse_google_queue(arguments.google_queue)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         horizons = [float(h) for h in arguments.compare_commitments.split(",") if h.strip()]
     except ValueError:
@@ -458,6 +541,10 @@ def main() -> int:
         )
         document["commitments"] = rows
         plots.append(plot_eta_errors_by_policy(replays, arguments.out, tag))
+    if google_queue is not None:
+        document["ready_eta"], _ = behind_google_queue(
+            jobs, contended, arguments.workers, settings, google_queue, horizon
+        )
     if not arguments.quick:
         full_results, full_reports = regime(jobs, full, arguments.workers, settings)
         full_capacity = sum(pool.capacity for pool in full.pools)

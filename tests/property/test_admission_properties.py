@@ -152,6 +152,8 @@ def pools_strategy(draw: st.DrawFn) -> list[Pool]:
         for shape, accelerator, provider, _ in SHAPES:
             if draw(st.booleans()):
                 short = draw(st.none() | st.integers(-60, 600))
+                # Google's serve wait learned there (Pool.serve_wait): none, short, or long.
+                wait = draw(st.sampled_from([0, 0, 0, 7, 45]))
                 pools.append(
                     Pool(
                         pool_id=f"{zone}/{shape}",
@@ -161,6 +163,7 @@ def pools_strategy(draw: st.DrawFn) -> list[Pool]:
                         provider=provider,
                         capacity=draw(st.sampled_from([0, 2, 4, 6, 8, 12, 16])),
                         short_until=None if short is None else NOW + timedelta(minutes=short),
+                        serve_wait=timedelta(minutes=wait),
                     )
                 )
     if not pools:
@@ -311,9 +314,10 @@ def planned_grants(snapshot: Snapshot, plan: Plan) -> list[Grant]:
         assert decision.pool_id is not None
         assert decision.start_at is not None
         request = requests[decision.request_id]
-        # A racing request holds a full grant in every pool it is offered to.
+        # A racing request holds a full grant in every pool it is offered to, to the slot's
+        # end (a flex run's includes its pool's serve wait: Pool.serve_wait).
         for pool_id in (decision.pool_id, *decision.lanes):
-            held.append(Grant.of(request, pool_id, decision.start_at))
+            held.append(Grant.of(request, pool_id, decision.start_at, end_at=decision.end_at))
     return held
 
 
@@ -325,7 +329,9 @@ def applied(snapshot: Snapshot, plan: Plan) -> Snapshot:
         assert decision.pool_id is not None
         assert decision.start_at is not None
         for pool_id in (decision.pool_id, *decision.lanes):
-            new_grants.append(Grant.of(requests[decision.request_id], pool_id, decision.start_at))
+            request = requests[decision.request_id]
+            # Held as the reconciler holds it: to the slot's end (hold_end with the serve wait).
+            new_grants.append(Grant.of(request, pool_id, decision.start_at, end_at=decision.end_at))
     still_pending = tuple(
         request
         for request in snapshot.pending
@@ -364,7 +370,12 @@ def test_gangs_are_whole_in_one_allowed_pool_within_their_window(snapshot: Snaps
         pool = pools[decision.pool_id]
         assert pool.serves(request)
         assert request.units <= pool.capacity
-        assert decision.end_at == decision.start_at + request.run_duration
+        # A flex slot holds the largest serve wait of the pools that serve it, then its run
+        # (Pool.serve_wait); a block holds its window.
+        wait = max(p.serve_wait for p in snapshot.pools if p.serves(request))
+        if request.mode is Mode.CALENDAR:
+            wait = timedelta(0)
+        assert decision.end_at == decision.start_at + wait + request.run_duration
         if request.mode is Mode.CALENDAR:
             assert decision.start_at == request.start_at  # a block is never moved
             continue

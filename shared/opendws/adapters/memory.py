@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
@@ -363,9 +363,14 @@ class MemoryCapacityProvider:
         self, clock: Clock, *, latency: timedelta = timedelta(seconds=20),
         review_delay: timedelta = REVIEW_DELAY,
         cancellation: CancellationRule = CancellationRule.WINDOWS,
+        latency_of: Callable[[str], timedelta] | None = None,
     ) -> None:  # fmt: skip
+        """``latency``: how long every order takes to provision; ``latency_of``, if given,
+        replaces it per order (by order name): Google's queue takes longer for some orders
+        than others (a replay's :class:`~opendws.replay.google_queue.GoogleQueue`)."""
         self._clock = clock
         self._latency = latency
+        self._latency_of = latency_of
         self._review_delay = review_delay
         self._cancellation = cancellation
         self._offset = timedelta(0)
@@ -430,6 +435,20 @@ class MemoryCapacityProvider:
             self._offset += delta
             self._settle()
 
+    def next_eligible(self) -> datetime | None:
+        """When the next order still provisioning has its latency over and is served (or
+        tried, if its stock is short), on the injected clock; None if none is provisioning.
+        A replay wakes then: nothing else tells it that Google is about to serve an order."""
+        with self._lock:
+            self._settle()
+            due = [
+                eligible_at
+                for heap in self._pending.values()
+                for eligible_at, _, order in heap
+                if order.queued
+            ]
+            return min(due) - self._offset if due else None
+
     def created(self) -> dict[str, int]:
         """How many times each order name was created (a retry must never make it 2)."""
         with self._lock:
@@ -487,7 +506,7 @@ class MemoryCapacityProvider:
             if existing is not None and existing.block:
                 if existing.phase is ProvisionPhase.RESERVED:  # its reservation is live
                     existing.phase = ProvisionPhase.CREATING
-                    existing.eligible_at = self._now() + self._latency
+                    existing.eligible_at = self._now() + self._latency_for(existing.name)
                     existing.message = ""
                     self._at(existing.eligible_at, existing)  # its VMs: the block's own units
                 return  # not live yet (or over): asked again on a later pass
@@ -581,6 +600,9 @@ class MemoryCapacityProvider:
     def _now(self) -> datetime:
         return self._clock.now() + self._offset
 
+    def _latency_for(self, name: str) -> timedelta:
+        return self._latency if self._latency_of is None else self._latency_of(name)
+
     def _new(self, order: Order, phase: ProvisionPhase) -> _FakeOrder:
         request = order.request
         calendar_end = None
@@ -596,7 +618,7 @@ class MemoryCapacityProvider:
             phase=phase,
             created_at=now,
             sequence=next(self._sequence),
-            eligible_at=now + self._latency,
+            eligible_at=now + self._latency_for(order.name),
             ends_by_itself=calendar_end is None,
         )
         self._orders[order.name] = fake

@@ -114,7 +114,9 @@ class Decision:
     reason: Reason | Expiry | None = None  # None only for ADMIT and CONFIRM
     pool_id: str | None = None  # ADMIT, HOLD, CONFIRM: where
     start_at: datetime | None = None  # ADMIT, CONFIRM: the start; HOLD: the ETA
-    end_at: datetime | None = None  # ADMIT, HOLD, CONFIRM: start + run_duration
+    # ADMIT, HOLD, CONFIRM: when the slot ends (start + the pool's serve wait + run_duration
+    # for flex, see Pool.serve_wait; start + run_duration for a block)
+    end_at: datetime | None = None
     position: int | None = None  # HOLD: 1-based place in line for its pool, by ETA
     alternatives: tuple[Alternative, ...] = ()  # REFUSE: nearest starts that would fit
     lanes: tuple[str, ...] = ()  # ADMIT: more pools raced at once besides pool_id, preferred first
@@ -339,6 +341,10 @@ class _Pass:
         self.base_grants = 0  # kept: how many of self.grants the snapshot gave (then blocks)
         self.pools: tuple[Pool, ...] = tuple(sorted(snapshot.pools, key=lambda p: p.pool_id))
         self.pool_row = {pool.pool_id: row for row, pool in enumerate(self.pools)}
+        # Per pool row: Google's expected serve wait, which a flex run placed there holds
+        # before its run (see Pool.serve_wait); with none anywhere, a run holds its duration.
+        self.serve_waits = tuple(pool.serve_wait for pool in self.pools)
+        self.waits = any(self.serve_waits)
         self.quotas = QuotaBook(sorted(snapshot.tenants, key=lambda t: t.name))
         # The snapshot's grants, then (step 2) the blocks confirmed. A kept pass's stay as its
         # own pass left them: the incremental planner keeps the later grants and bookings.
@@ -368,6 +374,16 @@ class _Pass:
         decisions = tuple(self.decisions[request.request_id] for request in pending)
         races = tuple(Race(request_id=key, pools=self.races[key]) for key in sorted(self.races))
         return Plan(now=self.now, decisions=decisions, races=races, order=tuple(self.order))
+
+    def holds(self, candidate: _Candidate) -> timedelta:
+        """How long a flex run placed for ``candidate`` holds its pool: Google's expected
+        serve wait, then its run duration. The wait is the largest of its pools' — exact for
+        one pool, and never short for several (a slot in a pool that serves sooner frees
+        early, so others move earlier, never later)."""
+        run = candidate.request.run_duration
+        if not self.waits:
+            return run
+        return run + max(self.serve_waits[row] for row in candidate.pools)
 
     def first_cells(self, run: timedelta) -> int:
         """Cells a run takes from now (inside cell 0): it may reach one further than from a
@@ -560,7 +576,7 @@ class _Pass:
         cells = 1 + max(
             (
                 *(first + last for _, _, _, first, last in queue),
-                *(self.first_cells(racer.request.run_duration) for racer, _ in racers),
+                *(self.first_cells(self.holds(racer)) for racer, _ in racers),
             )
         )
         if self.keep:
@@ -631,7 +647,7 @@ class _Pass:
         half_life = self.snapshot.policy.aging_half_life
         for candidate in flex:
             request = candidate.request
-            run = request.run_duration
+            run = self.holds(candidate)
             yield (
                 flex_key(request, strict=candidate.strict, now=now, half_life=half_life),
                 candidate,
@@ -727,13 +743,14 @@ class _Pass:
             # for it; the search may reach into the slot, so that is given back first.
             # Its needs are its pool's (where that can bind), then its quota's.
             quota = needs[1:] if binding[promise[1]] else needs
-            length = ceil_cells(candidate.request.run_duration)
+            run = self.holds(candidate)
+            length = ceil_cells(run)
             if not self._may_start_before(
                 grid, candidate, cell, length, quota, binding, short, rooms, reach
             ):
                 moved.append((row, cell, rank, candidate, reason))
                 continue
-            first = self.first_cells(candidate.request.run_duration)
+            first = self.first_cells(run)
             grid.give(needs, cell, length)
             grid.forget()  # its slot given back raised free amounts: facts may not hold
             best, best_row, best_needs, best_reason = _place(
@@ -781,8 +798,9 @@ class _Pass:
             if cell > 0 and candidate.request.request_id in kept:
                 request = candidate.request
                 units = request.gang.units
-                length = ceil_cells(request.run_duration)
-                first = self.first_cells(request.run_duration)
+                run = self.holds(candidate)
+                length = ceil_cells(run)
+                first = self.first_cells(run)
                 floor = floors.get(request.request_id, 0)
                 if _full_at_first_start(grid, row, units, cell, floor, short[row], length, first):
                     judged.append((row, cell, rank, candidate, Reason.NO_CAPACITY_UNTIL))
@@ -885,7 +903,7 @@ class _Pass:
         """Up to ``width - len(taken)`` more pool rows for ``candidate``, most preferred
         first, each committed in the grid (the gang in the pool, its amount in every quota)."""
         request = candidate.request
-        length = self.first_cells(request.run_duration)  # a lane starts now
+        length = self.first_cells(self.holds(candidate))  # a lane starts now
         quota = _quota_needs(candidate, binding, limit_row)
         extra: list[int] = []
         for other in candidate.pools:
@@ -951,7 +969,7 @@ class _Pass:
                 reason=reason,
                 pool_id=pool_ids[row],
                 start_at=start_at,
-                end_at=start_at + request.run_duration,
+                end_at=start_at + self.holds(candidate),
                 position=position if start else None,
                 lanes=tuple(pool_ids[lane] for lane in raced) if raced else (),
             )

@@ -373,8 +373,9 @@ class IncrementalPlanner:
             )
             if any(limit.key not in flex.limit_row for limit in candidate.limits):
                 return "an arrival counts against a quota row the grid lacks"
-            length = ceil_cells(request.run_duration)
-            first = state.first_cells(request.run_duration)
+            run = state.holds(candidate)
+            length = ceil_cells(run)
+            first = state.first_cells(run)
             last = state.last_cell(request)
             if 1 + first + last > flex.cells:
                 return "an arrival needs a longer grid"
@@ -458,7 +459,7 @@ class IncrementalPlanner:
         for entry in flex.entries:
             request = entry.candidate.request
             span = entry.span  # from the last now: before first changes
-            entry.first = -(-(into + request.run_duration) // MINUTE)
+            entry.first = -(-(into + state.holds(entry.candidate)) // MINUTE)
             entry.last -= shift
             entry.floor = max(0, entry.floor - shift)
             if entry.best is not None:
@@ -928,7 +929,7 @@ class IncrementalPlanner:
                 reason=entry.reason,
                 pool_id=state.pools[entry.row].pool_id,
                 start_at=start_at,
-                end_at=start_at + request.run_duration,
+                end_at=start_at + state.holds(entry.candidate),
                 position=position,
             ),
         )

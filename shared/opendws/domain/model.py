@@ -260,7 +260,11 @@ class Pool:
 
     ``capacity`` is in units: VMs for a MIG pool, chips for a TPU pool. ``short_until`` marks a
     learned stockout: the cloud refused this pool recently, so nothing new starts in it before
-    that time (grants already running are not affected).
+    that time (grants already running are not affected). ``serve_wait`` is how long Google is
+    expected to take to serve a flex order admitted here (learned: the pool's recent 90th
+    percentile of admission → ACTIVE, :func:`opendws.domain.readiness.expected_wait`): a flex
+    run placed here holds the pool that long before its run duration, as its hold does once
+    admitted (:func:`opendws.ports.records.hold_end`).
     """
 
     pool_id: str  # stable name, e.g. us-central1-a/a3-highgpu-8g
@@ -270,10 +274,13 @@ class Pool:
     provider: Provider
     capacity: int  # units
     short_until: datetime | None = None
+    serve_wait: timedelta = timedelta(0)
 
     def __post_init__(self) -> None:
         if not self.pool_id:
             raise InvalidModel("pool_id", "must not be empty")
+        if self.serve_wait < timedelta(0):
+            raise InvalidModel("serve_wait", f"must not be negative, not {self.serve_wait}")
         if not is_zone(self.zone):
             raise InvalidModel("zone", f"{self.zone!r} is not a zone such as us-central1-a")
         if self.capacity < 0:

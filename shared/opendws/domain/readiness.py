@@ -93,6 +93,13 @@ def ready_etas(
     return eta + known.median, eta + known.p90
 
 
+def expected_wait(known: Readiness | None) -> timedelta:
+    """How long an order just admitted in a pool is planned to wait in Google's queue: the
+    pool's recent 90th percentile (nine in ten were served sooner); zero without an
+    estimate."""
+    return timedelta(0) if known is None else known.p90
+
+
 def _rank(ordered: Sequence[timedelta], share: float) -> timedelta:
     """The nearest-rank percentile of ``ordered`` (sorted, not empty): the smallest value with
     at least ``share`` of the values at or below it."""

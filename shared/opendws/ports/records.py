@@ -223,16 +223,23 @@ class RequestRecord:
         return self.request.tenant
 
 
-def hold_end(record: RequestRecord, now: datetime) -> datetime:
+def hold_end(
+    record: RequestRecord, now: datetime, expected_wait: timedelta = timedelta(0)
+) -> datetime:
     """When a live request's hold on its pool ends: a block at its end; a flex run its run
-    duration after it became ACTIVE, or after now while still being created."""
+    duration after it became ACTIVE. While still being created (in Google's queue), its run
+    duration after Google is expected to serve it — its admission plus ``expected_wait``
+    (the pool's recent 90th percentile: :func:`opendws.domain.readiness.expected_wait`) —
+    or after now once that has passed."""
     request = record.request
     if request.start_at is not None:
         return request.start_at + request.run_duration
     start = record.since or record.updated_at
     if record.state is RequestState.PROVISIONING:
-        # Still being created: once ready it runs its whole duration, so hold it from now on.
-        start = max(start, now)
+        # Still being created: once ready it runs its whole duration. Held to where Google
+        # should have served it by, so that what waits behind it is not told a start that
+        # each pass of Google's queue pushes later; past that, from now on.
+        start = max(start + expected_wait, now)
     return start + request.run_duration
 
 

@@ -47,6 +47,10 @@ class Announced:
     at: datetime
     eta: datetime
     reason: str | None
+    # When its capacity was expected to run (eta + the pool's learned admission → ACTIVE
+    # median, and 90th percentile); None while the pool had too few samples.
+    ready_eta: datetime | None = None
+    ready_eta_p90: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +58,19 @@ class JobOutcome:
     """What became of one job under one policy."""
 
     job: TraceJob
-    started_at: datetime | None  # None: it never started
+    started_at: datetime | None  # None: it never started; else when its capacity ran
     pool: str | None
     timed_out: bool = False
     # opendws: every ETA announced while it waited, in order (the baselines announce none).
     etas: tuple[Announced, ...] = ()
+    # opendws behind Google's queue (GoogleQueue): when it was admitted, before Google served
+    # it; None where admission is the start (no queue, and every baseline).
+    admitted_at: datetime | None = None
+
+    @property
+    def admitted(self) -> datetime | None:
+        """When the scheduler let it go: what an ``eta`` promises."""
+        return self.started_at if self.admitted_at is None else self.admitted_at
 
     @property
     def finished_at(self) -> datetime | None:

@@ -149,19 +149,15 @@ class EtaAccuracy:
 
 
 def _accuracy(
-    firsts: Sequence[tuple[JobOutcome, datetime]], moves: Counter[str] | None = None
+    firsts: Sequence[tuple[datetime | None, datetime]], moves: Counter[str] | None = None
 ) -> EtaAccuracy:
+    """Figures over ``(what happened, when it was promised)`` pairs, one per job (what
+    happened is None for a job it never happened to)."""
     errors = np.array(
-        [
-            (outcome.started_at - eta).total_seconds()
-            for outcome, eta in firsts
-            if outcome.started_at is not None
-        ],
+        [(actual - eta).total_seconds() for actual, eta in firsts if actual is not None],
         dtype=float,
     )
-    kept = sum(
-        outcome.started_at is not None and outcome.started_at <= eta for outcome, eta in firsts
-    )
+    kept = sum(actual is not None and actual <= eta for actual, eta in firsts)
     moves = moves or Counter()
     return EtaAccuracy(
         jobs=len(firsts),
@@ -180,7 +176,7 @@ def eta_accuracy(outcomes: Sequence[JobOutcome], within: timedelta | None = None
     first ETA each job was told that lay less than that far ahead when it was told (with
     commitments over a horizon: the first promise), over the jobs told one."""
     firsts = [
-        (outcome, told[0].eta)
+        (outcome.admitted, told[0].eta)
         for outcome in outcomes
         if (told := [a for a in outcome.etas if within is None or a.eta - a.at < within])
     ]
@@ -206,7 +202,7 @@ def naive_etas(
     width = rate_window.total_seconds()
     for members in by_pool.values():
         submitted = np.sort([o.job.submitted_at.timestamp() for o in members])
-        started = np.sort([o.started_at.timestamp() for o in members if o.started_at])
+        started = np.sort([o.admitted.timestamp() for o in members if o.admitted])
         gave_up = np.sort(
             [(o.job.submitted_at + MAX_WAIT).timestamp() for o in members if o.timed_out]
         )
@@ -238,8 +234,53 @@ def naive_accuracy(
     """The naive estimate's accuracy on the jobs it could estimate of those opendws told."""
     estimates = naive_etas(outcomes, rate_window)
     firsts = [
-        (outcome, estimates[outcome.job.job_id])
+        (outcome.admitted, estimates[outcome.job.job_id])
         for outcome in outcomes
         if outcome.job.job_id in estimates
     ]
     return _accuracy(firsts)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyAccuracy:
+    """How well ``ready_eta`` told when a job's capacity would run, behind Google's queue
+    (see :mod:`opendws.replay.google_queue`): over the jobs whose first announcement that
+    carried a ``ready_eta`` (the first once their pool had enough samples), against the
+    instant the job's capacity ran (ACTIVE)."""
+
+    jobs: int  # jobs told a ready_eta
+    ready: EtaAccuracy  # the first ready_eta (eta + the pool's median) against ACTIVE
+    ready_p90: EtaAccuracy  # its 90th-percentile bound against ACTIVE
+    eta_alone: EtaAccuracy  # the eta of that same announcement, taken as when it would run
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "jobs": self.jobs,
+            "kept_share": self.ready.kept_share,
+            "median_error_s": self.ready.median_error_s,
+            "p90_error_s": self.ready.p90_error_s,
+            "p90_kept_share": self.ready_p90.kept_share,
+            "eta_alone": {
+                "kept_share": self.eta_alone.kept_share,
+                "median_error_s": self.eta_alone.median_error_s,
+                "p90_error_s": self.eta_alone.p90_error_s,
+            },
+        }
+
+
+def ready_accuracy(outcomes: Sequence[JobOutcome]) -> ReadyAccuracy:
+    """opendws's ``ready_eta`` against when each job's capacity ran (see
+    :class:`ReadyAccuracy`); ``eta_alone`` shows what reading ``eta`` as that time misses."""
+    told = [
+        (outcome.started_at, first)
+        for outcome in outcomes
+        if (first := next((a for a in outcome.etas if a.ready_eta is not None), None))
+    ]
+    return ReadyAccuracy(
+        jobs=len(told),
+        ready=_accuracy([(ran, a.ready_eta) for ran, a in told if a.ready_eta is not None]),
+        ready_p90=_accuracy(
+            [(ran, a.ready_eta_p90) for ran, a in told if a.ready_eta_p90 is not None]
+        ),
+        eta_alone=_accuracy([(ran, a.eta) for ran, a in told]),
+    )

@@ -53,6 +53,7 @@ from opendws.domain.model import (
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, Providers, StatusEvent, Timer, accepted
 from opendws.replay.baselines import Announced, JobOutcome, Policy, list_schedule
+from opendws.replay.google_queue import GoogleQueue
 from opendws.replay.metrics import PolicyReport, summarize
 from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
 from opendws.service.reconcile import ReconcileService
@@ -201,23 +202,30 @@ def replay_opendws(
     workers: int = 1,
     policy: PolicySettings | None = None,
     progress: Progress | None = None,
+    google_queue: GoogleQueue | None = None,
 ) -> list[JobOutcome]:
     """Replay ``jobs`` through the real reconciler (see the module docstring), under
     ``policy`` (default: the default admission order); with ``workers`` > 1, independent
     parts run in that many processes, largest first. ``progress`` hears of every
-    :data:`PROGRESS_EVERY` jobs done, in this process."""
+    :data:`PROGRESS_EVERY` jobs done, in this process. ``google_queue``: Google serves each
+    order after that wait, not at once."""
     parts = sorted(components(jobs, pools), key=lambda part: -len(part[0]))
     outcomes: dict[str, JobOutcome] = {}
     if workers <= 1 or len(parts) == 1:
         for part_jobs, part_pools in parts:
-            outcomes.update(_replay_component(part_jobs, part_pools, policy, progress))
+            outcomes.update(
+                _replay_component(part_jobs, part_pools, policy, progress, google_queue)
+            )
     else:
         with multiprocessing.Manager() as manager, ProcessPoolExecutor(workers) as executor:
             # The parts report through a queue; a thread here passes it on.
             heard = manager.Queue() if progress is not None else None
             relay = _relay(heard, progress)
             told = None if heard is None else functools.partial(_put, heard)
-            futures = [executor.submit(_replay_component, *part, policy, told) for part in parts]
+            futures = [
+                executor.submit(_replay_component, *part, policy, told, google_queue)
+                for part in parts
+            ]
             try:
                 for future in futures:
                     outcomes.update(future.result())
@@ -252,12 +260,17 @@ def _replay_component(
     pools: PoolsFile,
     policy: PolicySettings | None,
     progress: Progress | None = None,
+    google_queue: GoogleQueue | None = None,
 ) -> dict[str, JobOutcome]:
     ordered = sorted(jobs, key=lambda job: (job.submitted_at, job.job_id))
     clock = ManualClock(ordered[0].submitted_at)
     store = MemoryRequestStore()
     config = MemoryConfigStore(configuration(pools, [job.tenant for job in ordered], policy))
-    cloud = MemoryCapacityProvider(clock, latency=timedelta(0))
+    cloud = MemoryCapacityProvider(
+        clock,
+        latency=timedelta(0),
+        latency_of=None if google_queue is None else google_queue.wait,
+    )
     zones = zones_of(pools)
     for pool in pools.pools:
         cloud.set_stock(zones[pool.name], MACHINE_TYPE, pool.capacity)
@@ -270,7 +283,8 @@ def _replay_component(
     ending = EndService(store, config, providers, timers, bus, MemoryNudger(), clock)
 
     by_id = {job.job_id: job for job in ordered}
-    started: dict[str, tuple[datetime, str]] = {}
+    started: dict[str, tuple[datetime, str]] = {}  # job id → (its capacity ran, pool)
+    admitted: dict[str, datetime] = {}  # behind Google's queue: job id → admitted at
     timed_out: set[str] = set()
     etas: dict[str, list[Announced]] = {}  # job id → the ETAs announced while it waited
     finishes: list[tuple[datetime, str]] = []  # (real end, job id)
@@ -290,6 +304,8 @@ def _replay_component(
                 timers.next_due(),
                 next_start if next_start is not None and next_start > clock.now() else None,
                 _next_held_start(store, clock.now()),
+                # Behind Google's queue: when it serves the next order (a pass then sees it).
+                None if google_queue is None else cloud.next_eligible(),
             )
             if moment is not None
         ]
@@ -307,15 +323,24 @@ def _replay_component(
         # their timers end anyway: skip it (most of a quiet pool's events).
         if store.in_states(S.PENDING, S.PROVISIONING):
             report = reconciler.run_pass()
-            while report.ran and report.in_flight and not report.stale:
+            while report.ran and report.in_flight and not report.stale and google_queue is None:
                 report = reconciler.run_pass()  # the cloud is ready at once: see them through
             next_start = report.next_start
         for event in bus.published[cursor:]:
             if event.state is S.PENDING and event.eta is not None:
                 etas.setdefault(event.request_id, []).append(
-                    Announced(at=event.at, eta=event.eta, reason=event.reason)
+                    Announced(
+                        at=event.at,
+                        eta=event.eta,
+                        reason=event.reason,
+                        ready_eta=event.ready_eta,
+                        ready_eta_p90=event.ready_eta_p90,
+                    )
                 )
-            ended = _account(event, now, by_id, started, timed_out, finishes)
+            if google_queue is None:
+                ended = _account(event, now, by_id, started, timed_out, finishes)
+            else:
+                ended = _account_queued(event, now, by_id, started, admitted, timed_out, finishes)
             live -= ended
             done += ended
         cursor = len(bus.published)
@@ -330,6 +355,7 @@ def _replay_component(
             pool=started[job.job_id][1] if job.job_id in started else None,
             timed_out=job.job_id in timed_out,
             etas=tuple(etas.get(job.job_id, ())),
+            admitted_at=admitted.get(job.job_id),
         )
         for job in ordered
     }
@@ -355,6 +381,28 @@ def _account(
             raise ValueError(f"opendws rejected job {job_id} at {now}: {event.message}")
         return 1
     return 0
+
+
+def _account_queued(
+    event: StatusEvent,
+    now: datetime,
+    jobs: dict[str, TraceJob],
+    started: dict[str, tuple[datetime, str]],
+    admitted: dict[str, datetime],
+    timed_out: set[str],
+    finishes: list[tuple[datetime, str]],
+) -> int:
+    """:func:`_account` behind Google's queue: a job is admitted at PROVISIONING and its
+    capacity runs — its real duration counted — from ACTIVE, when Google served it."""
+    job_id = event.request_id
+    if event.state is S.PROVISIONING:
+        admitted.setdefault(job_id, event.at)
+        return 0
+    if event.state is S.ACTIVE and job_id not in started:
+        started[job_id] = (event.at, event.pool or "")
+        heapq.heappush(finishes, (event.at + jobs[job_id].runs, job_id))
+        return 0
+    return _account(event, now, jobs, started, timed_out, finishes)
 
 
 def _next_held_start(store: MemoryRequestStore, now: datetime) -> datetime | None:

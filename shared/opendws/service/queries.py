@@ -13,7 +13,7 @@ from enum import StrEnum
 
 from opendws.domain.model import Mode, Pool
 from opendws.domain.quotas import QuotaBook
-from opendws.domain.readiness import Readiness, readiness_by_pool, ready_etas
+from opendws.domain.readiness import Readiness, expected_wait, readiness_by_pool, ready_etas
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import SweepReason
 from opendws.ports import ConfigStore, PoolStatus, RequestRecord, Requests, hold_end
@@ -135,8 +135,9 @@ class QueryService:
         starting before it."""
         spans: dict[str, list[Span]] = {}
         live = self._store.in_states(S.ACTIVE, S.PROVISIONING, S.BOOKED, S.PENDING)
+        known = self.readiness(now) if any(r.state is S.PROVISIONING for r in live) else {}
         for record in live:
-            span = _span(record, now)
+            span = _span(record, now, known)
             if span is None or record.pool is None or (pool and record.pool != pool):
                 continue
             if until is not None and span.start >= until:
@@ -213,7 +214,9 @@ def span_kind(record: RequestRecord) -> SpanKind:
     return SpanKind.PLANNED
 
 
-def _span(record: RequestRecord, now: datetime) -> Span | None:
+def _span(record: RequestRecord, now: datetime, known: dict[str, Readiness | None]) -> Span | None:
+    """``record``'s hold on its pool's timeline, or its planned start; a run in Google's
+    queue as the planner holds it (see :func:`~opendws.ports.records.hold_end`)."""
     request = record.request
     kind = span_kind(record)
     if request.start_at is not None:  # a calendar block: its window
@@ -223,7 +226,8 @@ def _span(record: RequestRecord, now: datetime) -> Span | None:
             return None  # no slot held: nothing planned yet
         start = record.eta
     else:
-        end = hold_end(record, now)
+        wait = expected_wait(known.get(record.pool)) if record.pool else timedelta(0)
+        end = hold_end(record, now, wait)
         return Span(
             request_id=request.request_id, tenant=request.tenant, state=record.state.value,
             kind=kind, units=request.units, start=end - request.run_duration, end=end,

@@ -61,7 +61,14 @@ from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Commitment, Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
-from opendws.domain.readiness import Readiness, ReadySample, readiness_by_pool, ready_etas
+from opendws.domain.readiness import (
+    Readiness,
+    ReadySample,
+    expected_wait,
+    readiness_by_pool,
+    ready_etas,
+    samples_after,
+)
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (
     Call,
@@ -154,6 +161,10 @@ class ReconcileSettings:
     # where nothing points (a release Google accepted and then failed) is still found.
     # timedelta(0): every pool, every pass.
     observe_all_every: timedelta = timedelta(minutes=5)
+    # What Google took to serve each pool's orders (pool_status samples, what ready_eta and
+    # a pool's serve wait are learned from) is read again at least this often; in between an
+    # instance keeps the samples it read and those it recorded. timedelta(0): every pass.
+    readiness_every: timedelta = timedelta(minutes=5)
 
     @property
     def sweep(self) -> SweepSettings:
@@ -266,6 +277,9 @@ class ReconcileService:
         # live requests whose last sweep did nothing: record version, and per lane whether its
         # pool is configured and what was observed under its order's name.
         self._quiet: dict[str, tuple[_SweepInputs, datetime | None]] = {}
+        # Every pool's ready samples and when they were read (see _Cycle._samples).
+        self._samples: dict[str, tuple[ReadySample, ...]] | None = None
+        self._samples_read_at: datetime | None = None
         # The requests not yet final, kept between passes (service.mirror).
         self._mirror = RequestMirror()
         # The plan of the last pass, kept to plan the next one from (it gives exactly what
@@ -342,11 +356,6 @@ class _Cycle:
         self.fence = fence
         self.now = now
         self.report = report
-        shortages = self.store.pool_shortages()
-        self.pools: dict[str, Pool] = {
-            pool.pool_id: _with_shortage(pool, shortages.get(pool.pool_id))
-            for pool in self.config.pools
-        }
         self.records: dict[str, RequestRecord] = {}
         self.readiness: dict[str, Readiness | None] | None = None  # by pool; read when needed
         self.clock = service._clock
@@ -360,6 +369,13 @@ class _Cycle:
         self.mirror = service._mirror
         self.grants_lock = service._lock
         self.released_in: set[str] = set()  # pools where this pass asked for a release
+        shortages = self.store.pool_shortages()
+        self.pools: dict[str, Pool] = {
+            pool.pool_id: _learned(
+                pool, shortages.get(pool.pool_id), expected_wait(self._ready_of(pool.pool_id))
+            )
+            for pool in self.config.pools
+        }
 
     def run(self) -> None:
         # 1. The lease is held (run_pass took it).
@@ -541,7 +557,9 @@ class _Cycle:
             self.store.mark_pool_short(pool_id, until, self.fence)
             if self.metrics is not None and (already is None or already <= self.now):
                 telemetry.record_stockout(self.metrics, pool_id)  # the pool goes short now
-            self.pools[pool_id] = _with_shortage(self.pools[pool_id], until)
+            self.pools[pool_id] = _learned(
+                self.pools[pool_id], until, self.pools[pool_id].serve_wait
+            )
         if step.double_wins:
             self.report.double_wins.extend(
                 order_name(record.request_id, lane.attempt) for lane in step.double_wins
@@ -590,14 +608,42 @@ class _Cycle:
             raise
         except StaleWrite as error:
             log.warning("ready sample of %s not recorded: %s", after.request_id, error)
-        self.readiness = None  # read again when next needed
+            return
+        # Kept as the store keeps it (the same rule), so no read is needed to see it.
+        samples = self._samples()
+        kept = samples_after(samples.get(after.pool, ()), sample)
+        if kept is not None:
+            with self.grants_lock:
+                samples[after.pool] = kept
+        self.readiness = None  # worked out again when next needed
+
+    def _samples(self) -> dict[str, tuple[ReadySample, ...]]:
+        """Every pool's ready samples: read from the store on an instance's first pass and
+        then at least every ``readiness_every``; in between, what this instance read and
+        recorded (another instance's samples show within that period)."""
+        service = self.service
+        with self.grants_lock:
+            kept, read_at = service._samples, service._samples_read_at
+        every = self.settings.readiness_every
+        if kept is None or read_at is None or not read_at <= self.now < read_at + every:
+            kept = dict(self.store.ready_samples())
+            with self.grants_lock:
+                service._samples, service._samples_read_at = kept, self.now
+        return kept
 
     def _ready_of(self, pool_id: str) -> Readiness | None:
-        """What Google took lately to serve an admitted request in ``pool_id``; read once per
-        pass, and only by a pass that announces an ETA."""
+        """What Google took lately to serve an admitted request in ``pool_id`` (worked out
+        once per pass from :meth:`_samples`)."""
         if self.readiness is None:
-            self.readiness = readiness_by_pool(self.store.ready_samples(), self.now)
+            self.readiness = readiness_by_pool(self._samples(), self.now)
         return self.readiness.get(pool_id)
+
+    def _expected_wait(self, pool_id: str) -> timedelta:
+        """How long an admitted flex order in ``pool_id`` is planned to wait in Google's
+        queue: the pool's serve wait this pass (:func:`~opendws.domain.readiness.expected_wait`,
+        the same the planner places flex runs with)."""
+        pool = self.pools.get(pool_id)
+        return pool.serve_wait if pool is not None else expected_wait(self._ready_of(pool_id))
 
     def _release_leak(self, sighting: Sighting) -> None:
         leak = sighting.observed
@@ -675,7 +721,11 @@ class _Cycle:
             elif state is S.PROVISIONING and len(record.lanes) > 1:
                 # Racing: every lane holds its own grant until one wins (see PolicySettings).
                 grants.extend(
-                    replace(_grant(record, self.now), pool_id=lane.pool) for lane in record.lanes
+                    replace(
+                        _grant(record, self.now, self._expected_wait(lane.pool)),
+                        pool_id=lane.pool,
+                    )
+                    for lane in record.lanes
                 )
             elif state in _GRANTED and record.pool:
                 grants.append(self._grant_of(record))
@@ -711,6 +761,11 @@ class _Cycle:
         """The record's grant. A running run's or a booked block's grant depends only on the
         record, so it is kept per version across passes: with hundreds of runs, rebuilding
         every one every pass would be most of a quiet pass's work."""
+        if record.state is S.PROVISIONING and record.request.start_at is None:
+            # In Google's queue: held from admission to where Google should have served it
+            # (the pool's recent p90), then its run; past that, from now on (see hold_end).
+            assert record.pool is not None
+            return _grant(record, self.now, self._expected_wait(record.pool))
         if record.state is S.PROVISIONING or (
             record.since is None and record.request.start_at is None
         ):
@@ -1003,19 +1058,24 @@ def _release(provider: CapacityProvider, order: Order) -> None:
     provider.release(order.name, order.pool)
 
 
-def _with_shortage(pool: Pool, until: datetime | None) -> Pool:
-    if until is None or (pool.short_until is not None and pool.short_until >= until):
+def _learned(pool: Pool, short_until: datetime | None, serve_wait: timedelta) -> Pool:
+    """``pool`` with what the reconciler learned of it: a stockout's cool-down (never
+    shortened) and how long Google takes to serve an order there (see Pool.serve_wait)."""
+    if short_until is not None and pool.short_until is not None:
+        short_until = max(short_until, pool.short_until)
+    short_until = short_until or pool.short_until
+    if short_until == pool.short_until and serve_wait == pool.serve_wait:
         return pool
-    return replace(pool, short_until=until)
+    return replace(pool, short_until=short_until, serve_wait=serve_wait)
 
 
-def _grant(record: RequestRecord, now: datetime) -> Grant:
+def _grant(record: RequestRecord, now: datetime, expected_wait: timedelta = timedelta(0)) -> Grant:
     """The request's committed hold: a block over its window; a flex run from its admission
-    to its (projected) end."""
+    to its (projected) end (see :func:`~opendws.ports.records.hold_end`)."""
     request = record.request
     assert record.pool is not None
     start = request.start_at if request.start_at is not None else record.since or now
-    return Grant.of(request, record.pool, start, end_at=hold_end(record, now))
+    return Grant.of(request, record.pool, start, end_at=hold_end(record, now, expected_wait))
 
 
 def _kept_by_google(observed: Observed, now: datetime) -> bool:

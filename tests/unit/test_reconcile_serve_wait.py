@@ -1,0 +1,166 @@
+"""Google's queue in the plan: a flex order opendws admitted runs only once Google serves it
+("the MIG schedules Flex-start VM creation as soon as resources are available",
+cloud.google.com/compute/docs/instance-groups/about-resize-requests-mig), so its capacity is
+held from admission until its run ends. The reconciler learns each pool's serve wait (the 90th
+percentile of admission → ACTIVE) and plans with it: a run placed in the pool holds the wait,
+then its run; an admitted run still in Google's queue holds until its admission plus that
+wait plus its run. A promise made behind such a run therefore does not move later while
+Google serves within its usual time."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from opendws.domain.states import RequestState
+from opendws.ports import RequestStore
+from opendws.ports.records import hold_end
+from opendws.service.queries import QueryService, SpanKind
+from opendws.service.reconcile import ReconcileSettings
+from tests.builders import A3, H100, NOW, ZONE, flex, pool
+from tests.world import World, memory_world, submit, tenants_for
+
+S = RequestState
+POOL = f"{ZONE}/{A3}"
+GOOGLE = timedelta(minutes=10)  # the fake cloud's time from an order to its running VMs
+HOUR = timedelta(hours=1)
+
+
+def _served_three(world: World) -> None:
+    """Three one-VM runs of an hour, each served after GOOGLE: the pool's serve wait (p90)
+    is then GOOGLE."""
+    for name in ("a", "b", "c"):
+        submit(world.store, flex(name, vm_count=1, hours=1))
+    world.run()
+    world.clock.advance(GOOGLE)
+    world.run()
+    assert {world.state(name) for name in ("a", "b", "c")} == {S.ACTIVE}
+
+
+def _told(world: World, request_id: str) -> list[object]:
+    return [e.eta for e in world.bus.published if e.request_id == request_id and e.eta]
+
+
+def test_a_promise_behind_a_run_in_googles_queue_holds_while_google_serves_in_time() -> None:
+    """x is admitted at NOW+10m into the pool's last unit; Google serves it 10 minutes later.
+    big (the whole pool) is told NOW+10m + 10m + 1h, the end of x's run as planned with the
+    pool's serve wait — not NOW+10m + 1h, which every pass of Google's queue would push
+    later. Five minutes on, x is still in Google's queue: big's ETA stands (no new event).
+    Once Google serves x, x's run ends exactly there and big's ETA still stands."""
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), latency=GOOGLE)
+    cloud.set_stock(ZONE, A3, 4)
+    _served_three(world)
+    admitted = world.clock.now()
+    submit(world.store, flex("x", vm_count=1, hours=1, submitted_at=admitted))
+    submit(world.store, flex("big", vm_count=4, hours=1, submitted_at=admitted))
+    world.run()
+    assert world.state("x") is S.PROVISIONING
+    promised = admitted + GOOGLE + HOUR
+    assert world.record("big").eta == promised
+    assert hold_end(world.record("x"), admitted, GOOGLE) == promised
+
+    world.clock.advance(GOOGLE / 2)
+    world.run()
+    assert world.state("x") is S.PROVISIONING  # still in Google's queue, within its time
+    assert world.record("big").eta == promised
+    assert _told(world, "big") == [promised]
+
+    world.clock.advance(GOOGLE / 2)
+    world.run()
+    assert world.state("x") is S.ACTIVE
+    assert world.record("big").eta == promised
+    assert _told(world, "big") == [promised]
+
+
+def test_a_run_google_serves_late_moves_what_waits_behind_it_later() -> None:
+    """Past the pool's serve wait the run is held from now on: Google is late, a cause
+    outside the plan, and the promise behind it moves later (and is told)."""
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), latency=GOOGLE)
+    cloud.set_stock(ZONE, A3, 4)
+    _served_three(world)
+    cloud.set_latency(3 * GOOGLE)  # Google is slower than it was for this one
+    admitted = world.clock.now()
+    submit(world.store, flex("x", vm_count=1, hours=1, submitted_at=admitted))
+    submit(world.store, flex("big", vm_count=4, hours=1, submitted_at=admitted))
+    world.run()
+    world.clock.advance(2 * GOOGLE)
+    world.run()
+    assert world.state("x") is S.PROVISIONING
+    assert world.record("big").eta == admitted + 2 * GOOGLE + HOUR
+    assert _told(world, "big") == [admitted + GOOGLE + HOUR, admitted + 2 * GOOGLE + HOUR]
+
+
+def test_the_hold_of_a_run_in_googles_queue() -> None:
+    """Admission + serve wait + run while that lies ahead; from now on once it has passed;
+    an ACTIVE run's hold does not read the serve wait."""
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), latency=GOOGLE)
+    cloud.set_stock(ZONE, A3, 4)
+    submit(world.store, flex("x", vm_count=1, hours=1))
+    world.run()
+    record = world.record("x")
+    assert record.state is S.PROVISIONING
+    assert hold_end(record, NOW, GOOGLE) == NOW + GOOGLE + HOUR
+    assert hold_end(record, NOW + GOOGLE, GOOGLE) == NOW + GOOGLE + HOUR
+    assert hold_end(record, NOW + 2 * GOOGLE, GOOGLE) == NOW + 2 * GOOGLE + HOUR
+    assert hold_end(record, NOW + 2 * GOOGLE) == NOW + 2 * GOOGLE + HOUR
+    world.clock.advance(GOOGLE)
+    world.run()
+    active = world.record("x")
+    assert hold_end(active, NOW + 2 * GOOGLE, 3 * GOOGLE) == NOW + GOOGLE + HOUR
+
+
+def test_the_timeline_draws_a_run_in_googles_queue_as_the_planner_holds_it() -> None:
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), latency=GOOGLE)
+    cloud.set_stock(ZONE, A3, 4)
+    _served_three(world)
+    admitted = world.clock.now()
+    submit(world.store, flex("x", vm_count=1, hours=1, submitted_at=admitted))
+    world.run()
+    spans = QueryService(world.store, world.store, world.config).timeline(admitted)[POOL]
+    (queued,) = [span for span in spans if span.request_id == "x"]
+    assert queued.kind is SpanKind.PROVISIONING
+    assert (queued.start, queued.end) == (admitted + GOOGLE, admitted + GOOGLE + HOUR)
+
+
+class _CountingReads:
+    """A store whose ready-sample reads are counted."""
+
+    def __init__(self, store: RequestStore) -> None:
+        self.store = store
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    def ready_samples(self) -> object:
+        self.reads += 1
+        return self.store.ready_samples()
+
+
+def test_an_instance_reads_the_samples_once_per_period_and_keeps_what_it_records() -> None:
+    """Every pass plans with the pools' serve waits, but the samples are read on the
+    instance's first pass and then every readiness_every; a sample this instance records is
+    seen at once (the next pass's ETAs use it) without another read."""
+    settings = ReconcileSettings(readiness_every=timedelta(minutes=30))
+    world, cloud = memory_world(
+        [pool(capacity=4)], tenants_for(H100), latency=GOOGLE, settings=settings
+    )
+    cloud.set_stock(ZONE, A3, 4)
+    counting = _CountingReads(world.store)
+    world.store = counting  # type: ignore[assignment]
+    reconciler = world.reconciler()
+    for name in ("a", "b", "c"):
+        submit(counting.store, flex(name, vm_count=1, hours=1))
+    reconciler.run_pass()
+    assert counting.reads == 1
+    world.clock.advance(GOOGLE)
+    reconciler.run_pass()  # a, b and c served: three samples recorded
+    assert counting.reads == 1
+    submit(counting.store, flex("big", vm_count=4, hours=1, submitted_at=NOW + GOOGLE))
+    reconciler.run_pass()
+    assert counting.reads == 1
+    told = [e for e in world.bus.published if e.request_id == "big"][-1]
+    assert told.eta is not None
+    assert told.ready_eta == told.eta + GOOGLE  # the three samples, kept by the instance
+    world.clock.advance(timedelta(minutes=30))
+    reconciler.run_pass()
+    assert counting.reads == 2
