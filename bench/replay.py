@@ -50,6 +50,7 @@ from opendws.replay.metrics import (  # noqa: E402
     NAIVE_RATE_WINDOW,
     EtaAccuracy,
     PolicyReport,
+    broken_promises,
     eta_accuracy,
     naive_accuracy,
     naive_etas,
@@ -179,13 +180,16 @@ def etas(results: dict[Policy, Replayed], within: timedelta | None) -> dict[str,
     return figures
 
 
-def _eta_figures(figures: dict[str, EtaAccuracy], within: timedelta | None) -> dict[str, Any]:
+def _eta_figures(
+    figures: dict[str, EtaAccuracy], within: timedelta | None, outcomes: list[JobOutcome]
+) -> dict[str, Any]:
     ours, naive = figures["opendws"], figures["naive"]
     horizon: dict[str, Any] = {}
     if within is not None:
         near = figures["opendws within horizon"]
         horizon = {"within_s": within.total_seconds(), "kept_within_share": near.kept_share,
-                   "jobs_within": near.jobs}  # fmt: skip
+                   "jobs_within": near.jobs,
+                   "promises_moved_later": broken_promises(outcomes, within)}  # fmt: skip
     return {
         "opendws": {
             "kept_share": ours.kept_share, "median_error_s": ours.median_error_s,
@@ -321,10 +325,12 @@ def behind_google_queue(
             f"{accuracy.median_error_s:12,.0f} s {accuracy.p90_error_s:10,.0f} s"
         )
     kept_within = "—" if near is None else f"{near.kept_share:.1%} of {near.jobs:,}"
+    broken = broken_promises(outcomes, horizon) if horizon is not None else {}
     print(
         f"  ETAs (admission): {told.kept_share:.1%} kept, within the horizon {kept_within}; "
-        f"moved later {told.moved_later:,}; mean wait to ACTIVE "
-        f"{float(waits(outcomes).mean()):,.0f} s; wall {wall:.1f} s"
+        f"moved later {told.moved_later:,}; promises moved later, by the cause named: "
+        f"{broken or 'none'}; mean wait to ACTIVE {float(waits(outcomes).mean()):,.0f} s; "
+        f"wall {wall:.1f} s"
     )
     figures: dict[str, Any] = {
         "google_queue": {
@@ -335,6 +341,8 @@ def behind_google_queue(
             "kept_share": told.kept_share, "moved_later": told.moved_later,
             "kept_within_share": None if near is None else near.kept_share,
             "jobs_within": None if near is None else near.jobs,
+            "moved_later_by_reason": told.moved_later_by_reason,
+            "promises_moved_later": broken,
         },
         "mean_wait_s": float(waits(outcomes).mean()),
         "timed_out": sum(outcome.timed_out for outcome in outcomes),
@@ -528,7 +536,7 @@ def main() -> int:
         "jobs": len(jobs),
         "gpus": capacity,
         "targets": targets,
-        "eta": _eta_figures(accuracy, horizon),
+        "eta": _eta_figures(accuracy, horizon, results[Policy.OPENDWS].outcomes),
     }
     tag = "quick" if arguments.quick else "contended"
     plots = [

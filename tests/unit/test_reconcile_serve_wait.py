@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from opendws.domain.readiness import ReadySample
 from opendws.domain.states import RequestState
 from opendws.ports import RequestStore
 from opendws.ports.records import hold_end
 from opendws.service.queries import QueryService, SpanKind
-from opendws.service.reconcile import ReconcileSettings
+from opendws.service.reconcile import GOOGLE_LATE, ReconcileSettings
 from tests.builders import A3, H100, NOW, ZONE, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
 
@@ -23,6 +24,7 @@ S = RequestState
 POOL = f"{ZONE}/{A3}"
 GOOGLE = timedelta(minutes=10)  # the fake cloud's time from an order to its running VMs
 HOUR = timedelta(hours=1)
+MINUTE = timedelta(minutes=1)
 
 
 def _served_three(world: World) -> None:
@@ -71,9 +73,10 @@ def test_a_promise_behind_a_run_in_googles_queue_holds_while_google_serves_in_ti
     assert _told(world, "big") == [promised]
 
 
-def test_a_run_google_serves_late_moves_what_waits_behind_it_later() -> None:
+def test_a_run_google_serves_late_moves_what_waits_behind_it_later_and_says_so() -> None:
     """Past the pool's serve wait the run is held from now on: Google is late, a cause
-    outside the plan, and the promise behind it moves later (and is told)."""
+    outside the plan, and the promise behind it moves later; the event names the cause —
+    the run not yet served, then served late."""
     world, cloud = memory_world([pool(capacity=4)], tenants_for(H100), latency=GOOGLE)
     cloud.set_stock(ZONE, A3, 4)
     _served_three(world)
@@ -81,12 +84,24 @@ def test_a_run_google_serves_late_moves_what_waits_behind_it_later() -> None:
     admitted = world.clock.now()
     submit(world.store, flex("x", vm_count=1, hours=1, submitted_at=admitted))
     submit(world.store, flex("big", vm_count=4, hours=1, submitted_at=admitted))
-    world.run()
+    reconciler = world.reconciler()
+    reconciler.run_pass()
     world.clock.advance(2 * GOOGLE)
-    world.run()
+    reconciler.run_pass()
     assert world.state("x") is S.PROVISIONING
     assert world.record("big").eta == admitted + 2 * GOOGLE + HOUR
     assert _told(world, "big") == [admitted + GOOGLE + HOUR, admitted + 2 * GOOGLE + HOUR]
+    waiting = [e.message for e in world.bus.published if e.request_id == "big"][-1]
+    assert waiting.endswith(
+        f"; {GOOGLE_LATE} in {POOL}: 1 run admitted there not yet served within the 0:10:00 planned"
+    )
+    world.clock.advance(GOOGLE + timedelta(seconds=30))
+    reconciler.run_pass()
+    assert world.state("x") is S.ACTIVE  # served at 3 × GOOGLE, in this pass
+    served = admitted + 3 * GOOGLE + timedelta(minutes=1)  # its run ends 30 s into a minute
+    assert world.record("big").eta == served + HOUR
+    moved = [e.message for e in world.bus.published if e.request_id == "big"][-1]
+    assert moved.endswith(f"; {GOOGLE_LATE} in {POOL}: 1 run served later than the 0:10:00 planned")
 
 
 def test_the_hold_of_a_run_in_googles_queue() -> None:
@@ -164,3 +179,33 @@ def test_an_instance_reads_the_samples_once_per_period_and_keeps_what_it_records
     world.clock.advance(timedelta(minutes=30))
     reconciler.run_pass()
     assert counting.reads == 2
+
+
+def test_a_serve_wait_that_grows_moves_what_waits_later_and_says_so() -> None:
+    """Google served a pool's last orders more slowly: its serve wait (the p90 of the
+    samples) grows from 10 to 40 minutes, so the run still in its queue is held longer and
+    the promise behind it moves later; the event names the growth."""
+    settings = ReconcileSettings(readiness_every=timedelta(0))  # read the samples every pass
+    world, cloud = memory_world(
+        [pool(capacity=4)], tenants_for(H100), latency=2 * HOUR, settings=settings
+    )
+    cloud.set_stock(ZONE, A3, 4)
+    for index in range(3):
+        world.store.record_ready(POOL, ReadySample(request_id=f"s{index}", at=NOW, took=GOOGLE))
+    submit(world.store, flex("x", vm_count=1, hours=1))
+    submit(world.store, flex("big", vm_count=4, hours=1))
+    reconciler = world.reconciler()
+    reconciler.run_pass()
+    assert world.state("x") is S.PROVISIONING
+    assert world.record("big").eta == NOW + GOOGLE + HOUR
+    slower = 4 * GOOGLE
+    for index in range(3):
+        sample = ReadySample(request_id=f"t{index}", at=NOW + MINUTE, took=slower)
+        world.store.record_ready(POOL, sample)
+    world.clock.advance(2 * MINUTE)
+    reconciler.run_pass()
+    assert world.record("big").eta == NOW + slower + HOUR
+    moved = [e.message for e in world.bus.published if e.request_id == "big"][-1]
+    assert moved.endswith(
+        f"; {GOOGLE_LATE} in {POOL}: the wait planned there grew from 0:10:00 to 0:40:00"
+    )

@@ -16,7 +16,7 @@ from opendws.clock import ManualClock
 from opendws.ports import Order, order_name
 from opendws.replay.baselines import Announced, JobOutcome
 from opendws.replay.google_queue import GoogleQueue
-from opendws.replay.metrics import eta_accuracy, ready_accuracy
+from opendws.replay.metrics import broken_promises, eta_accuracy, ready_accuracy
 from opendws.replay.runner import replay_opendws
 from opendws.replay.traces import TRACE_EPOCH, PoolsFile, PoolSpec, TraceJob
 from tests.builders import A3, NOW, ZONE, flex, pool
@@ -136,3 +136,25 @@ def test_ready_accuracy_counts_the_first_announcement_that_carried_a_ready_eta()
     assert ready.to_json()["p90_kept_share"] == 1.0
     # The ETA is judged against the admission, not the run.
     assert eta_accuracy([outcome]).kept_share == 1.0
+
+
+def test_promises_moved_later_are_counted_by_the_cause_their_event_named() -> None:
+    """A promise is an ETA told less than the horizon ahead; a later one moving it later is
+    counted by whether its event named Google's queue. An estimate beyond the horizon moving
+    later is no broken promise; the moves are also counted by reason and cause."""
+    job = _job("j", timedelta(0), 1, HOUR)
+    etas = (
+        Announced(at=T0, eta=T0 + 5 * HOUR, reason="NO_CAPACITY_UNTIL"),  # an estimate
+        Announced(at=T0 + MINUTE, eta=T0 + 6 * HOUR, reason="NO_CAPACITY_UNTIL"),
+        Announced(at=T0 + 5 * HOUR, eta=T0 + 6 * HOUR, reason="NO_CAPACITY_UNTIL"),
+        Announced(
+            at=T0 + 5 * HOUR + MINUTE, eta=T0 + 6 * HOUR + 10 * MINUTE,
+            reason="NO_CAPACITY_UNTIL", google_late=True,
+        ),
+        Announced(at=T0 + 5 * HOUR + 2 * MINUTE, eta=T0 + 7 * HOUR, reason="QUOTA"),
+    )  # fmt: skip
+    outcome = JobOutcome(job=job, started_at=T0 + 7 * HOUR, pool="p", etas=etas)
+    assert broken_promises([outcome], 2 * HOUR) == {"google_late": 1, "none named": 1}
+    assert eta_accuracy([outcome]).moved_later_by_reason == {
+        "NO_CAPACITY_UNTIL": 1, "NO_CAPACITY_UNTIL (Google late)": 1, "QUOTA": 1,
+    }  # fmt: skip

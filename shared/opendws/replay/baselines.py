@@ -51,6 +51,9 @@ class Announced:
     # median, and 90th percentile); None while the pool had too few samples.
     ready_eta: datetime | None = None
     ready_eta_p90: datetime | None = None
+    # The event named Google's lateness as why the ETA moved later (runs admitted ahead of it
+    # not served by the pool's usual time: a cause outside the plan).
+    google_late: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from opendws.replay.baselines import JobOutcome
+from opendws.replay.baselines import Announced, JobOutcome
 from opendws.replay.traces import MAX_WAIT
 
 
@@ -181,12 +181,31 @@ def eta_accuracy(outcomes: Sequence[JobOutcome], within: timedelta | None = None
         if (told := [a for a in outcome.etas if within is None or a.eta - a.at < within])
     ]
     moves: Counter[str] = Counter(
-        str(later.reason or "unknown")
+        _cause(later)
         for outcome in outcomes
         for earlier, later in zip(outcome.etas, outcome.etas[1:], strict=False)
         if later.eta > earlier.eta
     )
     return _accuracy(firsts, moves)
+
+
+def broken_promises(outcomes: Sequence[JobOutcome], within: timedelta) -> dict[str, int]:
+    """ETAs told less than ``within`` ahead (promises, under commitments over that horizon)
+    that a later announcement moved later, by the cause its event named: ``google_late``
+    (runs ahead not served by Google in the pool's usual time), else ``none named``."""
+    broken: Counter[str] = Counter(
+        "google_late" if later.google_late else "none named"
+        for outcome in outcomes
+        for earlier, later in zip(outcome.etas, outcome.etas[1:], strict=False)
+        if later.eta > earlier.eta and earlier.eta - earlier.at < within
+    )
+    return dict(sorted(broken.items()))
+
+
+def _cause(announced: Announced) -> str:
+    """The reason an announcement gave, with the cause outside the plan it named."""
+    reason = str(announced.reason or "unknown")
+    return f"{reason} (Google late)" if announced.google_late else reason
 
 
 def naive_etas(

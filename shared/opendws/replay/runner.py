@@ -56,7 +56,7 @@ from opendws.replay.baselines import Announced, JobOutcome, Policy, list_schedul
 from opendws.replay.google_queue import GoogleQueue
 from opendws.replay.metrics import PolicyReport, summarize
 from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
-from opendws.service.reconcile import ReconcileService
+from opendws.service.reconcile import GOOGLE_LATE, ReconcileService
 from opendws.service.release import EndService
 from opendws.service.timers import expiry_timer
 
@@ -335,6 +335,7 @@ def _replay_component(
                         reason=event.reason,
                         ready_eta=event.ready_eta,
                         ready_eta_p90=event.ready_eta_p90,
+                        google_late=GOOGLE_LATE in event.message,
                     )
                 )
             if google_queue is None:

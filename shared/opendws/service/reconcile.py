@@ -134,6 +134,11 @@ class ReconcileReason(StrEnum):
     RACING = "RACING"  # waiting at Google in short pools: offered to more pools at once
 
 
+# The clause an event's message carries when an ETA moved later because Google has not served
+# runs admitted ahead of it by the pool's usual time (a cause outside the plan).
+GOOGLE_LATE = "later than told because of Google's queue"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReconcileSettings:
     """Knobs of the reconciler. There is no provisioning timeout: an order waits in Google's
@@ -277,6 +282,8 @@ class ReconcileService:
         # live requests whose last sweep did nothing: record version, and per lane whether its
         # pool is configured and what was observed under its order's name.
         self._quiet: dict[str, tuple[_SweepInputs, datetime | None]] = {}
+        # Per pool: the serve wait the last pass planned with (see _Cycle._why_later).
+        self._serve_waits: dict[str, timedelta] = {}
         # Every pool's ready samples and when they were read (see _Cycle._samples).
         self._samples: dict[str, tuple[ReadySample, ...]] | None = None
         self._samples_read_at: datetime | None = None
@@ -369,6 +376,10 @@ class _Cycle:
         self.mirror = service._mirror
         self.grants_lock = service._lock
         self.released_in: set[str] = set()  # pools where this pass asked for a release
+        # Per pool: runs Google has not served by the pool's serve wait, and runs it served
+        # later than that in this pass (see _why_later).
+        self.late: Counter[str] | None = None
+        self.served_late: Counter[str] = Counter()
         shortages = self.store.pool_shortages()
         self.pools: dict[str, Pool] = {
             pool.pool_id: _learned(
@@ -433,6 +444,7 @@ class _Cycle:
             if d.outcome is Outcome.HOLD and d.pool_id and d.start_at
         }
         self.service._held = slots
+        self.service._serve_waits = {key: pool.serve_wait for key, pool in self.pools.items()}
         self.report.next_start = min((start for _, start in slots.values()), default=None)
         self.report.in_flight = sum(
             r.state is S.PROVISIONING or submitted(r) for r in self.records.values()
@@ -602,6 +614,9 @@ class _Cycle:
         sample = ReadySample(
             request_id=after.request_id, at=self.now, took=max(self.now - admitted, timedelta(0))
         )
+        pool = self.pools.get(after.pool)
+        if pool is not None and sample.took > pool.serve_wait:
+            self.served_late[after.pool] += 1  # a cause a later ETA names (see _why_later)
         try:
             self.store.record_ready(after.pool, sample, self.fence)
         except Fenced:
@@ -820,10 +835,45 @@ class _Cycle:
             case Outcome.TIME_OUT:
                 self._write(record, S.TIMED_OUT, decision.reason or "", decision.message)
             case Outcome.HOLD | Outcome.WAIT:
+                message = decision.message
+                told, eta, pool_id = record.eta, decision.eta, decision.pool_id
+                if told is not None and eta is not None and eta > told and pool_id is not None:
+                    message += self._why_later(pool_id)
                 self._write(
-                    record, S.PENDING, decision.reason or "", decision.message,
+                    record, S.PENDING, decision.reason or "", message,
                     pool=decision.pool_id, eta=decision.eta, position=decision.position,
                 )  # fmt: skip
+
+    def _why_later(self, pool_id: str) -> str:
+        """The cause outside the plan an ETA in ``pool_id`` moved later for, as a clause of
+        its event's message ("" if none is seen), all of them Google's queue taking longer
+        than the pool's serve wait: runs admitted there that Google has not served by then
+        (held from now on), runs it served later than that in this pass, or the wait itself
+        grown since the last pass."""
+        if self.late is None:
+            late: Counter[str] = Counter()
+            for other in self.records.values():
+                if other.state is not S.PROVISIONING or other.request.mode is not Mode.FLEX_START:
+                    continue
+                admitted = other.since or other.updated_at
+                for lane in other.orders:
+                    pool = self.pools.get(lane.pool)
+                    if pool is not None and admitted + pool.serve_wait < self.now:
+                        late[lane.pool] += 1
+            self.late = late
+        pool = self.pools.get(pool_id)
+        planned = f"the {timedelta(0) if pool is None else pool.serve_wait} planned"
+        causes = []
+        if count := self.late.get(pool_id, 0):
+            causes.append(f"{_runs(count)} admitted there not yet served within {planned}")
+        if count := self.served_late.get(pool_id, 0):
+            causes.append(f"{_runs(count)} served later than {planned}")
+        before = self.service._serve_waits.get(pool_id)
+        if pool is not None and before is not None and pool.serve_wait > before:
+            causes.append(f"the wait planned there grew from {before} to {pool.serve_wait}")
+        if not causes:
+            return ""
+        return f"; {GOOGLE_LATE} in {pool_id}: " + "; ".join(causes)
 
     def _submit_block(self, record: RequestRecord, pool: Pool) -> None:
         """A block our plan fits: ask Google's Advice API whether it has the capacity as
@@ -1056,6 +1106,10 @@ def _documents_read(store: object) -> int | None:
 
 def _release(provider: CapacityProvider, order: Order) -> None:
     provider.release(order.name, order.pool)
+
+
+def _runs(count: int) -> str:
+    return f"{count} run" if count == 1 else f"{count} runs"
 
 
 def _learned(pool: Pool, short_until: datetime | None, serve_wait: timedelta) -> Pool:
