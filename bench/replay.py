@@ -351,6 +351,38 @@ def behind_google_queue(
     return figures, outcomes
 
 
+def plot_ready_errors(outcomes: list[JobOutcome], out: Path, tag: str) -> Path:
+    """CDF of ACTIVE − the first ready_eta told (and its p90 bound, and the eta alone), behind
+    Google's queue."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    series: dict[str, list[float]] = {"ready_eta": [], "ready_eta_p90": [], "eta alone": []}
+    for outcome in outcomes:
+        first = next((a for a in outcome.etas if a.ready_eta is not None), None)
+        if first is None or outcome.started_at is None:
+            continue
+        for label, told in (
+            ("ready_eta", first.ready_eta), ("ready_eta_p90", first.ready_eta_p90),
+            ("eta alone", first.eta),
+        ):  # fmt: skip
+            if told is not None:
+                series[label].append((outcome.started_at - told).total_seconds() / 3600)
+    figure, axes = plt.subplots(figsize=(8, 5))
+    axes.axvline(0.0, color="grey", linewidth=0.8)
+    axes.set_xscale("symlog", linthresh=0.1)
+    return _cdf(
+        figure, axes, {label: np.asarray(v) for label, v in series.items() if v},
+        "capacity ran − first estimate told (hours, symmetric log; right of 0: later)",
+        "fraction of jobs told a ready_eta",
+        f"Philly Oct–Nov 2017, {tag}, behind Google's queue: ready_eta error",
+        out / f"replay-{tag}-ready-eta-error.png",
+    )  # fmt: skip
+
+
 def parse_google_queue(text: str) -> GoogleQueue | None:
     """``MEDIAN,P90`` in minutes, or ``off``."""
     if text.strip().lower() == "off":
@@ -550,9 +582,10 @@ def main() -> int:
         document["commitments"] = rows
         plots.append(plot_eta_errors_by_policy(replays, arguments.out, tag))
     if google_queue is not None:
-        document["ready_eta"], _ = behind_google_queue(
+        document["ready_eta"], queued = behind_google_queue(
             jobs, contended, arguments.workers, settings, google_queue, horizon
         )
+        plots.append(plot_ready_errors(queued, arguments.out, tag))
     if not arguments.quick:
         full_results, full_reports = regime(jobs, full, arguments.workers, settings)
         full_capacity = sum(pool.capacity for pool in full.pools)

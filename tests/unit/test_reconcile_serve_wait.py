@@ -14,7 +14,7 @@ from datetime import timedelta
 from opendws.domain.readiness import ReadySample
 from opendws.domain.states import RequestState
 from opendws.ports import RequestStore
-from opendws.ports.records import hold_end
+from opendws.ports.records import expected_serve, hold_end
 from opendws.service.queries import QueryService, SpanKind
 from opendws.service.reconcile import GOOGLE_LATE, ReconcileSettings
 from tests.builders import A3, H100, NOW, ZONE, flex, pool
@@ -86,7 +86,11 @@ def test_a_run_google_serves_late_moves_what_waits_behind_it_later_and_says_so()
     submit(world.store, flex("big", vm_count=4, hours=1, submitted_at=admitted))
     reconciler = world.reconciler()
     reconciler.run_pass()
-    world.clock.advance(2 * GOOGLE)
+    # Late, x is expected a further serve wait after the first: big moves once per wait,
+    # not with every pass.
+    world.clock.advance(GOOGLE + GOOGLE / 2)
+    reconciler.run_pass()
+    world.clock.advance(GOOGLE / 2)
     reconciler.run_pass()
     assert world.state("x") is S.PROVISIONING
     assert world.record("big").eta == admitted + 2 * GOOGLE + HOUR
@@ -121,6 +125,17 @@ def test_the_hold_of_a_run_in_googles_queue() -> None:
     world.run()
     active = world.record("x")
     assert hold_end(active, NOW + 2 * GOOGLE, 3 * GOOGLE) == NOW + GOOGLE + HOUR
+
+
+def test_a_late_order_is_expected_a_further_serve_wait_later_in_steps() -> None:
+    admitted, wait = NOW, GOOGLE
+    assert expected_serve(admitted, NOW, wait) == NOW + wait
+    assert expected_serve(admitted, NOW + wait, wait) == NOW + wait
+    assert expected_serve(admitted, NOW + wait + MINUTE, wait) == NOW + 2 * wait
+    assert expected_serve(admitted, NOW + 2 * wait, wait) == NOW + 2 * wait
+    assert expected_serve(admitted, NOW + 5 * wait + MINUTE, wait) == NOW + 6 * wait
+    # No wait known: from now on.
+    assert expected_serve(admitted, NOW + wait, timedelta(0)) == NOW + wait
 
 
 def test_the_timeline_draws_a_run_in_googles_queue_as_the_planner_holds_it() -> None:

@@ -228,19 +228,29 @@ def hold_end(
 ) -> datetime:
     """When a live request's hold on its pool ends: a block at its end; a flex run its run
     duration after it became ACTIVE. While still being created (in Google's queue), its run
-    duration after Google is expected to serve it — its admission plus ``expected_wait``
-    (the pool's recent 90th percentile: :func:`opendws.domain.readiness.expected_wait`) —
-    or after now once that has passed."""
+    duration after Google is expected to serve it (:func:`expected_serve`, from its admission
+    and ``expected_wait``, the pool's recent 90th percentile:
+    :func:`opendws.domain.readiness.expected_wait`)."""
     request = record.request
     if request.start_at is not None:
         return request.start_at + request.run_duration
     start = record.since or record.updated_at
     if record.state is RequestState.PROVISIONING:
-        # Still being created: once ready it runs its whole duration. Held to where Google
-        # should have served it by, so that what waits behind it is not told a start that
-        # each pass of Google's queue pushes later; past that, from now on.
-        start = max(start + expected_wait, now)
+        # Still being created: once ready it runs its whole duration.
+        start = expected_serve(start, now, expected_wait)
     return start + request.run_duration
+
+
+def expected_serve(admitted: datetime, now: datetime, wait: timedelta) -> datetime:
+    """When an order admitted at ``admitted`` and not yet served at ``now`` is expected to be:
+    ``wait`` after its admission; once that has passed, a further ``wait`` later, and so on.
+    The estimate steps rather than following the clock, so what waits behind a late run is
+    told a later ETA once per ``wait``, not on every pass. With no wait known (zero): now."""
+    if wait <= timedelta(0):
+        return max(admitted, now)
+    if now <= admitted + wait:
+        return admitted + wait
+    return admitted + -(-(now - admitted) // wait) * wait
 
 
 def submitted(record: RequestRecord) -> bool:

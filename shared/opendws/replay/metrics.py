@@ -9,6 +9,11 @@
   that started no later than their first ETA, and actual start − first ETA (median, p90, over
   those that started). An ETA that moves by less than the reconciler's ``eta_tolerance`` is not
   announced again, so a start a few minutes after the last one announced counts as late.
+- Behind Google's queue (a replay with a :class:`~opendws.replay.google_queue.GoogleQueue`), an
+  ETA is judged against the job's admission, and ``ready_eta`` (the ETA plus the pool's learned
+  admission → ACTIVE median, and its p90 bound) against when its capacity ran
+  (:func:`ready_accuracy`); ETAs told less than the commitment horizon ahead that later moved
+  later are counted by the cause their event named (:func:`broken_promises`).
 - The naive estimate, as the baseline: on the same jobs, at the moment opendws announced its
   first ETA, the job's place in its pool's queue (every job of the pool waiting then, itself
   included) divided by the pool's admission rate over the :data:`NAIVE_RATE_WINDOW` before —

@@ -11,6 +11,11 @@ through the real :class:`EndService` when its real duration ends; one that runs 
 duration is ended by its release timer, and one still waiting after max_wait is timed out by
 the admission core.
 
+Behind Google's queue (``google_queue``, a :class:`~opendws.replay.google_queue.GoogleQueue`)
+the cloud serves each order after its own wait instead: a job is admitted at PROVISIONING
+(:attr:`JobOutcome.admitted_at`, what an ETA promises) and its real duration runs from ACTIVE
+(:attr:`JobOutcome.started_at`), and the replay also wakes when the cloud serves an order.
+
 Passes run when something happens: a job arrives or ends, a timer is due, or a held start time
 comes (the last plan's earliest, :attr:`PassReport.next_start`, or a pending request's
 announced ETA). Pools that no job and no tenant quota connect are replayed
