@@ -645,9 +645,10 @@ class _Pass:
         origin = self.origin
         into_minute = now - origin
         half_life = self.snapshot.policy.aging_half_life
+        waits = self.waits
         for candidate in flex:
             request = candidate.request
-            run = self.holds(candidate)
+            run = self.holds(candidate) if waits else request.run_duration
             yield (
                 flex_key(request, strict=candidate.strict, now=now, half_life=half_life),
                 candidate,
