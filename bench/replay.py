@@ -219,7 +219,6 @@ def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Pat
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     outcomes = results[Policy.OPENDWS].outcomes
@@ -232,11 +231,8 @@ def plot_eta_errors(results: dict[Policy, Replayed], out: Path, tag: str) -> Pat
             if o.job.job_id in naive and o.started_at is not None
         ],
     }
-    figure, axes = plt.subplots(figsize=(8, 5))
-    axes.axvline(0.0, color="grey", linewidth=0.8)
-    axes.set_xscale("symlog", linthresh=0.1)
-    return _cdf(
-        figure, axes, {label: np.asarray(errors) for label, errors in series.items() if errors},
+    return _error_cdf(
+        {label: np.asarray(errors) for label, errors in series.items() if errors},
         "actual start − estimate (hours, symmetric log; right of 0: later than told)",
         "fraction of jobs told an ETA", f"Philly Oct–Nov 2017, {tag}: ETA error",
         out / f"replay-{tag}-eta-error.png",
@@ -357,7 +353,6 @@ def plot_ready_errors(outcomes: list[JobOutcome], out: Path, tag: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     series: dict[str, list[float]] = {"ready_eta": [], "ready_eta_p90": [], "eta alone": []}
@@ -371,11 +366,8 @@ def plot_ready_errors(outcomes: list[JobOutcome], out: Path, tag: str) -> Path:
         ):  # fmt: skip
             if told is not None:
                 series[label].append((outcome.started_at - told).total_seconds() / 3600)
-    figure, axes = plt.subplots(figsize=(8, 5))
-    axes.axvline(0.0, color="grey", linewidth=0.8)
-    axes.set_xscale("symlog", linthresh=0.1)
-    return _cdf(
-        figure, axes, {label: np.asarray(v) for label, v in series.items() if v},
+    return _error_cdf(
+        {label: np.asarray(v) for label, v in series.items() if v},
         "capacity ran − first estimate told (hours, symmetric log; right of 0: later)",
         "fraction of jobs told a ready_eta",
         f"Philly Oct–Nov 2017, {tag}, behind Google's queue: ready_eta error",
@@ -405,22 +397,30 @@ def plot_eta_errors_by_policy(replays: dict[str, Replayed], out: Path, tag: str)
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     series = {
         name: np.asarray(first_eta_errors_h(result.outcomes))
         for name, result in replays.items()
     }  # fmt: skip
-    figure, axes = plt.subplots(figsize=(8, 5))
-    axes.axvline(0.0, color="grey", linewidth=0.8)
-    axes.set_xscale("symlog", linthresh=0.1)
-    return _cdf(
-        figure, axes, {name: errors for name, errors in series.items() if len(errors)},
+    return _error_cdf(
+        {name: errors for name, errors in series.items() if len(errors)},
         "actual start − first ETA (hours, symmetric log; right of 0: later than told)",
         "fraction of jobs told an ETA", f"Philly Oct–Nov 2017, {tag}: ETA error by policy",
         out / f"replay-{tag}-eta-error-by-policy.png",
     )  # fmt: skip
+
+
+def _error_cdf(
+    series: dict[str, Any], xlabel: str, ylabel: str, title: str, path: Path
+) -> Path:  # fmt: skip
+    """:func:`_cdf` of estimate errors in hours: a symmetric log axis around 0 (on time)."""
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    axes.axvline(0.0, color="grey", linewidth=0.8)
+    axes.set_xscale("symlog", linthresh=0.1)
+    return _cdf(figure, axes, series, xlabel, ylabel, title, path)
 
 
 def _cdf(
