@@ -778,7 +778,8 @@ class _Cycle:
         every one every pass would be most of a quiet pass's work."""
         if record.state is S.PROVISIONING and record.request.start_at is None:
             # In Google's queue: held from admission to where Google should have served it
-            # (the pool's recent p90), then its run; past that, from now on (see hold_end).
+            # (the pool's recent p90), then its run; past that, a further wait at a time
+            # (see hold_end and expected_serve).
             assert record.pool is not None
             return _grant(record, self.now, self._expected_wait(record.pool))
         if record.state is S.PROVISIONING or (
@@ -848,7 +849,7 @@ class _Cycle:
         """The cause outside the plan an ETA in ``pool_id`` moved later for, as a clause of
         its event's message ("" if none is seen), all of them Google's queue taking longer
         than the pool's serve wait: runs admitted there that Google has not served by then
-        (held from now on), runs it served later than that in this pass, or the wait itself
+        (expected a further wait later, see expected_serve), runs it served later than that in this pass, or the wait itself
         grown since the last pass."""
         if self.late is None:
             late: Counter[str] = Counter()
