@@ -849,8 +849,8 @@ class _Cycle:
         """The cause outside the plan an ETA in ``pool_id`` moved later for, as a clause of
         its event's message ("" if none is seen), all of them Google's queue taking longer
         than the pool's serve wait: runs admitted there that Google has not served by then
-        (expected a further wait later, see expected_serve), runs it served later than that in this pass, or the wait itself
-        grown since the last pass."""
+        (expected a further wait later, see expected_serve), runs it served later than that
+        in this pass, or the wait itself grown since the last pass."""
         if self.late is None:
             late: Counter[str] = Counter()
             for other in self.records.values():
