@@ -282,6 +282,27 @@ class _FakeOrder:
     review_at: datetime | None = None  # a block: when Google reviews it
     approved_at: datetime | None = None  # a block: when Google approved it (None: not yet)
     locked_at: datetime | None = None  # a block: the last instant it may be cancelled
+    # What observe last reported of it, and the fields it was built from: one report object
+    # per change, not per look (a replay looks at every order on every pass).
+    seen: tuple[object, ...] = ()
+    observed: Observed | None = None
+
+    def report(self, pool_id: str) -> Observed:
+        """What a look at it finds now (the same object while nothing it shows changed)."""
+        shown = (self.phase, self.error_code, self.message, self.last_attempt, self.locked_at)
+        if self.observed is None or shown != self.seen:
+            self.seen = shown
+            self.observed = Observed(
+                name=self.name,
+                pool_id=pool_id,
+                phase=self.phase,
+                error_code=self.error_code,
+                message=self.message,
+                last_attempt=self.last_attempt,
+                locked_at=self.locked_at,
+                ends_at=self.calendar_end,
+            )
+        return self.observed
 
     @property
     def key(self) -> _Key:
@@ -462,16 +483,7 @@ class MemoryCapacityProvider:
             observed: dict[str, Observed] = {}
             for pool_id in {pool.pool_id for pool in pools}:
                 for order in self._by_pool.get(pool_id, {}).values():
-                    observed[order.name] = Observed(
-                        name=order.name,
-                        pool_id=pool_id,
-                        phase=order.phase,
-                        error_code=order.error_code,
-                        message=order.message,
-                        last_attempt=order.last_attempt,
-                        locked_at=order.locked_at,
-                        ends_at=order.calendar_end,
-                    )
+                    observed[order.name] = order.report(pool_id)
             return observed
 
     def reserve(self, order: Order) -> None:

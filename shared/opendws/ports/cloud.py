@@ -23,6 +23,7 @@ ORDER_PREFIX = "odws-"
 
 
 @functools.lru_cache(maxsize=65_536)  # a pure function, asked every pass for every live request
+@functools.lru_cache(maxsize=1 << 16)  # every pass names every live order again
 def order_name(request_id: str, attempt: int) -> str:
     """The deterministic name of ``request_id``'s ``attempt``-th provisioning: a retried call
     always names the same resource, so the cloud refuses a second creation. A readable slug of
@@ -150,6 +151,9 @@ class Providers:
         self.tpu = tpu
         self.calendar = calendar
         self.tpu_calendar = calendar if tpu_calendar is None else tpu_calendar
+        # The last look's sightings by order name: one that shows the same report from the
+        # same provider is reused, so an unchanged order costs no new object per look.
+        self._sightings: dict[str, Sighting] = {}
 
     def for_order(self, pool: Pool, mode: Mode) -> CapacityProvider:
         """The provider of an order of ``mode`` in ``pool``."""
@@ -176,8 +180,17 @@ class Providers:
             if not by_kind[kind] or (id(provider), kind) in asked:
                 continue
             asked.add((id(provider), kind))
+            last = self._sightings
             for name, seen in provider.observe(by_kind[kind]).items():
-                observed[name] = Sighting(provider=provider, observed=seen)
+                sighting = last.get(name)
+                if (
+                    sighting is None
+                    or sighting.observed is not seen
+                    or sighting.provider is not provider
+                ):
+                    sighting = Sighting(provider=provider, observed=seen)
+                observed[name] = sighting
+        self._sightings = dict(observed)
         return observed
 
 
