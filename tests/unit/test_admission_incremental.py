@@ -4,6 +4,7 @@ tests/property/test_incremental_properties.py)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -12,7 +13,8 @@ import pytest
 from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.admission import Reason
 from opendws.domain.incremental import COMMITMENTS_HELD, IncrementalPlanner
-from opendws.domain.model import Commitment, Grant, PolicySettings
+from opendws.domain.model import Commitment, Grant, PolicySettings, QueueingStrategy
+from opendws.domain.policy import flex_key
 from tests.builders import (
     A3,
     DAY,
@@ -436,3 +438,60 @@ def test_a_pass_over_commitments_keeps_nothing_and_planning_resumes_once_they_ar
     later = replace(none_held, pending=(*none_held.pending, flex("later", vm_count=1, hours=2)))
     assert planner.plan(later, NOW) == admit(later, NOW)
     assert not planner.last_pass.full
+
+
+def test_policy_keys_carried_from_the_last_full_pass_follow_what_they_depend_on() -> None:
+    """A full pass takes the policy keys of the last one for the same request objects; a new
+    aging half-life, a tenant turned strict FIFO, a rewritten request or one stamped after
+    the last pass's now is keyed afresh: every pass plans exactly as ``admit``."""
+    planner = IncrementalPlanner(clock_floor=10_000)  # every later now plans in full
+    first = busy()
+    waiting = [flex(f"w{index}", vm_count=3, hours=5 - index, submitted_at=NOW - index * HOUR)
+               for index in range(4)]  # fmt: skip
+    ahead = flex("stamped-later", vm_count=2, hours=1, submitted_at=NOW + 30 * MINUTE)
+    first = replace(first, pending=(*first.pending, *waiting, ahead))
+    steps = [
+        (first, NOW),
+        (first, NOW + 10 * MINUTE),  # the same requests: keys carried over
+        (replace(first, policy=PolicySettings(aging_half_life=30 * MINUTE)), NOW + 20 * MINUTE),
+        (
+            replace(
+                first, tenants=(replace(first.tenants[0], queueing=QueueingStrategy.STRICT_FIFO),)
+            ),
+            NOW + 40 * MINUTE,
+        ),
+        (
+            replace(first, pending=(*first.pending[:-1], replace(ahead, priority=5))),
+            NOW + 50 * MINUTE,
+        ),
+    ]
+    for snapshot, now in steps:
+        assert planner.plan(snapshot, now) == admit(snapshot, now)
+        assert planner.last_pass.full
+
+
+def test_a_request_stamped_ahead_is_keyed_afresh_while_its_stamp_lies_ahead() -> None:
+    """A request stamped after now ages from now (policy.flex_key), so its key moves with
+    the clock until its stamp: a later full pass must not take it from the pass before. Here
+    it goes before ``steady`` at NOW and after it an hour later, and the two want the same
+    slot."""
+    hour_half_life = PolicySettings(aging_half_life=HOUR)
+    ahead = flex("ahead", vm_count=4, hours=1, submitted_at=NOW + 2 * HOUR)
+    steady = flex("steady", vm_count=4, hours=3, submitted_at=NOW - HOUR)
+    key = functools.partial(flex_key, strict=False, half_life=HOUR)
+    assert key(ahead, now=NOW) < key(steady, now=NOW)
+    assert key(ahead, now=NOW + HOUR) > key(steady, now=NOW + HOUR)
+    snapshot = build_snapshot(
+        pools=[pool(capacity=4)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[grant("g1", units=4, start_at=NOW - HOUR, hours=5)],
+        pending=[ahead, steady],
+        policy=hour_half_life,
+    )
+    planner = IncrementalPlanner(clock_floor=10_000)
+    for now in (NOW, NOW + HOUR):
+        plan = planner.plan(snapshot, now)
+        assert plan == admit(snapshot, now)
+        assert planner.last_pass.full
+    first, second = plan.decision("steady").start_at, plan.decision("ahead").start_at
+    assert first is not None and second is not None and first < second

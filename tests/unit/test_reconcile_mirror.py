@@ -5,6 +5,7 @@ asked for while another one runs is owed, not dropped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -23,7 +24,9 @@ from opendws.ports import (
     Watermark,
     order_name,
 )
+from opendws.ports.records import accepted
 from opendws.service import reconcile
+from opendws.service.mirror import RequestMirror
 from opendws.service.reconcile import ReconcileService
 from tests.builders import A3, H100, NOW, calendar, flex, pool
 from tests.world import World, memory_world, submit, tenants_for
@@ -280,3 +283,41 @@ def test_a_pass_at_the_same_instant_plans_from_the_last_plan() -> None:
     held = {r.request_id: r.eta for r in store.in_states(S.PENDING)}
     world.reconciler("cold").run_pass()  # plans from scratch: writes nothing new
     assert {r.request_id: r.eta for r in store.in_states(S.PENDING)} == held
+
+
+class _Feed(MemoryRequestStore):
+    """A store whose reads of changes return what the test gives it next."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next: list[RequestRecord] = []
+        self.reads = 0
+
+    def changes(self, since: Watermark | None) -> Changes:
+        self.reads += 1
+        found, self.next = tuple(self.next), []
+        return Changes(records=found, watermark=Watermark(self.reads))
+
+
+def _pending(request_id: str, minutes: int) -> RequestRecord:
+    record, _ = accepted(flex(request_id, submitted_at=NOW + timedelta(minutes=minutes)), NOW)
+    return record
+
+
+def test_the_mirror_returns_submission_order_whatever_order_changes_arrive_in() -> None:
+    """The mirror keeps its order by appending newcomers; one submitted before a request it
+    holds (a late delivery, an id that sorts first at the same instant) is put in its place,
+    and a rewrite of a held request keeps its place."""
+    feed = _Feed()
+    mirror = RequestMirror()
+    feed.next = [_pending("b", 2), _pending("c", 3)]
+    assert [r.request_id for r in mirror.refresh(feed)] == ["b", "c"]
+    feed.next = [_pending("d", 4), _pending("a", 1), _pending("a2", 1)]
+    assert [r.request_id for r in mirror.refresh(feed)] == ["a", "a2", "b", "c", "d"]
+    rewritten = replace(_pending("b", 2), version=2, reason="QUOTA")
+    feed.next = [rewritten, _pending("e", 5), _pending("a1", 1)]
+    held = mirror.refresh(feed)
+    assert [r.request_id for r in held] == ["a", "a1", "a2", "b", "c", "d", "e"]
+    assert held[3] is rewritten
+    feed.next = [replace(_pending("c", 3), version=2, state=S.CANCELLED)]
+    assert [r.request_id for r in mirror.refresh(feed)] == ["a", "a1", "a2", "b", "d", "e"]

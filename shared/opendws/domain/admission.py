@@ -324,11 +324,18 @@ class _FlexState:
     shapes: dict[_ShapeKey, tuple[_Option, ...]]
 
 
+_Keys = dict[str, tuple[CapacityRequest, bool, timedelta, FlexKey]]
+
+
 class _Pass:
     """One admission pass; lives inside :func:`admit`, or in a planner that keeps its state
     (``keep``) to plan again."""
 
-    def __init__(self, snapshot: Snapshot, now: datetime, *, keep: bool = False) -> None:
+    def __init__(
+        self, snapshot: Snapshot, now: datetime, *, keep: bool = False, keys: _Keys | None = None
+    ) -> None:
+        """``keys``: the policy keys a pass before worked out (see :attr:`keys`); one is used
+        again only for the same request object, strictness and half-life."""
         self.snapshot = snapshot
         self.now = now
         # The flex grid's cells are the clock's whole minutes (UTC), the same in every pass:
@@ -361,6 +368,11 @@ class _Pass:
             by_location[pool.zone].append(row)
             by_location[region_of(pool.zone)].append(row)
         self._allowed_cache: dict[tuple[str | None, str, tuple[str, ...]], _Allowed] = {}
+        # request id → (request, strict, half-life, policy key) of each flex request planned
+        # and stamped by now: its key does not move with the clock (policy.flex_key), so the
+        # next pass may take it from here.
+        self._keys_before: _Keys = {} if keys is None else keys
+        self.keys: _Keys = {}
 
     def run(self) -> Plan:
         pending = sorted(self.snapshot.pending, key=lambda r: r.request_id)
@@ -646,11 +658,26 @@ class _Pass:
         into_minute = now - origin
         half_life = self.snapshot.policy.aging_half_life
         waits = self.waits
+        before, keys = self._keys_before, self.keys
         for candidate in flex:
             request = candidate.request
+            strict = candidate.strict
             run = self.holds(candidate) if waits else request.run_duration
+            known = before.get(request.request_id)
+            if (
+                known is not None
+                and known[0] is request
+                and known[1] is strict
+                and known[2] == half_life
+            ):
+                key = known[3]
+                keys[request.request_id] = known
+            else:
+                key = flex_key(request, strict=strict, now=now, half_life=half_life)
+                if request.submitted_at <= now:  # a later stamp ages from now: not kept
+                    keys[request.request_id] = (request, strict, half_life, key)
             yield (
-                flex_key(request, strict=candidate.strict, now=now, half_life=half_life),
+                key,
                 candidate,
                 -(-run // MINUTE),  # ceil_cells(run)
                 -(-(into_minute + run) // MINUTE),  # self.first_cells(run)

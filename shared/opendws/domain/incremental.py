@@ -75,6 +75,7 @@ from opendws.domain.admission import (
     _ExactLedger,
     _FlexState,
     _hold_reason,
+    _Keys,
     _options,
     _Pass,
     _place,
@@ -168,6 +169,8 @@ class IncrementalPlanner:
         self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
         self._unkept_after = False  # the last pass held commitments and kept nothing
+        # The last full pass's policy keys, for the next full pass (see _Pass's keys).
+        self._keys: _Keys = {}
         self.last_pass = PassReport(full=True, why="no pass yet")
 
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
@@ -203,12 +206,16 @@ class IncrementalPlanner:
         self._snapshot = None
         self._unkept_after = True
         self.last_pass = PassReport(full=True, why=why)
-        return _Pass(snapshot, now).run()
+        state = _Pass(snapshot, now, keys=self._keys)
+        plan = state.run()
+        self._keys = state.keys
+        return plan
 
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
         self._unkept_after = False
-        state = _Pass(snapshot, now, keep=True)
+        state = _Pass(snapshot, now, keep=True, keys=self._keys)
         state.run()
+        self._keys = state.keys
         self._pass = state
         self._remember(snapshot, _by_identity(snapshot.pending), None)
         self._latest_submitted = max(

@@ -18,15 +18,22 @@ reconciler looks there next for what the release left behind.
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 
 from opendws.ports import RequestRecord, Requests, Watermark
+
+_FIRST = (datetime.min.replace(tzinfo=UTC), "")  # before every (submitted_at, request_id)
 
 
 class RequestMirror:
     """The requests not yet final, by id; safe to share between the passes of one process."""
 
     def __init__(self) -> None:
+        # In submission order (then id), the order refresh returns: a newcomer usually comes
+        # last, so the order is kept by appending and restored by a sort only when it did not.
         self._records: dict[str, RequestRecord] = {}
+        self._in_order = True
+        self._last = _FIRST  # the key of the last newcomer kept in order
         self._watermark: Watermark | None = None
         # Pools of the orders of requests that became final since the last take.
         self._ended_pools: set[str] = set()
@@ -41,12 +48,15 @@ class RequestMirror:
         changes = store.changes(since)
         with self._lock:
             if since is None:
-                self._records = {}
+                self._records, self._in_order, self._last = {}, True, _FIRST
             for record in changes.records:
                 self._keep(record)
             self._watermark = changes.watermark
-            records = list(self._records.values())
-        return sorted(records, key=lambda r: (r.request.submitted_at, r.request_id))
+            if not self._in_order:
+                self._records = dict(sorted(self._records.items(), key=_submission))
+                self._in_order = True
+                self._last = _submission(next(reversed(self._records.items())))
+            return list(self._records.values())
 
     def record(self, record: RequestRecord) -> None:
         """Keep what a write of this process stored (a final state leaves the mirror)."""
@@ -69,5 +79,17 @@ class RequestMirror:
             gone = self._records.pop(record.request_id, None)
             if gone is not None:
                 self._ended_pools.update(lane.pool for lane in (*gone.orders, *record.orders))
+        elif held is not None:
+            self._records[record.request_id] = record  # a dict keeps its place
         else:
+            key = (record.request.submitted_at, record.request_id)
+            if self._records and key < self._last:
+                self._in_order = False  # the next refresh sorts the mirror again
+            else:
+                self._last = key
             self._records[record.request_id] = record
+
+
+def _submission(item: tuple[str, RequestRecord]) -> tuple[datetime, str]:
+    record = item[1]
+    return (record.request.submitted_at, record.request_id)

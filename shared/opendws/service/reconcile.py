@@ -42,10 +42,11 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from opendws.domain.admission import (
     Alternative,
@@ -431,11 +432,16 @@ class _Cycle:
         for race in plan.races:
             with self._one_request(race.request_id):
                 self._grow_race(race)
-        for decision in sorted(plan.decisions, key=lambda d: _apply_order(d, plan, order)):
-            if decision.outcome in _WAITING and not self._news(
-                self.records[decision.request_id], decision
-            ):
-                continue  # nothing to write (most held requests, most passes): not applied
+        records = self.records
+        news = self._news
+        # Held and waiting requests without news are left as they are (most of them, most
+        # passes): only the rest is ordered and applied.
+        due = [
+            decision
+            for decision in plan.decisions
+            if decision.outcome not in _WAITING or news(records[decision.request_id], decision)
+        ]
+        for decision in sorted(due, key=lambda d: _apply_order(d, plan, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
         slots = {
@@ -464,11 +470,17 @@ class _Cycle:
             wanted = set(service._watched)
         if whole:
             return list(self.pools.values()), True
+        # Configured pools no reason to look at has been found for yet: once none is left,
+        # the other live requests cannot add one.
+        unseen = self.pools.keys() - wanted
         for record in live:
-            wanted.update(lane.pool for lane in record.orders)
+            if not unseen:
+                break
+            for lane in record.orders:
+                unseen.discard(lane.pool)
             if record.pool is not None:
-                wanted.add(record.pool)  # the sweep also looks under (pool, attempt)
-        return [pool for pool_id, pool in self.pools.items() if pool_id in wanted], False
+                unseen.discard(record.pool)  # the sweep also looks under (pool, attempt)
+        return [pool for pool_id, pool in self.pools.items() if pool_id not in unseen], False
 
     def _watch(self, looked: set[str], unwanted: dict[str, Sighting], whole: bool) -> None:
         """After the sweep: a pool looked at and found clean leaves the watch, unless this
@@ -745,10 +757,8 @@ class _Cycle:
             elif state in _GRANTED and record.pool:
                 grants.append(self._grant_of(record))
         with self.grants_lock:  # drop what no live request needs any more
-            for request_id in [i for i in self.grant_cache if i not in self.records]:
-                del self.grant_cache[request_id]
-            for request_id in [i for i in self.quiet if i not in self.records]:
-                del self.quiet[request_id]
+            _forget_gone(self.grant_cache, self.records)
+            _forget_gone(self.quiet, self.records)
         return Snapshot(
             pools=tuple(self.pools.values()),
             tenants=self.config.tenants,
@@ -786,13 +796,14 @@ class _Cycle:
             record.since is None and record.request.start_at is None
         ):
             return _grant(record, self.now)  # held from now on: it moves with the clock
+        # A lookup needs no lock (one dict read is atomic); storing a new grant takes it.
+        cached = self.grant_cache.get(record.request_id)
+        if cached is not None and cached[0] == record.version:
+            return cached[1]
+        grant = _grant(record, self.now)
         with self.grants_lock:
-            cached = self.grant_cache.get(record.request_id)
-            if cached is not None and cached[0] == record.version:
-                return cached[1]
-            grant = _grant(record, self.now)
             self.grant_cache[record.request_id] = (record.version, grant)
-            return grant
+        return grant
 
     # Step 5: apply ----------------------------------------------------------------------
 
@@ -982,14 +993,15 @@ class _Cycle:
         reason or pool, an ETA appearing or vanishing, or one that moved by more than the
         tolerance (ETAs behind a provisioning grant drift with the clock; a shifted queue
         position alone is not news) — or, within the commitment horizon, any later one."""
-        if (record.reason, record.pool) != (decision.reason, decision.pool_id):
+        if record.reason != decision.reason or record.pool != decision.pool_id:
             return True
-        if record.eta is None or decision.eta is None:
-            return record.eta != decision.eta
+        told, eta = record.eta, decision.eta
+        if told is None or eta is None:
+            return told != eta
         horizon = self.config.policy.commit_within
-        if horizon is not None and decision.eta > record.eta and decision.eta - self.now < horizon:
+        if horizon is not None and eta > told and eta - self.now < horizon:
             return True  # within the horizon an ETA is a promise: a later one is always told
-        return abs(decision.eta - record.eta) > self.settings.eta_tolerance
+        return abs(eta - told) > self.settings.eta_tolerance
 
     # Writes and events ------------------------------------------------------------------
 
@@ -1090,6 +1102,16 @@ class _Cycle:
             if record.announced < record.events:
                 missing = self.store.events(record.request_id)[record.announced :]
                 self._announce(record, missing)
+
+
+def _forget_gone(cache: dict[str, Any], records: Mapping[str, RequestRecord]) -> None:
+    """Drop the entries of requests no longer live from a per-request cache, once it holds
+    twice as many as there are (an entry is checked against its record's version before use,
+    so a stale one only takes room; sweeping it every pass would cost every pass a look at
+    every live request)."""
+    if len(cache) > 2 * len(records) + 64:
+        for request_id in [key for key in cache if key not in records]:
+            del cache[request_id]
 
 
 def _apply_order(decision: Decision, plan: Plan, first: dict[Outcome, int]) -> tuple[int, int, str]:
