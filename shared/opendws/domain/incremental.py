@@ -46,7 +46,9 @@ left; a grant that changes which blocks are confirmed; an arrival that needs a l
 a quota row the grid lacks; an arrival or a grant that makes a row bind that the grid never
 tracked (rows that could never bind are left out of every search). A full pass over
 commitments keeps nothing (the next one is full whatever it sees): it costs what ``admit``
-costs, and the next pass names the commitments as its reason.
+costs, and the next pass names the commitments as its reason. Every full pass takes the
+policy keys the last one worked out for the same request objects (a key does not move with
+the clock once a request's stamp has passed; see ``_Pass``'s ``keys``).
 """
 
 from __future__ import annotations

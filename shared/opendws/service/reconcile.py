@@ -1105,10 +1105,10 @@ class _Cycle:
 
 
 def _forget_gone(cache: dict[str, Any], records: Mapping[str, RequestRecord]) -> None:
-    """Drop the entries of requests no longer live from a per-request cache, once it holds
-    twice as many as there are (an entry is checked against its record's version before use,
-    so a stale one only takes room; sweeping it every pass would cost every pass a look at
-    every live request)."""
+    """Drop the entries of requests no longer live from a per-request cache once it holds
+    more than twice as many entries as there are live requests, plus 64 (an entry is checked
+    against its record's version before use, so a stale one only takes room; sweeping it
+    every pass would cost every pass a look at every live request)."""
     if len(cache) > 2 * len(records) + 64:
         for request_id in [key for key in cache if key not in records]:
             del cache[request_id]
