@@ -370,8 +370,8 @@ class _Pass:
         self._allowed_cache: dict[tuple[str | None, str, tuple[str, ...]], _Allowed] = {}
         # request id → (request, strict, half-life, policy key) of each flex request planned
         # and stamped by now: its key does not move with the clock (policy.flex_key), so the
-        # next pass may take it from here.
-        self._keys_before: _Keys = {} if keys is None else keys
+        # next pass may take it from here. Kept only for a caller that passed keys in.
+        self._keys_before = keys
         self.keys: _Keys = {}
 
     def run(self) -> Plan:
@@ -663,9 +663,10 @@ class _Pass:
             request = candidate.request
             strict = candidate.strict
             run = self.holds(candidate) if waits else request.run_duration
-            known = before.get(request.request_id)
-            if (
-                known is not None
+            if before is None:  # admit alone: no pass plans after this one
+                key = flex_key(request, strict=strict, now=now, half_life=half_life)
+            elif (
+                (known := before.get(request.request_id)) is not None
                 and known[0] is request
                 and known[1] is strict
                 and known[2] == half_life
