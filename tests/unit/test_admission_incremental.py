@@ -494,4 +494,6 @@ def test_a_request_stamped_ahead_is_keyed_afresh_while_its_stamp_lies_ahead() ->
         assert plan == admit(snapshot, now)
         assert planner.last_pass.full
     first, second = plan.decision("steady").start_at, plan.decision("ahead").start_at
-    assert first is not None and second is not None and first < second
+    assert first is not None
+    assert second is not None
+    assert first < second

@@ -298,6 +298,8 @@ class ReconcileService:
         # slot a request holds, which may be earlier than the ETA it was told (a move under
         # eta_tolerance is not announced). A cold instance starts from the announced ones.
         self._held: dict[str, tuple[str, datetime]] = {}
+        # The last pass's commitments (see _Cycle._snapshot), by request id.
+        self._commitments: dict[str, Commitment] = {}
         # Pools to observe next pass although no live order is there (observe_all_every):
         # a request ended there, a release was asked there, or the last look there found
         # something no live request wanted. Guarded by _lock.
@@ -725,6 +727,11 @@ class _Cycle:
         pending = []
         commitments = []
         committing = self.config.policy.commit_within is not None
+        held = self.service._held
+        # The last snapshot's commitments, by request: one that holds the same slot is used
+        # again rather than built anew (most of them, most passes).
+        promised_before = self.service._commitments
+        promised: dict[str, Commitment] = {}
         for record in self.records.values():
             if without is not None and record.request_id == without:
                 continue
@@ -739,12 +746,19 @@ class _Cycle:
                     # the plan moved it later by less than the tolerance); on a cold
                     # instance, the ETA it was told. Within the horizon every later move is
                     # announced (_news), so what was told is what is held.
-                    pool_id, start_at = self.service._held.get(
-                        record.request_id, (record.pool, record.eta)
-                    )
-                    commitments.append(
-                        Commitment(request_id=record.request_id, pool_id=pool_id, start_at=start_at)
-                    )
+                    request_id = record.request_id
+                    pool_id, start_at = held.get(request_id, (record.pool, record.eta))
+                    commitment = promised_before.get(request_id)
+                    if (
+                        commitment is None
+                        or commitment.pool_id != pool_id
+                        or commitment.start_at != start_at
+                    ):
+                        commitment = Commitment(
+                            request_id=request_id, pool_id=pool_id, start_at=start_at
+                        )
+                    promised[request_id] = commitment
+                    commitments.append(commitment)
             elif state is S.PROVISIONING and len(record.lanes) > 1:
                 # Racing: every lane holds its own grant until one wins (see PolicySettings).
                 grants.extend(
@@ -759,6 +773,8 @@ class _Cycle:
         with self.grants_lock:  # drop what no live request needs any more
             _forget_gone(self.grant_cache, self.records)
             _forget_gone(self.quiet, self.records)
+            if without is None:
+                self.service._commitments = promised
         return Snapshot(
             pools=tuple(self.pools.values()),
             tenants=self.config.tenants,
