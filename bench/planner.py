@@ -21,6 +21,12 @@ so the median (``arrival``, ``release``: the figures the targets judge), the 90t
 (``*_p90``) and the slowest (``*_max``) are reported. Targets: ≤ 10 ms at 10k pending,
 ≤ 50 ms at 100k. Also the pass a minute later, the last pass's admissions carried out and
 nothing else changed (``minute``, the median of three; no target).
+
+The snapshots above hold no commitments. Under the default policy (ETAs told less than
+``commit_within`` ahead are kept as commitments) the incremental planner plans every pass in
+full, so the pass after one arrival is timed there too, with every slot the first pass held
+within the horizon committed (``commitments_s``; no target: it shows what a steady pass's plan
+costs with the default policy).
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from opendws.domain import (
     GangShape,
     Grant,
     Mode,
+    Outcome,
     Plan,
+    PolicySettings,
     Pool,
     Provider,
     QueueingStrategy,
@@ -55,6 +63,7 @@ from opendws.domain import (
 )
 from opendws.domain.calendar import count_problem, lead_of
 from opendws.domain.incremental import IncrementalPlanner
+from opendws.domain.model import Commitment
 from opendws.domain.policy import flex_key
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
@@ -62,6 +71,7 @@ NOW = datetime(2026, 12, 1, tzinfo=UTC)
 # can take seconds).
 INCREMENTAL_CHANGES = 15
 INCREMENTAL_CHANGES_100K = 5
+COMMITTED_CHANGES = 3  # arrivals timed under commitments: each is a full pass
 REGIONS = [
     "us-central1", "us-east1", "us-east4", "us-west1", "us-west4",
     "europe-west1", "europe-west4", "asia-east1", "asia-northeast1", "asia-southeast1",
@@ -341,6 +351,49 @@ def time_incremental(snapshot: Snapshot, changes: int) -> dict[str, float]:
     return figures
 
 
+def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
+    """Seconds of the pass after one flex arrival under the default commitment horizon
+    (``PolicySettings().commit_within``), every slot the first pass held within it committed
+    as the reconciler commits them: ``changes`` arrivals in a row on one planner (median and
+    slowest), the last checked against ``admit``. The incremental planner plans every such
+    pass in full (``full``: the share that did), so this is what a steady pass's plan costs
+    with the default policy."""
+    horizon = PolicySettings().commit_within
+    assert horizon is not None, "the default policy holds no commitments"
+    snapshot = replace(snapshot, policy=replace(snapshot.policy, commit_within=horizon))
+    first = admit(snapshot, NOW)
+    commitments = tuple(
+        Commitment(request_id=d.request_id, pool_id=d.pool_id, start_at=d.start_at)
+        for d in first.decisions
+        if d.outcome is Outcome.HOLD and d.pool_id and d.start_at and d.start_at < NOW + horizon
+    )
+    current = replace(snapshot, commitments=commitments)
+    planner = IncrementalPlanner()
+    planner.plan(current, NOW)
+    gc.collect()
+    gc.freeze()
+    rng = random.Random(13)
+    timings: list[float] = []
+    full = 0
+    for index in range(changes):
+        request = build_request(rng, 900_000 + index)
+        while request.mode is not Mode.FLEX_START:
+            request = build_request(rng, 900_000 + index)
+        current = replace(current, pending=(*current.pending, request))
+        started = time.perf_counter()
+        plan = planner.plan(current, NOW)
+        timings.append(time.perf_counter() - started)
+        full += planner.last_pass.full
+    assert plan == admit(current, NOW), "plan over commitments differs"
+    gc.unfreeze()
+    return {
+        "arrival": statistics.median(timings),
+        "arrival_max": max(timings),
+        "full": full / changes,
+        "commitments": float(len(commitments)),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -391,6 +444,18 @@ def main() -> int:
             f" ({figures['minute_full']:.0f} of 3 planned in full)",
             flush=True,
         )
+    committed: dict[int, dict[str, float]] = {}
+    for size in sizes:
+        if size < 10_000:
+            continue
+        figures = committed[size] = time_with_commitments(build_snapshot(size), COMMITTED_CHANGES)
+        print(
+            f"with commitments {size:>7,} ({figures['commitments']:,.0f} slots within the"
+            f" default horizon committed): after one arrival {figures['arrival'] * 1000:.1f} ms"
+            f" (slowest of {COMMITTED_CHANGES} {figures['arrival_max'] * 1000:.1f} ms;"
+            f" {figures['full']:.0%} planned in full)",
+            flush=True,
+        )
     if args.json:
         result = {
             "plan_seconds": {str(size): round(value, 4) for size, value in seconds.items()},
@@ -403,6 +468,10 @@ def main() -> int:
             "incremental_s": {
                 str(size): {kind: round(value, 4) for kind, value in timings.items()}
                 for size, timings in incremental.items()
+            },
+            "commitments_s": {
+                str(size): {kind: round(value, 4) for kind, value in figures.items()}
+                for size, figures in committed.items()
             },
         }
         print(json.dumps(result))

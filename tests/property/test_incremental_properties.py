@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from opendws.domain import Outcome, Plan, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import Grant, PolicySettings
+from opendws.domain.model import Commitment, Grant, PolicySettings
 from tests.property.test_admission_properties import (
     NOW,
     applied,
@@ -28,6 +28,7 @@ from tests.property.test_admission_properties import (
 
 STEPS = (
     "arrive", "arrive", "arrive", "leave", "leave", "release", "release", "apply", "book", "tick",
+    "commit",
 )  # fmt: skip
 
 
@@ -71,6 +72,15 @@ def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[S
         return replace(snapshot, pending=pending, grants=(*snapshot.grants, booked)), 0
     if kind == "tick":
         return snapshot, draw(st.sampled_from([60, 61, 600, 3600]))
+    if kind == "commit":
+        # As the reconciler does: every held slot becomes a commitment, near or far (only
+        # those less than the horizon ahead are held; the others change no plan).
+        commitments = tuple(
+            Commitment(request_id=d.request_id, pool_id=d.pool_id, start_at=d.start_at)
+            for d in held
+            if d.pool_id is not None and d.start_at is not None
+        )
+        return replace(snapshot, commitments=commitments), 0
     return snapshot, 0
 
 
@@ -80,8 +90,9 @@ def test_incremental_plans_equal_full_plans_after_every_change(
 ) -> None:
     # Racing eagerly always plans in full; keep it rare so the incremental path is exercised.
     eager = data.draw(st.sampled_from([False, False, False, True]))
-    # A commitment horizon with no commitment yet changes nothing: still incremental.
-    horizon = data.draw(st.sampled_from([None, timedelta(hours=2)]))
+    # A commitment horizon with no commitment (or only ones beyond it) changes nothing: still
+    # incremental; a commitment within it plans in full. The "commit" step makes them.
+    horizon = data.draw(st.sampled_from([None, timedelta(hours=2), timedelta(minutes=20)]))
     snapshot = replace(
         snapshot, policy=replace(snapshot.policy, race_eagerly=eager, commit_within=horizon)
     )

@@ -497,3 +497,38 @@ def test_a_request_stamped_ahead_is_keyed_afresh_while_its_stamp_lies_ahead() ->
     assert first is not None
     assert second is not None
     assert first < second
+
+
+def test_only_a_commitment_within_the_horizon_makes_a_pass_plan_in_full() -> None:
+    """Commitments are held only when told less than ``commit_within`` ahead; one further
+    ahead is an estimate no pass reads, so it leaves the planner incremental: at the horizon
+    exactly it is not held. A minute later it is a minute inside: that pass plans in full and
+    keeps nothing, so the next one is full too."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = busy()
+    plan = admit(first, NOW)
+    far = max(
+        (d for d in plan.having(Outcome.HOLD) if d.start_at is not None),
+        key=lambda d: (d.start_at, d.request_id),
+    )
+    assert far.start_at is not None
+    assert far.pool_id is not None
+    ahead = far.start_at - NOW
+    promise = Commitment(request_id=far.request_id, pool_id=far.pool_id, start_at=far.start_at)
+    at_horizon = replace(first, policy=PolicySettings(commit_within=ahead), commitments=(promise,))
+    assert planner.plan(at_horizon, NOW) == admit(at_horizon, NOW)
+    grown = replace(at_horizon, pending=(*at_horizon.pending, flex("late", vm_count=1, hours=1)))
+    assert planner.plan(grown, NOW) == admit(grown, NOW)
+    assert not planner.last_pass.full
+    # A minute later the same commitment lies a minute inside the horizon: held.
+    assert planner.plan(grown, NOW + MINUTE) == admit(grown, NOW + MINUTE)
+    assert planner.last_pass.full
+    again = replace(grown, pending=(*grown.pending, flex("later", vm_count=1, hours=1)))
+    assert planner.plan(again, NOW + MINUTE) == admit(again, NOW + MINUTE)
+    assert planner.last_pass.why == COMMITMENTS_HELD
+    # Once it is gone (admitted, say), planning is incremental again after one full pass.
+    free = replace(again, commitments=())
+    assert planner.plan(free, NOW + MINUTE) == admit(free, NOW + MINUTE)
+    last = replace(free, pending=(*free.pending, flex("last", vm_count=1, hours=1)))
+    assert planner.plan(last, NOW + MINUTE) == admit(last, NOW + MINUTE)
+    assert not planner.last_pass.full

@@ -40,7 +40,8 @@ Anything else is planned in full, and :attr:`IncrementalPlanner.last_pass` says 
 pass; an earlier ``now``; a later one while a calendar block is pending (its verdict depends on
 now), a pool cools down after a stockout, a request stamped after the last now is kept (it
 ages from now), or beyond the kept grid's reach; changed pools, tenants or policy;
-commitments (``commit_within`` with any commitment); racing (``snapshot.racing``, or
+commitments (``commit_within`` with a commitment less than that far ahead: one further ahead
+is read by no pass, so it changes nothing); racing (``snapshot.racing``, or
 ``race_eagerly``: lanes are taken after every placement); a calendar request that arrived or
 left; a grant that changes which blocks are confirmed; an arrival that needs a longer grid or
 a quota row the grid lacks; an arrival or a grant that makes a row bind that the grid never
@@ -182,7 +183,7 @@ class IncrementalPlanner:
             why = self._why_full(snapshot, now)
             if why is None:
                 why = self._replan(snapshot, now)
-            if why is not None and _holds_commitments(snapshot):
+            if why is not None and _holds_commitments(snapshot, now):
                 # The next pass plans in full whatever it sees (see _why_full): keep nothing.
                 return self._unkept(snapshot, now, why)
             if why is not None:
@@ -308,8 +309,9 @@ class IncrementalPlanner:
             return "the pools changed"
         if snapshot.tenants is not last.tenants and set(snapshot.tenants) != set(last.tenants):
             return "the tenants changed"
-        if snapshot.policy.commit_within is not None and (snapshot.commitments or last.commitments):
-            # Without any, a horizon changes nothing: admit plans as without one.
+        if _holds_commitments(snapshot, now):
+            # Without one, a horizon changes nothing: admit plans as without one. The last
+            # pass held none either (it kept its plan), so its own were estimates too.
             return COMMITMENTS_HELD
         if snapshot.racing or last.racing:
             return "racing requests take lanes after every placement"
@@ -959,10 +961,15 @@ class IncrementalPlanner:
             self._demand[flex.limit_row[limit.key]] += sign * gang.accelerator_units * lanes
 
 
-def _holds_commitments(snapshot: Snapshot) -> bool:
-    """True if ``snapshot`` holds commitments under a horizon: the pass after it plans in
-    full whatever it sees (its commitments are held before the policy order)."""
-    return snapshot.policy.commit_within is not None and bool(snapshot.commitments)
+def _holds_commitments(snapshot: Snapshot, now: datetime) -> bool:
+    """True if ``snapshot`` holds a commitment at ``now``: one told less than the horizon
+    ahead (a pass holds those before the policy order; one further ahead is an estimate that
+    no pass reads, so it changes no plan). A pass over one keeps nothing to plan from."""
+    horizon = snapshot.policy.commit_within
+    if horizon is None or not snapshot.commitments:
+        return False
+    beyond = now + horizon
+    return any(commitment.start_at < beyond for commitment in snapshot.commitments)
 
 
 def _missing(keys: Mapping[int, object], among: Mapping[int, object]) -> list[int]:
