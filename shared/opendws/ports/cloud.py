@@ -23,7 +23,6 @@ ORDER_PREFIX = "odws-"
 
 
 @functools.lru_cache(maxsize=65_536)  # a pure function, asked every pass for every live request
-@functools.lru_cache(maxsize=1 << 16)  # every pass names every live order again
 def order_name(request_id: str, attempt: int) -> str:
     """The deterministic name of ``request_id``'s ``attempt``-th provisioning: a retried call
     always names the same resource, so the cloud refuses a second creation. A readable slug of
