@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import click
 from rich.progress import (
@@ -74,8 +75,7 @@ def up(tick: float, config_path: Path | None) -> None:
             folder = next(iter(stack.logs.values())).parent
             click.echo(f"function logs: {folder}/*.log (Cloud Logging JSON lines; removed on exit)")
             console.print("Ctrl-C stops everything (so do SIGTERM and SIGHUP).")
-            while True:
-                time.sleep(3600)
+            wait_for_a_signal()
     except (KeyboardInterrupt, Stopped) as stop:
         console.print(f"stopped{f' by {stop}' if isinstance(stop, Stopped) else ''}")
     except (EmulatorError, ScenarioError) as error:
@@ -84,6 +84,19 @@ def up(tick: float, config_path: Path | None) -> None:
 
 class Stopped(Exception):
     """A signal asked the process to stop; its text is the signal's name."""
+
+
+# How long the main thread sleeps at a time while it waits for a signal (see wait_for_a_signal).
+SIGNAL_STEP_S = 0.5
+
+
+def wait_for_a_signal(step: float = SIGNAL_STEP_S) -> NoReturn:
+    """Sleep until a signal's handler raises, in steps of ``step`` seconds. A signal sent to
+    the process may be delivered to any of its threads (the reconcile ticker's, the clients'),
+    and Python runs its handler only once the main thread next runs: a main thread in one
+    long sleep would not notice it until that sleep ended."""
+    while True:
+        time.sleep(step)
 
 
 @contextlib.contextmanager
