@@ -32,7 +32,9 @@ def main(argv: list[str]) -> int:
             for name, value in variables.items():
                 print(f"export {name}={value}", flush=True)
             while True:
-                time.sleep(3600)
+                # Short sleeps: Ctrl-C may land on another thread, and Python runs its handler
+                # only once the main thread runs again.
+                time.sleep(0.5)
     except EmulatorError as error:
         print(f"emulators: {error}", file=sys.stderr)
         return 1
