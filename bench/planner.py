@@ -288,6 +288,14 @@ def carried_out(snapshot: Snapshot, plan: Plan) -> Snapshot:
     return replace(snapshot, pending=pending, grants=(*snapshot.grants, *grants))
 
 
+def flex_arrival(rng: random.Random, index: int) -> CapacityRequest:
+    """A new flex request, numbered ``index`` (calendar ones drawn are drawn again)."""
+    request = build_request(rng, index)
+    while request.mode is not Mode.FLEX_START:
+        request = build_request(rng, index)
+    return request
+
+
 def time_incremental(snapshot: Snapshot, changes: int) -> dict[str, float]:
     """Seconds of an incremental pass after one flex arrival and after one release, ``changes``
     of each in a row on one planner (median, 90th percentile and slowest: how far a change
@@ -302,10 +310,7 @@ def time_incremental(snapshot: Snapshot, changes: int) -> dict[str, float]:
     timings: dict[str, list[float]] = {"arrival": [], "release": []}
     current = snapshot
     for index in range(changes):
-        request = build_request(rng, 800_000 + index)
-        while request.mode is not Mode.FLEX_START:
-            request = build_request(rng, 800_000 + index)
-        current = replace(current, pending=(*current.pending, request))
+        current = replace(current, pending=(*current.pending, flex_arrival(rng, 800_000 + index)))
         started = time.perf_counter()
         plan = planner.plan(current, NOW)
         timings["arrival"].append(time.perf_counter() - started)
@@ -376,10 +381,7 @@ def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
     timings: list[float] = []
     full = 0
     for index in range(changes):
-        request = build_request(rng, 900_000 + index)
-        while request.mode is not Mode.FLEX_START:
-            request = build_request(rng, 900_000 + index)
-        current = replace(current, pending=(*current.pending, request))
+        current = replace(current, pending=(*current.pending, flex_arrival(rng, 900_000 + index)))
         started = time.perf_counter()
         plan = planner.plan(current, NOW)
         timings.append(time.perf_counter() - started)
