@@ -18,11 +18,9 @@ reconciler looks there next for what the release left behind.
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import datetime
 
 from opendws.ports import RequestRecord, Requests, Watermark
-
-_FIRST = (datetime.min.replace(tzinfo=UTC), "")  # before every (submitted_at, request_id)
 
 
 class RequestMirror:
@@ -33,7 +31,6 @@ class RequestMirror:
         # last, so the order is kept by appending and restored by a sort only when it did not.
         self._records: dict[str, RequestRecord] = {}
         self._in_order = True
-        self._last = _FIRST  # the key of the last newcomer kept in order
         self._watermark: Watermark | None = None
         # Pools of the orders of requests that became final since the last take.
         self._ended_pools: set[str] = set()
@@ -48,14 +45,15 @@ class RequestMirror:
         changes = store.changes(since)
         with self._lock:
             if since is None:
-                self._records, self._in_order, self._last = {}, True, _FIRST
+                self._records, self._in_order = {}, True
             for record in changes.records:
                 self._keep(record)
             self._watermark = changes.watermark
             if not self._in_order:
-                self._records = dict(sorted(self._records.items(), key=_submission))
+                self._records = dict(
+                    sorted(self._records.items(), key=lambda item: _submission(item[1]))
+                )
                 self._in_order = True
-                self._last = _submission(next(reversed(self._records.items())))
             return list(self._records.values())
 
     def record(self, record: RequestRecord) -> None:
@@ -82,14 +80,13 @@ class RequestMirror:
         elif held is not None:
             self._records[record.request_id] = record  # a dict keeps its place
         else:
-            key = (record.request.submitted_at, record.request_id)
-            if self._records and key < self._last:
-                self._in_order = False  # the next refresh sorts the mirror again
-            else:
-                self._last = key
+            if self._in_order and self._records:
+                last = self._records[next(reversed(self._records))]
+                if _submission(record) < _submission(last):
+                    self._in_order = False  # the next refresh sorts the mirror again
             self._records[record.request_id] = record
 
 
-def _submission(item: tuple[str, RequestRecord]) -> tuple[datetime, str]:
-    record = item[1]
+def _submission(record: RequestRecord) -> tuple[datetime, str]:
+    """Where ``record`` stands in the mirror's order."""
     return (record.request.submitted_at, record.request_id)
