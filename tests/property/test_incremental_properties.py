@@ -30,6 +30,7 @@ STEPS = (
     "arrive", "arrive", "arrive", "leave", "leave", "release", "release", "apply", "book", "tick",
     "commit",
 )  # fmt: skip
+DAY = timedelta(days=1)
 
 
 def check(snapshot: Snapshot, now: datetime, plan: Plan) -> None:
@@ -127,3 +128,40 @@ def test_an_eta_never_gets_later_when_a_request_behind_it_arrives_incrementally(
         ahead = new_rank is not None and rank is not None and rank < new_rank
         if later.outcome in (Outcome.HOLD, Outcome.ADMIT) and ahead:
             assert later.start_at == decision.start_at
+
+
+def committed(snapshot: Snapshot, plan: Plan, stale: bool) -> Snapshot:
+    """``snapshot`` after the reconciler committed every slot ``plan`` holds (with ``stale``,
+    the commitments it had stay listed before them: the last one for a request counts)."""
+    told = tuple(
+        Commitment(request_id=d.request_id, pool_id=d.pool_id, start_at=d.start_at)
+        for d in plan.having(Outcome.HOLD)
+        if d.pool_id is not None and d.start_at is not None
+    )
+    return replace(snapshot, commitments=(*snapshot.commitments, *told) if stale else told)
+
+
+@given(snapshots(), st.data())
+def test_incremental_plans_over_commitments_equal_full_plans(
+    snapshot: Snapshot, data: st.DataObject
+) -> None:
+    """As a reconciler runs under a horizon: after most passes every held slot is committed,
+    so the next pass holds those within the horizon before the policy order, and the planner
+    carries them over (moved, dropped, new, or no longer fitting) instead of planning in
+    full. Every pass must still be ``admit``'s."""
+    horizon = data.draw(st.sampled_from([timedelta(hours=2), timedelta(minutes=20), DAY]))
+    snapshot = replace(
+        snapshot, policy=replace(snapshot.policy, race_eagerly=False, commit_within=horizon)
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    now = NOW
+    plan = planner.plan(snapshot, now)
+    check(snapshot, now, plan)
+    for index in range(data.draw(st.integers(1, 14))):
+        if data.draw(st.booleans()):
+            snapshot = committed(snapshot, plan, stale=data.draw(st.booleans()))
+        else:
+            snapshot, seconds = data.draw(step(snapshot, plan, index))
+            now += timedelta(seconds=seconds)
+        plan = planner.plan(snapshot, now)
+        check(snapshot, now, plan)

@@ -412,32 +412,66 @@ def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
     )
 
 
-def test_a_pass_over_commitments_keeps_nothing_and_planning_resumes_once_they_are_gone() -> None:
-    """Commitments are held before the policy order, so the pass after one that held any
-    plans in full whatever it sees: that pass keeps nothing (it is ``admit``'s), and the next
-    names the commitments as its reason. Once a pass holds none, the one after it is planned
-    incrementally again."""
-    sticky = PolicySettings(commit_within=DAY)
-    first = replace(busy(), policy=sticky)
-    told = tuple(
+def told(snapshot: Snapshot, now: datetime = NOW) -> tuple[Commitment, ...]:
+    """Every slot ``admit`` holds, committed as the reconciler commits them."""
+    return tuple(
         Commitment(request_id=d.request_id, pool_id=d.pool_id or "", start_at=d.start_at)
-        for d in admit(first, NOW).decisions
+        for d in admit(snapshot, now).decisions
         if d.outcome is Outcome.HOLD and d.start_at is not None
     )
-    assert told
+
+
+def test_commitments_are_carried_over_from_pass_to_pass() -> None:
+    """Commitments are held before the policy order; the planner keeps them between passes
+    as a layer under the walk. An arrival, a commitment that comes, one that moves, and one
+    dropped while its request still waits are each planned incrementally, with ``admit``'s
+    plan every time."""
+    sticky = PolicySettings(commit_within=DAY)
+    first = replace(busy(), policy=sticky)
+    promises = told(first)
+    assert len(promises) >= 2
     planner = IncrementalPlanner(clock_floor=0)
-    committed = replace(first, commitments=told)
+    committed = replace(first, commitments=promises)
     assert planner.plan(committed, NOW) == admit(committed, NOW)
     assert planner.last_pass.full
-    again = replace(committed, pending=(*committed.pending, flex("late", vm_count=1, hours=1)))
+    again = replace(committed, pending=(*committed.pending, flex("late", vm_count=8, hours=1)))
     assert planner.plan(again, NOW) == admit(again, NOW)
-    assert planner.last_pass.why == COMMITMENTS_HELD
-    none_held = replace(again, commitments=())
-    assert planner.plan(none_held, NOW) == admit(none_held, NOW)
-    assert planner.last_pass.why == COMMITMENTS_HELD  # the last pass held some
-    later = replace(none_held, pending=(*none_held.pending, flex("later", vm_count=1, hours=2)))
-    assert planner.plan(later, NOW) == admit(later, NOW)
     assert not planner.last_pass.full
+    # The arrival's slot is committed too (it comes into the layer where it was placed).
+    recommitted = replace(again, commitments=told(again))
+    assert len(recommitted.commitments) == len(promises) + 1
+    assert planner.plan(recommitted, NOW) == admit(recommitted, NOW)
+    assert not planner.last_pass.full
+    # One commitment moved an hour later, one dropped while its request waits on.
+    moved, *rest = recommitted.commitments
+    shifted = replace(recommitted, commitments=(replace(moved, start_at=moved.start_at + HOUR),
+                                                *rest[1:]))  # fmt: skip
+    assert planner.plan(shifted, NOW) == admit(shifted, NOW)
+    assert not planner.last_pass.full
+    none_held = replace(shifted, commitments=())
+    assert planner.plan(none_held, NOW) == admit(none_held, NOW)
+    assert not planner.last_pass.full
+
+
+def test_a_commitment_that_no_longer_fits_plans_in_full_and_keeps_nothing() -> None:
+    """A grant that comes over a commitment's slot (another tenant's, say) leaves it no room
+    where it was promised: a full pass then holds it elsewhere (or plans it as any other),
+    so that pass plans in full, and, as one commitment was not held at its first slot, it
+    keeps nothing: the next pass names the commitments as its reason."""
+    sticky = PolicySettings(commit_within=DAY)
+    first = replace(busy(), policy=sticky)
+    committed = replace(first, commitments=told(first))
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(committed, NOW) == admit(committed, NOW)
+    promise = committed.commitments[0]
+    over = grant("over", units=8, start_at=promise.start_at, hours=1)
+    crowded = replace(committed, grants=(*committed.grants, over))
+    assert planner.plan(crowded, NOW) == admit(crowded, NOW)
+    assert planner.last_pass.full
+    assert planner.last_pass.why == "a commitment no longer fits where it was promised"
+    later = replace(crowded, pending=(*crowded.pending, flex("later", vm_count=1, hours=2)))
+    assert planner.plan(later, NOW) == admit(later, NOW)
+    assert planner.last_pass.why == COMMITMENTS_HELD
 
 
 def test_policy_keys_carried_from_the_last_full_pass_follow_what_they_depend_on() -> None:
@@ -499,11 +533,11 @@ def test_a_request_stamped_ahead_is_keyed_afresh_while_its_stamp_lies_ahead() ->
     assert first < second
 
 
-def test_only_a_commitment_within_the_horizon_makes_a_pass_plan_in_full() -> None:
+def test_a_commitment_is_held_once_it_lies_within_the_horizon() -> None:
     """Commitments are held only when told less than ``commit_within`` ahead; one further
-    ahead is an estimate no pass reads, so it leaves the planner incremental: at the horizon
-    exactly it is not held. A minute later it is a minute inside: that pass plans in full and
-    keeps nothing, so the next one is full too."""
+    ahead is an estimate no pass reads: at the horizon exactly it is not held. A minute later
+    it is a minute inside and held, carried over as the clock moves; once it is gone, the
+    request is planned as any other. Every pass is ``admit``'s."""
     planner = IncrementalPlanner(clock_floor=0)
     first = busy()
     plan = admit(first, NOW)
@@ -522,13 +556,16 @@ def test_only_a_commitment_within_the_horizon_makes_a_pass_plan_in_full() -> Non
     assert not planner.last_pass.full
     # A minute later the same commitment lies a minute inside the horizon: held.
     assert planner.plan(grown, NOW + MINUTE) == admit(grown, NOW + MINUTE)
-    assert planner.last_pass.full
+    assert not planner.last_pass.full
+    assert far.request_id in planner._held
     again = replace(grown, pending=(*grown.pending, flex("later", vm_count=1, hours=1)))
     assert planner.plan(again, NOW + MINUTE) == admit(again, NOW + MINUTE)
-    assert planner.last_pass.why == COMMITMENTS_HELD
-    # Once it is gone (admitted, say), planning is incremental again after one full pass.
+    assert not planner.last_pass.full
+    # Once it is gone (admitted, say), its request is planned as any other.
     free = replace(again, commitments=())
     assert planner.plan(free, NOW + MINUTE) == admit(free, NOW + MINUTE)
+    assert not planner.last_pass.full
+    assert not planner._held
     last = replace(free, pending=(*free.pending, flex("last", vm_count=1, hours=1)))
     assert planner.plan(last, NOW + MINUTE) == admit(last, NOW + MINUTE)
     assert not planner.last_pass.full

@@ -27,7 +27,7 @@ import gc
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
@@ -40,6 +40,7 @@ import numpy.typing as npt
 from opendws.domain.calendar import lead_of
 from opendws.domain.model import (
     CapacityRequest,
+    Commitment,
     Grant,
     Mode,
     Pool,
@@ -322,6 +323,12 @@ class _FlexState:
     # Each request shape's options (see _options): binding, limit_row and short stay as they
     # are while the state lives (a change to any of them plans in full), so these hold too.
     shapes: dict[_ShapeKey, tuple[_Option, ...]]
+    # The commitments held before the policy order (``_hold_commitments``), or None if one
+    # was not held at its first slot. The grid holds each at its slot (``held_slots``: id →
+    # cell, pool row, needs), not where the plan moved it earlier; each entry (in policy
+    # order, none of ``entries``) says where the plan put it (best, row) and why it waits.
+    held: list[_Entry] | None = None
+    held_slots: dict[str, _Kept] = field(default_factory=dict)
 
 
 _Keys = dict[str, tuple[CapacityRequest, bool, timedelta, FlexKey]]
@@ -606,7 +613,8 @@ class _Pass:
         shapes: dict[_ShapeKey, tuple[_Option, ...]] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         entries: list[_Entry] = []
-        kept = self._hold_commitments(grid, queue, binding, limit_row, short)
+        held: list[_Entry] = []  # kept: the commitments held, in policy order
+        kept, all_first = self._hold_commitments(grid, queue, binding, limit_row, short)
         floors: dict[str, int] = {}  # a strict-FIFO commitment → its tenant's floor before it
         for rank, (key, candidate, length, first, last) in enumerate(queue, start=1):
             request = candidate.request
@@ -617,6 +625,10 @@ class _Pass:
                     floors[request.request_id] = fifo_floor.get(request.tenant, 0)
                     fifo_floor[request.tenant] = cell
                 placed.append((row, cell, rank, candidate, None))  # judged at the end
+                if self.keep:
+                    held.append(
+                        _Entry(key, candidate, length, first, last, 0, cell, row, needs, None)
+                    )
                 continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = _place(
@@ -638,14 +650,33 @@ class _Pass:
             if candidate.strict:
                 fifo_floor[request.tenant] = best
             placed.append((best_row, best, rank, candidate, reason))
+        moves: list[_Move] = []
         if kept:
-            placed = self._move_earlier(grid, placed, kept, binding, limit_row, short)
+            placed = self._move_earlier(grid, placed, kept, binding, limit_row, short, moves)
             placed = self._judge_commitments(grid, placed, kept, floors, binding, short)
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
         if self.keep:
+            if held:
+                # The kept grid holds each commitment where it was promised (a later pass
+                # moves them earlier again from there); each entry says where it went.
+                _undo(grid, moves)
+                final = {candidate.request.request_id: (row, cell, reason)
+                         for row, cell, _, candidate, reason in placed}  # fmt: skip
+                for entry in held:
+                    entry.row, entry.best, entry.reason = final[entry.candidate.request.request_id]
             self.flex = _FlexState(
-                entries, grid, limits, limit_row, binding, lowest, short, cells, shapes
+                entries,
+                grid,
+                limits,
+                limit_row,
+                binding,
+                lowest,
+                short,
+                cells,
+                shapes,
+                held if all_first else None,
+                kept,
             )
 
     def _queued(
@@ -692,17 +723,18 @@ class _Pass:
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
-    ) -> dict[str, _Kept]:
+    ) -> tuple[dict[str, _Kept], bool]:
         """Commitments (``policy.commit_within``): in policy order, each pending flex request
         whose announced ETA lies within the horizon takes its slot in its pool first, where it
         still fits — at the minute of its ETA, or the next when the grid's minutes fall
         between (under a minute's rounding). One that no longer fits (a stockout, a pool or a
         quota shrunk, a run that started late) is planned again like any other. Returns
-        request id → (cell, pool row, needs); why each waits is judged once the plan is
-        finished (:meth:`_judge_commitments`)."""
+        request id → (cell, pool row, needs), and whether each took its first slot (see
+        :meth:`commitment_slots`); why each waits is judged once the plan is finished
+        (:meth:`_judge_commitments`)."""
         horizon = self.snapshot.policy.commit_within
         if horizon is None or not self.snapshot.commitments:
-            return {}
+            return {}, True
         promised = {c.request_id: c for c in self.snapshot.commitments}
         # Per commitment, in policy order: (request id, pool row, needs, its candidate slots
         # as (cell, span)).
@@ -713,28 +745,15 @@ class _Pass:
             commitment = promised.get(request.request_id)
             if commitment is None or commitment.start_at >= beyond:
                 continue
-            row = self.pool_row.get(commitment.pool_id)
-            if row is None or row not in candidate.pools:
-                continue
-            # A start told by an earlier pass lies on a whole minute, one of this pass's cell
-            # boundaries; one that has come is now (cell 0).
-            offset = commitment.start_at - self.origin
-            first = max(0, floor_cells(offset))
-            cells = [first] if first == 0 or offset % MINUTE == timedelta(0) else [
-                first, first + 1]  # fmt: skip
-            slots = [
-                (cell, first_length if cell == 0 else length)
-                for cell in cells
-                if short[row] <= cell <= last
-            ]
-            if slots:
-                quota = _quota_needs(candidate, binding, limit_row)
-                needs = ((row, request.gang.units), *quota) if binding[row] else quota
-                held.append((request.request_id, row, needs, slots))
+            found = self.commitment_slots(
+                commitment, candidate, length, first_length, last, binding, limit_row, short
+            )
+            if found is not None:
+                held.append((request.request_id, *found))
         # Why each waits is judged on the finished plan (_judge_commitments). Most passes
         # keep every commitment at its first slot: taken at once where they all fit so.
         if grid.take_all([(needs, *slots[0]) for _, _, needs, slots in held]):
-            return {key: (slots[0][0], row, needs) for key, row, needs, slots in held}
+            return {key: (slots[0][0], row, needs) for key, row, needs, slots in held}, True
         kept: dict[str, _Kept] = {}
         for key, row, needs, slots in held:
             for cell, span in slots:
@@ -742,7 +761,41 @@ class _Pass:
                     grid.take(needs, cell, span)
                     kept[key] = (cell, row, needs)
                     break
-        return kept
+        return kept, False
+
+    def commitment_slots(
+        self,
+        commitment: Commitment,
+        candidate: _Candidate,
+        length: int,
+        first_length: int,
+        last: int,
+        binding: Sequence[bool],
+        limit_row: dict[LimitKey, int],
+        short: Sequence[int],
+    ) -> tuple[int, tuple[tuple[int, int], ...], list[tuple[int, int]]] | None:
+        """Where a commitment within the horizon may be held: (pool row, needs, its slots as
+        (cell, span), the first preferred), or None if it cannot be (its pool is gone or not
+        one of the request's, or no slot lies between the pool's cool-down and the request's
+        deadline)."""
+        row = self.pool_row.get(commitment.pool_id)
+        if row is None or row not in candidate.pools:
+            return None
+        # A start told by an earlier pass lies on a whole minute, one of this pass's cell
+        # boundaries; one that has come is now (cell 0).
+        offset = commitment.start_at - self.origin
+        first = max(0, floor_cells(offset))
+        cells = [first] if first == 0 or offset % MINUTE == timedelta(0) else [first, first + 1]
+        slots = [
+            (cell, first_length if cell == 0 else length)
+            for cell in cells
+            if short[row] <= cell <= last
+        ]
+        if not slots:
+            return None
+        quota = _quota_needs(candidate, binding, limit_row)
+        needs = ((row, candidate.request.gang.units), *quota) if binding[row] else quota
+        return row, needs, slots
 
     def _move_earlier(
         self,
@@ -752,9 +805,11 @@ class _Pass:
         binding: Sequence[bool],
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
+        moves: list[_Move] | None = None,
     ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
         """Each committed request, in policy order, moves to an earlier start where what the
-        plan left free allows (its own slot given back first, so it never moves later)."""
+        plan left free allows (its own slot given back first, so it never moves later).
+        ``moves`` collects each move made, in order (see :func:`_undo`)."""
         moved = []
         # Every test reads cells before a commitment's slot, all within the horizon: per
         # (needs, first allowed cell), one scan up to the last slot answers them all until
@@ -789,6 +844,10 @@ class _Pass:
                 best, best_row, best_needs, best_reason = cell, row, needs, reason
             else:
                 rooms.clear()  # it moved: free amounts changed
+                if moves is not None:
+                    moves.append(
+                        (needs, cell, length, best_needs, best, first if best == 0 else length)
+                    )
             grid.take(best_needs, best, first if best == 0 else length)
             moved.append((best_row, best, rank, candidate, best_reason))
         return moved
@@ -1263,6 +1322,20 @@ def _place(
 _ShapeKey = tuple[tuple[int, ...], str, str, int, int]
 # A commitment held where it was promised: (cell, pool row, the needs it took).
 _Kept = tuple[int, int, tuple[tuple[int, int], ...]]
+# A commitment moved earlier: (needs, cell, cells) given back, (needs, cell, cells) taken.
+_Move = tuple[tuple[tuple[int, int], ...], int, int, tuple[tuple[int, int], ...], int, int]
+
+
+def _undo(grid: MinuteGrid, moves: Sequence[_Move]) -> None:
+    """Move each commitment back where it was promised, last move first (the grid is then as
+    it was before :meth:`_Pass._move_earlier`, and what searches proved is forgotten)."""
+    for given, cell, cells, taken, best, span in reversed(moves):
+        grid.give(taken, best, span)
+        grid.take(given, cell, cells)
+    if moves:
+        grid.forget()
+
+
 # Per cell of a stretch: whether a request's needs have room there, and the longest stretch of
 # such cells ending at or before it (MinuteGrid.room_runs).
 _Rooms = tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64]]

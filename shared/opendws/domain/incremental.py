@@ -78,10 +78,13 @@ from opendws.domain.admission import (
     _ExactLedger,
     _FlexState,
     _hold_reason,
+    _Kept,
     _Keys,
+    _Move,
     _options,
     _Pass,
     _place,
+    _undo,
     _waiting,
 )
 from opendws.domain.model import (
@@ -125,6 +128,29 @@ class PassReport:
 
 
 @dataclass(slots=True)
+class _Layer:
+    """How the commitments held before the policy order change in a pass (see
+    :meth:`IncrementalPlanner._relayer`). A slot is (first cell, cells, pool row, needs)."""
+
+    # What the held slots give back (a positive amount) or take: (row, first cell, cells,
+    # amount), applied to the grid under every entry.
+    takes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    checks: list[tuple[tuple[tuple[int, int], ...], int, int]] = field(default_factory=list)
+    # (needs, first cell, cells) newly held: each must still fit once the walk is done
+    relocated: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # held elsewhere
+    dropped: list[_Entry] = field(default_factory=list)  # its request left or timed out
+    absorbed: set[int] = field(default_factory=set)  # id() of a grant that took a dropped slot
+    demoted: list[_Entry] = field(default_factory=list)  # no longer held: planned as any other
+    promoted: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # an entry now held
+    quiet: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # held where it was placed
+    fresh: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # an arrival held at once
+
+
+# A commitment's held slot: (first cell, cells, pool row, needs).
+_Slot = tuple[int, int, int, tuple[tuple[int, int], ...]]
+
+
+@dataclass(slots=True)
 class _ClockMove:
     """What moving the clock changed (see :meth:`IncrementalPlanner._move_clock`)."""
 
@@ -134,6 +160,7 @@ class _ClockMove:
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)  # id → what is left of a
     # started entry's slot: (first cell, cells)
     moved: bool = False  # the clock moved: every held request's reason is judged again
+    expired_held: list[_Entry] = field(default_factory=list)  # a commitment's max_wait passed
 
     def slot(self, entry: _Entry) -> tuple[int, int]:
         """The cells ``entry`` holds in the grid now: (first cell, cells)."""
@@ -159,7 +186,13 @@ class IncrementalPlanner:
         self._grants: dict[int, Grant] = {}  # id() → the grant
         self._ids: list[str] = []  # decision ids, sorted: the plan's order
         self._decisions: list[Decision] = []  # the decision of each of _ids, in that order
-        self._order: list[str] = []  # the flex entries' ids, in policy order
+        self._order: list[str] = []  # every planned flex request's id, in policy order
+        self._order_keys: list[FlexKey] = []  # their policy keys, in the same order
+        # The commitments held before the policy order (none of the walk's entries): id → an
+        # entry whose best, row and reason say where the plan put it, and id → the slot it
+        # holds in the grid, (first cell, cells, pool row, needs).
+        self._held: dict[str, _Entry] = {}
+        self._slots: dict[str, tuple[int, int, int, tuple[tuple[int, int], ...]]] = {}
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
@@ -183,9 +216,6 @@ class IncrementalPlanner:
             why = self._why_full(snapshot, now)
             if why is None:
                 why = self._replan(snapshot, now)
-            if why is not None and _holds_commitments(snapshot, now):
-                # The next pass plans in full whatever it sees (see _why_full): keep nothing.
-                return self._unkept(snapshot, now, why)
             if why is not None:
                 self._full(snapshot, now, why)
             state = self._pass
@@ -193,26 +223,21 @@ class IncrementalPlanner:
             races = tuple(
                 Race(request_id=key, pools=state.races[key]) for key in sorted(state.races)
             )
-            return Plan(
+            plan = Plan(
                 now=state.now,
                 decisions=tuple(self._decisions),
                 races=races,
                 order=tuple(self._order),
             )
+            if why is not None and state.flex is not None and state.flex.held is None:
+                # A commitment was not held at its first slot: the next pass plans in full
+                # whatever it sees (see _why_full).
+                self._pass = None
+                self._snapshot = None
+                self._unkept_after = True
+            return plan
 
     # A full pass -----------------------------------------------------------------------------
-
-    def _unkept(self, snapshot: Snapshot, now: datetime, why: str) -> Plan:
-        """A full pass that keeps nothing to plan from: ``admit``'s, without the bookkeeping
-        (readers, demand, a longer grid) that only a pass planned from it would use."""
-        self._pass = None
-        self._snapshot = None
-        self._unkept_after = True
-        self.last_pass = PassReport(full=True, why=why)
-        state = _Pass(snapshot, now, keys=self._keys)
-        plan = state.run()
-        self._keys = state.keys
-        return plan
 
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
         self._unkept_after = False
@@ -229,6 +254,8 @@ class IncrementalPlanner:
         self._decisions = list(map(state.decisions.__getitem__, self._ids))
         self._order = list(state.order)
         flex = state.flex
+        self._held = {}
+        self._slots = {}
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
         self._reads = {}
         self._entry_of = {}
@@ -257,6 +284,24 @@ class IncrementalPlanner:
                 self._entry_of[key] = entry
                 if entry.best is not None:
                     self._by_pool.setdefault(entry.row, set()).add(entry)
+            for entry in flex.held or ():
+                key = entry.candidate.request.request_id
+                cell, row, needs = flex.held_slots[key]
+                self._held[key] = entry
+                self._slots[key] = (cell, entry.first if cell == 0 else entry.length, row, needs)
+                self._count(snapshot, flex, entry.candidate, 1)
+                assert entry.best is not None
+                self._by_pool.setdefault(entry.row, set()).add(entry)
+                if entry.candidate.strict:
+                    self._siblings.setdefault(entry.candidate.request.tenant, []).append(entry)
+            if flex.held:
+                for tenant in self._siblings.values():
+                    tenant.sort(key=_key_of)
+            self._order_keys = sorted(
+                [entry.key for entry in flex.entries] + [entry.key for entry in flex.held or ()]
+            )
+        else:
+            self._order_keys = []
         self.last_pass = PassReport(full=True, why=why)
 
     def _remember(
@@ -301,7 +346,7 @@ class IncrementalPlanner:
                 return "a pool cools down after a stockout: where it may start moves with now"
             if self._latest_submitted > state.now:
                 return "a request stamped after the last pass ages from now on"
-            if state.flex is None or len(state.flex.entries) < self._clock_floor:
+            if state.flex is None or len(self._order) < self._clock_floor:
                 return "a later now over a short queue: a full pass costs no more"
         if snapshot.policy != last.policy:
             return "the policy changed"
@@ -309,10 +354,6 @@ class IncrementalPlanner:
             return "the pools changed"
         if snapshot.tenants is not last.tenants and set(snapshot.tenants) != set(last.tenants):
             return "the tenants changed"
-        if _holds_commitments(snapshot, now):
-            # Without one, a horizon changes nothing: admit plans as without one. The last
-            # pass held none either (it kept its plan), so its own were estimates too.
-            return COMMITMENTS_HELD
         if snapshot.racing or last.racing:
             return "racing requests take lanes after every placement"
         if snapshot.policy.race_eagerly and snapshot.policy.race_width > 1:
@@ -419,11 +460,17 @@ class IncrementalPlanner:
             if isinstance(outcome, str):
                 return outcome
             redecided = outcome
+        layer = _Layer()
+        if flex is not None and (self._held or _holds_commitments(snapshot, now)):
+            found = self._relayer(snapshot, state, flex, arrivals, set(gone), added, clock)
+            if isinstance(found, str):
+                return found
+            layer = found
         for key in gone:
             self._drop(state, key)
         for key, decision in screened.items():
             self._put(state, key, decision)
-        for entry in clock.expired:
+        for entry in (*clock.expired, *clock.expired_held):
             request = entry.candidate.request
             verdict = state._screen_out(request, state._allowed_pools(request))
             assert verdict is not None
@@ -434,9 +481,129 @@ class IncrementalPlanner:
         )
         report = PassReport(full=False)
         if flex is not None:
-            report = self._walk(snapshot, state, flex, gone, arrivals, released, added, clock)
+            walked = self._walk(
+                snapshot, state, flex, gone, arrivals, released, added, clock, layer
+            )
+            if isinstance(walked, str):
+                return walked
+            report = walked
         self._remember(snapshot, pending, grants)
         self.last_pass = replace(report, redecided=redecided)
+        return None
+
+    def _relayer(
+        self,
+        snapshot: Snapshot,
+        state: _Pass,
+        flex: _FlexState,
+        arrivals: list[_Entry],
+        gone: set[str],
+        added: list[Grant],
+        clock: _ClockMove,
+    ) -> _Layer | str:
+        """How the commitments held before the policy order change from the last pass (the
+        clock already moved): the commitments within the horizon now, each at its first slot
+        (:meth:`_Pass.commitment_slots`), against those held then. Else why not (a commitment
+        whose request the clock planned again).
+
+        The last pass held every commitment at its first slot. Whether this one can too is
+        known only once the walk is done (see :meth:`_still_fit`); every slot it takes is
+        listed for that check."""
+        layer = _Layer()
+        new: dict[str, tuple[int, int, int, tuple[tuple[int, int], ...], _Entry]] = {}
+        horizon = snapshot.policy.commit_within
+        expired = {id(entry) for entry in clock.expired_held}
+        fresh = {entry.candidate.request.request_id: entry for entry in arrivals}
+        if horizon is not None and snapshot.commitments:
+            beyond = state.now + horizon
+            replanned = {id(entry) for entry in (*clock.restart, *clock.expired)}
+            promised = {c.request_id: c for c in snapshot.commitments}  # the last one counts
+            for key, commitment in promised.items():
+                if commitment.start_at >= beyond or key in gone:
+                    continue
+                entry = self._held.get(key) or self._entry_of.get(key) or fresh.get(key)
+                if entry is None or id(entry) in expired:
+                    continue
+                if id(entry) in replanned:
+                    return "a commitment's request is planned again as the clock moved"
+                slots = state.commitment_slots(
+                    commitment,
+                    entry.candidate,
+                    entry.length,
+                    entry.first,
+                    entry.last,
+                    flex.binding,
+                    flex.limit_row,
+                    flex.short,
+                )
+                if slots is not None:
+                    row, needs, cells = slots
+                    new[key] = (cells[0][0], cells[0][1], row, needs, entry)
+        for key, held in self._held.items():
+            cell, span, row, needs = self._slots[key]
+            found = new.get(key)
+            if found is not None:
+                slot = found[:4]
+                if slot != (cell, span, row, needs):
+                    layer.takes += [(need, cell, span, amount) for need, amount in needs]
+                    layer.takes += [(need, slot[0], slot[1], -amount) for need, amount in slot[3]]
+                    layer.checks.append((slot[3], slot[0], slot[1]))
+                    layer.relocated.append((held, slot))
+                continue
+            if key in gone or id(held) in expired:
+                layer.dropped.append(held)
+                grant = self._absorbing(state, flex, added, key, (cell, span, row, needs))
+                if grant is not None:
+                    layer.absorbed.add(id(grant))
+                    continue
+            else:
+                layer.demoted.append(held)
+            layer.takes += [(need, cell, span, amount) for need, amount in needs]
+        for key, (cell, span, row, needs, entry) in new.items():
+            if key in self._held:
+                continue
+            slot = (cell, span, row, needs)
+            if key in fresh:
+                layer.fresh.append((entry, slot))
+            elif (
+                entry.best is not None
+                and clock.slot(entry) == (cell, span)
+                and (entry.row, entry.needs) == (row, needs)
+                # As an admission carried out (see _walk): a request ahead of it held in the
+                # same pool by quota sees the pool fuller now, and may turn to capacity.
+                and not any(
+                    other.reason is Reason.QUOTA and other.key < entry.key
+                    for other in self._by_pool.get(row, ())
+                )
+            ):
+                layer.quiet.append((entry, slot))  # it holds the slot it had: no cell changes
+                continue
+            else:
+                layer.promoted.append((entry, slot))
+            layer.takes += [(need, cell, span, -amount) for need, amount in needs]
+            layer.checks.append((needs, cell, span))
+        return layer
+
+    def _absorbing(
+        self,
+        state: _Pass,
+        flex: _FlexState,
+        added: list[Grant],
+        key: str,
+        slot: tuple[int, int, int, tuple[tuple[int, int], ...]],
+    ) -> Grant | None:
+        """The grant among ``added`` that takes exactly the slot the commitment ``key`` held
+        (its admission carried out), on every row a search reads; None if there is none."""
+        cell, span, row, needs = slot
+        for grant in added:
+            if (
+                grant.request_id == key
+                and _grant_cells(flex, grant) == (cell, span)
+                and state.pool_row.get(grant.pool_id) == row
+                and sorted(c for c in _grant_rows(state, flex, grant) if flex.binding[c[0]])
+                == sorted(needs)
+            ):
+                return grant
         return None
 
     def _move_clock(self, now: datetime, gone: set[str]) -> _ClockMove | str:
@@ -495,6 +662,26 @@ class IncrementalPlanner:
                 reach = max(reach, entry.first + entry.last)
             elif started:
                 clock.restart.append(entry)
+            else:
+                reach = max(reach, entry.first + entry.last)
+        for key, entry in self._held.items():
+            request = entry.candidate.request
+            entry.first = -(-(into + state.holds(entry.candidate)) // MINUTE)
+            entry.last -= shift
+            if entry.best is not None:
+                entry.best -= shift
+            cell, span, row, needs = self._slots[key]
+            # What is left of its slot, as of a started entry's (the layer moves it after).
+            self._slots[key] = (
+                (cell - shift, span, row, needs)
+                if cell >= shift
+                else (0, max(0, cell - shift + span), row, needs)
+            )
+            if key in gone:
+                continue
+            max_wait = request.max_wait
+            if max_wait is not None and request.submitted_at + max_wait < now:
+                clock.expired_held.append(entry)
             else:
                 reach = max(reach, entry.first + entry.last)
         if 1 + reach > flex.cells:
@@ -573,8 +760,11 @@ class IncrementalPlanner:
         released: list[Grant],
         added: list[Grant],
         clock: _ClockMove,
-    ) -> PassReport:
-        """Re-plan the flex requests the changes reach, in policy order (module docstring).
+        layer: _Layer,
+    ) -> PassReport | str:
+        """Re-plan the flex requests the changes reach, in policy order (module docstring),
+        then the commitments held before them (see :meth:`_rehold`); else why a full pass is
+        needed (a commitment no longer fits where it was promised).
 
         Only entries on a row the walk rolls back are visited: a row is rolled back from the
         first request in policy order that must read or change it, and every later entry on
@@ -585,6 +775,11 @@ class IncrementalPlanner:
         gone_set = set(gone)
         # (row, first cell, cells, amount given back: negative for a new grant's take)
         freed: list[tuple[int, int, int, int]] = []
+        # Where the walk begins: the first request in policy order a change can reach.
+        starts: list[FlexKey] = []
+        # Entries visited whatever their rows: arrivals, and the strict-FIFO requests whose
+        # tenant's earlier request left (their floor moves). (key, seq, entry)
+        direct: list[tuple[FlexKey, int, _Entry]] = []
         # An admission carried out: the request left and its grant came, holding exactly the
         # slot it took on every row a search reads. Nothing a search reads changes then; the
         # grant's share of rows no search reads is taken as it is.
@@ -592,6 +787,11 @@ class IncrementalPlanner:
         for grant in added:
             span = _grant_cells(flex, grant)
             contributions = _grant_rows(state, flex, grant)
+            if id(grant) in layer.absorbed:  # it took a dropped commitment's slot exactly
+                for row, amount in contributions:
+                    if not flex.binding[row]:
+                        grid.give(((row, -amount),), span[0], span[1])
+                continue
             entry = self._entry_of.get(grant.request_id)
             if (
                 entry is not None
@@ -621,15 +821,48 @@ class IncrementalPlanner:
                 freed.extend(
                     (row, first, cells, amount) for row, amount in _grant_rows(state, flex, grant)
                 )
-        # Where the walk begins: the first request in policy order a change can reach.
-        starts: list[FlexKey] = []
-        # Entries visited whatever their rows: arrivals, and the strict-FIFO requests whose
-        # tenant's earlier request left (their floor moves). (key, seq, entry)
-        direct: list[tuple[FlexKey, int, _Entry]] = []
+        freed.extend(take for take in layer.takes if take[2] > 0)
+        touched: set[int] = set()  # pools whose held slots are numbered again
+        changed: dict[int, _Entry] = {}  # held commitments whose decision is recorded again
+        arrivals = [*arrivals]
+        for held in (*layer.dropped, *layer.demoted):
+            request_id = held.candidate.request.request_id
+            del self._held[request_id], self._slots[request_id]
+            assert held.best is not None
+            self._by_pool[held.row].discard(held)
+            touched.add(held.row)
+            after = self._unsibling(held)
+            if held in layer.dropped:
+                self._drop_order(held)
+                self._count(snapshot, flex, held.candidate, -1)
+                if after is not None:
+                    direct.append((after.key, len(direct), after))
+            else:  # planned again from its key, as if it had just come
+                arrivals.append(_unheld(held))
+        demoted = {id(entry) for entry in arrivals[len(arrivals) - len(layer.demoted) :]}
+        for held, slot in layer.relocated:
+            self._slots[held.candidate.request.request_id] = slot
+            held.needs = slot[3]
+            changed[id(held)] = held
+            if held.candidate.strict:  # it stays where it is held: its tenant's next follows
+                held.best = slot[0]
+                after = self._sibling_after(held)
+                if after is not None:
+                    direct.append((after.key, len(direct), after))
+        for entry, slot in layer.fresh:
+            arrivals.remove(entry)
+            self._add_order(self._hold(entry, slot, changed))
+        promoted = {id(entry) for entry, _ in layer.promoted}
+        for entry, _ in layer.quiet:
+            self._entry_of.pop(entry.candidate.request.request_id)
+            self._remove(flex, entry, ordered=False)
+            self._by_pool[entry.row].discard(entry)
+            touched.add(entry.row)
         leaving = [self._entry_of.pop(key) for key in gone if key in self._entry_of]
         leaving += (
             self._entry_of.pop(entry.candidate.request.request_id) for entry in clock.expired
         )
+        leaving += (self._entry_of.pop(e.candidate.request.request_id) for e, _ in layer.promoted)
         for entry in clock.restart:  # planned again from its key, as if it had just come
             leaving.append(self._entry_of.pop(entry.candidate.request.request_id))
             again = _Entry(
@@ -648,14 +881,18 @@ class IncrementalPlanner:
             arrivals = [*arrivals, again]
         for entry in leaving:
             starts.append(entry.key)
-            self._count(snapshot, flex, entry.candidate, -1)
-            after = self._remove(flex, entry)
+            if id(entry) not in promoted:
+                self._count(snapshot, flex, entry.candidate, -1)
+            after = self._remove(flex, entry, ordered=id(entry) not in promoted)
             if after is not None:
                 direct.append((after.key, len(direct), after))
+        for entry, slot in (*layer.promoted, *layer.quiet):
+            self._hold(entry, slot, changed)
         for entry in arrivals:
             starts.append(entry.key)
-            self._insert(flex, entry)
+            self._insert(flex, entry, ordered=id(entry) not in demoted)
             direct.append((entry.key, len(direct), entry))
+        starts += (key for key, _, _ in direct)
         based = {row for row, _, _, _ in freed}
         if clock.moved:
             # A held request's reason is judged at its earliest start, over cells the clock
@@ -669,6 +906,11 @@ class IncrementalPlanner:
         if not starts:
             for row, first, cells, amount in freed:  # rows no request reads: keep them true
                 grid.give(((row, amount),), first, cells)
+            if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
+                return "a commitment no longer fits where it was promised"
+            if self._held:
+                self._rehold(state, flex, changed, touched, clock.moved)
+            self._decide(state, changed, touched)
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
         from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
@@ -727,7 +969,7 @@ class IncrementalPlanner:
         for row, first, cells, amount in freed:
             grid.give(((row, amount),), first, cells)
             shift(((row, amount),), first, cells, 1)
-        touched = {entry.row for entry in leaving if entry.best is not None}  # renumber them
+        touched.update(entry.row for entry in leaving if entry.best is not None)  # renumber
         for entry in leaving:
             if entry.candidate.request.request_id in absorbed:
                 assert entry.best is not None
@@ -852,19 +1094,106 @@ class IncrementalPlanner:
             moved[id(entry)] = entry
             if entry.best is not None:
                 touched.add(entry.row)
+        if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
+            return "a commitment no longer fits where it was promised"
+        if self._held:
+            self._rehold(state, flex, changed, touched, clock.moved)
+        moved.update(changed)
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
 
-    def _insert(self, flex: _FlexState, entry: _Entry) -> None:
-        """Add an arrival's entry in policy order: to the entries, the order and the readers
-        of every row its search reads (and its tenant's, if strict FIFO)."""
+    def _hold(self, entry: _Entry, slot: _Slot, changed: dict[int, _Entry]) -> _Entry:
+        """Hold ``entry``'s request at ``slot`` before the policy order: its held entry, put
+        where the walk's lists and its tenant's strict-FIFO line see it."""
+        cell, _, row, needs = slot
+        held = _Entry(
+            entry.key, entry.candidate, entry.length, entry.first, entry.last, 0, cell, row,
+            needs, None,
+        )  # fmt: skip
+        key = entry.candidate.request.request_id
+        self._held[key] = held
+        self._slots[key] = slot
+        self._by_pool.setdefault(row, set()).add(held)
+        if entry.candidate.strict:
+            bisect.insort(
+                self._siblings.setdefault(entry.candidate.request.tenant, []), held, key=_key_of
+            )
+        changed[id(held)] = held
+        return held
+
+    def _unsibling(self, entry: _Entry) -> _Entry | None:
+        """Take a strict-FIFO ``entry`` out of its tenant's line; returns the next one."""
+        if not entry.candidate.strict:
+            return None
+        tenant = self._siblings[entry.candidate.request.tenant]
+        index = bisect.bisect_left(tenant, entry.key, key=_key_of)
+        assert tenant[index] is entry
+        del tenant[index]
+        return tenant[index] if index < len(tenant) else None
+
+    def _sibling_after(self, entry: _Entry) -> _Entry | None:
+        """The next request in a strict-FIFO ``entry``'s tenant line, if there is one."""
+        tenant = self._siblings[entry.candidate.request.tenant]
+        index = bisect.bisect_right(tenant, entry.key, key=_key_of)
+        return tenant[index] if index < len(tenant) else None
+
+    def _rehold(
+        self,
+        state: _Pass,
+        flex: _FlexState,
+        changed: dict[int, _Entry],
+        touched: set[int],
+        clock_moved: bool,
+    ) -> None:
+        """Where the plan puts each held commitment and why it waits, as a full pass decides
+        (:meth:`_Pass._move_earlier`, then :meth:`_Pass._judge_commitments`) on the grid the
+        walk finished; the grid is then put back as it was (each held where promised). A
+        commitment whose placement or reason changed goes to ``changed``; the pools where a
+        placement moved to ``touched``. It reads every held commitment: what one moving
+        earlier frees, the next may take."""
+        grid = flex.grid
+        held = sorted(self._held.values(), key=_key_of)
+        kept: dict[str, _Kept] = {}
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
+        floors: dict[str, int] = {}
+        for rank, entry in enumerate(held, start=1):
+            key = entry.candidate.request.request_id
+            cell, _, row, needs = self._slots[key]
+            kept[key] = (cell, row, needs)
+            placed.append((row, cell, rank, entry.candidate, None))
+            if entry.candidate.strict:
+                floors[key] = self._floor_of(entry)
+        moves: list[_Move] = []
+        binding, short = flex.binding, flex.short
+        placed = state._move_earlier(grid, placed, kept, binding, flex.limit_row, short, moves)
+        placed = state._judge_commitments(grid, placed, kept, floors, binding, short)
+        _undo(grid, moves)
+        grid.forget()
+        for (row, cell, _, _, reason), entry in zip(placed, held, strict=True):
+            new = id(entry) in changed
+            if not new and (row, cell, reason) == (entry.row, entry.best, entry.reason):
+                if clock_moved and cell == 0:  # a start now: the instant moved with the clock
+                    changed[id(entry)] = entry
+                continue
+            if new or (row, cell) != (entry.row, entry.best):
+                self._by_pool[entry.row].discard(entry)
+                self._by_pool.setdefault(row, set()).add(entry)
+                touched.update((entry.row, row))
+            entry.row, entry.best, entry.reason = row, cell, reason
+            changed[id(entry)] = entry
+
+    def _insert(self, flex: _FlexState, entry: _Entry, *, ordered: bool = True) -> None:
+        """Add an arrival's entry in policy order: to the entries, the order (unless
+        ``ordered`` is False: a held commitment's request, already there) and the readers of
+        every row its search reads (and its tenant's, if strict FIFO)."""
         candidate = entry.candidate
         request_id = candidate.request.request_id
         reads = self._reads[request_id] = _reads(flex, candidate)
         self._entry_of[request_id] = entry
         index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
         flex.entries.insert(index, entry)
-        self._order.insert(index, request_id)
+        if ordered:
+            self._add_order(entry)
         for row in reads:
             bisect.insort(self._readers.setdefault(row, []), entry, key=_key_of)
         if candidate.strict:
@@ -872,15 +1201,28 @@ class IncrementalPlanner:
                 self._siblings.setdefault(candidate.request.tenant, []), entry, key=_key_of
             )
 
-    def _remove(self, flex: _FlexState, entry: _Entry) -> _Entry | None:
-        """Take a departed entry out of every list :meth:`_insert` put it in; returns its
-        tenant's next strict-FIFO entry, whose floor it set, if there is one."""
+    def _add_order(self, entry: _Entry) -> None:
+        index = bisect.bisect_left(self._order_keys, entry.key)
+        self._order_keys.insert(index, entry.key)
+        self._order.insert(index, entry.candidate.request.request_id)
+
+    def _drop_order(self, entry: _Entry) -> None:
+        index = bisect.bisect_left(self._order_keys, entry.key)
+        assert self._order[index] == entry.candidate.request.request_id
+        del self._order_keys[index]
+        del self._order[index]
+
+    def _remove(self, flex: _FlexState, entry: _Entry, *, ordered: bool = True) -> _Entry | None:
+        """Take a departed entry out of every list :meth:`_insert` put it in (the order only
+        if ``ordered``); returns its tenant's next strict-FIFO entry, whose floor it set, if
+        there is one."""
         candidate = entry.candidate
         reads = self._reads.pop(candidate.request.request_id)
         index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
         assert flex.entries[index] is entry
         del flex.entries[index]
-        del self._order[index]
+        if ordered:
+            self._drop_order(entry)
         for row in reads:
             readers = self._readers[row]
             del readers[bisect.bisect_left(readers, entry.key, key=_key_of)]
@@ -970,6 +1312,48 @@ def _holds_commitments(snapshot: Snapshot, now: datetime) -> bool:
         return False
     beyond = now + horizon
     return any(commitment.start_at < beyond for commitment in snapshot.commitments)
+
+
+def _still_fit(
+    grid: MinuteGrid,
+    flex: _FlexState,
+    state: _Pass,
+    layer: _Layer,
+    added: list[Grant],
+    holding: bool,
+) -> bool:
+    """Whether every commitment held is still held at its first slot, as a full pass holds
+    them (``holding``: some are), judged on the grid the walk finished.
+
+    They all are while every grid row they take keeps a free amount of at least zero over
+    their cells once all are taken (:meth:`MinuteGrid.take_all`). Only a slot newly held and
+    a new grant lower what they leave free, so only their cells are read. Each walk entry
+    holds its slot only where it fits, so a cell an entry covers is at least zero whatever
+    the commitments leave; any other cell is what they leave. A new grant on a cell no
+    commitment holds fails this too: a full pass is then planned, which errs only in cost."""
+    for needs, cell, span in layer.checks:
+        if span > 0 and not all(grid.fits(row, 0, cell, span) for row, _ in needs):
+            return False
+    if not holding:
+        return True
+    for grant in added:
+        if id(grant) in layer.absorbed:
+            continue
+        first, cells = _grant_cells(flex, grant)
+        if cells > 0 and not all(
+            grid.fits(row, 0, first, cells)
+            for row, _ in _grant_rows(state, flex, grant)
+            if flex.binding[row]
+        ):
+            return False
+    return True
+
+
+def _unheld(held: _Entry) -> _Entry:
+    """A walk entry for a commitment no longer held: searched from its key, as an arrival."""
+    return _Entry(
+        held.key, held.candidate, held.length, held.first, held.last, 0, None, -1, (), None
+    )
 
 
 def _missing(keys: Mapping[int, object], among: Mapping[int, object]) -> list[int]:
