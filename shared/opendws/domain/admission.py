@@ -806,10 +806,19 @@ class _Pass:
         limit_row: dict[LimitKey, int],
         short: Sequence[int],
         moves: list[_Move] | None = None,
+        settled: Mapping[str, frozenset[int]] | None = None,
+        dirty: set[int] | None = None,
     ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
         """Each committed request, in policy order, moves to an earlier start where what the
         plan left free allows (its own slot given back first, so it never moves later).
-        ``moves`` collects each move made, in order (see :func:`_undo`)."""
+        ``moves`` collects each move made, in order (see :func:`_undo`).
+
+        A planner that plans again passes ``settled``: request id → the rows its search reads,
+        for each commitment that did not move in the last pass from the slot it holds now,
+        and ``dirty``, the rows whose free amounts may differ from what that pass's test read
+        (moves made here are added). One whose rows are all clean cannot start earlier now
+        either, and is not tested. (A later now adds no earlier start: a run from it covers
+        every cell that one from its minute, tested before, would.)"""
         moved = []
         # Every test reads cells before a commitment's slot, all within the horizon: per
         # (needs, first allowed cell), one scan up to the last slot answers them all until
@@ -822,6 +831,11 @@ class _Pass:
             if promise is None or cell == 0 or candidate.strict:
                 moved.append((row, cell, rank, candidate, reason))
                 continue
+            if settled is not None and dirty is not None:
+                reads = settled.get(candidate.request.request_id)
+                if reads is not None and reads.isdisjoint(dirty):
+                    moved.append((row, cell, rank, candidate, reason))
+                    continue
             needs = promise[2]
             # The test reads only the cells before its slot, so its own slot may stay taken
             # for it; the search may reach into the slot, so that is given back first.
@@ -844,6 +858,9 @@ class _Pass:
                 best, best_row, best_needs, best_reason = cell, row, needs, reason
             else:
                 rooms.clear()  # it moved: free amounts changed
+                if dirty is not None:
+                    dirty.update(need for need, _ in needs)
+                    dirty.update(need for need, _ in best_needs)
                 if moves is not None:
                     moves.append(
                         (needs, cell, length, best_needs, best, first if best == 0 else length)
@@ -860,8 +877,10 @@ class _Pass:
         floors: Mapping[str, int],
         binding: Sequence[bool],
         short: Sequence[int],
+        known: Mapping[str, Reason | None] | None = None,
     ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
-        """Why each committed request still waits, judged on the finished plan.
+        """Why each committed request still waits, judged on the finished plan (``known``:
+        the reasons a planner that plans again knows still hold, not judged again).
 
         A commitment is held before anyone else is placed and moved earlier after everyone
         is, so the grid it was held on lacked most of what now keeps it waiting. Judged
@@ -883,7 +902,9 @@ class _Pass:
         judged: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         for row, cell, rank, candidate, held_with in placed:
             reason = held_with
-            if cell > 0 and candidate.request.request_id in kept:
+            if known is not None and candidate.request.request_id in known:
+                reason = known[candidate.request.request_id]
+            elif cell > 0 and candidate.request.request_id in kept:
                 request = candidate.request
                 units = request.gang.units
                 run = self.holds(candidate)

@@ -193,6 +193,11 @@ class IncrementalPlanner:
         # holds in the grid, (first cell, cells, pool row, needs).
         self._held: dict[str, _Entry] = {}
         self._slots: dict[str, tuple[int, int, int, tuple[tuple[int, int], ...]]] = {}
+        # The rows the last pass's commitments moved earlier on (None: not known, after a
+        # full pass): what the next one tests against differs there (see _rehold).
+        self._moved_rows: set[int] | None = None
+        # Held request id → (its candidate, the rows its search reads), worked out once.
+        self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
@@ -256,6 +261,8 @@ class IncrementalPlanner:
         flex = state.flex
         self._held = {}
         self._slots = {}
+        self._moved_rows = None
+        self._held_reads = {}
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
         self._reads = {}
         self._entry_of = {}
@@ -828,6 +835,7 @@ class IncrementalPlanner:
         for held in (*layer.dropped, *layer.demoted):
             request_id = held.candidate.request.request_id
             del self._held[request_id], self._slots[request_id]
+            self._held_reads.pop(request_id, None)
             assert held.best is not None
             self._by_pool[held.row].discard(held)
             touched.add(held.row)
@@ -909,7 +917,8 @@ class IncrementalPlanner:
             if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
                 return "a commitment no longer fits where it was promised"
             if self._held:
-                self._rehold(state, flex, changed, touched, clock.moved)
+                rows = {row for row, _, _, _ in freed}
+                self._rehold(state, flex, changed, touched, clock.moved, rows)
             self._decide(state, changed, touched)
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
@@ -1097,7 +1106,7 @@ class IncrementalPlanner:
         if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
             return "a commitment no longer fits where it was promised"
         if self._held:
-            self._rehold(state, flex, changed, touched, clock.moved)
+            self._rehold(state, flex, changed, touched, clock.moved, live)
         moved.update(changed)
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
@@ -1144,31 +1153,74 @@ class IncrementalPlanner:
         changed: dict[int, _Entry],
         touched: set[int],
         clock_moved: bool,
+        changed_rows: set[int],
     ) -> None:
         """Where the plan puts each held commitment and why it waits, as a full pass decides
         (:meth:`_Pass._move_earlier`, then :meth:`_Pass._judge_commitments`) on the grid the
         walk finished; the grid is then put back as it was (each held where promised). A
         commitment whose placement or reason changed goes to ``changed``; the pools where a
-        placement moved to ``touched``. It reads every held commitment: what one moving
-        earlier frees, the next may take."""
+        placement moved to ``touched``. ``changed_rows``: the rows whose free amounts the walk
+        changed.
+
+        Each is placed in policy order (what one moving earlier frees, the next may take), but
+        one that did not move in the last pass, from the slot it holds now, is tested again
+        only if a row its search reads changed since (in the walk, or by a move in either
+        pass: see :meth:`_Pass._move_earlier`), and its reason is judged again only if its
+        pool's row changed, the clock moved or it queues strict FIFO. Right after a full pass
+        (whose moves are not known) every one is."""
         grid = flex.grid
         held = sorted(self._held.values(), key=_key_of)
         kept: dict[str, _Kept] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         floors: dict[str, int] = {}
+        settled: dict[str, frozenset[int]] | None = None
+        dirty: set[int] | None = None
+        if self._moved_rows is not None:
+            settled = {}
+            dirty = {*changed_rows, *self._moved_rows}
         for rank, entry in enumerate(held, start=1):
-            key = entry.candidate.request.request_id
+            candidate = entry.candidate
+            key = candidate.request.request_id
             cell, _, row, needs = self._slots[key]
             kept[key] = (cell, row, needs)
-            placed.append((row, cell, rank, entry.candidate, None))
-            if entry.candidate.strict:
+            placed.append((row, cell, rank, candidate, None))
+            if candidate.strict:
                 floors[key] = self._floor_of(entry)
+            if (
+                settled is not None
+                and id(entry) not in changed
+                and (entry.best, entry.row)
+                == (
+                    cell,
+                    row,
+                )
+            ):
+                known = self._held_reads.get(key)
+                if known is None or known[0] is not candidate:
+                    known = self._held_reads[key] = (candidate, _reads(flex, candidate))
+                settled[key] = known[1]
         moves: list[_Move] = []
         binding, short = flex.binding, flex.short
-        placed = state._move_earlier(grid, placed, kept, binding, flex.limit_row, short, moves)
-        placed = state._judge_commitments(grid, placed, kept, floors, binding, short)
+        placed = state._move_earlier(
+            grid, placed, kept, binding, flex.limit_row, short, moves, settled, dirty
+        )
+        reasons: dict[str, Reason | None] | None = None
+        if settled is not None and dirty is not None and not clock_moved:
+            reasons = {}
+            for (row, cell, _, candidate, _), entry in zip(placed, held, strict=True):
+                key = candidate.request.request_id
+                if (
+                    key in settled
+                    and not candidate.strict
+                    and (row, cell) == (entry.row, entry.best)
+                    and row not in dirty
+                ):
+                    reasons[key] = entry.reason
+        placed = state._judge_commitments(grid, placed, kept, floors, binding, short, reasons)
         _undo(grid, moves)
         grid.forget()
+        self._moved_rows = {row for move in moves for needs in (move[0], move[3])
+                            for row, _ in needs}  # fmt: skip
         for (row, cell, _, _, reason), entry in zip(placed, held, strict=True):
             new = id(entry) in changed
             if not new and (row, cell, reason) == (entry.row, entry.best, entry.reason):
