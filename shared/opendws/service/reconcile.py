@@ -787,6 +787,8 @@ class _Cycle:
 
     def _racers(self) -> Iterator[Racer]:
         """Flex requests whose every order waits in a pool Google reported short."""
+        if not any(self._short(pool_id) for pool_id in self.pools):
+            return  # none is short: nothing to look through
         for record in self.records.values():
             if record.state is not S.PROVISIONING or record.request.mode is not Mode.FLEX_START:
                 continue
@@ -801,22 +803,29 @@ class _Cycle:
     def _grant_of(self, record: RequestRecord) -> Grant:
         """The record's grant. A running run's or a booked block's grant depends only on the
         record, so it is kept per version across passes: with hundreds of runs, rebuilding
-        every one every pass would be most of a quiet pass's work."""
+        every one every pass would be most of a quiet pass's work. One still being created,
+        or held from now on, may move with the clock: it is kept while its start and end
+        stay where they were (the same object pass after pass is what lets the planner see
+        at once that nothing changed)."""
+        wait = timedelta(0)
         if record.state is S.PROVISIONING and record.request.start_at is None:
             # In Google's queue: held from admission to where Google should have served it
             # (the pool's recent p90), then its run; past that, a further wait at a time
             # (see hold_end and expected_serve).
             assert record.pool is not None
-            return _grant(record, self.now, self._expected_wait(record.pool))
-        if record.state is S.PROVISIONING or (
+            wait = self._expected_wait(record.pool)
+        moving = record.state is S.PROVISIONING or (
             record.since is None and record.request.start_at is None
-        ):
-            return _grant(record, self.now)  # held from now on: it moves with the clock
+        )  # held from now on, or until Google serves it: it may move with the clock
         # A lookup needs no lock (one dict read is atomic); storing a new grant takes it.
         cached = self.grant_cache.get(record.request_id)
         if cached is not None and cached[0] == record.version:
-            return cached[1]
-        grant = _grant(record, self.now)
+            if not moving:
+                return cached[1]
+            start, end = _span(record, self.now, wait)
+            if cached[1].start_at == start and cached[1].end_at == end:
+                return cached[1]
+        grant = _grant(record, self.now, wait)
         with self.grants_lock:
             self.grant_cache[record.request_id] = (record.version, grant)
         return grant
@@ -1165,10 +1174,18 @@ def _learned(pool: Pool, short_until: datetime | None, serve_wait: timedelta) ->
 def _grant(record: RequestRecord, now: datetime, expected_wait: timedelta = timedelta(0)) -> Grant:
     """The request's committed hold: a block over its window; a flex run from its admission
     to its (projected) end (see :func:`~opendws.ports.records.hold_end`)."""
-    request = record.request
     assert record.pool is not None
+    start, end = _span(record, now, expected_wait)
+    return Grant.of(record.request, record.pool, start, end_at=end)
+
+
+def _span(
+    record: RequestRecord, now: datetime, expected_wait: timedelta
+) -> tuple[datetime, datetime]:
+    """Where :func:`_grant`'s hold starts and ends."""
+    request = record.request
     start = request.start_at if request.start_at is not None else record.since or now
-    return Grant.of(request, record.pool, start, end_at=hold_end(record, now, expected_wait))
+    return start, hold_end(record, now, expected_wait)
 
 
 def _kept_by_google(observed: Observed, now: datetime) -> bool:
