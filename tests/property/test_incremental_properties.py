@@ -158,8 +158,22 @@ def test_incremental_plans_over_commitments_equal_full_plans(
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
     for index in range(data.draw(st.integers(1, 14))):
-        if data.draw(st.booleans()):
+        kind = data.draw(st.integers(0, 5))
+        if kind <= 2:
             snapshot = committed(snapshot, plan, stale=data.draw(st.booleans()))
+        elif kind == 3 and snapshot.commitments:
+            # A commitment told elsewhere (a cold instance's announced ETA, a pool moved):
+            # earlier or later, off the minute, or into another pool; it may not fit there.
+            moved = data.draw(st.sampled_from(snapshot.commitments))
+            seconds = data.draw(st.sampled_from([-7200, -600, -60, 30, 60, 600, 3600, 90_000]))
+            pool_id = data.draw(
+                st.sampled_from([moved.pool_id, *(p.pool_id for p in snapshot.pools)])
+            )
+            elsewhere = replace(
+                moved, pool_id=pool_id, start_at=moved.start_at + timedelta(seconds=seconds)
+            )
+            others = tuple(c for c in snapshot.commitments if c is not moved)
+            snapshot = replace(snapshot, commitments=(*others, elsewhere))
         else:
             snapshot, seconds = data.draw(step(snapshot, plan, index))
             now += timedelta(seconds=seconds)

@@ -67,6 +67,7 @@ from opendws.domain.timeline import (
 ALTERNATIVES = 3
 # Cells a planner that plans again keeps beyond what its pass needs (see _decide_flex).
 KEPT_SLACK_CELLS = 24 * 60
+_NO_CELL = 1 << 62  # above every grid's cells
 
 
 class Outcome(StrEnum):
@@ -807,7 +808,7 @@ class _Pass:
         short: Sequence[int],
         moves: list[_Move] | None = None,
         settled: Mapping[str, frozenset[int]] | None = None,
-        dirty: set[int] | None = None,
+        gained: dict[int, int] | None = None,
     ) -> list[tuple[int, int, int, _Candidate, Reason | None]]:
         """Each committed request, in policy order, moves to an earlier start where what the
         plan left free allows (its own slot given back first, so it never moves later).
@@ -815,10 +816,12 @@ class _Pass:
 
         A planner that plans again passes ``settled``: request id → the rows its search reads,
         for each commitment that did not move in the last pass from the slot it holds now,
-        and ``dirty``, the rows whose free amounts may differ from what that pass's test read
-        (moves made here are added). One whose rows are all clean cannot start earlier now
-        either, and is not tested. (A later now adds no earlier start: a run from it covers
-        every cell that one from its minute, tested before, would.)"""
+        and ``gained``: per row, the first cell from which its free amounts may have grown
+        since that pass's test read them (the slots moves made here give back are added).
+        A start before cell ``c`` reads cells before ``c`` plus a run, so one none of whose
+        rows gained there cannot start earlier now either, and is not tested. (A later now
+        adds no earlier start: a run from it covers every cell that one from its minute,
+        tested before, would.)"""
         moved = []
         # Every test reads cells before a commitment's slot, all within the horizon: per
         # (needs, first allowed cell), one scan up to the last slot answers them all until
@@ -831,9 +834,13 @@ class _Pass:
             if promise is None or cell == 0 or candidate.strict:
                 moved.append((row, cell, rank, candidate, reason))
                 continue
-            if settled is not None and dirty is not None:
+            run = self.holds(candidate)
+            length = ceil_cells(run)
+            if settled is not None and gained is not None:
                 reads = settled.get(candidate.request.request_id)
-                if reads is not None and reads.isdisjoint(dirty):
+                if reads is not None and all(
+                    gained.get(read, _NO_CELL) >= cell + length for read in reads
+                ):
                     moved.append((row, cell, rank, candidate, reason))
                     continue
             needs = promise[2]
@@ -841,8 +848,6 @@ class _Pass:
             # for it; the search may reach into the slot, so that is given back first.
             # Its needs are its pool's (where that can bind), then its quota's.
             quota = needs[1:] if binding[promise[1]] else needs
-            run = self.holds(candidate)
-            length = ceil_cells(run)
             if not self._may_start_before(
                 grid, candidate, cell, length, quota, binding, short, rooms, reach
             ):
@@ -858,9 +863,9 @@ class _Pass:
                 best, best_row, best_needs, best_reason = cell, row, needs, reason
             else:
                 rooms.clear()  # it moved: free amounts changed
-                if dirty is not None:
-                    dirty.update(need for need, _ in needs)
-                    dirty.update(need for need, _ in best_needs)
+                if gained is not None:  # its slot given back: those rows gained from there
+                    for need, _ in needs:
+                        gained[need] = min(gained.get(need, _NO_CELL), cell)
                 if moves is not None:
                     moves.append(
                         (needs, cell, length, best_needs, best, first if best == 0 else length)

@@ -89,6 +89,7 @@ from opendws.domain.admission import (
 )
 from opendws.domain.model import (
     CapacityRequest,
+    Commitment,
     Grant,
     Mode,
     QueueingStrategy,
@@ -193,11 +194,17 @@ class IncrementalPlanner:
         # holds in the grid, (first cell, cells, pool row, needs).
         self._held: dict[str, _Entry] = {}
         self._slots: dict[str, tuple[int, int, int, tuple[tuple[int, int], ...]]] = {}
-        # The rows the last pass's commitments moved earlier on (None: not known, after a
-        # full pass): what the next one tests against differs there (see _rehold).
-        self._moved_rows: set[int] | None = None
+        # Where the last pass's commitments moved earlier (None: not known, after a full
+        # pass): the rows they gave back or took, and per row the first cell a move took
+        # from. What the next pass tests them against differs there (see _rehold).
+        self._moves: tuple[set[int], dict[int, int]] | None = None
         # Held request id → (its candidate, the rows its search reads), worked out once.
         self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
+        # Request id → (commitment, candidate, grid origin, deadline cell, first slot) (see
+        # _first_slot).
+        self._first_slots: dict[
+            str, tuple[Commitment, _Candidate, datetime, int, _Slot | None]
+        ] = {}
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
@@ -261,8 +268,9 @@ class IncrementalPlanner:
         flex = state.flex
         self._held = {}
         self._slots = {}
-        self._moved_rows = None
+        self._moves = None
         self._held_reads = {}
+        self._first_slots = {}  # a new grid: its rows and binding may differ
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
         self._reads = {}
         self._entry_of = {}
@@ -533,19 +541,13 @@ class IncrementalPlanner:
                     continue
                 if id(entry) in replanned:
                     return "a commitment's request is planned again as the clock moved"
-                slots = state.commitment_slots(
-                    commitment,
-                    entry.candidate,
-                    entry.length,
-                    entry.first,
-                    entry.last,
-                    flex.binding,
-                    flex.limit_row,
-                    flex.short,
-                )
-                if slots is not None:
-                    row, needs, cells = slots
-                    new[key] = (cells[0][0], cells[0][1], row, needs, entry)
+                slot = self._first_slot(state, flex, commitment, entry)
+                if slot is not None:
+                    new[key] = (*slot, entry)
+            if len(self._first_slots) > 2 * len(promised) + 64:
+                self._first_slots = {
+                    key: known for key, known in self._first_slots.items() if key in promised
+                }
         for key, held in self._held.items():
             cell, span, row, needs = self._slots[key]
             found = new.get(key)
@@ -590,6 +592,40 @@ class IncrementalPlanner:
             layer.takes += [(need, cell, span, -amount) for need, amount in needs]
             layer.checks.append((needs, cell, span))
         return layer
+
+    def _first_slot(
+        self, state: _Pass, flex: _FlexState, commitment: Commitment, entry: _Entry
+    ) -> _Slot | None:
+        """The first slot :meth:`_Pass.commitment_slots` gives ``commitment`` (within the
+        horizon) for ``entry``'s request, or None. It is kept per request: for the same
+        commitment and candidate, a later now moves a slot still ahead down by the minutes
+        the clock moved (its deadline with it), so only one that came is worked out again."""
+        candidate = entry.candidate
+        known = self._first_slots.get(candidate.request.request_id)
+        if known is not None and known[0] is commitment and known[1] is candidate:
+            _, _, origin, last, slot = known
+            if slot is not None and slot[0] > 0:
+                shift = (state.origin - origin) // MINUTE
+                if slot[0] - shift > 0 and last - shift == entry.last:
+                    return (slot[0] - shift, *slot[1:])
+        found = state.commitment_slots(
+            commitment,
+            candidate,
+            entry.length,
+            entry.first,
+            entry.last,
+            flex.binding,
+            flex.limit_row,
+            flex.short,
+        )
+        slot = None
+        if found is not None:
+            row, needs, cells = found
+            slot = (cells[0][0], cells[0][1], row, needs)
+        self._first_slots[candidate.request.request_id] = (
+            commitment, candidate, state.origin, entry.last, slot,
+        )  # fmt: skip
+        return slot
 
     def _absorbing(
         self,
@@ -671,6 +707,9 @@ class IncrementalPlanner:
                 clock.restart.append(entry)
             else:
                 reach = max(reach, entry.first + entry.last)
+        if self._moves is not None:
+            rows, taken = self._moves
+            self._moves = rows, {row: max(0, cell - shift) for row, cell in taken.items()}
         for key, entry in self._held.items():
             request = entry.candidate.request
             entry.first = -(-(into + state.holds(entry.candidate)) // MINUTE)
@@ -917,8 +956,12 @@ class IncrementalPlanner:
             if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
                 return "a commitment no longer fits where it was promised"
             if self._held:
+                gains: dict[int, int] = {}
+                for row, first, cells, amount in freed:
+                    if amount > 0 and cells > 0:
+                        gains[row] = min(gains.get(row, _NONE), first)
                 rows = {row for row, _, _, _ in freed}
-                self._rehold(state, flex, changed, touched, clock.moved, rows)
+                self._rehold(state, flex, changed, touched, clock.moved, rows, gains)
             self._decide(state, changed, touched)
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
@@ -1106,7 +1149,8 @@ class IncrementalPlanner:
         if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
             return "a commitment no longer fits where it was promised"
         if self._held:
-            self._rehold(state, flex, changed, touched, clock.moved, live)
+            gains = {row: spans[row][0] for row in live if spans[row][0] < spans[row][1]}
+            self._rehold(state, flex, changed, touched, clock.moved, live, gains)
         moved.update(changed)
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
@@ -1154,20 +1198,21 @@ class IncrementalPlanner:
         touched: set[int],
         clock_moved: bool,
         changed_rows: set[int],
+        gains: dict[int, int],
     ) -> None:
         """Where the plan puts each held commitment and why it waits, as a full pass decides
         (:meth:`_Pass._move_earlier`, then :meth:`_Pass._judge_commitments`) on the grid the
         walk finished; the grid is then put back as it was (each held where promised). A
         commitment whose placement or reason changed goes to ``changed``; the pools where a
         placement moved to ``touched``. ``changed_rows``: the rows whose free amounts the walk
-        changed.
+        changed; ``gains``: per row, the first cell where they may have grown.
 
         Each is placed in policy order (what one moving earlier frees, the next may take), but
         one that did not move in the last pass, from the slot it holds now, is tested again
-        only if a row its search reads changed since (in the walk, or by a move in either
-        pass: see :meth:`_Pass._move_earlier`), and its reason is judged again only if its
-        pool's row changed, the clock moved or it queues strict FIFO. Right after a full pass
-        (whose moves are not known) every one is."""
+        only if a row its search reads gained since, before its slot's end (in the walk, or
+        by a move in either pass: see :meth:`_Pass._move_earlier`), and its reason is judged
+        again only if its pool's row changed, the clock moved or it queues strict FIFO. Right
+        after a full pass (whose moves are not known) every one is."""
         grid = flex.grid
         held = sorted(self._held.values(), key=_key_of)
         kept: dict[str, _Kept] = {}
@@ -1175,9 +1220,14 @@ class IncrementalPlanner:
         floors: dict[str, int] = {}
         settled: dict[str, frozenset[int]] | None = None
         dirty: set[int] | None = None
-        if self._moved_rows is not None:
+        gained: dict[int, int] | None = None
+        if self._moves is not None:
             settled = {}
-            dirty = {*changed_rows, *self._moved_rows}
+            moved_rows, moved_gains = self._moves
+            dirty = {*changed_rows, *moved_rows}
+            gained = dict(gains)
+            for row, cell in moved_gains.items():  # a move of the last pass, undone
+                gained[row] = min(gained.get(row, _NONE), cell)
         for rank, entry in enumerate(held, start=1):
             candidate = entry.candidate
             key = candidate.request.request_id
@@ -1202,8 +1252,10 @@ class IncrementalPlanner:
         moves: list[_Move] = []
         binding, short = flex.binding, flex.short
         placed = state._move_earlier(
-            grid, placed, kept, binding, flex.limit_row, short, moves, settled, dirty
+            grid, placed, kept, binding, flex.limit_row, short, moves, settled, gained
         )
+        if dirty is not None:
+            dirty.update(row for move in moves for needs in (move[0], move[3]) for row, _ in needs)
         reasons: dict[str, Reason | None] | None = None
         if settled is not None and dirty is not None and not clock_moved:
             reasons = {}
@@ -1219,8 +1271,14 @@ class IncrementalPlanner:
         placed = state._judge_commitments(grid, placed, kept, floors, binding, short, reasons)
         _undo(grid, moves)
         grid.forget()
-        self._moved_rows = {row for move in moves for needs in (move[0], move[3])
-                            for row, _ in needs}  # fmt: skip
+        taken: dict[int, int] = {}  # per row, the first cell a move took from
+        for _, _, _, needs, best, _ in moves:
+            for row, _ in needs:
+                taken[row] = min(taken.get(row, _NONE), best)
+        self._moves = (
+            {row for move in moves for needs in (move[0], move[3]) for row, _ in needs},
+            taken,
+        )
         for (row, cell, _, _, reason), entry in zip(placed, held, strict=True):
             new = id(entry) in changed
             if not new and (row, cell, reason) == (entry.row, entry.best, entry.reason):
