@@ -152,8 +152,8 @@ class _Layer:
     # What the held slots give back (a positive amount) or take: (row, first cell, cells,
     # amount), applied to the grid under every entry.
     takes: list[tuple[int, int, int, int]] = field(default_factory=list)
-    checks: list[tuple[tuple[tuple[int, int], ...], int, int]] = field(default_factory=list)
     # (needs, first cell, cells) newly held: each must still fit once the walk is done
+    checks: list[tuple[tuple[tuple[int, int], ...], int, int]] = field(default_factory=list)
     relocated: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # held elsewhere
     dropped: list[_Entry] = field(default_factory=list)  # its request left or timed out
     absorbed: set[int] = field(default_factory=set)  # id() of a grant that took a dropped slot
@@ -209,7 +209,7 @@ class IncrementalPlanner:
         # entry whose best, row and reason say where the plan put it, and id → the slot it
         # holds in the grid, (first cell, cells, pool row, needs).
         self._held: dict[str, _Entry] = {}
-        self._slots: dict[str, tuple[int, int, int, tuple[tuple[int, int], ...]]] = {}
+        self._slots: dict[str, _Slot] = {}
         # Where the last pass's commitments moved earlier (None: not known, after a full
         # pass): the rows they gave back or took, and per row the first cell a move took
         # from. What the next pass tests them against differs there (see _rehold).
