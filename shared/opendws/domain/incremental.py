@@ -121,7 +121,7 @@ RESTART_SHARE = 0.25
 RESTART_FLOOR = 64
 # Below this many flex requests, a later now plans in full unless commitments are held:
 # measured on the Philly replay's largest cluster (about a hundred queued in one pool; first
-# 4.5 days), carried over it planned 22% slower than in full without commitments, and 21%
+# 4.5 days), carried over it planned 22% slower than in full without commitments, and 22%
 # faster with the default horizon's (a full pass holds and judges every commitment again; a
 # carried one, only those a change reaches); a 10,000-request snapshot plans 3–4× faster.
 CLOCK_FLOOR = 1_000
