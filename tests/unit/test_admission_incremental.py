@@ -569,3 +569,36 @@ def test_a_commitment_is_held_once_it_lies_within_the_horizon() -> None:
     last = replace(free, pending=(*free.pending, flex("last", vm_count=1, hours=1)))
     assert planner.plan(last, NOW + MINUTE) == admit(last, NOW + MINUTE)
     assert not planner.last_pass.full
+
+
+def test_a_settled_commitment_is_judged_again_when_its_pool_row_changes() -> None:
+    """A commitment that keeps its slot pass after pass is not judged again while nothing
+    its reason reads changed. Held by quota while its pool has room now, it is held by the
+    pool's capacity once an arrival takes that room, at the same instant: its pool's row
+    changed, so its reason is worked out again, as ``admit`` works it out."""
+    elsewhere = "us-central1-b"
+    first = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=elsewhere, capacity=8)],
+        tenants=[tenant("a", quota(nominal=16)), tenant("b", quota(nominal=1024))],
+        grants=[grant("a-run", tenant="a", units=2, start_at=NOW - HOUR, hours=3)],
+        pending=[
+            flex("a-next", tenant="a", vm_count=2, hours=1),
+            flex("b-there", tenant="b", vm_count=1, hours=1, locations=(elsewhere,)),
+            flex("b-whole", tenant="b", vm_count=8, hours=1),  # its pool's row can bind
+        ],
+    )
+    first = replace(first, policy=PolicySettings(commit_within=DAY))
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(first, NOW) == admit(first, NOW)
+    committed = replace(first, commitments=told(first))
+    assert planner.plan(committed, NOW) == admit(committed, NOW)  # the commitment comes
+    settled = planner.plan(committed, NOW)  # nothing changed: it is settled
+    assert settled.decision("a-next").reason is Reason.QUOTA
+    crowded = replace(
+        committed, pending=(*committed.pending, flex("b-now", tenant="b", vm_count=6, hours=2))
+    )
+    plan = planner.plan(crowded, NOW)
+    assert plan == admit(crowded, NOW)
+    assert not planner.last_pass.full
+    assert plan.decision("b-now").outcome is Outcome.ADMIT
+    assert plan.decision("a-next").reason is Reason.NO_CAPACITY_UNTIL
