@@ -969,15 +969,15 @@ class IncrementalPlanner:
         if not starts:
             for row, first, cells, amount in freed:  # rows no request reads: keep them true
                 grid.give(((row, amount),), first, cells)
-            if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
-                return "a commitment no longer fits where it was promised"
             if self._held:
                 gains: dict[int, int] = {}
                 for row, first, cells, amount in freed:
                     if amount > 0 and cells > 0:
                         gains[row] = min(gains.get(row, _NONE), first)
                 rows = {row for row, _, _, _ in freed}
-                self._rehold(state, flex, changed, touched, clock.moved, rows, gains)
+                why = self._rehold(state, flex, layer, added, changed, touched, clock, rows, gains)
+                if why is not None:
+                    return why
             self._decide(state, changed, touched)
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
@@ -1162,11 +1162,11 @@ class IncrementalPlanner:
             moved[id(entry)] = entry
             if entry.best is not None:
                 touched.add(entry.row)
-        if not _still_fit(grid, flex, state, layer, added, bool(self._held)):
-            return "a commitment no longer fits where it was promised"
         if self._held:
             gains = {row: spans[row][0] for row in live if spans[row][0] < spans[row][1]}
-            self._rehold(state, flex, changed, touched, clock.moved, live, gains)
+            why = self._rehold(state, flex, layer, added, changed, touched, clock, live, gains)
+            if why is not None:
+                return why
         moved.update(changed)
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
@@ -1210,13 +1210,17 @@ class IncrementalPlanner:
         self,
         state: _Pass,
         flex: _FlexState,
+        layer: _Layer,
+        added: list[Grant],
         changed: dict[int, _Entry],
         touched: set[int],
-        clock_moved: bool,
+        clock: _ClockMove,
         changed_rows: set[int],
         gains: dict[int, int],
-    ) -> None:
-        """Where the plan puts each held commitment and why it waits, as a full pass decides
+    ) -> str | None:
+        """Once the walk is done: why a full pass is needed if a commitment no longer fits
+        where it was promised (:func:`_still_fit`), else None, and then where the plan puts
+        each held commitment and why it waits, as a full pass decides
         (:meth:`_Pass._move_earlier`, then :meth:`_Pass._judge_commitments`) on the grid the
         walk finished; the grid is then put back as it was (each held where promised). A
         commitment whose placement or reason changed goes to ``changed``; the pools where a
@@ -1230,6 +1234,9 @@ class IncrementalPlanner:
         again only if its pool's row changed, the clock moved or it queues strict FIFO. Right
         after a full pass (whose moves are not known) every one is."""
         grid = flex.grid
+        if not _still_fit(grid, flex, state, layer, added):
+            return "a commitment no longer fits where it was promised"
+        clock_moved = clock.moved
         held = sorted(self._held.values(), key=_key_of)
         kept: dict[str, _Kept] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
@@ -1307,6 +1314,7 @@ class IncrementalPlanner:
                 touched.update((entry.row, row))
             entry.row, entry.best, entry.reason = row, cell, reason
             changed[id(entry)] = entry
+        return None
 
     def _insert(self, flex: _FlexState, entry: _Entry, *, ordered: bool = True) -> None:
         """Add an arrival's entry in policy order: to the entries, the order (unless
@@ -1441,15 +1449,10 @@ def _holds_commitments(snapshot: Snapshot, now: datetime) -> bool:
 
 
 def _still_fit(
-    grid: MinuteGrid,
-    flex: _FlexState,
-    state: _Pass,
-    layer: _Layer,
-    added: list[Grant],
-    holding: bool,
+    grid: MinuteGrid, flex: _FlexState, state: _Pass, layer: _Layer, added: list[Grant]
 ) -> bool:
     """Whether every commitment held is still held at its first slot, as a full pass holds
-    them (``holding``: some are), judged on the grid the walk finished.
+    them, judged on the grid the walk finished.
 
     They all are while every grid row they take keeps a free amount of at least zero over
     their cells once all are taken (:meth:`MinuteGrid.take_all`). Only a slot newly held and
@@ -1460,8 +1463,6 @@ def _still_fit(
     for needs, cell, span in layer.checks:
         if span > 0 and not all(grid.fits(row, 0, cell, span) for row, _ in needs):
             return False
-    if not holding:
-        return True
     for grant in added:
         if id(grant) in layer.absorbed:
             continue
