@@ -819,13 +819,14 @@ class _Cycle:
         )  # held from now on, or until Google serves it: it may move with the clock
         # A lookup needs no lock (one dict read is atomic); storing a new grant takes it.
         cached = self.grant_cache.get(record.request_id)
-        if cached is not None and cached[0] == record.version:
-            if not moving:
-                return cached[1]
-            start, end = _span(record, self.now, wait)
-            if cached[1].start_at == start and cached[1].end_at == end:
-                return cached[1]
-        grant = _grant(record, self.now, wait)
+        kept = cached[1] if cached is not None and cached[0] == record.version else None
+        if kept is not None and not moving:
+            return kept
+        start, end = _span(record, self.now, wait)
+        if kept is not None and (kept.start_at, kept.end_at) == (start, end):
+            return kept
+        assert record.pool is not None
+        grant = Grant.of(record.request, record.pool, start, end_at=end)
         with self.grants_lock:
             self.grant_cache[record.request_id] = (record.version, grant)
         return grant
