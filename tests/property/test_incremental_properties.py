@@ -42,6 +42,17 @@ def check(snapshot: Snapshot, now: datetime, plan: Plan) -> None:
     assert violations(snapshot, planned_grants(snapshot, plan), since=now) == []
 
 
+def committed(snapshot: Snapshot, plan: Plan, stale: bool) -> Snapshot:
+    """``snapshot`` after the reconciler committed every slot ``plan`` holds (with ``stale``,
+    the commitments it had stay listed before them: the last one for a request counts)."""
+    told = tuple(
+        Commitment(request_id=d.request_id, pool_id=d.pool_id, start_at=d.start_at)
+        for d in plan.having(Outcome.HOLD)
+        if d.pool_id is not None and d.start_at is not None
+    )
+    return replace(snapshot, commitments=(*snapshot.commitments, *told) if stale else told)
+
+
 @st.composite
 def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[Snapshot, int]:
     """One change to ``snapshot`` (the last plan was ``plan``), and how far the clock moves
@@ -76,12 +87,7 @@ def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[S
     if kind == "commit":
         # As the reconciler does: every held slot becomes a commitment, near or far (only
         # those less than the horizon ahead are held; the others change no plan).
-        commitments = tuple(
-            Commitment(request_id=d.request_id, pool_id=d.pool_id, start_at=d.start_at)
-            for d in held
-            if d.pool_id is not None and d.start_at is not None
-        )
-        return replace(snapshot, commitments=commitments), 0
+        return committed(snapshot, plan, stale=False), 0
     return snapshot, 0
 
 
@@ -91,8 +97,9 @@ def test_incremental_plans_equal_full_plans_after_every_change(
 ) -> None:
     # Racing eagerly always plans in full; keep it rare so the incremental path is exercised.
     eager = data.draw(st.sampled_from([False, False, False, True]))
-    # A commitment horizon with no commitment (or only ones beyond it) changes nothing: still
-    # incremental; a commitment within it plans in full. The "commit" step makes them.
+    # A commitment horizon with no commitment (or only ones beyond it) changes nothing; one
+    # within it is held before the policy order, carried from pass to pass. The "commit"
+    # step makes them.
     horizon = data.draw(st.sampled_from([None, timedelta(hours=2), timedelta(minutes=20)]))
     snapshot = replace(
         snapshot, policy=replace(snapshot.policy, race_eagerly=eager, commit_within=horizon)
@@ -128,17 +135,6 @@ def test_an_eta_never_gets_later_when_a_request_behind_it_arrives_incrementally(
         ahead = new_rank is not None and rank is not None and rank < new_rank
         if later.outcome in (Outcome.HOLD, Outcome.ADMIT) and ahead:
             assert later.start_at == decision.start_at
-
-
-def committed(snapshot: Snapshot, plan: Plan, stale: bool) -> Snapshot:
-    """``snapshot`` after the reconciler committed every slot ``plan`` holds (with ``stale``,
-    the commitments it had stay listed before them: the last one for a request counts)."""
-    told = tuple(
-        Commitment(request_id=d.request_id, pool_id=d.pool_id, start_at=d.start_at)
-        for d in plan.having(Outcome.HOLD)
-        if d.pool_id is not None and d.start_at is not None
-    )
-    return replace(snapshot, commitments=(*snapshot.commitments, *told) if stale else told)
 
 
 @given(snapshots(), st.data())
