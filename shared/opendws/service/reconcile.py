@@ -191,6 +191,33 @@ _HELD = frozenset(
 _SweepInputs = tuple[int, tuple[tuple[bool, Observed | None], ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Quiet:
+    """A live request whose last sweep did nothing: what that sweep read besides the time,
+    and until when it stays so. Its lanes' pools and order names are kept with it, so a
+    pass that finds the record at the same version (so with the same lanes) checks what was
+    observed of each order without naming the orders again."""
+
+    inputs: _SweepInputs
+    until: datetime | None  # the first instant its sweep may differ (None: never, by time)
+    pools: tuple[str, ...]  # per lane (see _lanes), its pool
+    names: tuple[str, ...]  # per order the record has, its name
+
+    def holds(self, sightings: Sequence[Sighting | None], pools: Mapping[str, Pool]) -> bool:
+        """Whether a sweep that sees ``sightings`` (per order, as ``names``) with ``pools``
+        configured reads what the quiet one read (its record's version is checked apart)."""
+        pools_of, count = self.pools, len(sightings)
+        for index, (configured, observed) in enumerate(self.inputs[1]):
+            if configured is not (pools_of[index] in pools):
+                return False
+            sighting = sightings[index] if index < count else None
+            seen = None if sighting is None else sighting.observed
+            # The same report object, most passes: no fields to compare.
+            if observed is not seen and observed != seen:
+                return False
+        return True
+
+
 class PassOutcome(StrEnum):
     """How a pass ended."""
 
@@ -277,12 +304,13 @@ class ReconcileService:
         self._timers = timers  # None: no timers; the sweep alone ends runs and starts blocks
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
-        # request id → (record version, grant) of live runs and blocks, across passes.
-        self._grants: dict[str, tuple[int, Grant]] = {}
+        # request id → (record version, grant, whether it may move with the clock: see
+        # _Cycle._grant_of) of live runs and blocks, across passes.
+        self._grants: dict[str, tuple[int, Grant, bool]] = {}
         # request id → (the inputs of its last sweep, when that sweep may first differ) for
         # live requests whose last sweep did nothing: record version, and per lane whether its
         # pool is configured and what was observed under its order's name.
-        self._quiet: dict[str, tuple[_SweepInputs, datetime | None]] = {}
+        self._quiet: dict[str, _Quiet] = {}
         # Per pool: the serve wait the last pass planned with (see _Cycle._why_later).
         self._serve_waits: dict[str, timedelta] = {}
         # Every pool's ready samples and when they were read (see _Cycle._samples).
@@ -367,6 +395,7 @@ class _Cycle:
         self.now = now
         self.report = report
         self.records: dict[str, RequestRecord] = {}
+        self.in_flight = 0  # records Google is still to serve (see _in_flight)
         self.readiness: dict[str, Readiness | None] | None = None  # by pool; read when needed
         self.clock = service._clock
         self.timers = service._timers
@@ -399,28 +428,35 @@ class _Cycle:
         pending = [record for record in held if record.state is S.PENDING]
         self.records = {record.request_id: record for record in (*live, *pending)}
         # Calendar blocks at Google's review are swept with the live ones.
-        live = [*live, *(record for record in pending if submitted(record))]
+        reviewed = [record for record in pending if submitted(record)]
+        live = [*live, *reviewed]
+        # Kept up to date by each write (see _write), rather than counted again at the end.
+        self.in_flight = len(reviewed) + sum(record.state is S.PROVISIONING for record in live)
         self._announce_backlog()
         # 2. Observe the providers where something may have changed (every pool, at times).
         looked, whole = self._pools_to_observe(live)
         observed = self.providers.observe(looked)
         self.report.observed_pools, self.report.observed_all = len(looked), whole
         # 3. Sweep the live requests against it; release what nobody wants.
+        quiet_of, take, now = self.quiet.get, observed.pop, self.now
         for record in live:
-            seen = {
-                lane: observed.pop(order_name(record.request_id, lane.attempt), None)
-                for lane in record.orders
-            }
-            inputs = self._inputs(record, seen)
-            quiet = self.quiet.get(record.request_id)
+            quiet = quiet_of(record.request_id)
             if (
                 quiet is not None
-                and quiet[0] == inputs
-                and (quiet[1] is None or self.now < quiet[1])
+                and quiet.inputs[0] == record.version  # the same version: the same lanes
+                and (quiet.until is None or now < quiet.until)
             ):
-                continue  # its last sweep did nothing, and nothing it reads has changed since
+                sightings = [take(name, None) for name in quiet.names]
+                if quiet.holds(sightings, self.pools):
+                    continue  # its last sweep did nothing, and nothing it reads changed since
+                seen = dict(zip(record.orders, sightings, strict=True))
+            else:
+                seen = {
+                    lane: take(order_name(record.request_id, lane.attempt), None)
+                    for lane in record.orders
+                }
             with self._one_request(record.request_id):
-                self._sweep(record, seen, inputs)
+                self._sweep(record, seen, self._inputs(record, seen))
         # What is left was seen where no live request wants it: leaks, and blocks Google keeps.
         self._watch({pool.pool_id for pool in looked}, observed, whole)
         for name in sorted(observed):
@@ -454,9 +490,7 @@ class _Cycle:
         self.service._held = slots
         self.service._serve_waits = {key: pool.serve_wait for key, pool in self.pools.items()}
         self.report.next_start = min((start for _, start in slots.values()), default=None)
-        self.report.in_flight = sum(
-            r.state is S.PROVISIONING or submitted(r) for r in self.records.values()
-        )
+        self.report.in_flight = self.in_flight
 
     def _pools_to_observe(self, live: Sequence[RequestRecord]) -> tuple[list[Pool], bool]:
         """The pools this pass observes, and whether they are all of them: every configured
@@ -514,7 +548,7 @@ class _Cycle:
     def _inputs(self, record: RequestRecord, seen: dict[Lane, Sighting | None]) -> _SweepInputs:
         """What the record's sweep reads besides the time: its record (by version) and, per
         lane, whether its pool is configured and what was observed of its order."""
-        lanes = record.orders or (Lane(record.pool or "", record.attempt),)
+        lanes = _lanes(record)
         return (
             record.version,
             tuple(
@@ -532,7 +566,7 @@ class _Cycle:
         """Compute the record's step from the table (pure), then carry it out; remember a
         step that does nothing, with the instant until which it stays so."""
         request = record.request
-        lanes = record.orders or (Lane(record.pool or "", record.attempt),)
+        lanes = _lanes(record)
         views = []
         for lane in lanes:
             sighting = seen.get(lane)
@@ -567,9 +601,11 @@ class _Cycle:
         if step.writes or step.calls or step.short or step.double_wins:
             self.quiet.pop(record.request_id, None)
         else:
-            self.quiet[record.request_id] = (
-                inputs,
-                steady_until(view, self.now, self.settings.sweep),
+            self.quiet[record.request_id] = _Quiet(
+                inputs=inputs,
+                until=steady_until(view, self.now, self.settings.sweep),
+                pools=tuple(lane.pool for lane in lanes),
+                names=tuple(order_name(record.request_id, lane.attempt) for lane in record.orders),
             )
         self._carry_out(record, step)
 
@@ -807,6 +843,13 @@ class _Cycle:
         or held from now on, may move with the clock: it is kept while its start and end
         stay where they were (the same object pass after pass is what lets the planner see
         at once that nothing changed)."""
+        # A lookup needs no lock (one dict read is atomic); storing a new grant takes it.
+        cached = self.grant_cache.get(record.request_id)
+        kept = None
+        if cached is not None and cached[0] == record.version:
+            kept = cached[1]
+            if not cached[2]:
+                return kept  # it does not move with the clock (most of them)
         wait = timedelta(0)
         if record.state is S.PROVISIONING and record.request.start_at is None:
             # In Google's queue: held from admission to where Google should have served it
@@ -814,21 +857,16 @@ class _Cycle:
             # (see hold_end and expected_serve).
             assert record.pool is not None
             wait = self._expected_wait(record.pool)
-        moving = record.state is S.PROVISIONING or (
-            record.since is None and record.request.start_at is None
-        )  # held from now on, or until Google serves it: it may move with the clock
-        # A lookup needs no lock (one dict read is atomic); storing a new grant takes it.
-        cached = self.grant_cache.get(record.request_id)
-        kept = cached[1] if cached is not None and cached[0] == record.version else None
-        if kept is not None and not moving:
-            return kept
         start, end = _span(record, self.now, wait)
         if kept is not None and (kept.start_at, kept.end_at) == (start, end):
             return kept
+        moving = record.state is S.PROVISIONING or (
+            record.since is None and record.request.start_at is None
+        )  # held from now on, or until Google serves it: it may move with the clock
         assert record.pool is not None
         grant = Grant.of(record.request, record.pool, start, end_at=end)
         with self.grants_lock:
-            self.grant_cache[record.request_id] = (record.version, grant)
+            self.grant_cache[record.request_id] = (record.version, grant, moving)
         return grant
 
     # Step 5: apply ----------------------------------------------------------------------
@@ -1077,7 +1115,7 @@ class _Cycle:
         self.mirror.record(changed)
         if state is not current.state:
             self._set_timers(current, changed)
-        self.records[current.request_id] = changed
+        self._keep(changed)
         if state is current.state:
             self.report.revisions += 1
         else:
@@ -1119,7 +1157,13 @@ class _Cycle:
             self.bus.publish(event)
             self.report.published += 1
         self.store.mark_announced(record.request_id, record.events)
-        self.records[record.request_id] = replace(record, announced=record.events)
+        self._keep(replace(record, announced=record.events))
+
+    def _keep(self, record: RequestRecord) -> None:
+        """Hold ``record`` as the pass's copy, counting what Google is still to serve."""
+        before = self.records.get(record.request_id)
+        self.records[record.request_id] = record
+        self.in_flight += _in_flight(record) - (before is not None and _in_flight(before))
 
     def _announce_backlog(self) -> None:
         """Publish events an earlier pass recorded but did not get to publish (it crashed)."""
@@ -1145,6 +1189,17 @@ def _apply_order(decision: Decision, plan: Plan, first: dict[Outcome, int]) -> t
     and screened decisions have none), then the id."""
     rank = plan.rank(decision.request_id) or 0
     return first.get(decision.outcome, 2), rank, decision.request_id
+
+
+def _in_flight(record: RequestRecord) -> bool:
+    """Whether Google is still to serve ``record``: an order being created, or a calendar
+    block under review."""
+    return record.state is S.PROVISIONING or submitted(record)
+
+
+def _lanes(record: RequestRecord) -> tuple[Lane, ...]:
+    """The lanes a sweep looks at: the record's orders, or the one it is about to have."""
+    return record.orders or (Lane(record.pool or "", record.attempt),)
 
 
 def _documents_read(store: object) -> int | None:
