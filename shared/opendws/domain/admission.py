@@ -828,20 +828,26 @@ class _Pass:
         # the grid changes (a move), so each is scanned once, not per request.
         reach = 1 + max(promise[0] for promise in kept.values())
         rooms: dict[tuple[tuple[tuple[int, int], ...], int], _Rooms] = {}
-        for row, cell, rank, candidate, reason in placed:  # in rank order, as placed
-            promise = kept.get(candidate.request.request_id)
+        skip = settled if settled is not None and gained is not None else {}
+        for item in placed:  # in rank order, as placed
+            row, cell, rank, candidate, reason = item
+            request_id = candidate.request.request_id
+            promise = kept.get(request_id)
             # A strict-FIFO tenant's requests keep their order among themselves: they stay.
             if promise is None or cell == 0 or candidate.strict:
-                moved.append((row, cell, rank, candidate, reason))
+                moved.append(item)
                 continue
             run = self.holds(candidate)
             length = ceil_cells(run)
-            if settled is not None and gained is not None:
-                reads = settled.get(candidate.request.request_id)
-                if reads is not None and all(
-                    gained.get(read, _NO_CELL) >= cell + length for read in reads
-                ):
-                    moved.append((row, cell, rank, candidate, reason))
+            reads = skip.get(request_id)
+            if reads is not None:
+                assert gained is not None
+                end = cell + length
+                for read in reads:
+                    if gained.get(read, _NO_CELL) < end:
+                        break
+                else:  # no row it reads gained before its slot's end: it cannot move
+                    moved.append(item)
                     continue
             needs = promise[2]
             # The test reads only the cells before its slot, so its own slot may stay taken
@@ -905,20 +911,34 @@ class _Pass:
         # came back where they were), not once a slot is given back: forget it.
         grid.forget()
         judged: list[tuple[int, int, int, _Candidate, Reason | None]] = []
-        for row, cell, rank, candidate, held_with in placed:
-            reason = held_with
-            if known is not None and candidate.request.request_id in known:
-                reason = known[candidate.request.request_id]
-            elif cell > 0 and candidate.request.request_id in kept:
-                request = candidate.request
+        known = known or {}
+        into = self.now - self.origin
+        # A pool row's free amount in the first cell a reason compares (one of few: the
+        # grid is the same for every judgement, a slot given back being taken again after).
+        free_at: dict[tuple[int, int], int] = {}
+        for item in placed:
+            row, cell, rank, candidate, _ = item
+            request = candidate.request
+            request_id = request.request_id
+            if request_id in known:
+                reason = known[request_id]
+            elif cell > 0 and request_id in kept:
                 units = request.gang.units
                 run = self.holds(candidate)
                 length = ceil_cells(run)
-                first = self.first_cells(run)
-                floor = floors.get(request.request_id, 0)
-                if _full_at_first_start(grid, row, units, cell, floor, short[row], length, first):
-                    judged.append((row, cell, rank, candidate, Reason.NO_CAPACITY_UNTIL))
-                    continue
+                first = ceil_cells(into + run)  # first_cells(run), now - origin taken once
+                floor = floors.get(request_id, 0)
+                # The pool row lacks the gang in the first cell _hold_reason compares, a cell
+                # before the slot: NO_CAPACITY_UNTIL, in one read (the slot covers no cell
+                # before its start, so it need not be given back to judge it).
+                lowest = _first_compared(cell, floor, short[row], length, first)
+                if lowest < cell:
+                    free = free_at.get((row, lowest))
+                    if free is None:
+                        free = free_at[row, lowest] = grid.free(row, lowest)
+                    if free < units:
+                        judged.append((row, cell, rank, candidate, Reason.NO_CAPACITY_UNTIL))
+                        continue
                 # The reason reads the pool's row from max(floor, short) over at most a run
                 # from now: give back its own slot only where that reaches it.
                 own = ((row, units),) if binding[row] else ()
@@ -928,6 +948,9 @@ class _Pass:
                 reason = _hold_reason(grid, row, units, cell, floor, short[row], length, first)
                 if reaches:
                     grid.take(own, cell, length)
+            else:
+                judged.append(item)
+                continue
             judged.append((row, cell, rank, candidate, reason))
         return judged
 
@@ -1489,24 +1512,6 @@ def _hold_reason(
     if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
-
-
-def _full_at_first_start(
-    grid: MinuteGrid,
-    row: int,
-    units: int,
-    start: int,
-    floor: int,
-    short: int,
-    length: int,
-    first: int,
-) -> bool:
-    """True if :func:`_hold_reason` (same arguments) is NO_CAPACITY_UNTIL because the pool row
-    lacks ``units`` in the first cell of the run it compares, a cell before ``start``: one
-    read, and the slot at ``start`` need not be given back to judge it (it covers no cell
-    before ``start``). False proves nothing."""
-    lowest = _first_compared(start, floor, short, length, first)
-    return lowest < start and grid.free(row, lowest) < units
 
 
 def _first_compared(start: int, floor: int, short: int, length: int, first: int) -> int:
