@@ -390,3 +390,28 @@ def test_a_long_pass_renews_its_lease_and_stops_when_it_was_taken(two_zones: Zon
     report = world.run()
     assert report.fenced
     assert sum(report.transitions.values()) + report.revisions == 2
+
+
+def test_a_pass_reports_what_google_is_still_to_serve_as_it_stands_when_the_pass_ends(
+    two_zones: Zones,
+) -> None:
+    """``in_flight`` counts the requests a pass leaves PROVISIONING or under Google's review
+    (a replay keeps passing while any is), after the pass's own writes: an admission adds one,
+    a served order and a reviewed block take theirs away."""
+    world, _ = two_zones
+    submit(world.store, flex("train", vm_count=2, hours=6, locations=(ZONE_A,)))
+    submit(world.store, calendar("block", vm_count=2, days=1, start_at=NOW + DAY))
+    first = world.run()  # train admitted (PROVISIONING); block submitted (under review)
+    assert (world.state("train"), world.record("block").reason) == (
+        S.PROVISIONING,
+        "AWAITING_APPROVAL",
+    )
+    assert first.in_flight == 2
+    world.clock.advance(LATENCY)
+    second = world.run()  # the order served: ACTIVE; the block still in review
+    assert world.state("train") is S.ACTIVE
+    assert second.in_flight == 1
+    world.clock.advance(2 * MINUTE)
+    third = world.run()  # reviewed: BOOKED
+    assert world.state("block") is S.BOOKED
+    assert third.in_flight == 0
