@@ -430,7 +430,7 @@ class _Cycle:
         # Calendar blocks at Google's review are swept with the live ones.
         reviewed = [record for record in pending if submitted(record)]
         live = [*live, *reviewed]
-        # Kept up to date by each write (see _write), rather than counted again at the end.
+        # Kept up to date by each write (see _keep), rather than counted again at the end.
         self.in_flight = len(reviewed) + sum(record.state is S.PROVISIONING for record in live)
         self._announce_backlog()
         # 2. Observe the providers where something may have changed (every pool, at times).
