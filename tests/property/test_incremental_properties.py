@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 from opendws.domain import Outcome, Plan, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Commitment, Grant, PolicySettings
+from tests.builders import HOUR, MINUTE, flex, grant, pool, quota, tenant
+from tests.builders import snapshot as build_snapshot
 from tests.property.test_admission_properties import (
     NOW,
     applied,
@@ -175,3 +177,69 @@ def test_incremental_plans_over_commitments_equal_full_plans(
             now += timedelta(seconds=seconds)
         plan = planner.plan(snapshot, now)
         check(snapshot, now, plan)
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> Snapshot:
+    """One busy pool (its runs are tenant t's) and a queue of flex requests behind them (of
+    two tenants, u under a tight quota), so that most passes hold commitments and a release
+    moves some earlier."""
+    capacity = draw(st.integers(4, 8))
+    tight = draw(st.integers(2, 6)) * 8  # accelerators: 8 per VM
+    grants = [
+        grant(f"g{index}", units=units,
+              start_at=NOW - HOUR, hours=1 + draw(st.integers(1, 12)) / 4)
+        for index, units in enumerate(draw(st.lists(st.integers(1, 2), min_size=2, max_size=4)))
+    ]  # fmt: skip
+    if sum(g.units for g in grants) > capacity:
+        grants = grants[:2]
+    pending = [
+        flex(f"r{index}", tenant=draw(st.sampled_from(["t", "u"])),
+             vm_count=draw(st.integers(1, capacity)), hours=draw(st.integers(1, 12)) / 4,
+             priority=draw(st.integers(0, 1)), submitted_at=NOW - index * MINUTE)
+        for index in range(draw(st.integers(3, 10)))
+    ]  # fmt: skip
+    return build_snapshot(
+        pools=[pool(capacity=capacity)],
+        tenants=[tenant("t", quota(nominal=1024)), tenant("u", quota(nominal=tight))],
+        grants=grants,
+        pending=pending,
+        policy=PolicySettings(commit_within=DAY),
+    )
+
+
+@given(crowded(), st.data())
+def test_moves_carried_out_plan_as_full_plans(snapshot: Snapshot, data: st.DataObject) -> None:
+    """The reconciler's rhythm under a horizon: something frees room (a grant ends, a request
+    leaves), so a pass moves commitments earlier; the next pass finds that pass carried out
+    (its admissions as grants, every slot it held committed, where it moved them) and holds
+    each mover there, as the last pass left it (or, now and then, one is told elsewhere).
+    Every pass must still be ``admit``'s."""
+    planner = IncrementalPlanner(clock_floor=0)
+    plan = planner.plan(snapshot, NOW)
+    check(snapshot, NOW, plan)
+    for _ in range(data.draw(st.integers(1, 6))):
+        before = {c.request_id: c.start_at for c in snapshot.commitments}
+        snapshot = committed(applied(snapshot, plan), plan, stale=False)
+        if len(snapshot.commitments) > 0 and data.draw(st.booleans()):
+            # One told elsewhere than the plan put it (as an ETA told before a move is),
+            # most often one the plan moved.
+            movers = [c for c in snapshot.commitments if before.get(c.request_id, c.start_at)
+                      != c.start_at]  # fmt: skip
+            choices: list[Commitment] = movers or list(snapshot.commitments)
+            told = data.draw(st.sampled_from(choices))
+            seconds = data.draw(st.sampled_from([-900, -60, 60, 900, 3600]))
+            elsewhere = replace(told, start_at=told.start_at + timedelta(seconds=seconds))
+            others = tuple(c for c in snapshot.commitments if c is not told)
+            snapshot = replace(snapshot, commitments=(*others, elsewhere))
+        plan = planner.plan(snapshot, NOW)
+        check(snapshot, NOW, plan)
+        if snapshot.grants and (not snapshot.pending or data.draw(st.booleans())):
+            ended = data.draw(st.sampled_from(snapshot.grants))
+            snapshot = replace(snapshot, grants=tuple(g for g in snapshot.grants if g is not ended))
+        elif snapshot.pending:
+            gone = data.draw(st.sampled_from(snapshot.pending))
+            pending = tuple(r for r in snapshot.pending if r is not gone)
+            snapshot = replace(snapshot, pending=pending)
+        plan = planner.plan(snapshot, NOW)
+        check(snapshot, NOW, plan)

@@ -453,6 +453,90 @@ def test_commitments_are_carried_over_from_pass_to_pass() -> None:
     assert not planner.last_pass.full
 
 
+@pytest.mark.parametrize("busy_first", [0.5, 0], ids=["moved", "admitted"])
+def test_a_move_carried_out_frees_its_old_slot_for_a_commitment_ranked_before_it(
+    busy_first: float,
+) -> None:
+    """A pass moves commitments earlier in policy order; once the reconciler carries that out
+    (commits the slot one moved to, or admits it there), the next pass holds it there, as
+    that pass left it. A commitment ranked after the mover was tested on that grid already;
+    one ranked before it was tested with the mover's old slot still taken, and may now start
+    there.
+
+    One pool of 6 VMs, 4 of them busy for two hours (2 more for the first half hour, or
+    not). E (of a higher priority: ranked first) is committed at +3 h behind X at +2 h. A
+    release lets X move to +30 min (or start now); once that is carried out, E may start at
+    +2 h, where X was."""
+    pool_id = f"{ZONE}/{A3}"
+    grants = [grant("g1", units=2, hours=2), grant("g2", units=2, hours=2)]
+    if busy_first:
+        grants.append(grant("g3", units=2, hours=busy_first))
+    first = build_snapshot(
+        pools=[pool(capacity=6)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=grants,
+        pending=[flex("e", vm_count=6, hours=1, priority=1), flex("x", vm_count=4, hours=1)],
+        policy=PolicySettings(commit_within=DAY),
+    )
+    committed = replace(
+        first,
+        commitments=(
+            Commitment(request_id="e", pool_id=pool_id, start_at=NOW + 3 * HOUR),
+            Commitment(request_id="x", pool_id=pool_id, start_at=NOW + 2 * HOUR),
+        ),
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(committed, NOW) == admit(committed, NOW)
+    released = replace(committed, grants=committed.grants[::2])  # g2 ends early
+    moved = planner.plan(released, NOW)
+    assert moved == admit(released, NOW)
+    assert not planner.last_pass.full
+    assert moved.decision("x").start_at == NOW + busy_first * HOUR
+    assert moved.decision("e").start_at == NOW + 3 * HOUR
+    # Carried out: an admission as its grant, from now; every held slot committed.
+    carried = replace(
+        applied(released, moved),
+        commitments=tuple(
+            Commitment(request_id=d.request_id, pool_id=pool_id, start_at=d.start_at)
+            for d in moved.having(Outcome.HOLD)
+            if d.start_at is not None
+        ),
+    )
+    plan = planner.plan(carried, NOW)
+    assert plan == admit(carried, NOW)
+    assert not planner.last_pass.full
+    assert plan.decision("e").start_at == NOW + 2 * HOUR
+
+
+def test_a_commitment_moves_a_minute_earlier_when_the_minute_before_its_slot_frees() -> None:
+    """A commitment held where it was promised is tested again only if room grew before its
+    slot: from its slot on, the slot it holds has room for it. A run of one minute right
+    before it ending (the pool busy up to then) frees just that minute, which is enough to
+    start there."""
+    pool_id = f"{ZONE}/{A3}"
+    before = NOW + 2 * HOUR - MINUTE
+    minute = grant("g2", units=4, start_at=before, end_at=NOW + 2 * HOUR)
+    first = build_snapshot(
+        pools=[pool(capacity=4)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[grant("g1", units=4, start_at=NOW - HOUR, end_at=before), minute],
+        pending=[flex("e", vm_count=4, hours=1)],
+        policy=PolicySettings(commit_within=DAY),
+    )
+    committed = replace(
+        first, commitments=(Commitment(request_id="e", pool_id=pool_id, start_at=NOW + 2 * HOUR),)
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(committed, NOW) == admit(committed, NOW)
+    assert planner.plan(committed, NOW) == admit(committed, NOW)  # nothing moved
+    assert not planner.last_pass.full
+    freed = replace(committed, grants=committed.grants[:1])
+    plan = planner.plan(freed, NOW)
+    assert plan == admit(freed, NOW)
+    assert not planner.last_pass.full
+    assert plan.decision("e").start_at == before
+
+
 def test_a_commitment_that_no_longer_fits_plans_in_full_and_keeps_nothing() -> None:
     """A grant that comes over a commitment's slot (another tenant's, say) leaves it no room
     where it was promised: a full pass then holds it elsewhere (or plans it as any other),

@@ -326,7 +326,7 @@ class _FlexState:
     shapes: dict[_ShapeKey, tuple[_Option, ...]]
     # The commitments held before the policy order (``_hold_commitments``), or None if one
     # was not held at its first slot. The grid holds each at its slot (``held_slots``: id →
-    # cell, pool row, needs), not where the plan moved it earlier; each entry (in policy
+    # its _Kept), not where the plan moved it earlier; each entry (in policy
     # order, none of ``entries``) says where the plan put it (best, row) and why it waits.
     held: list[_Entry] | None = None
     held_slots: dict[str, _Kept] = field(default_factory=dict)
@@ -621,7 +621,7 @@ class _Pass:
             request = candidate.request
             promise = kept.get(request.request_id)
             if promise is not None:  # held where it was promised; it may move earlier below
-                cell, row, needs = promise
+                cell, row, needs, _, _ = promise
                 if candidate.strict:
                     floors[request.request_id] = fifo_floor.get(request.tenant, 0)
                     fifo_floor[request.tenant] = cell
@@ -730,7 +730,7 @@ class _Pass:
         still fits — at the minute of its ETA, or the next when the grid's minutes fall
         between (under a minute's rounding). One that no longer fits (a stockout, a pool or a
         quota shrunk, a run that started late) is planned again like any other. Returns
-        request id → (cell, pool row, needs), and whether each took its first slot (see
+        request id → :data:`_Kept`, and whether each took its first slot (see
         :meth:`commitment_slots`); why each waits is judged once the plan is finished
         (:meth:`_judge_commitments`)."""
         horizon = self.snapshot.policy.commit_within
@@ -738,8 +738,10 @@ class _Pass:
             return {}, True
         promised = {c.request_id: c for c in self.snapshot.commitments}
         # Per commitment, in policy order: (request id, pool row, needs, its candidate slots
-        # as (cell, span)).
-        held: list[tuple[str, int, tuple[tuple[int, int], ...], list[tuple[int, int]]]] = []
+        # as (cell, span), its run's cells from a whole minute and from now).
+        held: list[
+            tuple[str, int, tuple[tuple[int, int], ...], list[tuple[int, int]], int, int]
+        ] = []
         beyond = self.now + horizon  # a start told from here on is an estimate
         for _, candidate, length, first_length, last in queue:
             request = candidate.request
@@ -750,17 +752,20 @@ class _Pass:
                 commitment, candidate, length, first_length, last, binding, limit_row, short
             )
             if found is not None:
-                held.append((request.request_id, *found))
+                held.append((request.request_id, *found, length, first_length))
         # Why each waits is judged on the finished plan (_judge_commitments). Most passes
         # keep every commitment at its first slot: taken at once where they all fit so.
-        if grid.take_all([(needs, *slots[0]) for _, _, needs, slots in held]):
-            return {key: (slots[0][0], row, needs) for key, row, needs, slots in held}, True
+        if grid.take_all([(needs, *slots[0]) for _, _, needs, slots, _, _ in held]):
+            return {
+                key: (slots[0][0], row, needs, length, first)
+                for key, row, needs, slots, length, first in held
+            }, True
         kept: dict[str, _Kept] = {}
-        for key, row, needs, slots in held:
+        for key, row, needs, slots, length, first in held:
             for cell, span in slots:
                 if all(grid.fits(need, units, cell, span) for need, units in needs):
                     grid.take(needs, cell, span)
-                    kept[key] = (cell, row, needs)
+                    kept[key] = (cell, row, needs, length, first)
                     break
         return kept, False
 
@@ -818,8 +823,9 @@ class _Pass:
         for each commitment that did not move in the last pass from the slot it holds now,
         and ``gained``: per row, the first cell from which its free amounts may have grown
         since that pass's test read them (the slots moves made here give back are added).
-        A start before cell ``c`` reads cells before ``c`` plus a run, so one none of whose
-        rows gained there cannot start earlier now either, and is not tested. (A later now
+        A start before cell ``c`` needs room only in cells before ``c`` (from ``c`` on, the
+        slot it holds has room for it: see :meth:`_may_start_before`), so one none of whose
+        rows gained before ``c`` cannot start earlier now either, and is not tested. (A later now
         adds no earlier start: a run from it covers every cell that one from its minute,
         tested before, would.)"""
         moved = []
@@ -837,19 +843,16 @@ class _Pass:
             if promise is None or cell == 0 or candidate.strict:
                 moved.append(item)
                 continue
-            run = self.holds(candidate)
-            length = ceil_cells(run)
             reads = skip.get(request_id)
             if reads is not None:
                 assert gained is not None
-                end = cell + length
                 for read in reads:
-                    if gained.get(read, _NO_CELL) < end:
+                    if gained.get(read, _NO_CELL) < cell:
                         break
-                else:  # no row it reads gained before its slot's end: it cannot move
+                else:  # no row it reads gained before its slot: it cannot move
                     moved.append(item)
                     continue
-            needs = promise[2]
+            _, _, needs, length, first = promise
             # The test reads only the cells before its slot, so its own slot may stay taken
             # for it; the search may reach into the slot, so that is given back first.
             # Its needs are its pool's (where that can bind), then its quota's.
@@ -859,7 +862,6 @@ class _Pass:
             ):
                 moved.append((row, cell, rank, candidate, reason))
                 continue
-            first = self.first_cells(run)
             grid.give(needs, cell, length)
             grid.forget()  # its slot given back raised free amounts: facts may not hold
             best, best_row, best_needs, best_reason = _place(
@@ -912,7 +914,6 @@ class _Pass:
         grid.forget()
         judged: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         known = known or {}
-        into = self.now - self.origin
         # A pool row's free amount in the first cell a reason compares (one of few: the
         # grid is the same for every judgement, a slot given back being taken again after).
         free_at: dict[tuple[int, int], int] = {}
@@ -922,11 +923,9 @@ class _Pass:
             request_id = request.request_id
             if request_id in known:
                 reason = known[request_id]
-            elif cell > 0 and request_id in kept:
+            elif cell > 0 and (promise := kept.get(request_id)) is not None:
                 units = request.gang.units
-                run = self.holds(candidate)
-                length = ceil_cells(run)
-                first = ceil_cells(into + run)  # first_cells(run), now - origin taken once
+                length, first = promise[3], promise[4]
                 floor = floors.get(request_id, 0)
                 # The pool row lacks the gang in the first cell _hold_reason compares, a cell
                 # before the slot: NO_CAPACITY_UNTIL, in one read (the slot covers no cell
@@ -1370,7 +1369,8 @@ def _place(
 # (pools, tenant, accelerator, pool units, accelerator units): all a request's options depend on.
 _ShapeKey = tuple[tuple[int, ...], str, str, int, int]
 # A commitment held where it was promised: (cell, pool row, the needs it took).
-_Kept = tuple[int, int, tuple[tuple[int, int], ...]]
+# A commitment held: (cell, pool row, needs, the run's cells from a whole minute, from now).
+_Kept = tuple[int, int, tuple[tuple[int, int], ...], int, int]
 # A commitment moved earlier: (needs, cell, cells) given back, (needs, cell, cells) taken.
 _Move = tuple[tuple[tuple[int, int], ...], int, int, tuple[tuple[int, int], ...], int, int]
 

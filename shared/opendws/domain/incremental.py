@@ -45,10 +45,13 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   as an arrival). What the layer gives back or takes is applied as grants are. Once the walk
   is done, each commitment is moved earlier where the plan left room and its reason judged,
   as a full pass does, and the grid is put back (``_rehold``); only one a change can reach
-  is tested again. A full pass holds every commitment at its first slot as long as each
-  still fits there once all are held (``MinuteGrid.take_all``): only a newly held slot or a
-  new grant can break that, so only their cells are checked (``_still_fit``), and a pass
-  where one no longer fits is planned in full.
+  is tested again. A move the last pass made that the reconciler carried out (the
+  commitment now held, or admitted, where it moved) is no such change, except for the
+  commitments ranked before it: they were tested with its old slot still taken. A full
+  pass holds every commitment at its first slot as long as each still fits there once all
+  are held (``MinuteGrid.take_all``): only a newly held slot or a new grant can break that,
+  so only their cells are checked (``_still_fit``), and a pass where one no longer fits is
+  planned in full.
 
 Anything else is planned in full, and :attr:`IncrementalPlanner.last_pass` says why: the first
 pass; an earlier ``now``; a later one while a calendar block is pending (its verdict depends on
@@ -75,6 +78,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import filterfalse
+from operator import itemgetter
 from typing import TypeVar
 
 import numpy as np
@@ -161,6 +165,16 @@ class _Layer:
     promoted: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # an entry now held
     quiet: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # held where it was placed
     fresh: list[tuple[_Entry, _Slot]] = field(default_factory=list)  # an arrival held at once
+    # A move the last pass made, carried out: the commitment is held where that pass moved it,
+    # or admitted there (its grant takes exactly that slot). The grid is then as that pass
+    # left it once its moves were made, so its tests and judgements still hold, except that a
+    # commitment ranked before the mover was tested with the mover's old slot taken (see
+    # _rehold). Its takes (the old slot given back, the new one taken) are applied as
+    # ``takes`` are, but are kept apart: no change to what _rehold reads.
+    carried: list[tuple[int, int, int, int]] = field(default_factory=list)
+    carried_grants: set[int] = field(default_factory=set)  # id() of a grant that took one
+    # request id → (policy key, old slot) of each carried move
+    movers: dict[str, tuple[FlexKey, _Slot]] = field(default_factory=dict)
 
 
 # A commitment's held slot: (first cell, cells, pool row, needs).
@@ -210,10 +224,11 @@ class IncrementalPlanner:
         # holds in the grid, (first cell, cells, pool row, needs).
         self._held: dict[str, _Entry] = {}
         self._slots: dict[str, _Slot] = {}
-        # Where the last pass's commitments moved earlier (None: not known, after a full
-        # pass): the rows they gave back or took, and per row the first cell a move took
-        # from. What the next pass tests them against differs there (see _rehold).
-        self._moves: tuple[set[int], dict[int, int]] | None = None
+        # Where the last pass moved commitments earlier (None: not known, after a full pass):
+        # request id → (the slot it was held at, the slot it moved to). What the next pass
+        # tests them against differs there, unless that pass holds it where it moved (see
+        # _rehold).
+        self._moves: dict[str, tuple[_Slot, _Slot]] | None = None
         # Held request id → (its candidate, the rows its search reads), worked out once.
         self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
         # Request id → (commitment, candidate, grid origin, deadline cell, first slot) (see
@@ -317,7 +332,7 @@ class IncrementalPlanner:
                     self._by_pool.setdefault(entry.row, set()).add(entry)
             for entry in flex.held or ():
                 key = entry.candidate.request.request_id
-                cell, row, needs = flex.held_slots[key]
+                cell, row, needs, _, _ = flex.held_slots[key]
                 self._held[key] = entry
                 self._slots[key] = (cell, entry.first if cell == 0 else entry.length, row, needs)
                 self._count(snapshot, flex, entry.candidate, 1)
@@ -564,23 +579,39 @@ class IncrementalPlanner:
                 self._first_slots = {
                     key: known for key, known in self._first_slots.items() if key in promised
                 }
+        moves = self._moves or {}
         for key, held in self._held.items():
-            cell, span, row, needs = self._slots[key]
+            was = self._slots[key]
+            cell, span, row, needs = was
             found = new.get(key)
             if found is not None:
                 slot = found[:4]
-                if slot != (cell, span, row, needs):
-                    layer.takes += [(need, cell, span, amount) for need, amount in needs]
-                    layer.takes += [(need, slot[0], slot[1], -amount) for need, amount in slot[3]]
+                if slot != was:
+                    taken = [(need, cell, span, amount) for need, amount in needs]
+                    taken += [(need, slot[0], slot[1], -amount) for need, amount in slot[3]]
+                    if moves.get(key) == (was, slot):  # where the last pass moved it
+                        layer.carried += taken
+                        layer.movers[key] = (held.key, was)
+                    else:
+                        layer.takes += taken
                     layer.checks.append((slot[3], slot[0], slot[1]))
                     layer.relocated.append((held, slot))
                 continue
             if key in gone or id(held) in expired:
                 layer.dropped.append(held)
-                grant = self._absorbing(state, flex, added, key, (cell, span, row, needs))
+                grant = self._absorbing(state, flex, added, key, was)
                 if grant is not None:
                     layer.absorbed.add(id(grant))
                     continue
+                move = moves.get(key)
+                if key in gone and move is not None and move[0] == was:
+                    # Admitted where the last pass moved it: its grant takes that slot.
+                    grant = self._absorbing(state, flex, added, key, move[1])
+                    if grant is not None:
+                        layer.carried_grants.add(id(grant))
+                        layer.carried += [(need, cell, span, amount) for need, amount in needs]
+                        layer.movers[key] = (held.key, was)
+                        continue
             else:
                 layer.demoted.append(held)
             layer.takes += [(need, cell, span, amount) for need, amount in needs]
@@ -724,21 +755,18 @@ class IncrementalPlanner:
             else:
                 reach = max(reach, entry.first + entry.last)
         if self._moves is not None:
-            rows, taken = self._moves
-            self._moves = rows, {row: max(0, cell - shift) for row, cell in taken.items()}
+            self._moves = {
+                key: (_shifted(was, shift), _shifted(to, shift))
+                for key, (was, to) in self._moves.items()
+            }
         for key, entry in self._held.items():
             request = entry.candidate.request
             entry.first = -(-(into + state.holds(entry.candidate)) // MINUTE)
             entry.last -= shift
             if entry.best is not None:
                 entry.best -= shift
-            cell, span, row, needs = self._slots[key]
             # What is left of its slot, as of a started entry's (the layer moves it after).
-            self._slots[key] = (
-                (cell - shift, span, row, needs)
-                if cell >= shift
-                else (0, max(0, cell - shift + span), row, needs)
-            )
+            self._slots[key] = _shifted(self._slots[key], shift)
             if key in gone:
                 continue
             max_wait = request.max_wait
@@ -837,6 +865,9 @@ class IncrementalPlanner:
         gone_set = set(gone)
         # (row, first cell, cells, amount given back: negative for a new grant's take)
         freed: list[tuple[int, int, int, int]] = []
+        # The same, of the last pass's moves carried out (see _Layer.carried): the walk's
+        # entries see them as any other, the commitments' tests do not (see _rehold).
+        carried: list[tuple[int, int, int, int]] = []
         # Where the walk begins: the first request in policy order a change can reach.
         starts: list[FlexKey] = []
         # Entries visited whatever their rows: arrivals, and the strict-FIFO requests whose
@@ -853,6 +884,12 @@ class IncrementalPlanner:
                 for row, amount in contributions:
                     if not flex.binding[row]:
                         grid.give(((row, -amount),), span[0], span[1])
+                continue
+            if id(grant) in layer.carried_grants:  # it took where the last pass moved one
+                if span[1] > 0:
+                    carried.extend(
+                        (row, span[0], span[1], -amount) for row, amount in contributions
+                    )
                 continue
             entry = self._entry_of.get(grant.request_id)
             if (
@@ -884,6 +921,7 @@ class IncrementalPlanner:
                     (row, first, cells, amount) for row, amount in _grant_rows(state, flex, grant)
                 )
         freed.extend(take for take in layer.takes if take[2] > 0)
+        carried.extend(take for take in layer.carried if take[2] > 0)
         touched: set[int] = set()  # pools whose held slots are numbered again
         changed: dict[int, _Entry] = {}  # held commitments whose decision is recorded again
         arrivals = [*arrivals]
@@ -904,9 +942,11 @@ class IncrementalPlanner:
                 arrivals.append(_unheld(held))
         demoted = {id(entry) for entry in arrivals[len(arrivals) - len(layer.demoted) :]}
         for held, slot in layer.relocated:
-            self._slots[held.candidate.request.request_id] = slot
+            request_id = held.candidate.request.request_id
+            self._slots[request_id] = slot
             held.needs = slot[3]
-            changed[id(held)] = held
+            if request_id not in layer.movers:  # held where the last pass put it: no change
+                changed[id(held)] = held
             if held.candidate.strict:  # it stays where it is held: its tenant's next follows
                 held.best = slot[0]
                 after = self._sibling_after(held)
@@ -956,7 +996,7 @@ class IncrementalPlanner:
             self._insert(flex, entry, ordered=id(entry) not in demoted)
             direct.append((entry.key, len(direct), entry))
         starts += (key for key, _, _ in direct)
-        based = {row for row, _, _, _ in freed}
+        based = {row for row, _, _, _ in (*freed, *carried)}
         if clock.moved:
             # A held request's reason is judged at its earliest start, over cells the clock
             # just dropped (or one it added to a run from now): in its own view, which a
@@ -967,7 +1007,7 @@ class IncrementalPlanner:
             if readers:
                 starts.append(readers[0].key)
         if not starts:
-            for row, first, cells, amount in freed:  # rows no request reads: keep them true
+            for row, first, cells, amount in (*freed, *carried):  # rows no request reads
                 grid.give(((row, amount),), first, cells)
             if self._held:
                 gains: dict[int, int] = {}
@@ -978,6 +1018,8 @@ class IncrementalPlanner:
                 why = self._rehold(state, flex, layer, added, changed, touched, clock, rows, gains)
                 if why is not None:
                     return why
+            else:
+                self._moves = {}  # none held: none moved
             self._decide(state, changed, touched)
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
@@ -991,6 +1033,9 @@ class IncrementalPlanner:
         # Per live row, cells outside which its delta has never gained ([0]) or lost ([1]):
         # most visits are settled from these bounds without reading the delta at all.
         spans: dict[int, list[int]] = {}
+        # The same, for what the commitments are tested against (see _rehold): per row
+        # changed other than by a carried move, the first cell where it gained (_NONE: none).
+        seen: dict[int, int] = {}
         # The walk's queue, smallest key first: (key, row, index into the row's readers,
         # None) for a rolled row's next reader; (key, -1, seq, entry) for a direct visit;
         # (key, -2, seq, entry) for a departed entry, whose slot others saw from there on.
@@ -1016,8 +1061,15 @@ class IncrementalPlanner:
             if index < len(readers):
                 heapq.heappush(heap, (readers[index].key, row, index, None))
 
-        def shift(needs: tuple[tuple[int, int], ...], first: int, cells: int, sign: int) -> None:
-            """Add ``sign`` × each need's amount to its row's delta over the cells."""
+        def shift(
+            needs: tuple[tuple[int, int], ...],
+            first: int,
+            cells: int,
+            sign: int,
+            carried: bool = False,
+        ) -> None:
+            """Add ``sign`` × each need's amount to its row's delta over the cells (of a
+            carried move: not seen by the commitments' tests)."""
             for row, amount in needs:
                 change = sign * amount
                 if change == 0 or cells <= 0:
@@ -1025,6 +1077,9 @@ class IncrementalPlanner:
                 cells_of = delta[row][first : first + cells]
                 cells_of += change
                 live.add(row)
+                if not carried:
+                    gained = seen.get(row, _NONE)
+                    seen[row] = min(gained, first) if change > 0 else gained
                 bounds = spans.get(row)
                 if bounds is None:
                     bounds = spans[row] = [_NONE, -1, _NONE, -1]
@@ -1037,6 +1092,9 @@ class IncrementalPlanner:
         for row, first, cells, amount in freed:
             grid.give(((row, amount),), first, cells)
             shift(((row, amount),), first, cells, 1)
+        for row, first, cells, amount in carried:
+            grid.give(((row, amount),), first, cells)
+            shift(((row, amount),), first, cells, 1, carried=True)
         touched.update(entry.row for entry in leaving if entry.best is not None)  # renumber
         for entry in leaving:
             if entry.candidate.request.request_id in absorbed:
@@ -1163,10 +1221,12 @@ class IncrementalPlanner:
             if entry.best is not None:
                 touched.add(entry.row)
         if self._held:
-            gains = {row: spans[row][0] for row in live if spans[row][0] < spans[row][1]}
-            why = self._rehold(state, flex, layer, added, changed, touched, clock, live, gains)
+            gains = {row: cell for row, cell in seen.items() if cell < _NONE}
+            why = self._rehold(state, flex, layer, added, changed, touched, clock, {*seen}, gains)
             if why is not None:
                 return why
+        else:
+            self._moves = {}  # none held: none moved
         moved.update(changed)
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
@@ -1228,11 +1288,12 @@ class IncrementalPlanner:
         changed; ``gains``: per row, the first cell where they may have grown.
 
         Each is placed in policy order (what one moving earlier frees, the next may take), but
-        one that did not move in the last pass, from the slot it holds now, is tested again
-        only if a row its search reads gained since, before its slot's end (in the walk, or
-        by a move in either pass: see :meth:`_Pass._move_earlier`), and its reason is judged
-        again only if its pool's row changed, the clock moved or it queues strict FIFO. Right
-        after a full pass (whose moves are not known) every one is."""
+        one held where the last pass placed it is tested again only if a row its search reads
+        gained since, before its slot (in the walk, by a move of this pass, or by one of the
+        last pass not carried out: see :meth:`_Pass._move_earlier`; or by a carried move ranked
+        after it: see :meth:`_reached`), and its reason is judged again only if it was tested
+        again, its pool's row changed, the clock moved or it queues strict FIFO. Right after
+        a full pass (whose moves are not known) every one is."""
         grid = flex.grid
         if not _still_fit(grid, flex, state, layer, added):
             return "a commitment no longer fits where it was promised"
@@ -1244,34 +1305,36 @@ class IncrementalPlanner:
         settled: dict[str, frozenset[int]] | None = None
         dirty: set[int] | None = None
         gained: dict[int, int] | None = None
+        reached: set[str] = set()  # tested again: ranked before a carried move's old slot
         if self._moves is not None:
             settled = {}
-            moved_rows, moved_gains = self._moves
-            dirty = {*changed_rows, *moved_rows}
+            dirty = set(changed_rows)
             gained = dict(gains)
-            for row, cell in moved_gains.items():  # a move of the last pass, undone
-                gained[row] = min(gained.get(row, _NONE), cell)
+            for key, (was, to) in self._moves.items():
+                if key in layer.movers:
+                    continue  # carried out: held (or admitted) where the move put it
+                # A move of the last pass, undone: what it gave back is taken again, and
+                # what it took is free again.
+                dirty.update(row for needs in (was[3], to[3]) for row, _ in needs)
+                for row, _ in to[3]:
+                    gained[row] = min(gained.get(row, _NONE), to[0])
+            if layer.movers:
+                reached = self._reached(flex, held, layer.movers)
         for rank, entry in enumerate(held, start=1):
             candidate = entry.candidate
             key = candidate.request.request_id
             cell, _, row, needs = self._slots[key]
-            kept[key] = (cell, row, needs)
+            kept[key] = (cell, row, needs, entry.length, entry.first)
             placed.append((row, cell, rank, candidate, None))
             if candidate.strict:
                 floors[key] = self._floor_of(entry)
             if (
                 settled is not None
                 and id(entry) not in changed
-                and (entry.best, entry.row)
-                == (
-                    cell,
-                    row,
-                )
+                and (entry.best, entry.row) == (cell, row)
+                and key not in reached
             ):
-                known = self._held_reads.get(key)
-                if known is None or known[0] is not candidate:
-                    known = self._held_reads[key] = (candidate, _reads(flex, candidate))
-                settled[key] = known[1]
+                settled[key] = self._held_reads_of(flex, candidate)
         moves: list[_Move] = []
         binding, short = flex.binding, flex.short
         placed = state._move_earlier(
@@ -1294,14 +1357,18 @@ class IncrementalPlanner:
         placed = state._judge_commitments(grid, placed, kept, floors, binding, short, reasons)
         _undo(grid, moves)
         grid.forget()
-        taken: dict[int, int] = {}  # per row, the first cell a move took from
-        for _, _, _, needs, best, _ in moves:
-            for row, _ in needs:
-                taken[row] = min(taken.get(row, _NONE), best)
-        self._moves = (
-            {row for move in moves for needs in (move[0], move[3]) for row, _ in needs},
-            taken,
-        )
+        # Each move, by its commitment's request (moves are made in rank order).
+        made: dict[str, tuple[_Slot, _Slot]] = {}
+        if moves:
+            made_in_order = iter(moves)
+            for row, cell, _, candidate, _ in placed:
+                key = candidate.request.request_id
+                was = self._slots[key]
+                if (cell, row) != (was[0], was[2]):
+                    _, _, _, best_needs, best, span = next(made_in_order)
+                    made[key] = (was, (best, span, row, best_needs))
+            assert next(made_in_order, None) is None
+        self._moves = made
         for (row, cell, _, _, reason), entry in zip(placed, held, strict=True):
             new = id(entry) in changed
             if not new and (row, cell, reason) == (entry.row, entry.best, entry.reason):
@@ -1315,6 +1382,43 @@ class IncrementalPlanner:
             entry.row, entry.best, entry.reason = row, cell, reason
             changed[id(entry)] = entry
         return None
+
+    def _held_reads_of(self, flex: _FlexState, candidate: _Candidate) -> frozenset[int]:
+        """The rows a held commitment's search reads (worked out once per candidate)."""
+        key = candidate.request.request_id
+        known = self._held_reads.get(key)
+        if known is None or known[0] is not candidate:
+            known = self._held_reads[key] = (candidate, _reads(flex, candidate))
+        return known[1]
+
+    def _reached(
+        self,
+        flex: _FlexState,
+        held: list[_Entry],
+        movers: Mapping[str, tuple[FlexKey, _Slot]],
+    ) -> set[str]:
+        """The held commitments (``held``: in policy order) a carried move can reach: the
+        last pass tested each with the old slot of every mover ranked after it still taken
+        (moves are made in policy order), so one whose search reads a row such a slot gives
+        back, from before its own slot, is tested again. One ranked after every mover was
+        tested on the grid the moves left, which is the grid now. A mover admitted since is
+        no longer held, but counts by its policy key."""
+        reached: set[str] = set()
+        later: dict[int, int] = {}  # per row, the first cell a mover ranked after gave back
+        # Movers by policy key, the last ranked last: an admitted one is no longer held.
+        unseen = sorted(movers.values(), key=_first)
+        for entry in reversed(held):
+            while unseen and unseen[-1][0] > entry.key:
+                cell, _, _, needs = unseen.pop()[1]
+                for row, _ in needs:
+                    later[row] = min(later.get(row, _NONE), cell)
+            if later:
+                key = entry.candidate.request.request_id
+                cell = self._slots[key][0]
+                reads = self._held_reads_of(flex, entry.candidate)
+                if any(later.get(row, _NONE) < cell for row in reads):
+                    reached.add(key)
+        return reached
 
     def _insert(self, flex: _FlexState, entry: _Entry, *, ordered: bool = True) -> None:
         """Add an arrival's entry in policy order: to the entries, the order (unless
@@ -1474,6 +1578,18 @@ def _still_fit(
         ):
             return False
     return True
+
+
+_first = itemgetter(0)
+
+
+def _shifted(slot: _Slot, shift: int) -> _Slot:
+    """A held slot once the clock moved ``shift`` cells: what is left of it, as of a started
+    entry's (from cell 0) where its start has come."""
+    cell, span, row, needs = slot
+    if cell >= shift:
+        return cell - shift, span, row, needs
+    return 0, max(0, cell - shift + span), row, needs
 
 
 def _unheld(held: _Entry) -> _Entry:
