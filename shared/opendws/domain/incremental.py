@@ -1493,9 +1493,13 @@ class IncrementalPlanner:
                 else:
                     positions[id(entry)] = None
                 if id(entry) not in moved:
-                    before = state.decisions[entry.candidate.request.request_id]
-                    if before.position != positions[id(entry)]:
-                        self._record(state, entry, positions[id(entry)])
+                    request_id = entry.candidate.request.request_id
+                    before = state.decisions[request_id]
+                    place = positions[id(entry)]
+                    if before.position != place:
+                        # Its slot and reason stand (a held start keeps its instant as the
+                        # clock moves): only its place in line changed.
+                        self._put(state, request_id, _in_line(before, place))
         for key, entry in moved.items():
             if key in positions:
                 place = positions[key]
@@ -1581,6 +1585,22 @@ def _still_fit(
 
 
 _first = itemgetter(0)
+
+
+def _in_line(decision: Decision, position: int | None) -> Decision:
+    """``decision`` at another place in line, all else as it was."""
+    return Decision(
+        request_id=decision.request_id,
+        outcome=decision.outcome,
+        reason=decision.reason,
+        pool_id=decision.pool_id,
+        start_at=decision.start_at,
+        end_at=decision.end_at,
+        position=position,
+        alternatives=decision.alternatives,
+        lanes=decision.lanes,
+        detail=decision.detail,
+    )
 
 
 def _shifted(slot: _Slot, shift: int) -> _Slot:
