@@ -179,6 +179,13 @@ class _Layer:
 
 # A commitment's held slot: (first cell, cells, pool row, needs).
 _Slot = tuple[int, int, int, tuple[tuple[int, int], ...]]
+# A commitment's first slot, kept (see IncrementalPlanner._first_slot): (commitment,
+# candidate, deadline minute, slot's first minute, (cells, pool row, needs) or None).
+_FirstSlot = tuple[
+    Commitment, _Candidate, int, int, tuple[int, int, tuple[tuple[int, int], ...]] | None
+]
+# Minutes are counted from here where a kept cell must outlive the grid's origin.
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 @dataclass(slots=True)
@@ -231,11 +238,9 @@ class IncrementalPlanner:
         self._moves: dict[str, tuple[_Slot, _Slot]] | None = None
         # Held request id → (its candidate, the rows its search reads), worked out once.
         self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
-        # Request id → (commitment, candidate, grid origin, deadline cell, first slot) (see
-        # _first_slot).
-        self._first_slots: dict[
-            str, tuple[Commitment, _Candidate, datetime, int, _Slot | None]
-        ] = {}
+        # Request id → (commitment, candidate, deadline minute, first slot's minute, (its
+        # cells, pool row, needs) or None), minutes counted from _EPOCH (see _first_slot).
+        self._first_slots: dict[str, _FirstSlot] = {}
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
@@ -556,7 +561,7 @@ class IncrementalPlanner:
         known only once the walk is done (see :meth:`_still_fit`); every slot it takes is
         listed for that check."""
         layer = _Layer()
-        new: dict[str, tuple[int, int, int, tuple[tuple[int, int], ...], _Entry]] = {}
+        new: dict[str, tuple[_Slot, _Entry]] = {}
         horizon = snapshot.policy.commit_within
         expired = {id(entry) for entry in clock.expired_held}
         fresh = {entry.candidate.request.request_id: entry for entry in arrivals}
@@ -564,6 +569,8 @@ class IncrementalPlanner:
             beyond = state.now + horizon
             replanned = {id(entry) for entry in (*clock.restart, *clock.expired)}
             promised = {c.request_id: c for c in snapshot.commitments}  # the last one counts
+            base = (state.origin - _EPOCH) // MINUTE  # the grid's cell 0, as a minute
+            first_slots = self._first_slots
             for key, commitment in promised.items():
                 if commitment.start_at >= beyond or key in gone:
                     continue
@@ -572,9 +579,22 @@ class IncrementalPlanner:
                     continue
                 if id(entry) in replanned:
                     return "a commitment's request is planned again as the clock moved"
-                slot = self._first_slot(state, flex, commitment, entry)
+                # Most passes: the same commitment for the same candidate, its slot still
+                # ahead (see _first_slot), inline.
+                known = first_slots.get(key)
+                if (
+                    known is not None
+                    and known[0] is commitment
+                    and known[1] is entry.candidate
+                    and known[4] is not None
+                    and known[3] > base
+                    and known[2] - base == entry.last
+                ):
+                    new[key] = ((known[3] - base, *known[4]), entry)
+                    continue
+                slot = self._first_slot(state, flex, commitment, entry, base)
                 if slot is not None:
-                    new[key] = (*slot, entry)
+                    new[key] = (slot, entry)
             if len(self._first_slots) > 2 * len(promised) + 64:
                 self._first_slots = {
                     key: known for key, known in self._first_slots.items() if key in promised
@@ -585,7 +605,7 @@ class IncrementalPlanner:
             cell, span, row, needs = was
             found = new.get(key)
             if found is not None:
-                slot = found[:4]
+                slot = found[0]
                 if slot != was:
                     taken = [(need, cell, span, amount) for need, amount in needs]
                     taken += [(need, slot[0], slot[1], -amount) for need, amount in slot[3]]
@@ -615,10 +635,10 @@ class IncrementalPlanner:
             else:
                 layer.demoted.append(held)
             layer.takes += [(need, cell, span, amount) for need, amount in needs]
-        for key, (cell, span, row, needs, entry) in new.items():
+        for key, (slot, entry) in new.items():
             if key in self._held:
                 continue
-            slot = (cell, span, row, needs)
+            cell, span, row, needs = slot
             if key in fresh:
                 layer.fresh.append((entry, slot))
             elif (
@@ -641,20 +661,15 @@ class IncrementalPlanner:
         return layer
 
     def _first_slot(
-        self, state: _Pass, flex: _FlexState, commitment: Commitment, entry: _Entry
+        self, state: _Pass, flex: _FlexState, commitment: Commitment, entry: _Entry, base: int
     ) -> _Slot | None:
         """The first slot :meth:`_Pass.commitment_slots` gives ``commitment`` (within the
-        horizon) for ``entry``'s request, or None. It is kept per request: for the same
-        commitment and candidate, a later now moves a slot still ahead down by the minutes
-        the clock moved (its deadline with it), so only one that came is worked out again."""
+        horizon) for ``entry``'s request, or None; ``base``: the grid's cell 0, as a minute
+        from _EPOCH. It is kept per request, in minutes rather than cells: for the same
+        commitment and candidate, a later now leaves a slot still ahead at the same minute
+        (its deadline too), so only one that came is worked out again (see _relayer, which
+        reads what is kept)."""
         candidate = entry.candidate
-        known = self._first_slots.get(candidate.request.request_id)
-        if known is not None and known[0] is commitment and known[1] is candidate:
-            _, _, origin, last, slot = known
-            if slot is not None and slot[0] > 0:
-                shift = (state.origin - origin) // MINUTE
-                if slot[0] - shift > 0 and last - shift == entry.last:
-                    return (slot[0] - shift, *slot[1:])
         found = state.commitment_slots(
             commitment,
             candidate,
@@ -665,14 +680,17 @@ class IncrementalPlanner:
             flex.limit_row,
             flex.short,
         )
-        slot = None
-        if found is not None:
-            row, needs, cells = found
-            slot = (cells[0][0], cells[0][1], row, needs)
+        if found is None:
+            self._first_slots[candidate.request.request_id] = (
+                commitment, candidate, entry.last + base, base, None,
+            )  # fmt: skip
+            return None
+        row, needs, cells = found
+        cell, span = cells[0]
         self._first_slots[candidate.request.request_id] = (
-            commitment, candidate, state.origin, entry.last, slot,
+            commitment, candidate, entry.last + base, cell + base, (span, row, needs),
         )  # fmt: skip
-        return slot
+        return cell, span, row, needs
 
     def _absorbing(
         self,
