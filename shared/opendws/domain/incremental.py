@@ -1606,7 +1606,8 @@ _first = itemgetter(0)
 
 
 def _in_line(decision: Decision, position: int | None) -> Decision:
-    """``decision`` at another place in line, all else as it was."""
+    """``decision`` at another place in line, all else as it was (built field by field:
+    ``dataclasses.replace`` reads the fields by name, and a pass may renumber dozens)."""
     return Decision(
         request_id=decision.request_id,
         outcome=decision.outcome,
