@@ -326,8 +326,8 @@ class _FlexState:
     shapes: dict[_ShapeKey, tuple[_Option, ...]]
     # The commitments held before the policy order (``_hold_commitments``), or None if one
     # was not held at its first slot. The grid holds each at its slot (``held_slots``: id →
-    # its _Kept), not where the plan moved it earlier; each entry (in policy
-    # order, none of ``entries``) says where the plan put it (best, row) and why it waits.
+    # its _Kept), not where the plan moved it earlier; each entry (in policy order, none of
+    # ``entries``) says where the plan put it (best, row) and why it waits.
     held: list[_Entry] | None = None
     held_slots: dict[str, _Kept] = field(default_factory=dict)
 
@@ -820,14 +820,14 @@ class _Pass:
         ``moves`` collects each move made, in order (see :func:`_undo`).
 
         A planner that plans again passes ``settled``: request id → the rows its search reads,
-        for each commitment that did not move in the last pass from the slot it holds now,
-        and ``gained``: per row, the first cell from which its free amounts may have grown
-        since that pass's test read them (the slots moves made here give back are added).
-        A start before cell ``c`` needs room only in cells before ``c`` (from ``c`` on, the
-        slot it holds has room for it: see :meth:`_may_start_before`), so one none of whose
-        rows gained before ``c`` cannot start earlier now either, and is not tested. (A later now
-        adds no earlier start: a run from it covers every cell that one from its minute,
-        tested before, would.)"""
+        for each commitment held where the last pass placed it, and ``gained``: per row, the
+        first cell from which its free amounts may have grown since that pass's test read
+        them (the slots moves made here give back are added). A start before cell ``c``
+        needs room only in cells before ``c`` (from ``c`` on, the slot it holds has room for
+        it: see :meth:`_may_start_before`), so one none of whose rows gained before ``c``
+        cannot start earlier now either, and is not tested. (A later now adds no earlier
+        start: a run from it covers every cell that one from its minute, tested before,
+        would.)"""
         moved = []
         # Every test reads cells before a commitment's slot, all within the horizon: per
         # (needs, first allowed cell), one scan up to the last slot answers them all until
