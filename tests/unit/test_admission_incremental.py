@@ -182,10 +182,11 @@ def test_an_arrival_at_the_front_moves_ranks_without_rewriting_decisions() -> No
 
 
 def test_a_release_searches_only_requests_that_could_use_what_it_frees() -> None:
-    """A one-VM run that ends early frees one VM for its last two hours. Only the two
-    four-VM requests whose own slots lie in those hours could see four VMs free there; the 98
-    queued behind them never can, so they take their slots again without a search, and the
-    plan is still the full one."""
+    """A one-VM run that ends early frees one VM for its last two hours. The two four-VM
+    requests whose slots lie in those hours see it only inside their own slots (the first
+    starts now; the second, an hour later, would need the four VMs the first holds to start
+    sooner), and the 98 queued behind them never see it: each takes its slot again without a
+    search, and the plan is still the full one."""
     planner = IncrementalPlanner(clock_floor=0)
     first = replace(
         two_queues(),
@@ -196,7 +197,48 @@ def test_a_release_searches_only_requests_that_could_use_what_it_frees() -> None
     second = replace(first, grants=())
     assert planner.plan(second, NOW) == admit(second, NOW)
     assert not planner.last_pass.full
-    assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 2)
+    assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 0)
+
+
+def test_a_release_searches_the_requests_it_lets_start_sooner() -> None:
+    """A four-VM run that ends two hours early lets the queue of its pool (four-VM requests
+    held one after another from then) start two hours sooner: each is searched and moves."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = replace(
+        two_queues(),
+        pools=(pool(zone=ZONE, capacity=5), pool(zone="us-central1-b", capacity=4)),
+        grants=(grant("big", units=4, start_at=NOW - HOUR, hours=3),),
+    )
+    before = planner.plan(first, NOW)
+    second = replace(first, grants=())
+    after = planner.plan(second, NOW)
+    assert after == admit(second, NOW)
+    assert not planner.last_pass.full
+    assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 100)
+    queued = before.decision(f"{ZONE}-001")
+    assert queued.start_at == NOW + 3 * HOUR
+    assert after.decision(f"{ZONE}-001").start_at == NOW + HOUR
+
+
+def test_a_release_lets_a_request_start_the_minute_before_its_slot() -> None:
+    """A booked minute that ends the pool's busy stretch is released: the queue's first
+    request, held from the minute after it, starts a minute sooner (a search must try the
+    start just before a slot, not only those a whole cell further back)."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = replace(
+        two_queues(),
+        grants=(
+            grant("running", units=4, start_at=NOW - HOUR, end_at=NOW + 59 * MINUTE),
+            grant("booked", units=4, start_at=NOW + 59 * MINUTE, end_at=NOW + HOUR),
+        ),
+    )
+    before = planner.plan(first, NOW)
+    assert before.decision(f"{ZONE}-000").start_at == NOW + HOUR
+    second = replace(first, grants=first.grants[:1])
+    after = planner.plan(second, NOW)
+    assert after == admit(second, NOW)
+    assert not planner.last_pass.full
+    assert after.decision(f"{ZONE}-000").start_at == NOW + 59 * MINUTE
 
 
 OTHER_ZONE = "us-central1-b"

@@ -1669,11 +1669,17 @@ def _stands(
     # Most visits follow a change that only took cells (an arrival): no row gained where a
     # run of this request could reach, and no option can newly fit.
     gained = any(spans[row][0] < min(spans[row][1], reach) for row in rows)
-    for lowest, _, every_need in (
+    # A more preferred pool wins a tie, so it need only start at the slot to take it; its own
+    # pool and the less preferred ones must start before it (a request with no slot: by its
+    # deadline, anywhere).
+    latest = entry.last if best is None else best
+    for lowest, pool, every_need in (
         _options(entry.candidate, flex.binding, flex.limit_row, flex.short, flex.shapes)
         if gained
         else ()
     ):
+        if pool == entry.row:
+            latest -= 1
         # Only rolled rows hold what this request sees; the others still carry the takes of
         # requests after it, so they are left out: fewer needs fit more often (a search more,
         # never a slot kept wrongly). Every row that gained is a rolled one.
@@ -1698,7 +1704,7 @@ def _stands(
         # (From a whole minute; a run from now is one cell longer, so this errs to search.)
         length = entry.length
         first_start = max(lowest, gained_from - length + 1)
-        last_start = min(gained_to - 1, entry.last if best is None else best)
+        last_start = min(gained_to - 1, latest)
         if first_start <= last_start and (
             grid.earliest_fit(needs, first_start, last_start, length) is not None
         ):
