@@ -437,6 +437,33 @@ def test_a_release_decides_again_only_the_blocks_on_its_rows() -> None:
     assert after.decision(other) == before.decision(other)
 
 
+def test_a_release_decides_again_a_confirmed_block_only_if_it_overlaps_its_window() -> None:
+    """A confirmed block fits over its own window or not, so a release there may change it
+    and one that ended before it began cannot: the first is decided again (and stays
+    confirmed), the second is not, and each plan is ``admit``'s."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = build_snapshot(
+        pools=[pool(capacity=8)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[
+            grant("early", units=4, start_at=NOW, hours=12),
+            grant("during", units=4, start_at=NOW + DAY, hours=12),
+        ],
+        pending=[calendar("block", start_at=NOW + DAY)],
+    )
+    before = planner.plan(first, NOW)
+    assert before.decision("block").outcome is Outcome.CONFIRM
+    for name, decided in (("early", 0), ("during", 1)):
+        released = replace(first, grants=tuple(g for g in first.grants if g.request_id != name))
+        planner = IncrementalPlanner(clock_floor=0)
+        planner.plan(first, NOW)
+        after = planner.plan(released, NOW)
+        assert after == admit(released, NOW)
+        assert not planner.last_pass.full
+        assert planner.last_pass.redecided == decided, name
+        assert after.decision("block") == before.decision("block")
+
+
 def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
     """A block confirmed where it was refused changes what the flex grid holds: in full."""
     planner = IncrementalPlanner(clock_floor=0)

@@ -34,7 +34,8 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
 - A grant that came or went while calendar blocks are pending decides again the blocks that
   read one of its rows (its pool or a quota limit it counts against): it can make a refused
   block fit or a confirmed one not, and moves the alternatives offered. A block on none of
-  its rows is decided as before (see ``_recalendar``).
+  its rows is decided as before, and so is a confirmed one whose window it does not overlap
+  (see ``_recalendar``).
 - Commitments (``policy.commit_within``: ETAs told less than that far ahead) are held before
   the policy order, so they are kept as a layer under the walk: each held where it was
   promised, in the grid, and none of the walk's entries. Each pass works out which are held
@@ -810,9 +811,20 @@ class IncrementalPlanner:
         and the blocks confirmed before it there. So a block on no row a changed grant holds
         is decided as before, and while every block reached keeps its grant, no block after
         it sees another row. The ledger for the reached ones is built over just the rows they
-        read, from the grants there and the earlier blocks' bookings, which are unchanged."""
-        touched = {resource for grant in changed for resource in _grant_resources(state, grant)}
-        reached = [self._blocks[index] for index in self._reading(touched)]
+        read, from the grants there and the earlier blocks' bookings, which are unchanged.
+
+        A confirmed block reads its rows over its own window only (it fits there or not), so
+        one whose window no changed grant on its rows overlaps is not reached; a refused one
+        is (the alternatives it is offered read its rows at every start it may take)."""
+        spans = [
+            (set(_grant_resources(state, grant)), grant.start_at, grant.end_at) for grant in changed
+        ]
+        touched = {resource for resources, _, _ in spans for resource in resources}
+        reached = [
+            block
+            for block in (self._blocks[index] for index in self._reading(touched))
+            if _reaches(spans, block, block.request.request_id not in self._booked)
+        ]
         if not reached:
             return 0
         rows = {resource for block in reached for resource in _block_resources(block)}
@@ -1696,18 +1708,18 @@ def _stands(
             gains.append(delta[row])
             gained_from = min(gained_from, bounds[0])
             gained_to = max(gained_to, min(bounds[1], reach))
-        if max(gained_from, lowest) >= gained_to or not grid.gain_fits(
-            needs, gains, max(gained_from, lowest), gained_to
-        ):
-            continue
-        # Such a cell exists: is there a whole run over one, starting no later than the slot?
-        # (From a whole minute; a run from now is one cell longer, so this errs to search.)
+        # The starts that could newly win: a run over a gained cell, early enough. (From a
+        # whole minute; a run from now is one cell longer, so this errs to search.)
         length = entry.length
         first_start = max(lowest, gained_from - length + 1)
         last_start = min(gained_to - 1, latest)
-        if first_start <= last_start and (
-            grid.earliest_fit(needs, first_start, last_start, length) is not None
-        ):
+        if first_start > last_start:
+            continue
+        # Is there a cell their runs cover that gained and has room? Then a whole run over
+        # one, from those starts?
+        if grid.gain_fits(
+            needs, gains, max(gained_from, lowest), min(gained_to, last_start + length)
+        ) and (grid.earliest_fit(needs, first_start, last_start, length) is not None):
             return None
     if best is None:
         return False
@@ -1764,6 +1776,22 @@ def _grant_resources(state: _Pass, grant: Grant) -> list[_Resource]:
         limit.key for limit in state.quotas.limits(grant.tenant, grant.accelerator)
     ]
     return limits if row is None else [row, *limits]
+
+
+def _reaches(
+    spans: Sequence[tuple[set[_Resource], datetime, datetime]], block: _Candidate, refused: bool
+) -> bool:
+    """Whether a change of grants (``spans``: each changed grant's ledger rows and times) can
+    change ``block``'s decision: it shares a row with one, and, if confirmed, over its window
+    (a refused block's alternatives read every start)."""
+    request = block.request
+    assert request.start_at is not None  # a calendar request always has one
+    start, end = request.start_at, request.start_at + request.run_duration
+    resources = _block_resources(block)
+    return any(
+        (refused or (since < end and start < until)) and not rows.isdisjoint(resources)
+        for rows, since, until in spans
+    )
 
 
 def _block_resources(block: _Candidate) -> list[_Resource]:
