@@ -1672,10 +1672,10 @@ def _stands(
     Exact, not a heuristic. A search finds the earliest start among the request's options
     (a pool and the quota it counts against), a tie going to the more preferred pool. No
     start before the slot (nor a more preferred pool at it) fitted last pass. One fits now
-    only if its run covers a cell where a row of that option gained and where every row of
-    the option now has what the request needs of it: without such a cell within the cells
-    those runs cover, none does. The slot itself still fits unless a row lost within it. A
-    request with no slot waits on unless such a cell lies anywhere."""
+    only if its run covers a cell where a row of that option gained: so the request stands
+    unless a run of it fits (on the rows that hold what it sees) from one of those starts.
+    The slot itself still fits unless a row lost within it. A request with no slot waits on
+    unless such a run fits by its deadline."""
     best = entry.best
     reach = grid.cells if best is None else best + max(entry.span, entry.first)
     # Most visits follow a change that only took cells (an arrival): no row gained where a
@@ -1699,27 +1699,23 @@ def _stands(
         if not needs:
             continue
         gained_from, gained_to = _NONE, lowest
-        gains: list[npt.NDArray[np.int32] | None] = []
         for row, _ in needs:
-            bounds = spans.get(row)
-            if bounds is None or bounds[0] >= min(bounds[1], reach):
-                gains.append(None)
-                continue
-            gains.append(delta[row])
-            gained_from = min(gained_from, bounds[0])
-            gained_to = max(gained_to, min(bounds[1], reach))
-        # The starts that could newly win: a run over a gained cell, early enough. (From a
-        # whole minute; a run from now is one cell longer, so this errs to search.)
+            changed = spans.get(row)
+            if changed is not None and changed[0] < min(changed[1], reach):
+                gained_from = min(gained_from, changed[0])
+                gained_to = max(gained_to, min(changed[1], reach))
+        # The starts that could newly win: those whose run covers a gained cell, early
+        # enough. (From a whole minute; a run from now is one cell longer: this errs to
+        # search.) What earlier searches proved settles most of them without a scan.
         length = entry.length
         first_start = max(lowest, gained_from - length + 1)
         last_start = min(gained_to - 1, latest)
         if first_start > last_start:
             continue
-        # Is there a cell their runs cover that gained and has room? Then a whole run over
-        # one, from those starts?
-        if grid.gain_fits(
-            needs, gains, max(gained_from, lowest), min(gained_to, last_start + length)
-        ) and (grid.earliest_fit(needs, first_start, last_start, length) is not None):
+        proved = grid.bounds(needs, first_start, length)
+        if proved[1] <= last_start and (
+            grid.earliest_fit(needs, first_start, last_start, length, proved) is not None
+        ):
             return None
     if best is None:
         return False

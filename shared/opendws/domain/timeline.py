@@ -170,35 +170,6 @@ class MinuteGrid:
         last_short = np.maximum.accumulate(np.where(room, -1, index))
         return room, np.maximum.accumulate(index - last_short)
 
-    def gain_fits(
-        self,
-        needs: Sequence[tuple[int, int]],
-        gains: Sequence[npt.NDArray[np.int32] | None],
-        start: int,
-        stop: int,
-    ) -> bool:
-        """True if some cell of ``[start, stop)`` has every need's amount free and gained on
-        one of their rows (``gains``, per need: how much its row gained per cell, None if it
-        gained nothing): the cells a run of ``needs`` newly fitting could owe its fit to."""
-        stop = min(stop, self.cells)
-        if start >= stop:
-            return False
-        # The gained cells first, then narrowed by each need's room, in one buffer: most
-        # calls have one need and one gain, where every numpy call counts.
-        gained: npt.NDArray[np.bool_] | None = None
-        for gain in gains:
-            if gain is not None:
-                if gained is None:
-                    gained = gain[start:stop] > 0
-                else:
-                    np.logical_or(gained, gain[start:stop] > 0, out=gained)
-        if gained is None:
-            return False
-        rows = self._rows
-        for row, amount in needs:
-            np.logical_and(gained, rows[row][start:stop] >= amount, out=gained)
-        return bool(gained.any())
-
     def _room(
         self, needs: Sequence[tuple[int, int]], start: int, stop: int
     ) -> npt.NDArray[np.bool_] | None:
