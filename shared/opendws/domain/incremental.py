@@ -1323,7 +1323,9 @@ class IncrementalPlanner:
         last pass not carried out: see :meth:`_Pass._move_earlier`; or by a carried move ranked
         after it: see :meth:`_reached`), and its reason is judged again only if it was tested
         again, its pool's row changed, the clock moved or it queues strict FIFO. Right after
-        a full pass (whose moves are not known) every one is."""
+        a full pass (whose moves are not known) every one is. A pass where none would be
+        (most often the one that sees the last pass's admissions and moves carried out, at
+        the same instant) stops before placing any (:meth:`_unmoved`)."""
         grid = flex.grid
         if not _still_fit(grid, flex, state, layer, added):
             return "a commitment no longer fits where it was promised"
@@ -1350,6 +1352,12 @@ class IncrementalPlanner:
                     gained[row] = min(gained.get(row, _NONE), to[0])
             if layer.movers:
                 reached = self._reached(flex, held, layer.movers)
+            if not (clock_moved or dirty or gained or reached) and self._unmoved(changed):
+                # Nothing a test or a judgement reads changed: each commitment stays where
+                # the last pass placed it, for the same reason, and none moves.
+                grid.forget()
+                self._moves = {}
+                return None
         for rank, entry in enumerate(held, start=1):
             candidate = entry.candidate
             key = candidate.request.request_id
@@ -1412,6 +1420,23 @@ class IncrementalPlanner:
             entry.row, entry.best, entry.reason = row, cell, reason
             changed[id(entry)] = entry
         return None
+
+    def _unmoved(self, changed: dict[int, _Entry]) -> bool:
+        """Whether every held commitment is where the last pass placed it, unchanged since
+        (not in ``changed``), and none queues strict FIFO (whose reason is judged again on
+        every pass): with nothing else changed, :meth:`_rehold` would then test and judge none
+        of them again, and leave each as it was."""
+        slots = self._slots
+        for key, entry in self._held.items():
+            slot = slots[key]
+            if (
+                id(entry) in changed
+                or entry.candidate.strict
+                or entry.best != slot[0]
+                or entry.row != slot[2]
+            ):
+                return False
+        return True
 
     def _held_reads_of(self, flex: _FlexState, candidate: _Candidate) -> frozenset[int]:
         """The rows a held commitment's search reads (worked out once per candidate)."""
