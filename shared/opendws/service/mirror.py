@@ -34,6 +34,9 @@ class RequestMirror:
         self._watermark: Watermark | None = None
         # Pools of the orders of requests that became final since the last take.
         self._ended_pools: set[str] = set()
+        # Requests whose copy came, was replaced or left since the last take; None: any may
+        # have (nothing taken since a read of everything).
+        self._changed: set[str] | None = None
         self._lock = threading.Lock()
 
     def refresh(self, store: Requests) -> list[RequestRecord]:
@@ -46,6 +49,7 @@ class RequestMirror:
         with self._lock:
             if since is None:
                 self._records, self._in_order = {}, True
+                self._changed = None
             for record in changes.records:
                 self._keep(record)
             self._watermark = changes.watermark
@@ -61,6 +65,23 @@ class RequestMirror:
         with self._lock:
             self._keep(record)
 
+    def current(self) -> list[RequestRecord]:
+        """Every request not yet final, as the mirror holds it now (no read)."""
+        with self._lock:
+            return list(self._records.values())
+
+    def get(self, request_id: str) -> RequestRecord | None:
+        """The request's copy, if it is not final."""
+        return self._records.get(request_id)  # one dict read: atomic, no lock needed
+
+    def take_changed(self) -> set[str] | None:
+        """The requests whose copy came, was replaced or left since the last call (by a
+        refresh or a :meth:`record`), and forget them; None if any may have (the first call,
+        and the first after a read of everything)."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+        return changed
+
     def take_ended_pools(self) -> set[str]:
         """The pools where a request that left the mirror since the last call had orders (its
         last copy here, and its final record: either may name them), and forget them. A
@@ -73,6 +94,8 @@ class RequestMirror:
         held = self._records.get(record.request_id)
         if held is not None and held.version > record.version:
             return  # an older copy (read again at the watermark): the newer one stays
+        if self._changed is not None and held is not record:
+            self._changed.add(record.request_id)
         if record.state.is_final:
             gone = self._records.pop(record.request_id, None)
             if gone is not None:

@@ -54,13 +54,12 @@ from opendws.domain.admission import (
     Outcome,
     Plan,
     Race,
-    Reason,
     calendar_alternatives,
     offered,
 )
 from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import Commitment, Grant, Mode, Pool, Provider, Racer, Snapshot
+from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.readiness import (
     Readiness,
@@ -106,6 +105,7 @@ from opendws.ports import (
 from opendws.ports.telemetry import Metrics
 from opendws.service import telemetry
 from opendws.service.mirror import RequestMirror
+from opendws.service.parts import SnapshotParts, moves_with_clock, racing
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
 
@@ -181,11 +181,7 @@ class ReconcileSettings:
 
 
 # The reasons of a held slot: a pending request with one of these was told its ETA and pool.
-_GRANTED = frozenset((S.PROVISIONING, S.ACTIVE, S.BOOKED))  # live states that hold a grant
 _WAITING = frozenset((Outcome.HOLD, Outcome.WAIT))  # decisions that leave a request PENDING
-_HELD = frozenset(
-    {Reason.NO_CAPACITY_UNTIL, Reason.QUOTA, Reason.POOL_SHORT_UNTIL, Reason.FIFO_BLOCKED}
-)
 
 # What one live request's sweep reads besides the time (see _Cycle._inputs).
 _SweepInputs = tuple[int, tuple[tuple[bool, Observed | None], ...]]
@@ -326,8 +322,8 @@ class ReconcileService:
         # slot a request holds, which may be earlier than the ETA it was told (a move under
         # eta_tolerance is not announced). A cold instance starts from the announced ones.
         self._held: dict[str, tuple[str, datetime]] = {}
-        # The last pass's commitments (see _Cycle._snapshot), by request id.
-        self._commitments: dict[str, Commitment] = {}
+        # The snapshot's parts, kept between passes (service.parts).
+        self._parts = SnapshotParts()
         # Pools to observe next pass although no live order is there (observe_all_every):
         # a request ended there, a release was asked there, or the last look there found
         # something no live request wanted. Guarded by _lock.
@@ -758,68 +754,51 @@ class _Cycle:
     # Step 4: the snapshot ---------------------------------------------------------------
 
     def _snapshot(self, without: str | None = None) -> Snapshot:
-        """What admission reads; ``without`` leaves one request out (to plan around it)."""
-        grants: list[Grant] = []
-        pending = []
-        commitments = []
-        committing = self.config.policy.commit_within is not None
-        held = self.service._held
-        # The last snapshot's commitments, by request: one that holds the same slot is used
-        # again rather than built anew (most of them, most passes).
-        promised_before = self.service._commitments
-        promised: dict[str, Commitment] = {}
-        for record in self.records.values():
-            if without is not None and record.request_id == without:
-                continue
-            state = record.state
-            if state is S.PENDING and submitted(record):
-                grants.append(self._grant_of(record))  # held while Google reviews it
-            elif state is S.PENDING:
-                pending.append(record.request)
-                if committing and record.reason in _HELD and record.eta and record.pool:
-                    # The promise (PolicySettings.commit_within): the slot the last plan held
-                    # (the slots of one plan fit together; an ETA told earlier may not, when
-                    # the plan moved it later by less than the tolerance); on a cold
-                    # instance, the ETA it was told. Within the horizon every later move is
-                    # announced (_news), so what was told is what is held.
-                    request_id = record.request_id
-                    pool_id, start_at = held.get(request_id, (record.pool, record.eta))
-                    commitment = promised_before.get(request_id)
-                    if (
-                        commitment is None
-                        or commitment.pool_id != pool_id
-                        or commitment.start_at != start_at
-                    ):
-                        commitment = Commitment(
-                            request_id=request_id, pool_id=pool_id, start_at=start_at
-                        )
-                    promised[request_id] = commitment
-                    commitments.append(commitment)
-            elif state is S.PROVISIONING and len(record.lanes) > 1:
-                # Racing: every lane holds its own grant until one wins (see PolicySettings).
-                grants.extend(
-                    replace(
-                        _grant(record, self.now, self._expected_wait(lane.pool)),
-                        pool_id=lane.pool,
-                    )
-                    for lane in record.lanes
-                )
-            elif state in _GRANTED and record.pool:
-                grants.append(self._grant_of(record))
+        """What admission reads; ``without`` leaves one request out (to plan around it).
+
+        Built from the parts kept between passes (:mod:`opendws.service.parts`), brought up
+        to date for the requests the mirror saw change; only the grants that move with the
+        clock are worked out again (a run being created, a race's lanes)."""
+        mirror = self.mirror
+        parts = self.service._parts.update(
+            mirror.take_changed(),
+            mirror.current,
+            mirror.get,
+            self._grant_of,
+            self.service._held,
+            committing=self.config.policy.commit_within is not None,
+        )
+        grants = parts.fixed
+        if parts.moving:
+            grants = (*grants, *self._moving_grants(parts.moving))
+        pending, commitments = parts.pending, parts.commitments
+        if without is not None:
+            pending = tuple(r for r in pending if r.request_id != without)
+            grants = tuple(g for g in grants if g.request_id != without)
+            commitments = tuple(c for c in commitments if c.request_id != without)
         with self.grants_lock:  # drop what no live request needs any more
             _forget_gone(self.grant_cache, self.records)
             _forget_gone(self.quiet, self.records)
-            if without is None:
-                self.service._commitments = promised
         return Snapshot(
             pools=tuple(self.pools.values()),
             tenants=self.config.tenants,
-            grants=tuple(grants),
-            pending=tuple(pending),
+            grants=grants,
+            pending=pending,
             policy=self.config.policy,
             racing=tuple(self._racers()),
-            commitments=tuple(commitments),
+            commitments=commitments,
         )
+
+    def _moving_grants(self, records: Sequence[RequestRecord]) -> Iterator[Grant]:
+        """The grants of records whose grants move with the clock, worked out at this pass's
+        now; a racing one's every lane holds its own grant until one wins (PolicySettings)."""
+        for record in records:
+            if racing(record):
+                for lane in record.lanes:
+                    grant = _grant(record, self.now, self._expected_wait(lane.pool))
+                    yield replace(grant, pool_id=lane.pool)
+            else:
+                yield self._grant_of(record)
 
     def _racers(self) -> Iterator[Racer]:
         """Flex requests whose every order waits in a pool Google reported short."""
@@ -860,9 +839,7 @@ class _Cycle:
         start, end = _span(record, self.now, wait)
         if kept is not None and (kept.start_at, kept.end_at) == (start, end):
             return kept
-        moving = record.state is S.PROVISIONING or (
-            record.since is None and record.request.start_at is None
-        )  # held from now on, or until Google serves it: it may move with the clock
+        moving = moves_with_clock(record)  # held from now on, or until Google serves it
         assert record.pool is not None
         grant = Grant.of(record.request, record.pool, start, end_at=end)
         with self.grants_lock:
