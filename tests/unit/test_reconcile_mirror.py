@@ -311,13 +311,47 @@ def test_the_mirror_returns_submission_order_whatever_order_changes_arrive_in() 
     feed = _Feed()
     mirror = RequestMirror()
     feed.next = [_pending("b", 2), _pending("c", 3)]
-    assert [r.request_id for r in mirror.refresh(feed)] == ["b", "c"]
+    assert list(mirror.refresh(feed).records) == ["b", "c"]
     feed.next = [_pending("d", 4), _pending("a", 1), _pending("a2", 1)]
-    assert [r.request_id for r in mirror.refresh(feed)] == ["a", "a2", "b", "c", "d"]
+    assert list(mirror.refresh(feed).records) == ["a", "a2", "b", "c", "d"]
     rewritten = replace(_pending("b", 2), version=2, reason="QUOTA")
     feed.next = [rewritten, _pending("e", 5), _pending("a1", 1)]
     held = mirror.refresh(feed)
-    assert [r.request_id for r in held] == ["a", "a1", "a2", "b", "c", "d", "e"]
-    assert held[3] is rewritten
+    assert list(held.records) == ["a", "a1", "a2", "b", "c", "d", "e"]
+    assert held.records["b"] is rewritten
     feed.next = [replace(_pending("c", 3), version=2, state=S.CANCELLED)]
-    assert [r.request_id for r in mirror.refresh(feed)] == ["a", "a1", "a2", "b", "d", "e"]
+    assert list(mirror.refresh(feed).records) == ["a", "a1", "a2", "b", "d", "e"]
+
+
+def test_the_mirror_keeps_what_a_pass_sweeps_and_what_google_is_still_to_serve() -> None:
+    """A pass sweeps the live requests and the calendar blocks at Google's review, and counts
+    those Google is still to serve (an order being created, a block under review): the
+    mirror keeps both as records come, change state and leave, equal to working them out
+    from every record."""
+    feed = _Feed()
+    mirror = RequestMirror()
+
+    def check(expected_live: list[str], expected_in_flight: int) -> None:
+        held = mirror.refresh(feed)
+        assert sorted(r.request_id for r in held.live) == sorted(expected_live)
+        assert held.in_flight == expected_in_flight
+        assert all(held.records[r.request_id] is r for r in held.live)
+
+    block, _ = accepted(calendar("blk", submitted_at=NOW), NOW)
+    feed.next = [_pending("a", 1), _pending("b", 2), block]
+    check([], 0)
+    creating = replace(_pending("a", 1), version=2, state=S.PROVISIONING, pool="p")
+    reviewed = replace(block, version=2, pool="p", attempt=1)  # submitted: under review
+    feed.next = [creating, reviewed]
+    check(["a", "blk"], 2)
+    feed.next = [replace(creating, version=3, state=S.ACTIVE)]
+    check(["a", "blk"], 1)
+    feed.next = [replace(_pending("a", 1), version=4, state=S.PENDING)]  # back in line
+    check(["blk"], 1)
+    feed.next = [replace(reviewed, version=3, state=S.BOOKED)]
+    check(["blk"], 0)
+    feed.next = [replace(reviewed, version=4, state=S.CANCELLED), _pending("c", 3)]
+    check([], 0)
+    feed.next = [replace(_pending("b", 2), version=2, state=S.PROVISIONING, pool="p")]
+    mirror.record(replace(_pending("c", 3), version=2, state=S.PROVISIONING, pool="p"))
+    check(["b", "c"], 2)

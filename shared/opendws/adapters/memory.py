@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 
 from opendws.domain.calendar import CancellationRule, cancel_deadline, may_cancel
 from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
@@ -41,6 +42,9 @@ from opendws.ports import (
     next_lease,
     requests_topic,
 )
+
+# A record's place in submission order (then id): the order every listing of records is in.
+_SUBMISSION = attrgetter("request.submitted_at", "request.request_id")
 
 
 class MemoryRequestStore:
@@ -111,7 +115,7 @@ class MemoryRequestStore:
     def in_states(self, *states: RequestState) -> list[RequestRecord]:
         with self._lock:
             found = [self._records[i] for state in set(states) for i in self._by_state[state]]
-        return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
+        return sorted(found, key=_SUBMISSION)
 
     def changes(self, since: Watermark | None) -> Changes:
         with self._lock:
@@ -133,7 +137,7 @@ class MemoryRequestStore:
     def unannounced(self) -> list[RequestRecord]:
         with self._lock:
             found = [self._records[request_id] for request_id in self._outbox]
-        return sorted(found, key=lambda r: (r.request.submitted_at, r.request_id))
+        return sorted(found, key=_SUBMISSION)
 
     def _put(self, record: RequestRecord) -> None:
         """Store ``record`` and keep the indexes true (the lock is held)."""

@@ -18,9 +18,33 @@ reconciler looks there next for what the release left behind.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from datetime import datetime
 
-from opendws.ports import RequestRecord, Requests, Watermark
+from opendws.domain.states import RequestState
+from opendws.ports import RequestRecord, Requests, Watermark, submitted
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """What a refresh gives a pass: every request not yet final, and those it sweeps."""
+
+    records: dict[str, RequestRecord]  # by id, oldest submission first (the pass's own copy)
+    # Those not simply waiting in the queue: live ones and calendar blocks at Google's
+    # review, in the order they became so.
+    live: list[RequestRecord]
+    in_flight: int  # how many of them Google is still to serve (see in_flight)
+
+
+def in_flight(record: RequestRecord) -> bool:
+    """Whether Google is still to serve ``record``: an order being created, or a calendar
+    block under review."""
+    return record.state is RequestState.PROVISIONING or submitted(record)
+
+
+def _swept(record: RequestRecord) -> bool:
+    """Whether a pass sweeps ``record``: live, or a calendar block under Google's review."""
+    return record.state is not RequestState.PENDING or submitted(record)
 
 
 class RequestMirror:
@@ -31,6 +55,11 @@ class RequestMirror:
         # last, so the order is kept by appending and restored by a sort only when it did not.
         self._records: dict[str, RequestRecord] = {}
         self._in_order = True
+        # Those a pass sweeps (see Held.live), in the order they became so, and the ids of
+        # those of them Google is still to serve: kept as records come and go, so a pass
+        # need not sort every request to find them.
+        self._live: dict[str, RequestRecord] = {}
+        self._flying: set[str] = set()
         self._watermark: Watermark | None = None
         # Pools of the orders of requests that became final since the last take.
         self._ended_pools: set[str] = set()
@@ -39,16 +68,17 @@ class RequestMirror:
         self._changed: set[str] | None = None
         self._lock = threading.Lock()
 
-    def refresh(self, store: Requests) -> list[RequestRecord]:
+    def refresh(self, store: Requests) -> Held:
         """Read what changed since the last refresh (everything, the first time) and return
         every request not yet final, oldest submission first (the order the store's queries
-        give)."""
+        give), and those a pass sweeps."""
         with self._lock:
             since = self._watermark
         changes = store.changes(since)
         with self._lock:
             if since is None:
                 self._records, self._in_order = {}, True
+                self._live, self._flying = {}, set()
                 self._changed = None
             for record in changes.records:
                 self._keep(record)
@@ -58,7 +88,7 @@ class RequestMirror:
                     sorted(self._records.items(), key=lambda item: _submission(item[1]))
                 )
                 self._in_order = True
-            return list(self._records.values())
+            return Held(dict(self._records), list(self._live.values()), len(self._flying))
 
     def record(self, record: RequestRecord) -> None:
         """Keep what a write of this process stored (a final state leaves the mirror)."""
@@ -91,23 +121,32 @@ class RequestMirror:
         return ended
 
     def _keep(self, record: RequestRecord) -> None:
-        held = self._records.get(record.request_id)
+        request_id = record.request_id
+        held = self._records.get(request_id)
         if held is not None and held.version > record.version:
             return  # an older copy (read again at the watermark): the newer one stays
         if self._changed is not None and held is not record:
-            self._changed.add(record.request_id)
+            self._changed.add(request_id)
         if record.state.is_final:
-            gone = self._records.pop(record.request_id, None)
+            gone = self._records.pop(request_id, None)
+            self._live.pop(request_id, None)
+            self._flying.discard(request_id)
             if gone is not None:
                 self._ended_pools.update(lane.pool for lane in (*gone.orders, *record.orders))
-        elif held is not None:
-            self._records[record.request_id] = record  # a dict keeps its place
+            return
+        if _swept(record):
+            self._live[request_id] = record  # a dict keeps its place
         else:
-            if self._in_order and self._records:
-                last = self._records[next(reversed(self._records))]
-                if _submission(record) < _submission(last):
-                    self._in_order = False  # the next refresh sorts the mirror again
-            self._records[record.request_id] = record
+            self._live.pop(request_id, None)
+        if in_flight(record):
+            self._flying.add(request_id)
+        else:
+            self._flying.discard(request_id)
+        if held is None and self._in_order and self._records:
+            last = self._records[next(reversed(self._records))]
+            if _submission(record) < _submission(last):
+                self._in_order = False  # the next refresh sorts the mirror again
+        self._records[request_id] = record  # a dict keeps its place
 
 
 def _submission(record: RequestRecord) -> tuple[datetime, str]:

@@ -104,7 +104,7 @@ from opendws.ports import (
 )
 from opendws.ports.telemetry import Metrics
 from opendws.service import telemetry
-from opendws.service.mirror import RequestMirror
+from opendws.service.mirror import RequestMirror, in_flight
 from opendws.service.parts import SnapshotParts, moves_with_clock, racing
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
@@ -391,7 +391,7 @@ class _Cycle:
         self.now = now
         self.report = report
         self.records: dict[str, RequestRecord] = {}
-        self.in_flight = 0  # records Google is still to serve (see _in_flight)
+        self.in_flight = 0  # records Google is still to serve (see mirror.in_flight)
         self.readiness: dict[str, Readiness | None] | None = None  # by pool; read when needed
         self.clock = service._clock
         self.timers = service._timers
@@ -420,14 +420,11 @@ class _Cycle:
         # 1. The lease is held (run_pass took it).
         # What changed since the last pass, on top of what it left (every request not final).
         held = self.mirror.refresh(self.store)
-        live = [record for record in held if record.state is not S.PENDING]
-        pending = [record for record in held if record.state is S.PENDING]
-        self.records = {record.request_id: record for record in (*live, *pending)}
-        # Calendar blocks at Google's review are swept with the live ones.
-        reviewed = [record for record in pending if submitted(record)]
-        live = [*live, *reviewed]
+        self.records = held.records
+        # The live requests, and calendar blocks at Google's review: swept.
+        live = held.live
         # Kept up to date by each write (see _keep), rather than counted again at the end.
-        self.in_flight = len(reviewed) + sum(record.state is S.PROVISIONING for record in live)
+        self.in_flight = held.in_flight
         self._announce_backlog()
         # 2. Observe the providers where something may have changed (every pool, at times).
         looked, whole = self._pools_to_observe(live)
@@ -1140,7 +1137,7 @@ class _Cycle:
         """Hold ``record`` as the pass's copy, counting what Google is still to serve."""
         before = self.records.get(record.request_id)
         self.records[record.request_id] = record
-        self.in_flight += _in_flight(record) - (before is not None and _in_flight(before))
+        self.in_flight += in_flight(record) - (before is not None and in_flight(before))
 
     def _announce_backlog(self) -> None:
         """Publish events an earlier pass recorded but did not get to publish (it crashed)."""
@@ -1166,12 +1163,6 @@ def _apply_order(decision: Decision, plan: Plan, first: dict[Outcome, int]) -> t
     and screened decisions have none), then the id."""
     rank = plan.rank(decision.request_id) or 0
     return first.get(decision.outcome, 2), rank, decision.request_id
-
-
-def _in_flight(record: RequestRecord) -> bool:
-    """Whether Google is still to serve ``record``: an order being created, or a calendar
-    block under review."""
-    return record.state is S.PROVISIONING or submitted(record)
 
 
 def _lanes(record: RequestRecord) -> tuple[Lane, ...]:
