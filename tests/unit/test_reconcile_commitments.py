@@ -7,8 +7,10 @@ from datetime import timedelta
 
 import pytest
 
+from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import PolicySettings
 from opendws.domain.states import RequestState
+from opendws.ports import Change, StatusEvent
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, ZONE, flex, pool
 from tests.world import memory_world, submit, tenants_for
 
@@ -118,3 +120,62 @@ def test_a_pass_that_only_sees_its_admissions_run_rewrites_no_held_request() -> 
     assert held.reason == "NO_CAPACITY_UNTIL"
     assert admitting.ran
     assert seen_running.ran
+
+
+def test_a_later_eta_kept_quiet_is_told_once_the_clock_brings_it_within_the_horizon() -> None:
+    """``behind`` was told the end of a run Google had not served yet; served 2 minutes
+    later, the run ends 2 minutes later, and so does ``behind``'s slot: outside the
+    commitment horizon a move under eta_tolerance is not news. The slot then stays where it
+    is, pass after pass (the same decision for the same record); once the clock brings it
+    within the horizon it is a promise, and the later ETA is told then."""
+    policy = PolicySettings(commit_within=2 * HOUR)
+    world, cloud = memory_world(
+        [pool(capacity=4)], tenants_for(H100), policy=policy, latency=2 * MINUTE
+    )  # fmt: skip
+    cloud.set_stock(ZONE, A3, 4)
+    service = world.reconciler()
+    service._planner = IncrementalPlanner(clock_floor=0)  # plans on from the last plan
+    submit(world.store, flex("creating", vm_count=4, hours=3))
+    service.run_pass()
+    submit(world.store, flex("behind", vm_count=4, hours=1))
+    service.run_pass()
+    assert world.record("behind").eta == NOW + 3 * HOUR
+    world.clock.advance(2 * MINUTE)
+    service.run_pass()
+    assert world.state("creating") is S.ACTIVE
+    later = NOW + 3 * HOUR + 2 * MINUTE
+    for minutes in (30, 60, 62):  # eta - now: 2 h 32 min, 2 h 2 min, 2 h exactly
+        world.clock.set_at_least(NOW + minutes * MINUTE)
+        service.run_pass()
+        assert world.record("behind").eta == NOW + 3 * HOUR  # not yet within the horizon
+    world.clock.set_at_least(NOW + 63 * MINUTE)
+    service.run_pass()
+    assert world.record("behind").eta == later
+    told = [e.eta for e in world.bus.published if e.request_id == "behind" and e.eta]
+    assert told == [NOW + 3 * HOUR, later]
+
+
+def test_a_record_rewritten_by_another_writer_is_compared_again_with_the_same_decision() -> None:
+    """Another writer rewrote a held request's record (its ETA gone): the plan's decision for
+    it is the same as last pass, but the record is not, so the pass compares them again and
+    tells the ETA again."""
+    world, cloud = memory_world([pool(capacity=4)], tenants_for(H100))
+    cloud.set_stock(ZONE, A3, 4)
+    service = world.reconciler()
+    service._planner = IncrementalPlanner(clock_floor=0)  # plans on from the last plan
+    submit(world.store, flex("blocker", vm_count=4, hours=2))
+    service.run_pass()
+    submit(world.store, flex("held", vm_count=4, hours=1))
+    service.run_pass()
+    assert service.run_pass().revisions == 0  # the same plan: nothing new to tell
+    record = world.record("held")
+    assert record.eta == NOW + 2 * HOUR
+    event = StatusEvent(
+        request_id="held", tenant="t", state=S.PENDING, previous_state=S.PENDING, at=NOW
+    )
+    world.store.change(
+        "held", Change(expected_version=record.version, state=S.PENDING, event=event, eta=None)
+    )
+    assert world.record("held").eta is None
+    service.run_pass()
+    assert world.record("held").eta == NOW + 2 * HOUR

@@ -59,7 +59,7 @@ from opendws.domain.admission import (
 )
 from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
+from opendws.domain.model import Grant, Mode, PolicySettings, Pool, Provider, Racer, Snapshot
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.readiness import (
     Readiness,
@@ -185,6 +185,15 @@ _WAITING = frozenset((Outcome.HOLD, Outcome.WAIT))  # decisions that leave a req
 
 # What one live request's sweep reads besides the time (see _Cycle._inputs).
 _SweepInputs = tuple[int, tuple[tuple[bool, Observed | None], ...]]
+
+
+@dataclass(slots=True)
+class _NoNews:
+    """Per request, the waiting decision a pass found without news and the record it was
+    compared with (see _Cycle._due); valid under one policy (its horizon is read)."""
+
+    policy: PolicySettings | None = None
+    pairs: dict[str, tuple[Decision, RequestRecord]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +333,8 @@ class ReconcileService:
         self._held: dict[str, tuple[str, datetime]] = {}
         # The snapshot's parts, kept between passes (service.parts).
         self._parts = SnapshotParts()
+        # Waiting decisions found without news, with their records (see _Cycle._due).
+        self._no_news = _NoNews()
         # Pools to observe next pass although no live order is there (observe_all_every):
         # a request ended there, a release was asked there, or the last look there found
         # something no live request wanted. Guarded by _lock.
@@ -463,15 +474,9 @@ class _Cycle:
         for race in plan.races:
             with self._one_request(race.request_id):
                 self._grow_race(race)
-        records = self.records
-        news = self._news
         # Held and waiting requests without news are left as they are (most of them, most
         # passes): only the rest is ordered and applied.
-        due = [
-            decision
-            for decision in plan.decisions
-            if decision.outcome not in _WAITING or news(records[decision.request_id], decision)
-        ]
+        due = self._due(plan)
         for decision in sorted(due, key=lambda d: _apply_order(d, plan, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
@@ -1025,6 +1030,37 @@ class _Cycle:
             self._call(
                 Call.PROVISION, order, self.providers.for_order(pool, record.request.mode).provision
             )
+
+    def _due(self, plan: Plan) -> list[Decision]:
+        """The plan's decisions to carry out: every one that changes a request's state, and a
+        waiting one with news (:meth:`_news`). A waiting decision found without news for a
+        record is remembered with it while that stays so whatever the time (no later ETA
+        within the commitment horizon, see _news): the same decision for the same record,
+        pass after pass, is then passed over without being compared again."""
+        records = self.records
+        policy = self.config.policy
+        quiet = self.service._no_news
+        if quiet.policy is not policy:
+            quiet.policy, quiet.pairs = policy, {}
+        pairs = quiet.pairs
+        horizon = policy.commit_within
+        due = []
+        for decision in plan.decisions:
+            if decision.outcome not in _WAITING:
+                due.append(decision)
+                continue
+            request_id = decision.request_id
+            record = records[request_id]
+            known = pairs.get(request_id)
+            if known is not None and known[0] is decision and known[1] is record:
+                continue
+            if self._news(record, decision):
+                due.append(decision)
+            elif horizon is None or not (record.eta and decision.eta and decision.eta > record.eta):
+                pairs[request_id] = (decision, record)
+        with self.grants_lock:
+            _forget_gone(pairs, records)
+        return due
 
     def _news(self, record: RequestRecord, decision: Decision) -> bool:
         """Whether a waiting request's new estimate is worth a write and an event: another
