@@ -18,7 +18,9 @@ from opendws.domain.sweep import Step, SweepSettings, SweepView, sweep
 from opendws.ports import (
     Change,
     Changes,
+    Configuration,
     Observed,
+    Order,
     RequestRecord,
     StatusEvent,
     Watermark,
@@ -355,3 +357,67 @@ def test_the_mirror_keeps_what_a_pass_sweeps_and_what_google_is_still_to_serve()
     feed.next = [replace(_pending("b", 2), version=2, state=S.PROVISIONING, pool="p")]
     mirror.record(replace(_pending("c", 3), version=2, state=S.PROVISIONING, pool="p"))
     check(["b", "c"], 2)
+
+
+def test_a_quiet_order_google_never_serves_times_out_at_max_wait_on_a_kept_service(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An order Google keeps queued shows the same report pass after pass, so the request is
+    left alone (no table lookup) while it waits; no report change marks its max_wait, so
+    the pass at that instant looks at it for its steady time alone, and times it out (no
+    provisioning timeout: cluster-toolkit waits up to 65,535 s for flex partitions)."""
+    world, cloud, store = world_with_backlog(0)
+    cloud.inject(FREE, A3, "hang")
+    service = world.reconciler()
+    submit(store, flex("waits", vm_count=1, max_wait=timedelta(hours=2), locations=(FREE,)))
+    service.run_pass()
+    world.clock.advance(timedelta(minutes=1))
+    service.run_pass()
+    assert world.state("waits") is S.PROVISIONING
+    spy = SweepSpy(monkeypatch)
+    for _ in range(10):
+        world.clock.advance(timedelta(minutes=10))
+        service.run_pass()
+    assert world.state("waits") is S.PROVISIONING
+    assert spy.swept.count("waits") <= 1  # quiet from its first look on
+    world.clock.set(NOW + timedelta(hours=2, seconds=1))
+    service.run_pass()
+    assert world.state("waits") is S.TIMED_OUT
+    assert world.published("waits")[-1][:2] == ("TIMED_OUT", "MAX_WAIT_PASSED")
+
+
+def test_a_quiet_run_whose_pool_is_removed_is_ended_by_the_next_pass() -> None:
+    """What a quiet request's sweep read includes whether its pool is configured: a pass
+    after the pool left the configuration looks at every quiet request again."""
+    world, _, store = world_with_backlog(0)
+    service = world.reconciler()
+    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
+    running(world, service, "small")
+    for _ in range(3):
+        world.clock.advance(timedelta(minutes=1))
+        service.run_pass()
+    world.config.save(
+        Configuration(pools=(pool(zone=BUSY, capacity=4),), tenants=tenants_for(H100))
+    )
+    world.clock.advance(timedelta(minutes=1))
+    service.run_pass()
+    assert world.state("small") is S.EXPIRED
+    assert world.published("small")[-1][:2] == ("EXPIRED", "POOL_REMOVED")
+
+
+def test_an_order_nobody_wants_is_released_beside_quiet_runs() -> None:
+    """Quiet runs are passed over without naming their orders again, yet an order in their
+    pool that no live request has (a leak: a creation whose record write was lost) is seen
+    and released by the next pass."""
+    world, cloud, store = world_with_backlog(0)
+    service = world.reconciler()
+    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
+    running(world, service, "small")
+    world.clock.advance(timedelta(minutes=1))
+    service.run_pass()
+    stray = flex("stray", vm_count=1, locations=(FREE,))
+    cloud.provision(Order(request=stray, pool=pool(zone=FREE, capacity=4), attempt=1))
+    world.clock.advance(timedelta(minutes=1))
+    report = service.run_pass()
+    assert report.leaks == [order_name("stray", 1)]
+    assert world.state("small") is S.ACTIVE

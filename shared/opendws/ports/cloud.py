@@ -153,6 +153,10 @@ class Providers:
         # The last look's sightings by order name: one that shows the same report from the
         # same provider is reused, so an unchanged order costs no new object per look.
         self._sightings: dict[str, Sighting] = {}
+        # Looks so far, and the names whose sighting the last one changed (a new report, or
+        # gone): what a reader that saw the look before needs to look at again.
+        self.looks = 0
+        self.changed: set[str] = set()
 
     def for_order(self, pool: Pool, mode: Mode) -> CapacityProvider:
         """The provider of an order of ``mode`` in ``pool``."""
@@ -169,6 +173,7 @@ class Providers:
         serving several kinds is asked once per kind of pool)."""
         by_kind = {kind: [pool for pool in pools if pool.provider is kind] for kind in Provider}
         observed: dict[str, Sighting] = {}
+        changed: set[str] = set()
         asked: set[tuple[int, Provider]] = set()
         for provider, kind in (
             (self.mig_flex, Provider.MIG),
@@ -188,8 +193,12 @@ class Providers:
                     or sighting.provider is not provider
                 ):
                     sighting = Sighting(provider=provider, observed=seen)
+                    changed.add(name)
                 observed[name] = sighting
+        changed.update(self._sightings.keys() - observed.keys())
         self._sightings = dict(observed)
+        self.changed = changed
+        self.looks += 1
         return observed
 
 

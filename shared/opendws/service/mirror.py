@@ -22,7 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from opendws.domain.states import RequestState
-from opendws.ports import RequestRecord, Requests, Watermark, submitted
+from opendws.ports import RequestRecord, Requests, Watermark, order_name, submitted
+
+# Who reads the changes (see RequestMirror.take_changed): the snapshot's parts, the sweep.
+CHANNELS = ("parts", "sweep")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,7 @@ class Held:
     # review, in the order they became so.
     live: list[RequestRecord]
     in_flight: int  # how many of them Google is still to serve (see in_flight)
+    wanted: set[str]  # the names of their orders (an order by any other name is unwanted)
 
 
 def in_flight(record: RequestRecord) -> bool:
@@ -60,12 +64,15 @@ class RequestMirror:
         # need not sort every request to find them.
         self._live: dict[str, RequestRecord] = {}
         self._flying: set[str] = set()
+        # Per live one, the names of its orders; and all of them.
+        self._names: dict[str, tuple[str, ...]] = {}
+        self._wanted: set[str] = set()
         self._watermark: Watermark | None = None
         # Pools of the orders of requests that became final since the last take.
         self._ended_pools: set[str] = set()
-        # Requests whose copy came, was replaced or left since the last take; None: any may
-        # have (nothing taken since a read of everything).
-        self._changed: set[str] | None = None
+        # Per reader, the requests whose copy came, was replaced or left since its last take;
+        # None: any may have (nothing taken since a read of everything).
+        self._changed: dict[str, set[str] | None] = dict.fromkeys(CHANNELS)
         self._lock = threading.Lock()
 
     def refresh(self, store: Requests) -> Held:
@@ -79,7 +86,8 @@ class RequestMirror:
             if since is None:
                 self._records, self._in_order = {}, True
                 self._live, self._flying = {}, set()
-                self._changed = None
+                self._names, self._wanted = {}, set()
+                self._changed = dict.fromkeys(CHANNELS)
             for record in changes.records:
                 self._keep(record)
             self._watermark = changes.watermark
@@ -88,7 +96,12 @@ class RequestMirror:
                     sorted(self._records.items(), key=lambda item: _submission(item[1]))
                 )
                 self._in_order = True
-            return Held(dict(self._records), list(self._live.values()), len(self._flying))
+            return Held(
+                dict(self._records),
+                list(self._live.values()),
+                len(self._flying),
+                set(self._wanted),
+            )
 
     def record(self, record: RequestRecord) -> None:
         """Keep what a write of this process stored (a final state leaves the mirror)."""
@@ -104,12 +117,13 @@ class RequestMirror:
         """The request's copy, if it is not final."""
         return self._records.get(request_id)  # one dict read: atomic, no lock needed
 
-    def take_changed(self) -> set[str] | None:
-        """The requests whose copy came, was replaced or left since the last call (by a
-        refresh or a :meth:`record`), and forget them; None if any may have (the first call,
-        and the first after a read of everything)."""
+    def take_changed(self, channel: str) -> set[str] | None:
+        """The requests whose copy came, was replaced or left since ``channel``'s last call
+        (by a refresh or a :meth:`record`), and forget them for it; None if any may have (its
+        first call, and its first after a read of everything). ``channel``: one of
+        CHANNELS, each reader taking its own."""
         with self._lock:
-            changed, self._changed = self._changed, set()
+            changed, self._changed[channel] = self._changed[channel], set()
         return changed
 
     def take_ended_pools(self) -> set[str]:
@@ -125,19 +139,26 @@ class RequestMirror:
         held = self._records.get(request_id)
         if held is not None and held.version > record.version:
             return  # an older copy (read again at the watermark): the newer one stays
-        if self._changed is not None and held is not record:
-            self._changed.add(request_id)
+        if held is not record:
+            for changed in self._changed.values():
+                if changed is not None:
+                    changed.add(request_id)
         if record.state.is_final:
             gone = self._records.pop(request_id, None)
-            self._live.pop(request_id, None)
+            self._unlive(request_id)
             self._flying.discard(request_id)
             if gone is not None:
                 self._ended_pools.update(lane.pool for lane in (*gone.orders, *record.orders))
             return
         if _swept(record):
             self._live[request_id] = record  # a dict keeps its place
+            names = tuple(order_name(request_id, lane.attempt) for lane in record.orders)
+            if self._names.get(request_id) != names:
+                self._wanted.difference_update(self._names.get(request_id, ()))
+                self._names[request_id] = names
+                self._wanted.update(names)
         else:
-            self._live.pop(request_id, None)
+            self._unlive(request_id)
         if in_flight(record):
             self._flying.add(request_id)
         else:
@@ -147,6 +168,11 @@ class RequestMirror:
             if _submission(record) < _submission(last):
                 self._in_order = False  # the next refresh sorts the mirror again
         self._records[request_id] = record  # a dict keeps its place
+
+    def _unlive(self, request_id: str) -> None:
+        """``request_id`` is no longer swept (final, or back in the queue)."""
+        self._live.pop(request_id, None)
+        self._wanted.difference_update(self._names.pop(request_id, ()))
 
 
 def _submission(record: RequestRecord) -> tuple[datetime, str]:

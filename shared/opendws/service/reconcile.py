@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import itertools
 import logging
 import threading
@@ -316,6 +317,12 @@ class ReconcileService:
         # live requests whose last sweep did nothing: record version, and per lane whether its
         # pool is configured and what was observed under its order's name.
         self._quiet: dict[str, _Quiet] = {}
+        # What tells a pass which quiet requests to look at again (_Cycle._sweep_again): the
+        # request of each quiet order name, the steady times of quiet requests (a heap), and
+        # (the providers' look, the pools configured) when the last sweep ran to its end.
+        self._quiet_names: dict[str, str] = {}
+        self._quiet_until: list[tuple[datetime, str]] = []
+        self._swept: tuple[int, frozenset[str]] | None = None
         # Per pool: the serve wait the last pass planned with (see _Cycle._why_later).
         self._serve_waits: dict[str, timedelta] = {}
         # Every pool's ready samples and when they were read (see _Cycle._samples).
@@ -340,6 +347,22 @@ class ReconcileService:
         # something no live request wanted. Guarded by _lock.
         self._watched: set[str] = set()
         self._observed_all_at: datetime | None = None  # None: never yet, on this instance
+
+    def _note_quiet(self, request_id: str, quiet: _Quiet) -> None:
+        """Index a quiet request by its order names and its steady time (see _sweep_again);
+        the indexes are rebuilt from the quiet requests once stale entries outgrow them."""
+        with self._lock:
+            names, due = self._quiet_names, self._quiet_until
+            for name in quiet.names:
+                names[name] = request_id
+            if quiet.until is not None:
+                heapq.heappush(due, (quiet.until, request_id))
+            limit = 4 * len(self._quiet) + 64
+            if len(names) > limit:
+                self._quiet_names = {n: key for key, q in self._quiet.items() for n in q.names}
+            if len(due) > limit:
+                self._quiet_until = [(q.until, key) for key, q in self._quiet.items() if q.until]
+                heapq.heapify(self._quiet_until)
 
     def run_pass(self) -> PassReport:
         """One pass. Returns at once if another reconciler holds the lease.
@@ -441,30 +464,34 @@ class _Cycle:
         looked, whole = self._pools_to_observe(live)
         observed = self.providers.observe(looked)
         self.report.observed_pools, self.report.observed_all = len(looked), whole
+        # What no live request wants: leaks, and blocks Google keeps.
+        unwanted = {name: observed[name] for name in observed.keys() - held.wanted}
         # 3. Sweep the live requests against it; release what nobody wants.
-        quiet_of, take, now = self.quiet.get, observed.pop, self.now
+        configured = frozenset(self.pools)
+        again = self._sweep_again(configured)
+        quiet_of, look, now = self.quiet.get, observed.get, self.now
         for record in live:
-            quiet = quiet_of(record.request_id)
+            request_id = record.request_id
+            quiet = quiet_of(request_id)
+            if quiet is not None and again is not None and request_id not in again:
+                continue  # quiet, and nothing it reads changed since the last sweep
             if (
                 quiet is not None
                 and quiet.inputs[0] == record.version  # the same version: the same lanes
                 and (quiet.until is None or now < quiet.until)
             ):
-                sightings = [take(name, None) for name in quiet.names]
+                sightings = [look(name) for name in quiet.names]
                 if quiet.holds(sightings, self.pools):
                     continue  # its last sweep did nothing, and nothing it reads changed since
                 seen = dict(zip(record.orders, sightings, strict=True))
             else:
-                seen = {
-                    lane: take(order_name(record.request_id, lane.attempt), None)
-                    for lane in record.orders
-                }
-            with self._one_request(record.request_id):
+                seen = {lane: look(order_name(request_id, lane.attempt)) for lane in record.orders}
+            with self._one_request(request_id):
                 self._sweep(record, seen, self._inputs(record, seen))
-        # What is left was seen where no live request wants it: leaks, and blocks Google keeps.
-        self._watch({pool.pool_id for pool in looked}, observed, whole)
-        for name in sorted(observed):
-            self._release_leak(observed[name])
+        self.service._swept = (self.providers.looks, configured)
+        self._watch({pool.pool_id for pool in looked}, unwanted, whole)
+        for name in sorted(unwanted):
+            self._release_leak(unwanted[name])
         # 4. Snapshot and admission.
         snapshot = self._snapshot()
         with self.planner_lock:  # a pass whose lease expired may still be planning
@@ -489,6 +516,26 @@ class _Cycle:
         self.service._serve_waits = {key: pool.serve_wait for key, pool in self.pools.items()}
         self.report.next_start = min((start for _, start in slots.values()), default=None)
         self.report.in_flight = self.in_flight
+
+    def _sweep_again(self, configured: frozenset[str]) -> set[str] | None:
+        """The quiet requests this pass sweeps again (None: every one it finds quiet is
+        checked): those whose record changed, those whose steady time came, and those an
+        order of which the providers' look shows changed since the last pass's. That holds
+        only if the last pass's sweep ran to its end right after the look before this one,
+        with the same pools configured: otherwise every one is checked, as its _Quiet says.
+        A quiet request in none of these reads what its last sweep read."""
+        service = self.service
+        changed = self.mirror.take_changed("sweep")
+        swept, service._swept = service._swept, None  # set again once this sweep is done
+        if changed is None or swept is None or swept != (self.providers.looks - 1, configured):
+            return None
+        again = changed
+        names = service._quiet_names
+        again.update(names[name] for name in self.providers.changed if name in names)
+        due = service._quiet_until
+        while due and due[0][0] <= self.now:
+            again.add(heapq.heappop(due)[1])
+        return again
 
     def _pools_to_observe(self, live: Sequence[RequestRecord]) -> tuple[list[Pool], bool]:
         """The pools this pass observes, and whether they are all of them: every configured
@@ -599,12 +646,13 @@ class _Cycle:
         if step.writes or step.calls or step.short or step.double_wins:
             self.quiet.pop(record.request_id, None)
         else:
-            self.quiet[record.request_id] = _Quiet(
+            quiet = self.quiet[record.request_id] = _Quiet(
                 inputs=inputs,
                 until=steady_until(view, self.now, self.settings.sweep),
                 pools=tuple(lane.pool for lane in lanes),
                 names=tuple(order_name(record.request_id, lane.attempt) for lane in record.orders),
             )
+            self.service._note_quiet(record.request_id, quiet)
         self._carry_out(record, step)
 
     def _carry_out(self, record: RequestRecord, step: Step) -> None:
@@ -763,7 +811,7 @@ class _Cycle:
         clock are worked out again (a run being created, a race's lanes)."""
         mirror = self.mirror
         parts = self.service._parts.update(
-            mirror.take_changed(),
+            mirror.take_changed("parts"),
             mirror.current,
             mirror.get,
             self._grant_of,
