@@ -10,7 +10,8 @@ import pytest
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import PolicySettings
 from opendws.domain.states import RequestState
-from opendws.ports import Change, StatusEvent
+from opendws.ports import Change, Fence, Fenced, StatusEvent
+from opendws.service import reconcile
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, ZONE, flex, pool
 from tests.world import memory_world, submit, tenants_for
 
@@ -179,3 +180,43 @@ def test_a_record_rewritten_by_another_writer_is_compared_again_with_the_same_de
     assert world.record("held").eta is None
     service.run_pass()
     assert world.record("held").eta == NOW + 2 * HOUR
+
+
+def test_a_plan_no_pass_carried_out_is_looked_at_in_full_by_the_next_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass that lost its lease right after planning carried out nothing of its plan; the
+    next plan is made from that one, so its changes alone would miss what the lost plan
+    changed (here ``held``, pushed an hour later by an urgent arrival): the next pass looks
+    at every decision, and tells ``held`` its new ETA."""
+    world, cloud = memory_world(
+        [pool(capacity=4)],
+        tenants_for(H100),
+        latency=timedelta(0),
+        policy=PolicySettings(commit_within=None),  # an estimate, not a promise: it moves
+    )
+    cloud.set_stock(ZONE, A3, 4)
+    service = world.reconciler()
+    service._planner = IncrementalPlanner(clock_floor=0)  # plans on from the last plan
+    submit(world.store, flex("blocker", vm_count=4, hours=2))
+    service.run_pass()
+    service.run_pass()  # running from now
+    submit(world.store, flex("held", vm_count=4, hours=1))
+    service.run_pass()
+    assert world.record("held").eta == NOW + 2 * HOUR
+    assert service.run_pass().revisions == 0  # nothing new to tell
+    submit(world.store, flex("urgent", vm_count=4, hours=1, priority=10))
+    real_due = reconcile._Cycle._due
+    fences: list[Fence] = []
+
+    def lost_lease(cycle: reconcile._Cycle, *args: object) -> object:
+        fences.append(cycle.fence)
+        raise Fenced("another reconciler took the lease")
+
+    monkeypatch.setattr(reconcile._Cycle, "_due", lost_lease)
+    assert service.run_pass().fenced
+    monkeypatch.setattr(reconcile._Cycle, "_due", real_due)
+    world.store.release_lease(fences[0])  # whoever held it let it go: a pass at once
+    assert service.run_pass().ran
+    assert world.record("urgent").eta == NOW + 2 * HOUR
+    assert world.record("held").eta == NOW + 3 * HOUR

@@ -257,16 +257,25 @@ class IncrementalPlanner:
         # The last full pass's policy keys, for the next full pass (see _Pass's keys).
         self._keys: _Keys = {}
         self.last_pass = PassReport(full=True, why="no pass yet")
+        # Plans made so far, and the requests whose decision the last one set anew or dropped
+        # (None: any may have, after a full pass): whoever carries plans out may look at
+        # those alone, if it saw the plan before (see ReconcileService).
+        self.plans = 0
+        self.changed: set[str] | None = None
+        self._changed: set[str] | None = None
 
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
         """The plan ``admit(snapshot, now)`` gives, made incrementally where it can be."""
         require_utc("now", now)
+        self._changed = set()
         with _collector_paused():
             why = self._why_full(snapshot, now)
             if why is None:
                 why = self._replan(snapshot, now)
             if why is not None:
                 self._full(snapshot, now, why)
+            self.plans += 1
+            self.changed = self._changed
             state = self._pass
             assert state is not None
             races = tuple(
@@ -290,6 +299,7 @@ class IncrementalPlanner:
 
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
         self._unkept_after = False
+        self._changed = None  # every decision is made anew
         state = _Pass(snapshot, now, keep=True, keys=self._keys)
         state.run()
         self._keys = state.keys
@@ -371,10 +381,14 @@ class IncrementalPlanner:
         state.decisions[key] = decision
         index = bisect.bisect_left(self._ids, key)
         if index < len(self._ids) and self._ids[index] == key:
+            if self._decisions[index] is decision:
+                return
             self._decisions[index] = decision
         else:
             self._ids.insert(index, key)
             self._decisions.insert(index, decision)
+        if self._changed is not None:
+            self._changed.add(key)
 
     def _drop(self, state: _Pass, key: str) -> None:
         """Forget the decision for ``key`` (its request left)."""
@@ -382,6 +396,8 @@ class IncrementalPlanner:
         index = bisect.bisect_left(self._ids, key)
         del self._ids[index]
         del self._decisions[index]
+        if self._changed is not None:
+            self._changed.add(key)
 
     def _why_full(self, snapshot: Snapshot, now: datetime) -> str | None:
         """Why the next plan cannot start from the last one, or None if it can."""

@@ -24,8 +24,9 @@ from datetime import datetime
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, Requests, Watermark, order_name, submitted
 
-# Who reads the changes (see RequestMirror.take_changed): the snapshot's parts, the sweep.
-CHANNELS = ("parts", "sweep")
+# Who reads the changes (see RequestMirror.take_changed): the snapshot's parts, the sweep,
+# the look at the plan's decisions.
+CHANNELS = ("parts", "sweep", "due")
 
 
 @dataclass(frozen=True, slots=True)

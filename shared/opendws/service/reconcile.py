@@ -35,6 +35,7 @@ wants (released as a leak) — never a request lost, a resource created twice or
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import heapq
@@ -43,10 +44,11 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from operator import attrgetter
 from typing import Any
 
 from opendws.domain.admission import (
@@ -188,13 +190,16 @@ _WAITING = frozenset((Outcome.HOLD, Outcome.WAIT))  # decisions that leave a req
 _SweepInputs = tuple[int, tuple[tuple[bool, Observed | None], ...]]
 
 
-@dataclass(slots=True)
-class _NoNews:
-    """Per request, the waiting decision a pass found without news and the record it was
-    compared with (see _Cycle._due); valid under one policy (its horizon is read)."""
+@dataclass(frozen=True, slots=True)
+class _DueChain:
+    """What a pass's look at the plan left for the next one (see _Cycle._due): the plan it
+    carried out (by the planner's count) under which policy, the requests it found due, and
+    those whose news may come with the clock alone."""
 
-    policy: PolicySettings | None = None
-    pairs: dict[str, tuple[Decision, RequestRecord]] = field(default_factory=dict)
+    plans: int
+    policy: PolicySettings
+    due: frozenset[str]
+    watched: set[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,8 +345,8 @@ class ReconcileService:
         self._held: dict[str, tuple[str, datetime]] = {}
         # The snapshot's parts, kept between passes (service.parts).
         self._parts = SnapshotParts()
-        # Waiting decisions found without news, with their records (see _Cycle._due).
-        self._no_news = _NoNews()
+        # What the last look at a plan left for the next one (see _Cycle._due).
+        self._due_chain: _DueChain | None = None
         # Pools to observe next pass although no live order is there (observe_all_every):
         # a request ended there, a release was asked there, or the last look there found
         # something no live request wanted. Guarded by _lock.
@@ -496,6 +501,7 @@ class _Cycle:
         snapshot = self._snapshot()
         with self.planner_lock:  # a pass whose lease expired may still be planning
             plan = self.planner.plan(snapshot, self.now)
+            planned = (self.planner.plans, self.planner.changed)
         # 5. Apply: starts first, so capacity is asked for as early as possible.
         order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
         for race in plan.races:
@@ -503,7 +509,7 @@ class _Cycle:
                 self._grow_race(race)
         # Held and waiting requests without news are left as they are (most of them, most
         # passes): only the rest is ordered and applied.
-        due = self._due(plan)
+        due = self._due(plan, *planned)
         for decision in sorted(due, key=lambda d: _apply_order(d, plan, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
@@ -1079,35 +1085,48 @@ class _Cycle:
                 Call.PROVISION, order, self.providers.for_order(pool, record.request.mode).provision
             )
 
-    def _due(self, plan: Plan) -> list[Decision]:
+    def _due(self, plan: Plan, plans: int, changed: set[str] | None) -> list[Decision]:
         """The plan's decisions to carry out: every one that changes a request's state, and a
-        waiting one with news (:meth:`_news`). A waiting decision found without news for a
-        record is remembered with it while that stays so whatever the time (no later ETA
-        within the commitment horizon, see _news): the same decision for the same record,
-        pass after pass, is then passed over without being compared again."""
+        waiting one with news (:meth:`_news`).
+
+        Right after the pass that carried out the planner's previous plan, only some can be
+        due: those the planner set anew (``changed``, of plan number ``plans``), those whose
+        record changed since (the mirror says which), those due then (one whose write was
+        refused is due still), and those whose news may come with the clock alone (a later
+        ETA, told within the commitment horizon once the clock brings it there). Any other
+        is the same decision for the same record, found without news then. Otherwise (a
+        full plan, a plan this service did not see, a pass cut short) every one is looked
+        at."""
+        service = self.service
+        records_changed = self.mirror.take_changed("due")
+        chain, service._due_chain = service._due_chain, None  # set again once done
+        if (
+            chain is None
+            or changed is None
+            or records_changed is None
+            or chain.plans != plans - 1
+            or chain.policy is not self.config.policy
+        ):
+            decisions: Iterable[Decision] = plan.decisions
+        else:
+            ids = changed | records_changed | chain.due | chain.watched
+            decisions = [d for d in (_decision_of(plan, key) for key in ids) if d is not None]
         records = self.records
-        policy = self.config.policy
-        quiet = self.service._no_news
-        if quiet.policy is not policy:
-            quiet.policy, quiet.pairs = policy, {}
-        pairs = quiet.pairs
-        horizon = policy.commit_within
-        due = []
-        for decision in plan.decisions:
+        horizon = self.config.policy.commit_within
+        due: list[Decision] = []
+        watched: set[str] = set()
+        for decision in decisions:
             if decision.outcome not in _WAITING:
                 due.append(decision)
                 continue
-            request_id = decision.request_id
-            record = records[request_id]
-            known = pairs.get(request_id)
-            if known is not None and known[0] is decision and known[1] is record:
-                continue
+            record = records[decision.request_id]
             if self._news(record, decision):
                 due.append(decision)
-            elif horizon is None or not (record.eta and decision.eta and decision.eta > record.eta):
-                pairs[request_id] = (decision, record)
-        with self.grants_lock:
-            _forget_gone(pairs, records)
+            elif horizon is not None and record.eta and decision.eta and decision.eta > record.eta:
+                watched.add(decision.request_id)  # within the horizon, it will be news
+        service._due_chain = _DueChain(
+            plans, self.config.policy, frozenset(d.request_id for d in due), watched
+        )
         return due
 
     def _news(self, record: RequestRecord, decision: Decision) -> bool:
@@ -1240,6 +1259,19 @@ def _forget_gone(cache: dict[str, Any], records: Mapping[str, RequestRecord]) ->
     if len(cache) > 2 * len(records) + 64:
         for request_id in [key for key in cache if key not in records]:
             del cache[request_id]
+
+
+def _decision_of(plan: Plan, request_id: str) -> Decision | None:
+    """The plan's decision for ``request_id``, if it has one: found by halving (the plan's
+    decisions are sorted by id), not through an index of all of them."""
+    decisions = plan.decisions
+    index = bisect.bisect_left(decisions, request_id, key=_REQUEST_ID)
+    if index < len(decisions) and decisions[index].request_id == request_id:
+        return decisions[index]
+    return None
+
+
+_REQUEST_ID = attrgetter("request_id")
 
 
 def _apply_order(decision: Decision, plan: Plan, first: dict[Outcome, int]) -> tuple[int, int, str]:
