@@ -19,13 +19,18 @@ concurrent runs. One pass reads as the numbered cycle of the design:
    that no live request wants, released (a leak) — except a released block Google keeps,
    and bills, to its end. A request whose last sweep did nothing is swept again only once
    its record or what was observed of it changes, or its next deadline comes
-   (``steady_until``): a quiet pass costs the lookups, not the table.
-4. Build an immutable snapshot and call the pure admission core, through the service's
-   incremental planner: the same plan as ``admit``, made from the last one where the changes
-   allow (``opendws.domain.incremental``).
+   (``steady_until``); right after a pass whose sweep ran to its end, only the requests the
+   mirror or the look names as changed, or whose deadline came, are looked at
+   (``_sweep_again``).
+4. Build an immutable snapshot from parts kept between passes, built again only for the
+   requests that changed (:mod:`opendws.service.parts`), and call the pure admission core,
+   through the service's incremental planner: the same plan as ``admit``, made from the last
+   one where the changes allow (``opendws.domain.incremental``).
 5. Apply the plan: each transition in one short fenced write, then the provider call with the
    order's deterministic name (a repeat finds the resource already there), then its event. A
    calendar block the plan fits is first checked with Google's Advice API, then submitted.
+   Right after the pass that carried out the planner's previous plan, only the decisions it
+   set anew, or whose record changed, can have news (``_due``).
 
 Cloud calls never run inside a transaction and never wait for the cloud: the next pass observes
 how they went. Every write happens before the cloud call it licenses, so a crash between the two
