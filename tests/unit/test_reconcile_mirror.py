@@ -421,3 +421,24 @@ def test_an_order_nobody_wants_is_released_beside_quiet_runs() -> None:
     report = service.run_pass()
     assert report.leaks == [order_name("stray", 1)]
     assert world.state("small") is S.ACTIVE
+
+
+def test_a_look_at_the_providers_between_two_passes_makes_the_next_one_check_every_request() -> (
+    None
+):
+    """What changed is known from one look to the next: when something else looked at the
+    providers in between (a second reconciler, a status command), the change it saw is not
+    in the pass's own look, so that pass checks every quiet request as its last sweep left
+    it, and ends the run whose VMs are gone."""
+    world, cloud, store = world_with_backlog(0)
+    service = world.reconciler()
+    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
+    running(world, service, "small")
+    world.clock.advance(timedelta(minutes=1))
+    service.run_pass()
+    cloud.release(order_name("small", world.record("small").attempt), pool(zone=FREE))
+    world.providers.observe([pool(zone=FREE)])  # someone else looks first
+    world.clock.advance(timedelta(minutes=1))
+    report = service.run_pass()
+    assert world.state("small") is S.EXPIRED
+    assert report.transitions == {(S.ACTIVE, S.EXPIRED): 1}
