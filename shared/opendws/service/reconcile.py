@@ -473,12 +473,13 @@ class _Cycle:
         # 2. Observe the providers where something may have changed (every pool, at times).
         looked, whole = self._pools_to_observe(live)
         observed = self.providers.observe(looked)
+        this_look = (self.providers.looks, self.providers.changed)  # taken at once
         self.report.observed_pools, self.report.observed_all = len(looked), whole
         # What no live request wants: leaks, and blocks Google keeps.
         unwanted = {name: observed[name] for name in observed.keys() - held.wanted}
         # 3. Sweep the live requests against it; release what nobody wants.
         configured = frozenset(self.pools)
-        again = self._sweep_again(configured)
+        again = self._sweep_again(configured, *this_look)
         quiet_of, look, now = self.quiet.get, observed.get, self.now
         for record in live:
             request_id = record.request_id
@@ -498,7 +499,7 @@ class _Cycle:
                 seen = {lane: look(order_name(request_id, lane.attempt)) for lane in record.orders}
             with self._one_request(request_id):
                 self._sweep(record, seen, self._inputs(record, seen))
-        self.service._swept = (self.providers.looks, configured)
+        self.service._swept = (this_look[0], configured)
         self._watch({pool.pool_id for pool in looked}, unwanted, whole)
         for name in sorted(unwanted):
             self._release_leak(unwanted[name])
@@ -528,21 +529,24 @@ class _Cycle:
         self.report.next_start = min((start for _, start in slots.values()), default=None)
         self.report.in_flight = self.in_flight
 
-    def _sweep_again(self, configured: frozenset[str]) -> set[str] | None:
+    def _sweep_again(
+        self, configured: frozenset[str], looks: int, looked_changed: set[str]
+    ) -> set[str] | None:
         """The quiet requests this pass sweeps again (None: every one it finds quiet is
         checked): those whose record changed, those whose steady time came, and those an
         order of which the providers' look shows changed since the last pass's. That holds
         only if the last pass's sweep ran to its end right after the look before this one,
         with the same pools configured: otherwise every one is checked, as its _Quiet says.
-        A quiet request in none of these reads what its last sweep read."""
+        A quiet request in none of these reads what its last sweep read. ``looks`` and
+        ``looked_changed``: this pass's look's number and the order names it saw change."""
         service = self.service
         changed = self.mirror.take_changed("sweep")
         swept, service._swept = service._swept, None  # set again once this sweep is done
-        if changed is None or swept is None or swept != (self.providers.looks - 1, configured):
+        if changed is None or swept is None or swept != (looks - 1, configured):
             return None
         again = changed
         names = service._quiet_names
-        again.update(names[name] for name in self.providers.changed if name in names)
+        again.update(names[name] for name in looked_changed if name in names)
         due = service._quiet_until
         while due and due[0][0] <= self.now:
             again.add(heapq.heappop(due)[1])
