@@ -257,9 +257,10 @@ class IncrementalPlanner:
         # The last full pass's policy keys, for the next full pass (see _Pass's keys).
         self._keys: _Keys = {}
         self.last_pass = PassReport(full=True, why="no pass yet")
-        # Plans made so far, and the requests whose decision the last one set anew or dropped
-        # (None: any may have, after a full pass): whoever carries plans out may look at
-        # those alone, if it saw the plan before (see ReconcileService).
+        # Plans made so far, and the requests whose decision the last one set anew or dropped,
+        # other than for a new place in line (None: any may have, after a full pass):
+        # whoever carries plans out may look at those alone, if it saw the plan before (see
+        # ReconcileService; a place in line alone is no news).
         self.plans = 0
         self.changed: set[str] | None = None
         self._changed: set[str] | None = None
@@ -376,8 +377,9 @@ class IncrementalPlanner:
         self._pending = pending
         self._grants = _by_identity(snapshot.grants) if grants is None else grants
 
-    def _put(self, state: _Pass, key: str, decision: Decision) -> None:
-        """Set the decision for ``key``, in the pass and in the plan's sorted list."""
+    def _put(self, state: _Pass, key: str, decision: Decision, *, renumbered: bool = False) -> None:
+        """Set the decision for ``key``, in the pass and in the plan's sorted list; one that
+        differs only by its place in line (``renumbered``) is not named in ``changed``."""
         state.decisions[key] = decision
         index = bisect.bisect_left(self._ids, key)
         if index < len(self._ids) and self._ids[index] == key:
@@ -387,7 +389,7 @@ class IncrementalPlanner:
         else:
             self._ids.insert(index, key)
             self._decisions.insert(index, decision)
-        if self._changed is not None:
+        if self._changed is not None and not renumbered:
             self._changed.add(key)
 
     def _drop(self, state: _Pass, key: str) -> None:
@@ -1570,7 +1572,7 @@ class IncrementalPlanner:
                     if before.position != place:
                         # Its slot and reason stand (a held start keeps its instant as the
                         # clock moves): only its place in line changed.
-                        self._put(state, request_id, _in_line(before, place))
+                        self._put(state, request_id, _in_line(before, place), renumbered=True)
         for key, entry in moved.items():
             if key in positions:
                 place = positions[key]

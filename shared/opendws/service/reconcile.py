@@ -1099,7 +1099,8 @@ class _Cycle:
         waiting one with news (:meth:`_news`).
 
         Right after the pass that carried out the planner's previous plan, only some can be
-        due: those the planner set anew (``changed``, of plan number ``plans``), those whose
+        due: those the planner set anew other than for a place in line, which is no news
+        (``changed``, of plan number ``plans``), those whose
         record changed since (the mirror says which), those due then (one whose write was
         refused is due still), and those whose news may come with the clock alone (a later
         ETA, told within the commitment horizon once the clock brings it there). Any other
