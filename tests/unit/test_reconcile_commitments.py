@@ -220,3 +220,6 @@ def test_a_plan_no_pass_carried_out_is_looked_at_in_full_by_the_next_pass(
     assert service.run_pass().ran
     assert world.record("urgent").eta == NOW + 2 * HOUR
     assert world.record("held").eta == NOW + 3 * HOUR
+    # And the slots it keeps for the next pass are this plan's, not the last carried out's.
+    pool_id = world.record("held").pool
+    assert service._held == {"urgent": (pool_id, NOW + 2 * HOUR), "held": (pool_id, NOW + 3 * HOUR)}

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from opendws.domain.admission import Plan, Reason
+from opendws.domain.admission import Outcome, Plan, Reason
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings, Snapshot
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, submitted
@@ -31,6 +31,7 @@ class Planned:
     def __init__(self, service: ReconcileService) -> None:
         self.service = service
         self.snapshots: list[Snapshot] = []
+        self.plans: list[Plan] = []
         self.checked = 0
         planner = service._planner
         real = planner.plan
@@ -38,7 +39,9 @@ class Planned:
         def plan(snapshot: Snapshot, now: datetime) -> Plan:
             self.check(snapshot, now)
             self.snapshots.append(snapshot)
-            return real(snapshot, now)
+            made = real(snapshot, now)
+            self.plans.append(made)
+            return made
 
         planner.plan = plan  # type: ignore[method-assign]
 
@@ -93,6 +96,15 @@ def afresh(
     return pending, fixed, moving, commitments
 
 
+def held_slots(plan: Plan) -> dict[str, tuple[str | None, datetime | None]]:
+    """Every held request's (pool, start) in ``plan``."""
+    return {
+        d.request_id: (d.pool_id, d.start_at)
+        for d in plan.decisions
+        if d.outcome is Outcome.HOLD and d.pool_id and d.start_at
+    }
+
+
 def busy_world(policy: PolicySettings) -> World:
     world, cloud = memory_world(
         [pool(zone=zone, capacity=8) for zone in ZONES],
@@ -144,7 +156,10 @@ def test_a_kept_snapshot_is_the_one_built_afresh_through_arrivals_runs_releases_
         if active and rng.random() < 0.4:
             world.ending().release(rng.choice(active).request_id, "t")
         world.fire_due()
-        service.run_pass()
+        if service.run_pass().ran:
+            # Where the pass holds each held request, kept from pass to pass: as every
+            # decision of the plan says.
+            assert service._held == held_slots(planned.plans[-1])
         world.clock.advance(rng.choice((timedelta(seconds=5), MINUTE, 5 * MINUTE, HOUR)))
     assert planned.checked >= 80
     assert any(snapshot.commitments for snapshot in planned.snapshots) is committed

@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from opendws.domain.admission import (
@@ -348,6 +348,7 @@ class ReconcileService:
         # slot a request holds, which may be earlier than the ETA it was told (a move under
         # eta_tolerance is not announced). A cold instance starts from the announced ones.
         self._held: dict[str, tuple[str, datetime]] = {}
+        self._held_plan: int | None = None  # the planner's plan number _held was read from
         # The snapshot's parts, kept between passes (service.parts).
         self._parts = SnapshotParts()
         # What the last look at a plan left for the next one (see _Cycle._due).
@@ -519,15 +520,32 @@ class _Cycle:
         for decision in sorted(due, key=lambda d: _apply_order(d, plan, order)):
             with self._one_request(decision.request_id):
                 self._apply(decision)
-        slots = {
-            d.request_id: (d.pool_id, d.start_at)
-            for d in plan.decisions
-            if d.outcome is Outcome.HOLD and d.pool_id and d.start_at
-        }
-        self.service._held = slots
+        slots = self.service._held = self._held_slots(plan, *planned)
         self.service._serve_waits = {key: pool.serve_wait for key, pool in self.pools.items()}
-        self.report.next_start = min((start for _, start in slots.values()), default=None)
+        self.report.next_start = min(map(_START, slots.values()), default=None)
         self.report.in_flight = self.in_flight
+
+    def _held_slots(
+        self, plan: Plan, plans: int, changed: set[str] | None
+    ) -> dict[str, tuple[str, datetime]]:
+        """Where ``plan`` (the planner's plan number ``plans``) holds each held request:
+        right after the pass that carried out the planner's previous plan, the last pass's
+        slots with those of the decisions the planner set anew (``changed``) put right (a new
+        place in line is no new slot); otherwise read from every decision."""
+        service = self.service
+        if changed is None or service._held_plan != plans - 1:
+            slots = {d.request_id: slot for d in plan.decisions if (slot := _slot(d)) is not None}
+        else:
+            slots = dict(service._held)
+            for key in changed:
+                decision = _decision_of(plan, key)
+                slot = None if decision is None else _slot(decision)
+                if slot is None:
+                    slots.pop(key, None)
+                else:
+                    slots[key] = slot
+        service._held_plan = plans
+        return slots
 
     def _sweep_again(
         self, configured: frozenset[str], looks: int, looked_changed: set[str]
@@ -1269,6 +1287,16 @@ def _forget_gone(cache: dict[str, Any], records: Mapping[str, RequestRecord]) ->
     if len(cache) > 2 * len(records) + 64:
         for request_id in [key for key in cache if key not in records]:
             del cache[request_id]
+
+
+def _slot(decision: Decision) -> tuple[str, datetime] | None:
+    """Where a held request's decision holds it: (pool, start); None for any other."""
+    if decision.outcome is Outcome.HOLD and decision.pool_id and decision.start_at:
+        return decision.pool_id, decision.start_at
+    return None
+
+
+_START = itemgetter(1)
 
 
 def _decision_of(plan: Plan, request_id: str) -> Decision | None:
