@@ -335,9 +335,9 @@ def test_the_mirror_keeps_what_a_pass_sweeps_and_what_google_is_still_to_serve()
 
     def check(expected_live: list[str], expected_in_flight: int) -> None:
         held = mirror.refresh(feed)
-        assert sorted(r.request_id for r in held.live) == sorted(expected_live)
+        assert sorted(held.live) == sorted(expected_live)
         assert held.in_flight == expected_in_flight
-        assert all(held.records[r.request_id] is r for r in held.live)
+        assert all(held.records[key] is record for key, record in held.live.items())
 
     block, _ = accepted(calendar("blk", submitted_at=NOW), NOW)
     feed.next = [_pending("a", 1), _pending("b", 2), block]

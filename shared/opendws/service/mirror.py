@@ -36,7 +36,7 @@ class Held:
     records: dict[str, RequestRecord]  # by id, oldest submission first (the pass's own copy)
     # Those not simply waiting in the queue: live ones and calendar blocks at Google's
     # review, in the order they became so.
-    live: list[RequestRecord]
+    live: dict[str, RequestRecord]
     in_flight: int  # how many of them Google is still to serve (see in_flight)
     wanted: set[str]  # the names of their orders (an order by any other name is unwanted)
 
@@ -99,7 +99,7 @@ class RequestMirror:
                 self._in_order = True
             return Held(
                 dict(self._records),
-                list(self._live.values()),
+                dict(self._live),
                 len(self._flying),
                 set(self._wanted),
             )

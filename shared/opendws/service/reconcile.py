@@ -472,7 +472,7 @@ class _Cycle:
         self.in_flight = held.in_flight
         self._announce_backlog()
         # 2. Observe the providers where something may have changed (every pool, at times).
-        looked, whole = self._pools_to_observe(live)
+        looked, whole = self._pools_to_observe(live.values())
         observed = self.providers.observe(looked)
         this_look = (self.providers.looks, self.providers.changed)  # taken at once
         self.report.observed_pools, self.report.observed_all = len(looked), whole
@@ -482,8 +482,7 @@ class _Cycle:
         configured = frozenset(self.pools)
         again = self._sweep_again(configured, *this_look)
         quiet_of, look, now = self.quiet.get, observed.get, self.now
-        for record in live:
-            request_id = record.request_id
+        for request_id, record in live.items():
             quiet = quiet_of(request_id)
             if quiet is not None and again is not None and request_id not in again:
                 continue  # quiet, and nothing it reads changed since the last sweep
@@ -570,7 +569,7 @@ class _Cycle:
             again.add(heapq.heappop(due)[1])
         return again
 
-    def _pools_to_observe(self, live: Sequence[RequestRecord]) -> tuple[list[Pool], bool]:
+    def _pools_to_observe(self, live: Iterable[RequestRecord]) -> tuple[list[Pool], bool]:
         """The pools this pass observes, and whether they are all of them: every configured
         pool on the instance's first pass and once observe_all_every has passed since the
         last such pass; else those of live orders and those watched (see ReconcileService).
