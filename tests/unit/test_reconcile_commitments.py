@@ -12,10 +12,19 @@ from opendws.domain.model import PolicySettings
 from opendws.domain.states import RequestState
 from opendws.ports import Change, Fence, Fenced, StatusEvent
 from opendws.service import reconcile
+from opendws.service.reconcile import ReconcileService
 from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, ZONE, flex, pool
-from tests.world import memory_world, submit, tenants_for
+from tests.world import World, memory_world, submit, tenants_for
 
 S = RequestState
+
+
+def planning_on(world: World) -> ReconcileService:
+    """A reconciler whose planner plans on from its last plan even over a short queue (as
+    over a long one), so that a decision nothing changed stays the very same object."""
+    service = world.reconciler()
+    service._planner = IncrementalPlanner(clock_floor=0)
+    return service
 
 
 @pytest.mark.parametrize("committed", [False, True])
@@ -134,8 +143,7 @@ def test_a_later_eta_kept_quiet_is_told_once_the_clock_brings_it_within_the_hori
         [pool(capacity=4)], tenants_for(H100), policy=policy, latency=2 * MINUTE
     )  # fmt: skip
     cloud.set_stock(ZONE, A3, 4)
-    service = world.reconciler()
-    service._planner = IncrementalPlanner(clock_floor=0)  # plans on from the last plan
+    service = planning_on(world)
     submit(world.store, flex("creating", vm_count=4, hours=3))
     service.run_pass()
     submit(world.store, flex("behind", vm_count=4, hours=1))
@@ -162,8 +170,7 @@ def test_a_record_rewritten_by_another_writer_is_compared_again_with_the_same_de
     tells the ETA again."""
     world, cloud = memory_world([pool(capacity=4)], tenants_for(H100))
     cloud.set_stock(ZONE, A3, 4)
-    service = world.reconciler()
-    service._planner = IncrementalPlanner(clock_floor=0)  # plans on from the last plan
+    service = planning_on(world)
     submit(world.store, flex("blocker", vm_count=4, hours=2))
     service.run_pass()
     submit(world.store, flex("held", vm_count=4, hours=1))
@@ -196,8 +203,7 @@ def test_a_plan_no_pass_carried_out_is_looked_at_in_full_by_the_next_pass(
         policy=PolicySettings(commit_within=None),  # an estimate, not a promise: it moves
     )
     cloud.set_stock(ZONE, A3, 4)
-    service = world.reconciler()
-    service._planner = IncrementalPlanner(clock_floor=0)  # plans on from the last plan
+    service = planning_on(world)
     submit(world.store, flex("blocker", vm_count=4, hours=2))
     service.run_pass()
     service.run_pass()  # running from now

@@ -222,6 +222,18 @@ def running(world: World, service: ReconcileService, request_id: str) -> None:
     raise AssertionError(f"{request_id} never ran")
 
 
+def quiet_run() -> tuple[World, MemoryCapacityProvider, ReconcileService]:
+    """A world where ``small`` (1 VM on FREE for 10 h) runs, and a reconciler whose last
+    pass found it quiet."""
+    world, cloud, store = world_with_backlog(0)
+    service = world.reconciler()
+    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
+    running(world, service, "small")
+    world.clock.advance(timedelta(minutes=1))
+    service.run_pass()
+    return world, cloud, service
+
+
 def test_a_quiet_run_is_swept_again_only_once_what_was_observed_of_it_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -389,13 +401,7 @@ def test_a_quiet_order_google_never_serves_times_out_at_max_wait_on_a_kept_servi
 def test_a_quiet_run_whose_pool_is_removed_is_ended_by_the_next_pass() -> None:
     """What a quiet request's sweep read includes whether its pool is configured: a pass
     after the pool left the configuration looks at every quiet request again."""
-    world, _, store = world_with_backlog(0)
-    service = world.reconciler()
-    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
-    running(world, service, "small")
-    for _ in range(3):
-        world.clock.advance(timedelta(minutes=1))
-        service.run_pass()
+    world, _, service = quiet_run()
     world.config.save(
         Configuration(pools=(pool(zone=BUSY, capacity=4),), tenants=tenants_for(H100))
     )
@@ -409,12 +415,7 @@ def test_an_order_nobody_wants_is_released_beside_quiet_runs() -> None:
     """Quiet runs are passed over without naming their orders again, yet an order in their
     pool that no live request has (a leak: a creation whose record write was lost) is seen
     and released by the next pass."""
-    world, cloud, store = world_with_backlog(0)
-    service = world.reconciler()
-    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
-    running(world, service, "small")
-    world.clock.advance(timedelta(minutes=1))
-    service.run_pass()
+    world, cloud, service = quiet_run()
     stray = flex("stray", vm_count=1, locations=(FREE,))
     cloud.provision(Order(request=stray, pool=pool(zone=FREE, capacity=4), attempt=1))
     world.clock.advance(timedelta(minutes=1))
@@ -430,12 +431,7 @@ def test_a_look_at_the_providers_between_two_passes_makes_the_next_one_check_eve
     providers in between (a second reconciler, a status command), the change it saw is not
     in the pass's own look, so that pass checks every quiet request as its last sweep left
     it, and ends the run whose VMs are gone."""
-    world, cloud, store = world_with_backlog(0)
-    service = world.reconciler()
-    submit(store, flex("small", vm_count=1, hours=10, locations=(FREE,)))
-    running(world, service, "small")
-    world.clock.advance(timedelta(minutes=1))
-    service.run_pass()
+    world, cloud, service = quiet_run()
     cloud.release(order_name("small", world.record("small").attempt), pool(zone=FREE))
     world.providers.observe([pool(zone=FREE)])  # someone else looks first
     world.clock.advance(timedelta(minutes=1))
