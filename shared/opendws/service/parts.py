@@ -151,7 +151,7 @@ class SnapshotParts:
                     if self._committing and record.reason in HELD and record.eta and record.pool:
                         eligible = record
                 elif state in GRANTED and record.pool:
-                    if moves_with_clock(record):  # a race too (its lanes are created)
+                    if moves_with_clock(record):  # a race too: it is still PROVISIONING
                         moving = record
                     else:
                         fixed = grant_of(record)
