@@ -268,7 +268,7 @@ class IncrementalPlanner:
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
         """The plan ``admit(snapshot, now)`` gives, made incrementally where it can be."""
         require_utc("now", now)
-        self._changed = set()
+        self._start_changes()
         with _collector_paused():
             why = self._why_full(snapshot, now)
             if why is None:
@@ -295,6 +295,12 @@ class IncrementalPlanner:
                 self._snapshot = None
                 self._unkept_after = True
             return plan
+
+    def _start_changes(self) -> None:
+        """Name no decision as changed yet. (A method, not an assignment in :meth:`plan`: a
+        full pass sets ``_changed`` to None in between, which a type checker narrowing the
+        attribute after an assignment in ``plan`` would not see, nor code compiled from it.)"""
+        self._changed = set()
 
     # A full pass -----------------------------------------------------------------------------
 
