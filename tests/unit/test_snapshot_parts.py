@@ -9,10 +9,12 @@ import random
 from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import cast
 
 import pytest
 
 from opendws.domain.admission import Outcome, Plan, Reason
+from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings, Snapshot
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, submitted
@@ -24,6 +26,25 @@ S = RequestState
 ZONES = ("us-central1-a", "us-central1-b")
 
 
+class _Recording:
+    """A planner that has each snapshot checked and kept (and each plan kept) by ``planned``
+    before and after the real one plans it; everything else is the real planner's."""
+
+    def __init__(self, real: IncrementalPlanner, planned: Planned) -> None:
+        self._real = real
+        self._planned = planned
+
+    def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
+        self._planned.check(snapshot, now)
+        self._planned.snapshots.append(snapshot)
+        made = self._real.plan(snapshot, now)
+        self._planned.plans.append(made)
+        return made
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+
 class Planned:
     """Every snapshot ``service`` plans from, each checked against one built afresh from the
     mirror's records at that moment."""
@@ -33,17 +54,8 @@ class Planned:
         self.snapshots: list[Snapshot] = []
         self.plans: list[Plan] = []
         self.checked = 0
-        planner = service._planner
-        real = planner.plan
-
-        def plan(snapshot: Snapshot, now: datetime) -> Plan:
-            self.check(snapshot, now)
-            self.snapshots.append(snapshot)
-            made = real(snapshot, now)
-            self.plans.append(made)
-            return made
-
-        planner.plan = plan  # type: ignore[method-assign]
+        # The service's planner, wrapped: a compiled planner's methods cannot be replaced.
+        service._planner = cast(IncrementalPlanner, _Recording(service._planner, self))
 
     def check(self, snapshot: Snapshot, now: datetime) -> None:
         committing = snapshot.policy.commit_within is not None
