@@ -65,6 +65,7 @@ from opendws.domain.calendar import count_problem, lead_of
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Commitment
 from opendws.domain.policy import flex_key
+from opendws.native import compiled
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 # Arrivals and releases timed one after another on one planner (fewer at 100k, where a pass
@@ -422,6 +423,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args()
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    kind = "compiled (mypyc)" if all(compiled().values()) else "plain Python"
+    print(f"planner: {kind}", flush=True)
     seconds: dict[int, float] = {}
     baseline: dict[int, float] = {}
     for size in sizes:
@@ -478,6 +481,8 @@ def main() -> int:
         )
     if args.json:
         result = {
+            # The planner's modules as they ran: compiled with mypyc, or plain Python (setup.py).
+            "planner_compiled": all(compiled().values()),
             "plan_seconds": {str(size): round(value, 4) for size, value in seconds.items()},
             "baseline_sort_seconds": {
                 str(size): round(value, 4) for size, value in baseline.items()

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from opendws.domain.model import PolicySettings  # noqa: E402
+from opendws.native import compiled  # noqa: E402
 from opendws.replay.baselines import JobOutcome, Policy  # noqa: E402
 from opendws.replay.google_queue import GoogleQueue  # noqa: E402
 from opendws.replay.metrics import (  # noqa: E402
@@ -554,6 +555,7 @@ def main() -> int:
         "opendws commitments: "
         + ("none" if horizon is None else f"ETAs told less than {horizon} ahead")
     )
+    print(f"planner: {'compiled (mypyc)' if all(compiled().values()) else 'plain Python'}")
     started = time.perf_counter()
     results, reports = regime(jobs, contended, arguments.workers, settings)
     capacity = sum(pool.capacity for pool in contended.pools)
@@ -561,6 +563,8 @@ def main() -> int:
     targets = judge(reports, results)
     accuracy = etas(results, horizon)
     document: dict[str, Any] = {
+        # The planner's modules as they ran: compiled with mypyc, or plain Python (setup.py).
+        "planner_compiled": all(compiled().values()),
         "commit_within_s": None if horizon is None else horizon.total_seconds(),
         "policies": {policy.value: _figures(report) for policy, report in reports.items()},
         "wall_s": sum(report.wall_s for report in reports.values()),

@@ -22,9 +22,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = ROOT / "infra" / "build" / "opendws-functions.zip"
-# What never goes into the upload: caches and compiled files.
+# What never goes into the upload: caches and compiled files (bytecode, and the planner's
+# modules an install here compiled for this machine's Python: the functions run the sources).
 SKIPPED_PARTS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
-SKIPPED_SUFFIXES = {".pyc", ".pyo"}
+SKIPPED_SUFFIXES = {".pyc", ".pyo", ".so", ".pyd"}
 # 1980-01-01, the earliest time a zip entry can carry.
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 

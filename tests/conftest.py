@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from emulators import Emulators, missing_reason, running
+from opendws import native
 
 settings.register_profile(
     "ci",
@@ -46,6 +47,29 @@ SUITES = ("unit", "property", "contract", "integration", "e2e")
 NEED_EMULATORS = ("integration", "e2e")
 FAKE = "memory"  # a contract fixture's parameter for the in-memory fake
 EMULATOR_FIXTURES = frozenset({"official_emulators", "emulator_project"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to test a compiled planner module older than its source: the tests would run
+    the code as it was, not as it reads (an editable install compiles once; see setup.py)."""
+    stale = native.stale()
+    if stale:
+        raise pytest.UsageError(
+            "compiled modules are older than their source, which they would run in its place: "
+            + ", ".join(stale)
+            + ". Install again (pip install -e '.[dev]'), or install plain Python"
+            " (OPENDWS_COMPILE=no pip install -e '.[dev]')"
+        )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Whether the planner's modules run compiled (mypyc) or as plain Python."""
+    modules = native.compiled()
+    if all(modules.values()):
+        return "opendws planner: compiled (mypyc)"
+    if not any(modules.values()):
+        return "opendws planner: plain Python"
+    return "opendws planner: compiled in part: " + ", ".join(m for m, c in modules.items() if c)
 
 
 def suite_of(path: Path) -> str:

@@ -31,11 +31,14 @@ def copy_of_sources(target: Path) -> Path:
     shutil.copytree(ROOT / "functions", target / "functions", copy_function=shutil.copy)
     shutil.copytree(
         ROOT / "shared" / "opendws", target / "shared" / "opendws", copy_function=shutil.copy,
-        ignore=shutil.ignore_patterns("__pycache__"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
     )  # fmt: skip
     cache = target / "shared" / "opendws" / "__pycache__"
     cache.mkdir()
     (cache / "stray.cpython-311.pyc").write_bytes(b"\x00")
+    # A planner module compiled here (setup.py): built for this machine, never uploaded.
+    domain = target / "shared" / "opendws" / "domain"
+    (domain / "timeline.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
     return target
 
 
@@ -72,6 +75,7 @@ def test_it_holds_main_the_package_and_the_runtime_requirements(tmp_path: Path) 
     assert {"opendws/dashboard.html", "opendws/py.typed"} <= names
     assert any(name.startswith("opendws/examples/") for name in names)
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
+    assert not [name for name in names if name.endswith((".so", ".pyd"))]
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert [line for line in requirements if not line.startswith("#")] == dependencies
     assert [info.filename for info in infos] == sorted(info.filename for info in infos)

@@ -1,0 +1,82 @@
+"""Build opendws; its planner's modules are compiled with mypyc where a C compiler is at hand.
+
+The admission core (``COMPILED``: the minute grid, the full planner and the incremental one)
+is compiled to C extension modules from the same annotated sources that mypy checks, by mypyc
+(part of mypy). Everything else stays plain Python. The compiled modules plan exactly as the
+Python ones do (CI runs the domain's tests both ways); they plan faster (see README,
+"Performance"). A compiled module is loaded in place of its ``.py`` beside it.
+
+- ``OPENDWS_COMPILE=no``: install every module as plain Python (no compiler needed).
+- ``OPENDWS_COMPILE=required``: fail the install if the modules cannot be compiled (CI).
+- Otherwise a build that cannot compile them (no C compiler, no Python headers) warns and
+  installs them as plain Python.
+
+Every build first deletes the compiled modules an earlier editable install left in place.
+
+An editable install compiles them in place: after editing one of them, install again
+(``pip install -e .``); the test suite refuses to run a compiled module older than its source
+(``opendws.native``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.extension import Extension
+
+COMPILED = [
+    "shared/opendws/domain/timeline.py",
+    "shared/opendws/domain/admission.py",
+    "shared/opendws/domain/incremental.py",
+]
+GROUP = "opendws"  # the compiled modules' shared library: opendws__mypyc.<platform tag>.so
+# mypyc type-checks what it compiles: with no configuration file (pyproject's names mypy
+# plugins the build environment lacks), following the modules they import silently.
+MYPYC_OPTIONS = [
+    "--config-file=",
+    "--python-version=3.11",
+    "--follow-imports=silent",
+    "--ignore-missing-imports",
+]
+
+
+def remove_compiled() -> None:
+    """Delete the compiled modules an earlier editable install left beside the sources: Python
+    would load them in place of the sources whether or not this build compiles them again."""
+    root = Path(__file__).parent
+    found = [*root.glob(f"{GROUP}__mypyc.*.so"), *root.glob(f"{GROUP}__mypyc.*.pyd")]
+    for path in COMPILED:
+        source = root / path
+        found += source.parent.glob(f"{source.stem}.*.so")
+        found += source.parent.glob(f"{source.stem}.*.pyd")
+    for compiled in found:
+        compiled.unlink()
+
+
+def compiled_modules() -> list[Extension]:
+    """The extension modules to build, per ``OPENDWS_COMPILE`` (see the module docstring)."""
+    mode = os.environ.get("OPENDWS_COMPILE", "auto")
+    if mode not in {"auto", "no", "required"}:
+        raise SystemExit(f"OPENDWS_COMPILE is {mode!r}: expected auto, no or required")
+    remove_compiled()
+    if mode == "no":
+        return []
+    try:
+        from mypyc.build import mypycify
+
+        modules = mypycify([*MYPYC_OPTIONS, *COMPILED], opt_level="3", group_name=GROUP)
+    except (Exception, SystemExit) as error:
+        if mode == "required":
+            raise
+        print(f"opendws: the planner is not compiled ({error!r}); plain Python", file=sys.stderr)
+        return []
+    if mode == "auto":
+        for module in modules:  # a failed compile leaves the plain Python modules in place
+            module.optional = True
+    return modules
+
+
+setup(ext_modules=compiled_modules())
