@@ -14,12 +14,14 @@ Python ones do (CI runs the domain's tests both ways); they plan faster (see REA
 Every build first deletes the compiled modules an earlier editable install left in place.
 
 An editable install compiles them in place: after editing one of them, install again
-(``pip install -e .``); the test suite refuses to run a compiled module older than its source
-(``opendws.native``).
+(``pip install -e .``); the test suite refuses to run a compiled module whose source changed
+since (``opendws.native`` compares the source with its digest recorded at the build).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -33,6 +35,10 @@ COMPILED = [
     "shared/opendws/domain/incremental.py",
 ]
 GROUP = "opendws"  # the compiled modules' shared library: opendws__mypyc.<platform tag>.so
+# Beside the compiled modules: each one's source digest as compiled (see opendws.native).
+RECORD = "shared/opendws/domain/compiled-sources.json"
+# The setup commands that build modules (others, such as egg_info, only describe the project).
+BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
 # mypyc type-checks what it compiles: with no configuration file (pyproject's names mypy
 # plugins the build environment lacks), following the modules they import silently.
 MYPYC_OPTIONS = [
@@ -52,8 +58,21 @@ def remove_compiled() -> None:
         source = root / path
         found += source.parent.glob(f"{source.stem}.*.so")
         found += source.parent.glob(f"{source.stem}.*.pyd")
-    for compiled in found:
-        compiled.unlink()
+    for compiled in [*found, root / RECORD]:
+        compiled.unlink(missing_ok=True)
+
+
+def record_sources() -> None:
+    """Write each compiled module's source digest (SHA-256) where opendws.native reads it:
+    a compiled module whose source no longer has that digest is out of date."""
+    root = Path(__file__).parent
+    digests = {
+        path.removeprefix("shared/").removesuffix(".py").replace("/", "."): hashlib.sha256(
+            (root / path).read_bytes()
+        ).hexdigest()
+        for path in COMPILED
+    }
+    (root / RECORD).write_text(json.dumps(digests, indent=2, sort_keys=True) + "\n")
 
 
 def compiled_modules() -> list[Extension]:
@@ -61,6 +80,8 @@ def compiled_modules() -> list[Extension]:
     mode = os.environ.get("OPENDWS_COMPILE", "auto")
     if mode not in {"auto", "no", "required"}:
         raise SystemExit(f"OPENDWS_COMPILE is {mode!r}: expected auto, no or required")
+    if not BUILDS & set(sys.argv[1:]):
+        return []  # metadata only (egg_info, dist_info: pip asks for it first): no build
     remove_compiled()
     if mode == "no":
         return []
@@ -73,6 +94,7 @@ def compiled_modules() -> list[Extension]:
             raise
         print(f"opendws: the planner is not compiled ({error!r}); plain Python", file=sys.stderr)
         return []
+    record_sources()
     if mode == "auto":
         for module in modules:  # a failed compile leaves the plain Python modules in place
             module.optional = True

@@ -26,6 +26,7 @@ DEFAULT_OUTPUT = ROOT / "infra" / "build" / "opendws-functions.zip"
 # modules an install here compiled for this machine's Python: the functions run the sources).
 SKIPPED_PARTS = {"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 SKIPPED_SUFFIXES = {".pyc", ".pyo", ".so", ".pyd"}
+SKIPPED_NAMES = {"compiled-sources.json"}  # what those compiled modules were built from
 # 1980-01-01, the earliest time a zip entry can carry.
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -47,7 +48,7 @@ def sources(root: Path = ROOT) -> Iterator[tuple[str, bytes]]:
         relative = path.relative_to(package.parent)
         if path.is_dir() or SKIPPED_PARTS & set(relative.parts):
             continue
-        if path.suffix in SKIPPED_SUFFIXES:
+        if path.suffix in SKIPPED_SUFFIXES or path.name in SKIPPED_NAMES:
             continue
         yield relative.as_posix(), path.read_bytes()
 

@@ -50,12 +50,14 @@ EMULATOR_FIXTURES = frozenset({"official_emulators", "emulator_project"})
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse to test a compiled planner module older than its source: the tests would run
-    the code as it was, not as it reads (an editable install compiles once; see setup.py)."""
+    """Refuse to test a compiled planner module whose source changed since it was compiled:
+    the tests would run the code as it was, not as it reads (an editable install compiles
+    once; see setup.py)."""
     stale = native.stale()
     if stale:
         raise pytest.UsageError(
-            "compiled modules are older than their source, which they would run in its place: "
+            "compiled modules were built from another source than the one beside them, and"
+            " would run in its place: "
             + ", ".join(stale)
             + ". Install again (pip install -e '.[dev]'), or install plain Python"
             " (OPENDWS_COMPILE=no pip install -e '.[dev]')"

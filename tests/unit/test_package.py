@@ -31,7 +31,7 @@ def copy_of_sources(target: Path) -> Path:
     shutil.copytree(ROOT / "functions", target / "functions", copy_function=shutil.copy)
     shutil.copytree(
         ROOT / "shared" / "opendws", target / "shared" / "opendws", copy_function=shutil.copy,
-        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "compiled-sources.json"),
     )  # fmt: skip
     cache = target / "shared" / "opendws" / "__pycache__"
     cache.mkdir()
@@ -39,6 +39,7 @@ def copy_of_sources(target: Path) -> Path:
     # A planner module compiled here (setup.py): built for this machine, never uploaded.
     domain = target / "shared" / "opendws" / "domain"
     (domain / "timeline.cpython-311-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (domain / "compiled-sources.json").write_text('{"opendws.domain.timeline": "0"}\n')
     return target
 
 
@@ -76,6 +77,7 @@ def test_it_holds_main_the_package_and_the_runtime_requirements(tmp_path: Path) 
     assert any(name.startswith("opendws/examples/") for name in names)
     assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
     assert not [name for name in names if name.endswith((".so", ".pyd"))]
+    assert "opendws/domain/compiled-sources.json" not in names
     dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert [line for line in requirements if not line.startswith("#")] == dependencies
     assert [info.filename for info in infos] == sorted(info.filename for info in infos)
