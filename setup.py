@@ -14,8 +14,8 @@ Python ones do (CI runs the domain's tests both ways); they plan faster (see REA
 Every build first deletes the compiled modules an earlier editable install left in place.
 
 An editable install compiles them in place: after editing one of them, install again
-(``pip install -e .``); the test suite refuses to run a compiled module whose source changed
-since (``opendws.native`` compares the source with its digest recorded at the build).
+(``pip install -e .``); ``import opendws`` refuses to go on with a compiled module whose
+source changed since (``opendws.native`` compares it with its digest recorded here).
 """
 
 from __future__ import annotations

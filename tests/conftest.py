@@ -49,21 +49,6 @@ FAKE = "memory"  # a contract fixture's parameter for the in-memory fake
 EMULATOR_FIXTURES = frozenset({"official_emulators", "emulator_project"})
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Refuse to test a compiled planner module whose source changed since it was compiled:
-    the tests would run the code as it was, not as it reads (an editable install compiles
-    once; see setup.py)."""
-    stale = native.stale()
-    if stale:
-        raise pytest.UsageError(
-            "compiled modules were built from another source than the one beside them, and"
-            " would run in its place: "
-            + ", ".join(stale)
-            + ". Install again (pip install -e '.[dev]'), or install plain Python"
-            " (OPENDWS_COMPILE=no pip install -e '.[dev]')"
-        )
-
-
 def pytest_report_header(config: pytest.Config) -> str:
     """Whether the planner's modules run compiled (mypyc) or as plain Python."""
     modules = native.compiled()

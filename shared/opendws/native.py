@@ -1,17 +1,17 @@
-"""Which of the planner's modules run compiled, and which compiled one is out of date.
+"""Which of the planner's modules run compiled, and refusing any that is out of date.
 
 An install with a C compiler at hand compiles the planner's modules with mypyc (see
 ``setup.py``), and Python then loads each from its extension module, beside its ``.py``, in
 place of the source. An editable install compiles them in place, once: a source edited since
 is not what runs until the project is installed again. The build records each source's digest
 beside the compiled modules (:data:`RECORD`); :func:`stale` names the compiled modules whose
-source no longer matches it, so that whoever runs them (the test suite does) can refuse to.
+source no longer matches it, and ``import opendws`` refuses to go on with any
+(:func:`refuse_stale`). Everything here reads files only: nothing is imported.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from collections.abc import Sequence
 from importlib.machinery import EXTENSION_SUFFIXES
@@ -21,35 +21,57 @@ from pathlib import Path
 COMPILED = ("opendws.domain.timeline", "opendws.domain.admission", "opendws.domain.incremental")
 # Beside the compiled modules: module name → SHA-256 of its source as compiled.
 RECORD = "compiled-sources.json"
+# The folder opendws is imported from (its modules' names are paths below it).
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def _origin(module: str) -> Path | None:
-    """Where ``module`` is loaded from if it is a compiled extension module, else None."""
-    spec = importlib.util.find_spec(module)
-    origin = None if spec is None else spec.origin
-    if origin is None or not origin.endswith(tuple(EXTENSION_SUFFIXES)):
-        return None
-    return Path(origin)
+def _extension(module: str, root: Path) -> Path | None:
+    """The compiled extension module Python loads for ``module`` (a name below ``root``) in
+    place of its source, or None: any of the interpreter's extension suffixes, tried in the
+    order the import system tries them, before the source."""
+    stem = root.joinpath(*module.split("."))
+    for suffix in EXTENSION_SUFFIXES:
+        candidate = stem.with_name(stem.name + suffix)
+        if candidate.exists():
+            return candidate
+    return None
 
 
-def compiled(modules: Sequence[str] = COMPILED) -> dict[str, bool]:
+def compiled(modules: Sequence[str] = COMPILED, root: Path = ROOT) -> dict[str, bool]:
     """Each of ``modules``: whether it is loaded from a compiled extension module."""
-    return {module: _origin(module) is not None for module in modules}
+    return {module: _extension(module, root) is not None for module in modules}
 
 
-def stale(modules: Sequence[str] = COMPILED) -> list[str]:
+def stale(modules: Sequence[str] = COMPILED, root: Path = ROOT) -> list[str]:
     """The compiled ones of ``modules`` whose source beside them is not the one they were
     compiled from (its digest differs from the build's record, or the build recorded none),
     each as "module (source path)"."""
     found: list[str] = []
     for module in modules:
-        origin = _origin(module)
-        if origin is None:
+        extension = _extension(module, root)
+        if extension is None:
             continue
-        source = origin.parent / f"{module.rpartition('.')[2]}.py"
-        record = origin.parent / RECORD
+        source = extension.with_name(f"{module.rpartition('.')[2]}.py")
+        record = extension.with_name(RECORD)
         recorded = json.loads(record.read_text()) if record.exists() else {}
         digest = hashlib.sha256(source.read_bytes()).hexdigest() if source.exists() else None
         if digest is not None and recorded.get(module) != digest:
             found.append(f"{module} ({source})")
     return found
+
+
+class StaleCompiledModule(ImportError):
+    """A compiled module would run in place of a source it was not built from."""
+
+
+def refuse_stale() -> None:
+    """Raise :class:`StaleCompiledModule`, saying what to do, if any compiled planner module
+    was built from another source than the one beside it."""
+    found = stale()
+    if found:
+        raise StaleCompiledModule(
+            "compiled modules were built from another source than the one beside them, and"
+            f" would run in its place: {', '.join(found)}. Install again"
+            " (pip install -e '.[dev]'), or install plain Python"
+            " (OPENDWS_COMPILE=no pip install -e '.[dev]')"
+        )

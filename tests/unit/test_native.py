@@ -1,12 +1,14 @@
 """``opendws.native`` tells which planner modules run compiled, and lets none run out of date
 silently: a compiled module whose source is not the one the build recorded (an editable
-install not rebuilt since an edit) is named, so that the test suite can refuse to run it
-(tests/conftest.py)."""
+install not rebuilt since an edit) is named, and ``import opendws`` refuses to go on."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
@@ -19,8 +21,8 @@ SOURCE = "CELLS = 1\n"
 
 def package(root: Path, name: str, *, compiled: bool, recorded: str | None = SOURCE) -> Path:
     """A package ``name`` under ``root`` with a module ``grid`` (its source returned) and, if
-    ``compiled``, a file where a compiled one would be (found, never loaded) and the build's
-    record of the source it was compiled from (``recorded``; None: no record)."""
+    ``compiled``, a file where a compiled one would be and the build's record of the source
+    it was compiled from (``recorded``; None: no record)."""
     folder = root / name
     folder.mkdir()
     (folder / "__init__.py").write_text("")
@@ -35,38 +37,66 @@ def package(root: Path, name: str, *, compiled: bool, recorded: str | None = SOU
 
 
 def test_a_compiled_module_built_from_its_source_is_compiled_and_not_stale(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    package(tmp_path, "fresh_pkg", compiled=True)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert native.compiled(["fresh_pkg.grid"]) == {"fresh_pkg.grid": True}
-    assert native.stale(["fresh_pkg.grid"]) == []
+    package(tmp_path, "fresh", compiled=True)
+    assert native.compiled(["fresh.grid"], tmp_path) == {"fresh.grid": True}
+    assert native.stale(["fresh.grid"], tmp_path) == []
 
 
-def test_a_source_edited_after_its_module_was_compiled_is_named_stale(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    source = package(tmp_path, "edited_pkg", compiled=True)
+def test_a_source_edited_after_its_module_was_compiled_is_named_stale(tmp_path: Path) -> None:
+    source = package(tmp_path, "edited", compiled=True)
     source.write_text(SOURCE + "CELLS = 2\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert native.stale(["edited_pkg.grid"]) == [f"edited_pkg.grid ({source})"]
+    assert native.stale(["edited.grid"], tmp_path) == [f"edited.grid ({source})"]
 
 
 def test_a_compiled_module_the_build_recorded_no_source_for_is_named_stale(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    source = package(tmp_path, "unrecorded_pkg", compiled=True, recorded=None)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert native.stale(["unrecorded_pkg.grid"]) == [f"unrecorded_pkg.grid ({source})"]
+    source = package(tmp_path, "unrecorded", compiled=True, recorded=None)
+    assert native.stale(["unrecorded.grid"], tmp_path) == [f"unrecorded.grid ({source})"]
 
 
-def test_a_plain_module_is_neither_compiled_nor_stale(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_plain_module_is_neither_compiled_nor_stale(tmp_path: Path) -> None:
+    package(tmp_path, "plain", compiled=False)
+    assert native.compiled(["plain.grid"], tmp_path) == {"plain.grid": False}
+    assert native.stale(["plain.grid"], tmp_path) == []
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["built from it", "edited since"])
+def test_import_opendws_refuses_a_compiled_planner_module_built_from_another_source(
+    tmp_path: Path, edited: bool
 ) -> None:
-    package(tmp_path, "plain_pkg", compiled=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert native.compiled(["plain_pkg.grid"]) == {"plain_pkg.grid": False}
-    assert native.stale(["plain_pkg.grid"]) == []
+    """A copy of the package whose timeline module is "compiled" (a file where Python would
+    load it from, never loaded here) from the source beside it imports; once that source is
+    edited, ``import opendws`` fails, naming the module and what to do."""
+    copy = tmp_path / "opendws"
+    domain = copy / "domain"
+    domain.mkdir(parents=True)
+    shipped = Path(native.__file__).parent
+    for name in ("__init__.py", "native.py"):
+        (copy / name).write_bytes((shipped / name).read_bytes())
+    timeline = domain / "timeline.py"
+    timeline.write_bytes((shipped / "domain" / "timeline.py").read_bytes())
+    (domain / f"timeline{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    digest = hashlib.sha256(timeline.read_bytes()).hexdigest()
+    (domain / native.RECORD).write_text(json.dumps({"opendws.domain.timeline": digest}))
+    if edited:
+        timeline.write_text(timeline.read_text() + "\n# edited\n")
+    result = subprocess.run(
+        [sys.executable, "-c", "import opendws"],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if not edited:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode != 0
+    assert "StaleCompiledModule" in result.stderr
+    assert f"opendws.domain.timeline ({timeline})" in result.stderr
+    assert "Install again" in result.stderr
 
 
 def test_the_modules_and_the_record_named_are_the_ones_setup_builds() -> None:
