@@ -545,3 +545,42 @@ def test_decisions_follow_request_ids_whatever_the_order_pending_is_given_in() -
     plan = admit(snapshot(pending=pending), NOW)
     assert [d.request_id for d in plan.decisions] == ["a-9", "c-2", "f-1", "f-3"]
     assert plan == admit(snapshot(pending=pending[::-1]), NOW)
+
+
+def test_a_plan_and_its_parts_survive_pickling_and_copying_unchanged() -> None:
+    """A plan, its decisions (a refusal's alternatives too), races and a planner's pass report
+    are values: pickled (as a replay's worker processes hand results back) or copied, each
+    comes back equal, whether its module runs compiled or as plain Python (a compiled frozen
+    class refuses the field writes the default way makes; see setup.py)."""
+    import copy
+    import pickle
+
+    from opendws.domain.admission import Decision, Race
+    from opendws.domain.incremental import IncrementalPlanner, PassReport
+
+    refused = Decision(
+        request_id="b1",
+        outcome=Outcome.REFUSE,
+        reason=Reason.NO_CAPACITY,
+        alternatives=(Alternative(start_at=NOW, pool_id="p", advised=True),),
+        detail="no room",
+    )
+    planned = admit(snapshot(pending=[flex("f1"), flex("f2", vm_count=50)]), NOW)
+    plan = Plan(
+        now=NOW,
+        decisions=(*planned.decisions, refused),
+        races=(Race(request_id="f1", pools=("p", "q")),),
+        order=planned.order,
+    )
+    planner = IncrementalPlanner()
+    planner.plan(snapshot(pending=[flex("f1")]), NOW)
+    values: list[object] = [plan, refused, *plan.races, planner.last_pass, PassReport(full=False)]
+    for value in values:
+        for again in (
+            pickle.loads(pickle.dumps(value)),
+            copy.copy(value),
+            copy.deepcopy(value),
+        ):
+            assert again == value
+            assert type(again) is type(value)
+    assert pickle.loads(pickle.dumps(plan)).decision("b1").alternatives[0].advised

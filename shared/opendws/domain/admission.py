@@ -27,7 +27,7 @@ import gc
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from functools import cached_property
@@ -97,6 +97,20 @@ class Reason(StrEnum):
     START_PASSED = "START_PASSED"  # calendar: the whole block lies in the past
 
 
+def _rebuild(value: object) -> tuple[object, ...]:
+    """How a frozen dataclass of the planner is pickled and copied: built again from its
+    fields by its constructor. (The default way makes a blank object and sets each field on
+    it, which a frozen class compiled by mypyc refuses: see setup.py.)"""
+    assert is_dataclass(value)
+    values = {item.name: getattr(value, item.name) for item in fields(value)}
+    return (_built, (type(value), values))
+
+
+def _built(kind: type[object], values: dict[str, object]) -> object:
+    """``kind`` built from ``values`` by its constructor (see :func:`_rebuild`)."""
+    return kind(**values)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Alternative:
     """A start time at which a refused calendar block would fit, and where; ``advised`` when
@@ -105,6 +119,9 @@ class Alternative:
     start_at: datetime
     pool_id: str
     advised: bool = False
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +140,9 @@ class Decision:
     alternatives: tuple[Alternative, ...] = ()  # REFUSE: nearest starts that would fit
     lanes: tuple[str, ...] = ()  # ADMIT: more pools raced at once besides pool_id, preferred first
     detail: str = ""  # what exactly was wrong, for REJECT, REFUSE and TIME_OUT
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild(self)
 
     @property
     def eta(self) -> datetime | None:
@@ -170,6 +190,9 @@ class Race:
     request_id: str
     pools: tuple[str, ...]
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild(self)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
@@ -185,6 +208,9 @@ class Plan:
     decisions: tuple[Decision, ...]  # sorted by request_id
     races: tuple[Race, ...] = ()  # sorted by request_id
     order: tuple[str, ...] = ()  # the planned flex requests' ids, in policy order
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild(self)
 
     @cached_property
     def _index(self) -> dict[str, Decision]:

@@ -103,6 +103,7 @@ from opendws.domain.admission import (
     _options,
     _Pass,
     _place,
+    _rebuild,
     _undo,
     _waiting,
 )
@@ -147,6 +148,9 @@ class PassReport:
     searched: int = 0  # incremental: of those, searched again
     redecided: int = 0  # incremental: pending calendar blocks decided again (a grant reached
     # one of their rows)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild(self)
 
 
 @dataclass(slots=True)
