@@ -3,8 +3,8 @@
 The admission core (``COMPILED``: the minute grid, the full planner and the incremental one)
 is compiled to C extension modules from the same annotated sources that mypy checks, by mypyc
 (part of mypy). Everything else stays plain Python. The compiled modules plan exactly as the
-Python ones do (CI runs the domain's tests both ways); they plan faster (see README,
-"Performance"). A compiled module is loaded in place of its ``.py`` beside it.
+Python ones do (CI runs the domain's tests both ways); they plan faster (see README, "The
+admission core"). A compiled module is loaded in place of its ``.py`` beside it.
 
 - ``OPENDWS_COMPILE=no``: install every module as plain Python (no compiler needed).
 - ``OPENDWS_COMPILE=required``: fail the install if the modules cannot be compiled (CI).
