@@ -326,7 +326,7 @@ def _replay_component(
             ending.fire(timer)
         # With nothing waiting and nothing being created, a pass could only sweep runs that
         # their timers end anyway: skip it (most of a quiet pool's events).
-        if store.in_states(S.PENDING, S.PROVISIONING):
+        if store.count_in(S.PENDING, S.PROVISIONING):
             report = reconciler.run_pass()
             while report.ran and report.in_flight and not report.stale and google_queue is None:
                 report = reconciler.run_pass()  # the cloud is ready at once: see them through
@@ -415,7 +415,7 @@ def _next_held_start(store: MemoryRequestStore, now: datetime) -> datetime | Non
     """The soonest ETA of a pending request that lies ahead: when a held start comes due."""
     ahead = [
         record.eta
-        for record in store.in_states(S.PENDING)
+        for record in store.in_states_unordered(S.PENDING)
         if record.eta is not None and record.eta > now
     ]
     return min(ahead) if ahead else None
