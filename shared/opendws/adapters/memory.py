@@ -270,11 +270,20 @@ _LIVE = (ProvisionPhase.RESERVED, ProvisionPhase.CREATING, ProvisionPhase.READY)
 _Key = tuple[str, str]
 
 
+# The fields of an order that a look at it shows (see _FakeOrder.report).
+_SHOWN = frozenset({"phase", "error_code", "message", "last_attempt", "locked_at"})
+
+
 @dataclass(slots=True)
 class _FakeOrder:
     """One order in the fake cloud: a flex-start resize request or queued resource, or a
-    calendar block (its future reservation, its reservation once live, and its VMs)."""
+    calendar block (its future reservation, its reservation once live, and its VMs).
 
+    Setting a field a look shows notes the order in ``touched`` (its provider's, by name, with
+    its pool), wherever in the fake cloud that happens: the next look reports again only
+    those (see MemoryCapacityProvider.observe)."""
+
+    touched: dict[str, str]  # the provider's orders whose report may have changed → pool id
     name: str
     pool: Pool
     units: int
@@ -300,6 +309,11 @@ class _FakeOrder:
     # per change, not per look (a replay looks at every order on every pass).
     seen: tuple[object, ...] = ()
     observed: Observed | None = None
+
+    def __setattr__(self, field: str, value: object) -> None:
+        object.__setattr__(self, field, value)
+        if field in _SHOWN:
+            self.touched[self.name] = self.pool.pool_id
 
     def report(self, pool_id: str) -> Observed:
         """What a look at it finds now (the same object while nothing it shows changed)."""
@@ -413,6 +427,11 @@ class MemoryCapacityProvider:
         self._injected: dict[_Key, list[str]] = {}
         self._orders: dict[str, _FakeOrder] = {}
         self._by_pool: dict[str, dict[str, _FakeOrder]] = {}
+        # What a look at each pool finds (order name → report), kept between looks: a look
+        # reports again only the orders touched since (created, changed in a field a look
+        # shows, or gone), as a replay looks at every order on every pass.
+        self._views: dict[str, dict[str, Observed]] = {}
+        self._touched: dict[str, str] = {}  # order name → its pool id
         self._blocks: dict[_Key, dict[str, _FakeOrder]] = {}  # calendar blocks per key
         # Google's queue per key: orders not yet eligible (a heap by eligible time), eligible
         # ones (a heap by the serving rule), and eligible ones not yet told of a failed attempt.
@@ -494,11 +513,26 @@ class MemoryCapacityProvider:
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
         with self._lock:
             self._settle()
+            self._refresh_views()
             observed: dict[str, Observed] = {}
             for pool_id in {pool.pool_id for pool in pools}:
-                for order in self._by_pool.get(pool_id, {}).values():
-                    observed[order.name] = order.report(pool_id)
+                observed.update(self._views.get(pool_id, {}))
             return observed
+
+    def _refresh_views(self) -> None:
+        """Bring every pool's view up to date with the orders touched since the last look (the
+        lock is held). A view lists its orders in the order they were created, as the pool's
+        orders are."""
+        # Every order holds this very dict: copy what it says, then empty it in place.
+        touched = dict(self._touched)
+        self._touched.clear()
+        for name, pool_id in touched.items():
+            view = self._views.setdefault(pool_id, {})
+            order = self._by_pool.get(pool_id, {}).get(name)
+            if order is None:
+                view.pop(name, None)
+            else:
+                view[name] = order.report(pool_id)
 
     def reserve(self, order: Order) -> None:
         """Submit the calendar block (a future reservation insert): REVIEW until Google has
@@ -567,6 +601,7 @@ class MemoryCapacityProvider:
                 self._blocks.get(order.key, {}).pop(name, None)
             self._orders.pop(name)
             self._by_pool.get(order.pool.pool_id, {}).pop(name, None)
+            self._touched[name] = order.pool.pool_id  # gone: the next look drops it
             order.queued = False  # out of Google's queue (its heap entry is skipped)
             if order.holds_stock:
                 self._give_back(order, now)
@@ -636,6 +671,7 @@ class MemoryCapacityProvider:
             calendar_end = request.start_at + request.run_duration
         now = self._now()
         fake = _FakeOrder(
+            touched=self._touched,
             name=order.name,
             pool=order.pool,
             units=request.units,

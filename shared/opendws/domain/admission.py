@@ -124,22 +124,45 @@ class Alternative:
         return _rebuild(self)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, slots=True, kw_only=True, init=False)
 class Decision:
-    """The plan's verdict on one pending request, with its reason as data."""
+    """The plan's verdict on one pending request, with its reason as data.
+
+    Its constructor is written out (the defaults are there): a pass builds a decision for
+    every request it places or renumbers, and compiled, this one costs half of the one
+    ``dataclass`` generates (which runs as plain Python even in a compiled module)."""
 
     request_id: str
     outcome: Outcome
-    reason: Reason | Expiry | None = None  # None only for ADMIT and CONFIRM
-    pool_id: str | None = None  # ADMIT, HOLD, CONFIRM: where
-    start_at: datetime | None = None  # ADMIT, CONFIRM: the start; HOLD: the ETA
+    reason: Reason | Expiry | None  # None only for ADMIT and CONFIRM
+    pool_id: str | None  # ADMIT, HOLD, CONFIRM: where
+    start_at: datetime | None  # ADMIT, CONFIRM: the start; HOLD: the ETA
     # ADMIT, HOLD, CONFIRM: when the slot ends (start + the pool's serve wait + run_duration
     # for flex, see Pool.serve_wait; start + run_duration for a block)
-    end_at: datetime | None = None
-    position: int | None = None  # HOLD: 1-based place in line for its pool, by ETA
-    alternatives: tuple[Alternative, ...] = ()  # REFUSE: nearest starts that would fit
-    lanes: tuple[str, ...] = ()  # ADMIT: more pools raced at once besides pool_id, preferred first
-    detail: str = ""  # what exactly was wrong, for REJECT, REFUSE and TIME_OUT
+    end_at: datetime | None
+    position: int | None  # HOLD: 1-based place in line for its pool, by ETA
+    alternatives: tuple[Alternative, ...]  # REFUSE: nearest starts that would fit
+    lanes: tuple[str, ...]  # ADMIT: more pools raced at once besides pool_id, preferred first
+    detail: str  # what exactly was wrong, for REJECT, REFUSE and TIME_OUT
+
+    def __init__(
+        self, *, request_id: str, outcome: Outcome, reason: Reason | Expiry | None = None,
+        pool_id: str | None = None, start_at: datetime | None = None,
+        end_at: datetime | None = None, position: int | None = None,
+        alternatives: tuple[Alternative, ...] = (), lanes: tuple[str, ...] = (),
+        detail: str = "",
+    ) -> None:  # fmt: skip
+        put = object.__setattr__  # frozen: set once, here
+        put(self, "request_id", request_id)
+        put(self, "outcome", outcome)
+        put(self, "reason", reason)
+        put(self, "pool_id", pool_id)
+        put(self, "start_at", start_at)
+        put(self, "end_at", end_at)
+        put(self, "position", position)
+        put(self, "alternatives", alternatives)
+        put(self, "lanes", lanes)
+        put(self, "detail", detail)
 
     def __reduce__(self) -> tuple[object, ...]:
         return _rebuild(self)

@@ -250,6 +250,9 @@ class IncrementalPlanner:
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
         self._by_pool: dict[int, set[_Entry]] = {}  # pool row → the entries placed in it
+        # Pool row → its entries in slot order as the last renumbering left them (see
+        # _in_slot_order).
+        self._slot_orders: dict[int, list[_Entry]] = {}
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
         self._blocks: list[_Candidate] = []  # the pending calendar blocks, in calendar order
@@ -333,6 +336,7 @@ class IncrementalPlanner:
         self._reads = {}
         self._entry_of = {}
         self._by_pool = {}
+        self._slot_orders = {}
         self._readers = {}
         self._siblings = {}
         self._blocks = sorted(state.calendar, key=lambda c: calendar_key(c.request))
@@ -1569,7 +1573,7 @@ class IncrementalPlanner:
         positions: dict[int, int | None] = {}
         for row in touched:
             position = 0
-            for entry in sorted(self._by_pool.get(row, ()), key=_slot_order):
+            for entry in self._in_slot_order(row):
                 if entry.best:
                     position += 1
                     positions[id(entry)] = position
@@ -1590,6 +1594,20 @@ class IncrementalPlanner:
                 known = state.decisions.get(entry.candidate.request.request_id)
                 place = known.position if known is not None else None
             self._record(state, entry, place)
+
+    def _in_slot_order(self, row: int) -> list[_Entry]:
+        """The entries placed in pool ``row``, by start and then policy order (a total order:
+        a policy key ends with the request id). Sorted from the order the last call left,
+        which is mostly still in order (starts move with the clock together, and a pass moves
+        few), so the sort costs about one comparison per entry rather than a full sort's."""
+        members = self._by_pool.get(row, set())
+        ordered = [entry for entry in self._slot_orders.get(row, ()) if entry in members]
+        if len(ordered) != len(members):
+            listed = set(ordered)
+            ordered.extend(entry for entry in members if entry not in listed)
+        ordered.sort(key=_slot_order)
+        self._slot_orders[row] = ordered
+        return ordered
 
     def _record(self, state: _Pass, entry: _Entry, position: int | None) -> None:
         """The decision for ``entry`` (at ``position`` in line, if held)."""

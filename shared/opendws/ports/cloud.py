@@ -153,6 +153,10 @@ class Providers:
         # The last look's sightings by order name: one that shows the same report from the
         # same provider is reused, so an unchanged order costs no new object per look.
         self._sightings: dict[str, Sighting] = {}
+        # Per provider and kind of pool asked: the provider, what it reported last (by order
+        # name) and the sightings made of it, so that a look compares each report once and
+        # makes sightings only of the new ones.
+        self._looks: dict[tuple[int, Provider], _Look] = {}
         # Looks so far, and the names whose sighting the last one changed (a new report, or
         # gone): what a reader that saw the look before needs to look at again.
         self.looks = 0
@@ -171,35 +175,59 @@ class Providers:
     def observe(self, pools: Iterable[Pool]) -> dict[str, Sighting]:
         """Every owned resource in ``pools``, by order name, across all providers (a provider
         serving several kinds is asked once per kind of pool)."""
+        pools = tuple(pools)
         by_kind = {kind: [pool for pool in pools if pool.provider is kind] for kind in Provider}
         observed: dict[str, Sighting] = {}
         changed: set[str] = set()
         asked: set[tuple[int, Provider]] = set()
+        looks: dict[tuple[int, Provider], _Look] = {}
+        fresh_all: list[str] = []
         for provider, kind in (
             (self.mig_flex, Provider.MIG),
             (self.tpu, Provider.TPU),
             (self.calendar, Provider.MIG),
             (self.tpu_calendar, Provider.TPU),
         ):
-            if not by_kind[kind] or (id(provider), kind) in asked:
+            asking = (id(provider), kind)
+            if not by_kind[kind] or asking in asked:
                 continue
-            asked.add((id(provider), kind))
-            last = self._sightings
-            for name, seen in provider.observe(by_kind[kind]).items():
-                sighting = last.get(name)
-                if (
-                    sighting is None
-                    or sighting.observed is not seen
-                    or sighting.provider is not provider
-                ):
-                    sighting = Sighting(provider=provider, observed=seen)
-                    changed.add(name)
-                observed[name] = sighting
-        changed.update(self._sightings.keys() - observed.keys())
+            asked.add(asking)
+            reported = provider.observe(by_kind[kind])
+            look = self._looks.get(asking)
+            if look is None or look.provider is not provider:
+                look = _Look(provider, {}, {})
+            was, sightings = look.reported, look.sightings  # this look's own: kept up to date
+            fresh = [name for name, seen in reported.items() if was.get(name) is not seen]
+            fresh_all.extend(fresh)
+            for name in fresh:
+                sightings[name] = Sighting(provider=provider, observed=reported[name])
+            if len(sightings) != len(reported):  # some are gone
+                for name in sightings.keys() - reported.keys():
+                    del sightings[name]
+            looks[asking] = _Look(provider, reported, sightings)
+            observed.update(sightings)
+        # Changed: a name whose sighting is not the very one of the last look, or gone. When
+        # one provider was asked, this time and the last, those are its new sightings.
+        last = self._sightings
+        if len(looks) == 1 and looks.keys() == self._looks.keys():
+            changed.update(fresh_all)
+        else:
+            changed.update(name for name, seen in observed.items() if last.get(name) is not seen)
+        changed.update(last.keys() - observed.keys())
+        self._looks = looks
         self._sightings = dict(observed)
         self.changed = changed
         self.looks += 1
         return observed
+
+
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """What one provider reported for one kind of pool on the last look, and its sightings."""
+
+    provider: CapacityProvider
+    reported: dict[str, Observed]
+    sightings: dict[str, Sighting]
 
 
 @dataclass(frozen=True, slots=True)
