@@ -77,7 +77,7 @@ import heapq
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import filterfalse
 from operator import itemgetter
 from typing import TypeVar
@@ -249,6 +249,10 @@ class IncrementalPlanner:
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
         self._entry_of: dict[str, _Entry] = {}  # flex request id → its entry
+        # Flex request id → (how long a run placed for it holds its pool, in microseconds;
+        # its deadline, submitted_at + max_wait): what a clock move reads of every request,
+        # fixed for a kept pass (worked out once; a full pass forgets them).
+        self._timing: dict[str, tuple[int, datetime | None]] = {}
         self._by_pool: dict[int, set[_Entry]] = {}  # pool row → the entries placed in it
         # Pool row → its entries in slot order as the last renumbering left them (see
         # _in_slot_order).
@@ -335,6 +339,7 @@ class IncrementalPlanner:
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
         self._reads = {}
         self._entry_of = {}
+        self._timing = {}
         self._by_pool = {}
         self._slot_orders = {}
         self._readers = {}
@@ -408,6 +413,7 @@ class IncrementalPlanner:
 
     def _drop(self, state: _Pass, key: str) -> None:
         """Forget the decision for ``key`` (its request left)."""
+        self._timing.pop(key, None)
         del state.decisions[key]
         index = bisect.bisect_left(self._ids, key)
         del self._ids[index]
@@ -773,17 +779,22 @@ class IncrementalPlanner:
             return clock
         flex.grid.advance(shift)
         flex.cells = flex.grid.cells
-        into = now - origin
+        into = (now - origin) // _MICROSECOND
         reach = 0
+        timing = self._timing
         for entry in flex.entries:
             request = entry.candidate.request
+            key = request.request_id
+            known = timing.get(key)
+            if known is None:
+                known = timing[key] = _timing_of(state, entry.candidate)
+            holds, deadline = known
             span = entry.span  # from the last now: before first changes
-            entry.first = -(-(into + state.holds(entry.candidate)) // MINUTE)
+            entry.first = -(-(into + holds) // _MINUTE_US)
             entry.last -= shift
             entry.floor = max(0, entry.floor - shift)
             if entry.best is not None:
                 entry.best -= shift
-            key = request.request_id
             started = entry.best is not None and entry.best <= 0
             # A held start on the new now's minute, whose run from now takes the same cells:
             # it holds exactly what an admission now takes, in the same view. It is admitted
@@ -794,8 +805,7 @@ class IncrementalPlanner:
                 clock.slots[id(entry)] = (0, max(0, entry.best + span))
             if key in gone:
                 continue
-            max_wait = request.max_wait
-            if max_wait is not None and request.submitted_at + max_wait < now:
+            if deadline is not None and deadline < now:
                 clock.expired.append(entry)
             elif arrived:
                 entry.reason = None
@@ -811,8 +821,11 @@ class IncrementalPlanner:
                 for key, (was, to) in self._moves.items()
             }
         for key, entry in self._held.items():
-            request = entry.candidate.request
-            entry.first = -(-(into + state.holds(entry.candidate)) // MINUTE)
+            known = timing.get(key)
+            if known is None:
+                known = timing[key] = _timing_of(state, entry.candidate)
+            holds, deadline = known
+            entry.first = -(-(into + holds) // _MINUTE_US)
             entry.last -= shift
             if entry.best is not None:
                 entry.best -= shift
@@ -820,8 +833,7 @@ class IncrementalPlanner:
             self._slots[key] = _shifted(self._slots[key], shift)
             if key in gone:
                 continue
-            max_wait = request.max_wait
-            if max_wait is not None and request.submitted_at + max_wait < now:
+            if deadline is not None and deadline < now:
                 clock.expired_held.append(entry)
             else:
                 reach = max(reach, entry.first + entry.last)
@@ -1644,6 +1656,20 @@ class IncrementalPlanner:
         lanes = min(snapshot.policy.race_width, len(candidate.pools))
         for limit in candidate.limits:
             self._demand[flex.limit_row[limit.key]] += sign * gang.accelerator_units * lanes
+
+
+_MICROSECOND = timedelta(microseconds=1)
+_MINUTE_US = MINUTE // _MICROSECOND
+
+
+def _timing_of(state: _Pass, candidate: _Candidate) -> tuple[int, datetime | None]:
+    """What a clock move reads of ``candidate`` (see IncrementalPlanner._timing): how long a
+    run placed for it holds its pool, in whole microseconds (timedeltas are), and its
+    deadline."""
+    request = candidate.request
+    max_wait = request.max_wait
+    deadline = None if max_wait is None else request.submitted_at + max_wait
+    return state.holds(candidate) // _MICROSECOND, deadline
 
 
 def _holds_commitments(snapshot: Snapshot, now: datetime) -> bool:
