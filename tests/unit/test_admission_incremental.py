@@ -378,14 +378,24 @@ def test_a_reason_judged_again_leaves_the_requests_own_slot_out() -> None:
     assert again.decision("e").reason is Reason.QUOTA
 
 
-def test_a_later_now_over_a_short_queue_plans_in_full() -> None:
-    """By default, a queue shorter than CLOCK_FLOOR is planned again in full when the clock
-    moves (cheaper there, as measured); the tests above lower the floor to walk it."""
+def test_a_later_now_over_a_queue_below_the_clock_floor_plans_in_full() -> None:
+    """A planner given a clock floor plans a queue shorter than it again in full when the
+    clock moves, and the plan is the same."""
+    planner = IncrementalPlanner(clock_floor=1_000)
+    first = busy()
+    planner.plan(first, NOW)
+    assert planner.plan(first, NOW + MINUTE) == admit(first, NOW + MINUTE)
+    assert planner.last_pass.why == "a later now over a queue below the clock floor"
+
+
+def test_by_default_a_later_now_carries_even_a_short_queue_over() -> None:
+    """By default (CLOCK_FLOOR 0), a later now carries the pass over however short the
+    queue: measured on the Philly replay, planning short queues in full cost more."""
     planner = IncrementalPlanner()
     first = busy()
     planner.plan(first, NOW)
     assert planner.plan(first, NOW + MINUTE) == admit(first, NOW + MINUTE)
-    assert planner.last_pass.why == "a later now over a short queue: a full pass costs no more"
+    assert not planner.last_pass.full
 
 
 def two_zones_of_blocks() -> Snapshot:
