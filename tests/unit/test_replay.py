@@ -3,11 +3,13 @@ the real reconciler over in-memory adapters on a virtual clock — on the same c
 
 from __future__ import annotations
 
+import gc
 from datetime import timedelta
 
 import pytest
 
 from opendws.domain.model import PolicySettings
+from opendws.replay import runner
 from opendws.replay.baselines import Policy, list_schedule
 from opendws.replay.metrics import (
     eta_accuracy,
@@ -300,3 +302,39 @@ def test_the_replay_tells_its_progress_in_the_replaying_process(workers: int) ->
     assert len(outcomes) == len(jobs)
     assert sum(done for done, _ in told) == len(jobs)
     assert max(at for _, at in told) >= 6 * MINUTE
+
+
+def test_a_replay_freezes_its_history_as_it_goes_and_hands_it_back_at_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The replay freezes what it keeps (every FREEZE_EVERY jobs ended) so that full
+    collections do not scan its growing history again; at its end the collector gets it back,
+    and the outcome is the same as without freezing. Objects someone else froze before the
+    replay stay as they were: the replay then freezes nothing."""
+    monkeypatch.setattr(runner, "FREEZE_EVERY", 5)
+    jobs = [job(f"j{i}", i * 7 * MINUTE, 1 + i % 3, (1 + i % 5) * 37 * MINUTE) for i in range(24)]
+    frozen_during: list[int] = []
+    real_freeze = gc.freeze
+
+    def watched_freeze() -> None:
+        real_freeze()
+        frozen_during.append(gc.get_freeze_count())
+
+    monkeypatch.setattr(gc, "freeze", watched_freeze)
+    assert gc.get_freeze_count() == 0
+    frozen = replay_opendws(jobs, pools(3))
+    assert len(frozen_during) == 24 // 5
+    assert all(count > 0 for count in frozen_during)
+    assert gc.get_freeze_count() == 0  # handed back
+    monkeypatch.setattr(runner, "FREEZE_EVERY", 10**9)
+    assert replay_opendws(jobs, pools(3)) == frozen
+    monkeypatch.setattr(runner, "FREEZE_EVERY", 5)
+    frozen_during.clear()
+    real_freeze()  # someone else's
+    try:
+        before = gc.get_freeze_count()
+        assert replay_opendws(jobs, pools(3)) == frozen
+        assert frozen_during == []
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()

@@ -25,12 +25,14 @@ apart: nothing one of them does can change another.
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from queue import Queue
@@ -198,6 +200,7 @@ def as_request(job: TraceJob, zones: dict[str, str]) -> CapacityRequest:
 # the virtual clock's instant then). Called from the replaying process only.
 Progress = Callable[[int, datetime], None]
 PROGRESS_EVERY = 500  # jobs between two progress calls of one part (and at its end)
+FREEZE_EVERY = 1_000  # jobs ended between two freezes of the replay's history (_kept_history)
 
 
 def replay_opendws(
@@ -300,59 +303,67 @@ def _replay_component(
     done = 0  # jobs that reached a final state since progress was last told
     next_start: datetime | None = None  # the last pass's earliest held start
 
-    while upcoming is not None or live:
-        candidates = [
-            moment
-            for moment in (
-                upcoming.submitted_at if upcoming is not None else None,
-                finishes[0][0] if finishes else None,
-                timers.next_due(),
-                next_start if next_start is not None and next_start > clock.now() else None,
-                _next_held_start(store, clock.now()),
-                # Behind Google's queue: when it serves the next order (a pass then sees it).
-                None if google_queue is None else cloud.next_eligible(),
-            )
-            if moment is not None
-        ]
-        now = clock.set_at_least(min(candidates))
-        while upcoming is not None and upcoming.submitted_at <= now:
-            _submit(store, timers, as_request(upcoming, zones))
-            live += 1
-            upcoming = next(arrivals, None)
-        while finishes and finishes[0][0] <= now:
-            _, job_id = heapq.heappop(finishes)
-            ending.release(job_id, by_id[job_id].tenant)
-        for timer in timers.take_due(now):
-            ending.fire(timer)
-        # With nothing waiting and nothing being created, a pass could only sweep runs that
-        # their timers end anyway: skip it (most of a quiet pool's events).
-        if store.count_in(S.PENDING, S.PROVISIONING):
-            report = reconciler.run_pass()
-            while report.ran and report.in_flight and not report.stale and google_queue is None:
-                report = reconciler.run_pass()  # the cloud is ready at once: see them through
-            next_start = report.next_start
-        for event in bus.published[cursor:]:
-            if event.state is S.PENDING and event.eta is not None:
-                etas.setdefault(event.request_id, []).append(
-                    Announced(
-                        at=event.at,
-                        eta=event.eta,
-                        reason=event.reason,
-                        ready_eta=event.ready_eta,
-                        ready_eta_p90=event.ready_eta_p90,
-                        google_late=GOOGLE_LATE in event.message,
-                    )
+    settled = 0  # jobs that reached a final state since the history was last frozen
+    with _kept_history() as freeze:
+        while upcoming is not None or live:
+            candidates = [
+                moment
+                for moment in (
+                    upcoming.submitted_at if upcoming is not None else None,
+                    finishes[0][0] if finishes else None,
+                    timers.next_due(),
+                    next_start if next_start is not None and next_start > clock.now() else None,
+                    _next_held_start(store, clock.now()),
+                    # Behind Google's queue: when it serves the next order (a pass then sees it).
+                    None if google_queue is None else cloud.next_eligible(),
                 )
-            if google_queue is None:
-                ended = _account(event, now, by_id, started, timed_out, finishes)
-            else:
-                ended = _account_queued(event, now, by_id, started, admitted, timed_out, finishes)
-            live -= ended
-            done += ended
-        cursor = len(bus.published)
-        if progress is not None and (done >= PROGRESS_EVERY or not (live or upcoming)):
-            progress(done, now)
-            done = 0
+                if moment is not None
+            ]
+            now = clock.set_at_least(min(candidates))
+            while upcoming is not None and upcoming.submitted_at <= now:
+                _submit(store, timers, as_request(upcoming, zones))
+                live += 1
+                upcoming = next(arrivals, None)
+            while finishes and finishes[0][0] <= now:
+                _, job_id = heapq.heappop(finishes)
+                ending.release(job_id, by_id[job_id].tenant)
+            for timer in timers.take_due(now):
+                ending.fire(timer)
+            # With nothing waiting and nothing being created, a pass could only sweep runs that
+            # their timers end anyway: skip it (most of a quiet pool's events).
+            if store.count_in(S.PENDING, S.PROVISIONING):
+                report = reconciler.run_pass()
+                while report.ran and report.in_flight and not report.stale and google_queue is None:
+                    report = reconciler.run_pass()  # the cloud is ready at once: see them through
+                next_start = report.next_start
+            for event in bus.published[cursor:]:
+                if event.state is S.PENDING and event.eta is not None:
+                    etas.setdefault(event.request_id, []).append(
+                        Announced(
+                            at=event.at,
+                            eta=event.eta,
+                            reason=event.reason,
+                            ready_eta=event.ready_eta,
+                            ready_eta_p90=event.ready_eta_p90,
+                            google_late=GOOGLE_LATE in event.message,
+                        )
+                    )
+                if google_queue is None:
+                    ended = _account(event, now, by_id, started, timed_out, finishes)
+                else:
+                    ended = _account_queued(
+                        event, now, by_id, started, admitted, timed_out, finishes
+                    )
+                live -= ended
+                done += ended
+                settled += ended
+            if settled >= FREEZE_EVERY:
+                freeze()
+                settled = 0
+            cursor = len(bus.published)
+            if progress is not None and (done >= PROGRESS_EVERY or not (live or upcoming)):
+                progress(done, now)
+                done = 0
 
     return {
         job.job_id: JobOutcome(
@@ -365,6 +376,24 @@ def _replay_component(
         )
         for job in ordered
     }
+
+
+@contextmanager
+def _kept_history() -> Iterator[Callable[[], None]]:
+    """What keeps a replay's history out of the cyclic collector's way: a replay keeps all of
+    it in memory to its end (the memory store's records and events, the bus, the outcomes),
+    and every full collection would scan it again as it grows. Yields a function that
+    freezes what is alive now (``gc.freeze``: refcounting still frees it; only the cyclic
+    collector no longer looks at it), called every :data:`FREEZE_EVERY` jobs ended; at the
+    end, what was frozen goes back to the collector. If objects were frozen already, by
+    whoever runs the replay, it freezes nothing (unfreezing would hand theirs back too)."""
+    if gc.get_freeze_count():
+        yield lambda: None
+        return
+    try:
+        yield gc.freeze
+    finally:
+        gc.unfreeze()
 
 
 def _account(
