@@ -11,8 +11,10 @@ sighting is not the very object of the last look."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -126,3 +128,49 @@ def test_a_kept_look_reports_what_a_look_afresh_finds(
         gone = last.keys() - sightings.keys()
         assert by_value | gone <= changed <= by_identity | gone
         last = sightings
+
+
+class _Failing(MemoryCapacityProvider):
+    """The memory cloud, whose look fails once when told to (a transient error of Google's)."""
+
+    fail = False
+
+    def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("503 Service Unavailable: backendError")
+        return super().observe(pools)
+
+
+def test_a_look_cut_short_by_a_providers_error_leaves_the_next_look_whole() -> None:
+    """A look that fails at its second provider, after the first one's orders changed (and
+    over fewer pools), must not leave the first one's kept sightings half brought up to date:
+    the next look still reports every order, and names every one that came or went since the
+    last whole look."""
+    clock = ManualClock(NOW)
+    gpus = MemoryCapacityProvider(clock, latency=timedelta(seconds=20))
+    tpus = _Failing(clock, latency=timedelta(seconds=20))
+    for where in POOLS:
+        gpus.set_stock(where.zone, where.shape, where.capacity)
+        tpus.set_stock(where.zone, where.shape, where.capacity)
+    providers = Providers(mig_flex=gpus, tpu=tpus, calendar=gpus)
+    first = [Order(request=flex(f"f{i}", locations=(ZONES[i % 2],)), pool=POOLS[i % 2],
+                   attempt=1) for i in range(3)]  # fmt: skip
+    for order in first:
+        gpus.provision(order)
+    tpus.provision(Order(request=flex("t0", shape=tpu_gang(1)), pool=POOLS[2], attempt=1))
+    whole = providers.observe(POOLS)
+    assert set(whole) == {order.name for order in first} | {
+        Order(request=flex("t0"), pool=POOLS[2], attempt=1).name
+    }
+    gpus.release(first[0].name, POOLS[0])
+    later = Order(request=flex("f9", locations=(ZONES[0],)), pool=POOLS[0], attempt=1)
+    gpus.provision(later)
+    tpus.fail = True
+    with pytest.raises(RuntimeError):  # a narrowed look (not the second pool), cut short
+        providers.observe([POOLS[0], POOLS[2]])
+    again = providers.observe(POOLS)
+    assert {name: s.observed for name, s in again.items()} == _afresh(gpus, POOLS[:2]) | (
+        _afresh(tpus, POOLS[2:])
+    )
+    assert {first[0].name, later.name} <= providers.changed

@@ -7,7 +7,7 @@ import heapq
 import itertools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 
@@ -283,7 +283,8 @@ class _FakeOrder:
     its pool), wherever in the fake cloud that happens: the next look reports again only
     those (see MemoryCapacityProvider.observe)."""
 
-    touched: dict[str, str]  # the provider's orders whose report may have changed → pool id
+    # The provider's orders whose report may have changed → their pool id.
+    touched: dict[str, str] = field(repr=False, compare=False)
     name: str
     pool: Pool
     units: int

@@ -196,7 +196,8 @@ class Providers:
             look = self._looks.get(asking)
             if look is None or look.provider is not provider:
                 look = _Look(provider, {}, {})
-            was, sightings = look.reported, look.sightings  # this look's own: kept up to date
+            # A copy: a look cut short by a provider's error keeps the last one whole.
+            was, sightings = look.reported, dict(look.sightings)
             fresh = [name for name, seen in reported.items() if was.get(name) is not seen]
             fresh_all.extend(fresh)
             for name in fresh:
