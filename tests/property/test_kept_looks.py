@@ -41,7 +41,7 @@ _STEP = st.one_of(
 )
 
 
-def _afresh(cloud: MemoryCapacityProvider, pools: list[Pool]) -> dict[str, Observed]:
+def _afresh(cloud: MemoryCapacityProvider, pools: Sequence[Pool]) -> dict[str, Observed]:
     """What a look that builds every report anew finds: each order of ``pools`` as it is."""
     wanted = {p.pool_id for p in pools}
     return {
