@@ -7,7 +7,13 @@ released, calendar blocks reviewed, cancelled and started, its clock moving), ea
 look at some of its pools, every look must report exactly the orders of those pools with their
 current fields, and the names :attr:`Providers.changed` gives must include every name whose
 report differs in value from the last look's (or that came or went), and only names whose
-sighting is not the very object of the last look."""
+sighting is not the very object of the last look.
+
+What a look must keep is Google's: a list call returns every resource of what it lists, each
+time, not what changed (resize requests per managed instance group,
+compute/docs/reference/rest/v1/instanceGroupManagerResizeRequests/list; queued resources per
+zone, tpu/docs/reference/rest/v2/projects.locations.queuedResources/list). So a kept view is
+only a way to build the same answer: every order of the pools asked, as it is now."""
 
 from __future__ import annotations
 
