@@ -765,3 +765,38 @@ def test_a_settled_commitment_is_judged_again_when_its_pool_row_changes() -> Non
     assert not planner.last_pass.full
     assert plan.decision("b-now").outcome is Outcome.ADMIT
     assert plan.decision("a-next").reason is Reason.NO_CAPACITY_UNTIL
+
+
+def test_a_walk_hands_its_delta_rows_back_zeroed() -> None:
+    """The walk keeps, per row it rolls back, how that row's free amounts differ from the last
+    pass, in a row as long as the grid, and keeps those rows for the next walk. Each must be
+    handed back all zeros: here the two releases leave gains in a row that the last arrival's
+    walk reuses, where a gain left over would hide the loss inside a held slot (the slot kept
+    where it no longer fits, a plan other than the full one)."""
+    planner = IncrementalPlanner(clock_floor=0)
+    runs = [("g0", 1, 3), ("g1", 1, 4), ("g2", 2, 4)]
+    queued = [("r0", 2, 2), ("r1", 1, 4), ("r2", 1, 4), ("r3", 2, 1), ("r4", 3, 4)]
+    queued += [("r5", 2, 2), ("r6", 3, 1)]
+    snapshot = build_snapshot(
+        pools=[pool(capacity=3)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[
+            grant(name, units=units, start_at=NOW - HOUR, hours=hours)
+            for name, units, hours in runs
+        ],
+        pending=[flex(name, vm_count=vms, hours=hours) for name, vms, hours in queued],
+    )
+    planner.plan(snapshot, NOW)
+    changes = [
+        lambda s: replace(s, pending=(*s.pending, flex("a0", vm_count=1, hours=1))),
+        lambda s: replace(s, grants=tuple(g for g in s.grants if g.request_id != "g2")),
+        lambda s: replace(s, grants=tuple(g for g in s.grants if g.request_id != "g1")),
+        lambda s: replace(s, pending=(*s.pending, flex("a3", vm_count=2, hours=1))),
+    ]
+    for change in changes:
+        snapshot = change(snapshot)
+        assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
+        assert not planner.last_pass.full
+        assert planner.last_pass.walked > 0
+        assert planner._spare, "the walk kept no row for the next one"
+        assert not any(row.any() for row in planner._spare)

@@ -132,6 +132,9 @@ RESTART_FLOOR = 64
 # Python), and 0.97× with the default horizon's (when no commitment is held); over 20 days,
 # 0.94×. A 10,000-request snapshot plans 3–4× faster carried over.
 CLOCK_FLOOR = 0
+# At most this many spare delta rows are kept between passes (a walk rolls a few dozen rows;
+# each spare is as long as the grid).
+SPARE_ROWS = 64
 _NONE = 1 << 62  # no cell yet: above every grid
 COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promised"
 
@@ -268,6 +271,9 @@ class IncrementalPlanner:
         self._unkept_after = False  # the last pass held commitments and kept nothing
         # The last full pass's policy keys, for the next full pass (see _Pass's keys).
         self._keys: _Keys = {}
+        # Zeroed rows of the grid's length for the walk's deltas, kept from pass to pass: a
+        # fresh one a rolled row costs its pages again (the walk zeroes what it changed).
+        self._spare: list[npt.NDArray[np.int32]] = []
         self.last_pass = PassReport(full=True, why="no pass yet")
         # Plans made so far, and the requests whose decision the last one set anew or dropped,
         # other than for a new place in line (None: any may have, after a full pass):
@@ -1123,7 +1129,10 @@ class IncrementalPlanner:
             """Roll ``row`` back to the grid as it stood before the entry at key ``at``: give
             back the takes of the entries from there on, each visited later to take again."""
             rolled.add(row)
-            delta[row] = np.zeros(flex.cells, dtype=np.int32)
+            spare = self._spare
+            while spare and len(spare[-1]) != flex.cells:  # of a grid since resized
+                spare.pop()
+            delta[row] = spare.pop() if spare else np.zeros(flex.cells, dtype=np.int32)
             readers = self._readers.get(row)
             if not readers:
                 return
@@ -1295,6 +1304,12 @@ class IncrementalPlanner:
             moved[id(entry)] = entry
             if entry.best is not None:
                 touched.add(entry.row)
+        for row, cells_of in delta.items():  # zeroed where it changed, kept for the next walk
+            bounds = spans.get(row)
+            if bounds is not None:
+                cells_of[min(bounds[0], bounds[2]) : max(bounds[1], bounds[3])] = 0
+            if len(self._spare) < SPARE_ROWS:
+                self._spare.append(cells_of)
         if self._held:
             gains = {row: cell for row, cell in seen.items() if cell < _NONE}
             why = self._rehold(state, flex, layer, added, changed, touched, clock, {*seen}, gains)
