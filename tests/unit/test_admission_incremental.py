@@ -800,3 +800,41 @@ def test_a_walk_hands_its_delta_rows_back_zeroed() -> None:
         assert planner.last_pass.walked > 0
         assert planner._spare, "the walk kept no row for the next one"
         assert not any(row.any() for row in planner._spare)
+
+
+def test_a_pool_not_rolled_back_is_tested_as_the_request_sees_it() -> None:
+    """Two releases free quota and room; the walk tests whether each queued request could now
+    start sooner in one of its pools. A pool the walk has not rolled back still holds the
+    takes of the requests after the one tested, which that request does not see: they are
+    given back for the test (here a request would otherwise keep a slot the full plan moves
+    sooner, in a pool that looked full)."""
+    zone_b = "us-central1-b"
+    both = (ZONE, zone_b)
+    planner = IncrementalPlanner(clock_floor=0)
+    snapshot = build_snapshot(
+        pools=[pool(zone=ZONE, capacity=3), pool(zone=zone_b, capacity=1)],
+        tenants=[tenant("t1", quota(nominal=16)), tenant("t2", quota(nominal=1024))],
+        grants=[
+            grant("g0", tenant="t1", units=1, start_at=NOW - HOUR, hours=2),
+            grant(
+                "g1", tenant="t2", pool_id=f"{zone_b}/{A3}", units=1, start_at=NOW - HOUR, hours=3
+            ),
+        ],
+        pending=[
+            flex("r0", tenant="t2", vm_count=1, hours=2),
+            flex("r1", tenant="t1", vm_count=1, hours=3, locations=(zone_b, ZONE)),
+            flex("r2", tenant="t2", vm_count=1, hours=1),
+            flex("r3", tenant="t2", vm_count=2, hours=4, locations=both),
+            flex("r4", tenant="t1", vm_count=2, hours=3),
+            flex("r5", tenant="t1", vm_count=1, hours=2),
+            flex("r6", tenant="t2", vm_count=2, hours=2, locations=both),
+            flex("r7", tenant="t2", vm_count=1, hours=4),
+        ],
+    )
+    planner.plan(snapshot, NOW)
+    for released in ("g0", "g1"):
+        snapshot = replace(
+            snapshot, grants=tuple(g for g in snapshot.grants if g.request_id != released)
+        )
+        assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
+        assert not planner.last_pass.full

@@ -135,6 +135,11 @@ CLOCK_FLOOR = 0
 # At most this many spare delta rows are kept between passes (a walk rolls a few dozen rows;
 # each spare is as long as the grid).
 SPARE_ROWS = 64
+# In the walk's test of a request (see _stands), a start found on the rows rolled back is
+# tested on the others with the takes of the requests after it given back: of at most this
+# many requests on a row, and at most this many starts; else the request is searched.
+UNROLLED_READERS = 64
+UNROLLED_PROBES = 2
 _NONE = 1 << 62  # no cell yet: above every grid
 COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promised"
 
@@ -1229,7 +1234,14 @@ class IncrementalPlanner:
                 keep = None
             elif not live.isdisjoint(reads):
                 keep = _stands(
-                    grid, flex, entry, [row for row in reads if row in live], delta, spans, rolled
+                    grid,
+                    flex,
+                    entry,
+                    [row for row in reads if row in live],
+                    delta,
+                    spans,
+                    rolled,
+                    readers_of,
                 )
             if keep is None:
                 searched += 1
@@ -1776,6 +1788,7 @@ def _stands(
     delta: dict[int, npt.NDArray[np.int32]],
     spans: dict[int, list[int]],
     rolled: set[int],
+    readers: Mapping[int, list[_Entry]],
 ) -> bool | None:
     """Whether ``entry``'s last slot is still what a search would find, judged from how the
     free amounts of ``rows`` (those of its rows that changed) differ from last pass: None if
@@ -1786,9 +1799,13 @@ def _stands(
     (a pool and the quota it counts against), a tie going to the more preferred pool. No
     start before the slot (nor a more preferred pool at it) fitted last pass. One fits now
     only if its run covers a cell where a row of that option gained: so the request stands
-    unless a run of it fits (on the rows that hold what it sees) from one of those starts.
-    The slot itself still fits unless a row lost within it. A request with no slot waits on
-    unless such a run fits by its deadline."""
+    unless a run of it fits from one of those starts. The slot itself still fits unless a row
+    lost within it. A request with no slot waits on unless such a run fits by its deadline.
+
+    The starts are searched on the rolled rows, which hold what this request sees. A row not
+    rolled back is as it was last pass and still carries the takes of the requests after it:
+    each start found is then tested there with those takes given back
+    (:func:`_past_unrolled`), and the search goes on past one that does not fit."""
     best = entry.best
     reach = grid.cells if best is None else best + max(entry.span, entry.first)
     # Most visits follow a change that only took cells (an arrival): no row gained where a
@@ -1805,12 +1822,11 @@ def _stands(
     ):
         if pool == entry.row:
             latest -= 1
-        # Only rolled rows hold what this request sees; the others still carry the takes of
-        # requests after it, so they are left out: fewer needs fit more often (a search more,
-        # never a slot kept wrongly). Every row that gained is a rolled one.
+        # Every row that gained is a rolled one: an option on none cannot newly fit.
         needs = tuple(need for need in every_need if need[0] in rolled)
         if not needs:
             continue
+        unrolled = [need for need in every_need if need[0] not in rolled]
         gained_from, gained_to = _NONE, lowest
         for row, _ in needs:
             changed = spans.get(row)
@@ -1821,15 +1837,29 @@ def _stands(
         # enough. (From a whole minute; a run from now is one cell longer: this errs to
         # search.) What earlier searches proved settles most of them without a scan.
         length = entry.length
-        first_start = max(lowest, gained_from - length + 1)
+        # As a search does: a strict-FIFO request starts no earlier than its floor.
+        first_start = max(lowest, entry.floor, gained_from - length + 1)
         last_start = min(gained_to - 1, latest)
         if first_start > last_start:
             continue
         proved = grid.bounds(needs, first_start, length)
-        if proved[1] <= last_start and (
-            grid.earliest_fit(needs, first_start, last_start, length, proved) is not None
-        ):
-            return None
+        if proved[1] > last_start:
+            continue
+        found = grid.earliest_fit(needs, first_start, last_start, length, proved)
+        for _ in range(UNROLLED_PROBES):
+            if found is None:
+                break
+            # A run from now is one cell longer: tested over ``length`` cells, it errs to fit.
+            past = (
+                found
+                if not unrolled
+                else _past_unrolled(grid, readers, entry, unrolled, found, length)
+            )
+            if past == found:
+                return None
+            found = grid.earliest_fit(needs, past, last_start, length)
+        if found is not None:
+            return None  # not settled in so many starts: searched
     if best is None:
         return False
     span = entry.span
@@ -1843,6 +1873,47 @@ def _stands(
             return None
     # Its reason reads its pool's row (one that never binds always has room: no change).
     return entry.row in rows
+
+
+def _past_unrolled(
+    grid: MinuteGrid,
+    readers: Mapping[int, list[_Entry]],
+    entry: _Entry,
+    needs: Sequence[tuple[int, int]],
+    start: int,
+    length: int,
+) -> int:
+    """``start`` if each of ``needs``, on rows the walk has not rolled back, is free over cells
+    ``[start, start + length)`` as ``entry`` sees them (or if telling means giving back more
+    than :data:`UNROLLED_READERS` takes: it errs to search); else the cell just past the last
+    one there where the first need that is not free falls short (no run of ``entry`` from
+    ``start`` on can begin before it).
+
+    Exact: such a row has not changed this pass and holds the takes of every request that reads
+    it; ``entry`` sees it as it was before its own take and those of the requests after it,
+    which are added back to a copy of the cells."""
+    stop = start + length
+    for row, amount in needs:
+        on_row = readers.get(row)
+        cells = grid.free_over(row, start, stop)
+        if on_row:
+            index = bisect.bisect_left(on_row, entry.key, key=_key_of)
+            if len(on_row) - index > UNROLLED_READERS:
+                return start
+            for holder in on_row[index:]:
+                best = holder.best
+                if best is None or best >= stop:
+                    continue
+                end = best + holder.span
+                if end <= start:
+                    continue
+                for need_row, taken in holder.needs:
+                    if need_row == row:
+                        cells[max(best, start) - start : min(end, stop) - start] += taken
+        short = np.flatnonzero(cells < amount)
+        if len(short):
+            return start + int(short[-1]) + 1
+    return start
 
 
 def _by_identity(items: Sequence[_Item]) -> dict[int, _Item]:

@@ -137,6 +137,10 @@ class MinuteGrid:
         """Free amount of ``row`` during ``cell``."""
         return int(self._rows[row][cell])
 
+    def free_over(self, row: int, start: int, stop: int) -> npt.NDArray[np.int32]:
+        """A copy of the free amounts of ``row`` over cells ``[start, stop)``."""
+        return self._rows[row][start:stop].copy()
+
     def lowest(self, row: int) -> int:
         """The least free amount of ``row`` at any cell of the grid."""
         return int(self._free[row].min())
