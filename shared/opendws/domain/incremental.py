@@ -23,7 +23,10 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   merges them): one on no rolled row keeps its slot untouched. Per rolled row the walk keeps
   how its free amounts differ from what the request it is at saw last pass; a request whose
   slot that difference cannot change (no gain where a run of its could newly fit, no loss
-  inside its slot: see ``_stands``) takes its slot again without a search. Any other is
+  inside its slot: see ``_stands``) takes its slot again without a search. A start a gain
+  could open is tested on the request's rows not rolled back as it sees them (the takes of
+  the requests after it given back over that run, not rolled back: ``_past_unrolled``), so a
+  pool that did not change is not rolled back for a slot that stands. Any other is
   searched; if its slot moved, the difference follows. Held slots are renumbered in the
   pools where one came, left or moved. Ranks are the plan's ``order``, kept in step, so an
   arrival near the front rewrites no decision behind it.
