@@ -24,12 +24,12 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   how its free amounts differ from what the request it is at saw last pass; a request whose
   slot that difference cannot change (no gain where a run of its could newly fit, no loss
   inside its slot: see ``_stands``) takes its slot again without a search. A start a gain
-  could open is tested on the request's rows not rolled back as it sees them (the takes of
-  the requests after it given back over that run, not rolled back: ``_past_unrolled``), so a
-  pool that did not change is not rolled back for a slot that stands. Any other is
-  searched; if its slot moved, the difference follows. Held slots are renumbered in the
-  pools where one came, left or moved. Ranks are the plan's ``order``, kept in step, so an
-  arrival near the front rewrites no decision behind it.
+  could open is also tested on the request's rows not rolled back, as it sees them (the
+  takes of the requests after it given back over that run: ``_past_unrolled``), so a pool
+  that did not change is not rolled back for a slot that stands. Any other is searched; if
+  its slot moved, the difference follows. Held slots are renumbered in the pools where one
+  came, left or moved. Ranks are the plan's ``order``, kept in step, so an arrival near the
+  front rewrites no decision behind it.
 - An admission carried out (the request left, its grant came holding exactly the slot it took)
   changes no row a search reads: nothing after it is searched again — unless a request ahead
   of it is held in the same pool by quota, whose reason may then turn to the pool's capacity;
@@ -1829,7 +1829,6 @@ def _stands(
         needs = tuple(need for need in every_need if need[0] in rolled)
         if not needs:
             continue
-        unrolled = [need for need in every_need if need[0] not in rolled]
         gained_from, gained_to = _NONE, lowest
         for row, _ in needs:
             changed = spans.get(row)
@@ -1849,6 +1848,7 @@ def _stands(
         if proved[1] > last_start:
             continue
         found = grid.earliest_fit(needs, first_start, last_start, length, proved)
+        unrolled = [need for need in every_need if need[0] not in rolled]
         for _ in range(UNROLLED_PROBES):
             if found is None:
                 break
@@ -1887,32 +1887,32 @@ def _past_unrolled(
     length: int,
 ) -> int:
     """``start`` if each of ``needs``, on rows the walk has not rolled back, is free over cells
-    ``[start, start + length)`` as ``entry`` sees them (or if telling means giving back more
-    than :data:`UNROLLED_READERS` takes: it errs to search); else the cell just past the last
-    one there where the first need that is not free falls short (no run of ``entry`` from
-    ``start`` on can begin before it).
+    ``[start, start + length)`` as ``entry`` sees them; else the cell just past the last one
+    there where the first need that is not free falls short (no run of ``entry`` from
+    ``start`` on can begin before it). A row whose telling means looking at more than
+    :data:`UNROLLED_READERS` requests after ``entry`` is not tested (it errs to fit: a search
+    more).
 
     Exact: such a row has not changed this pass and holds the takes of every request that reads
     it; ``entry`` sees it as it was before its own take and those of the requests after it,
     which are added back to a copy of the cells."""
     stop = start + length
     for row, amount in needs:
-        on_row = readers.get(row)
+        on_row = readers.get(row, [])
+        index = bisect.bisect_left(on_row, entry.key, key=_key_of)
+        if len(on_row) - index > UNROLLED_READERS:
+            continue
         cells = grid.free_over(row, start, stop)
-        if on_row:
-            index = bisect.bisect_left(on_row, entry.key, key=_key_of)
-            if len(on_row) - index > UNROLLED_READERS:
-                return start
-            for holder in on_row[index:]:
-                best = holder.best
-                if best is None or best >= stop:
-                    continue
-                end = best + holder.span
-                if end <= start:
-                    continue
-                for need_row, taken in holder.needs:
-                    if need_row == row:
-                        cells[max(best, start) - start : min(end, stop) - start] += taken
+        for holder in on_row[index:]:
+            best = holder.best
+            if best is None or best >= stop:
+                continue
+            end = best + holder.span
+            if end <= start:
+                continue
+            for need_row, taken in holder.needs:
+                if need_row == row:
+                    cells[max(best, start) - start : min(end, stop) - start] += taken
         short = np.flatnonzero(cells < amount)
         if len(short):
             return start + int(short[-1]) + 1
