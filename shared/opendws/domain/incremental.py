@@ -1848,10 +1848,10 @@ def _stands(
         if proved[1] > last_start:
             continue
         found = grid.earliest_fit(needs, first_start, last_start, length, proved)
+        if found is None:  # most visits: no start fits even on the rolled rows
+            continue
         unrolled = [need for need in every_need if need[0] not in rolled]
         for _ in range(UNROLLED_PROBES):
-            if found is None:
-                break
             # A run from now is one cell longer: tested over ``length`` cells, it errs to fit.
             past = (
                 found
@@ -1861,6 +1861,8 @@ def _stands(
             if past == found:
                 return None
             found = grid.earliest_fit(needs, past, last_start, length)
+            if found is None:
+                break
         if found is not None:
             return None  # not settled in so many starts: searched
     if best is None:
