@@ -1,7 +1,8 @@
 """The incremental planner against a full plan from scratch.
 
 Random sequences of changes (flex and calendar arrivals, departures, releases, admissions
-carried out, a held slot booked as a grant, the clock moving, a pool resized) are applied to
+carried out, a held slot booked as a grant, the clock moving, a pool resized, the same
+requests and grants read again in another order and as equal copies) are applied to
 a random snapshot; after each step the planner that kept the previous passes must give
 exactly ``admit(snapshot, now)``, and the admission properties must hold for its plan too.
 """
@@ -16,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opendws.domain import Outcome, Plan, Snapshot, admit
-from opendws.domain.incremental import IncrementalPlanner
+from opendws.domain.incremental import IncrementalPlanner, _identity_changes
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings
 from tests.builders import A3, HOUR, MINUTE, flex, grant, pool, quota, tenant
 from tests.builders import snapshot as build_snapshot
@@ -31,7 +32,7 @@ from tests.property.test_admission_properties import (
 
 STEPS = (
     "arrive", "arrive", "arrive", "leave", "leave", "release", "release", "apply", "book", "tick",
-    "commit",
+    "commit", "reread",
 )  # fmt: skip
 DAY = timedelta(days=1)
 
@@ -74,6 +75,23 @@ def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[S
         return replace(snapshot, grants=grants), 0
     if kind == "apply":
         return applied(snapshot, plan), 0
+    if kind == "reread":
+        # The store read again: the same requests and grants in another order, some as new
+        # objects equal to the old (no change at all), as a mirror refreshed from Firestore
+        # gives them.
+        order = draw(st.permutations(snapshot.pending))
+        shuffled = draw(st.permutations(snapshot.grants))
+        copies = draw(st.lists(st.booleans(), min_size=len(order) + len(shuffled)))
+        return replace(
+            snapshot,
+            pending=tuple(
+                replace(r) if copy else r for r, copy in zip(order, copies, strict=False)
+            ),
+            grants=tuple(
+                replace(g) if copy else g
+                for g, copy in zip(shuffled, copies[len(order) :], strict=False)
+            ),
+        ), 0
     held = plan.having(Outcome.HOLD)
     if kind == "book" and held:
         # A held slot becomes a grant ahead (its request leaves the queue): a grant that
@@ -296,3 +314,49 @@ def test_requests_between_two_pools_and_a_binding_quota_plan_as_full_plans(seed:
         else:
             snapshot = replace(snapshot, pending=(*snapshot.pending, queued(f"a{index}")))
         assert planner.plan(snapshot, NOW) == admit(snapshot, NOW), index
+
+
+class _Item:
+    """An object compared by identity only (as requests are first told apart)."""
+
+
+@given(
+    st.integers(0, 600),
+    st.lists(
+        st.tuples(st.sampled_from(["insert", "remove", "move", "replace"]), st.integers(0, 10**6)),
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_identity_changes_name_every_item_that_came_or_left(
+    size: int, edits: list[tuple[str, int]], shuffle: bool
+) -> None:
+    """Whatever the edits (in place, far moves, or the whole order shuffled), every item only
+    the old sequence holds is named as left and every one only the new holds as came; an item
+    both hold is named in both lists or in neither (a value comparison cancels it); none is
+    named twice in one list."""
+    old = tuple(_Item() for _ in range(size))
+    new = list(old)
+    for kind, where in edits:
+        at = where % (len(new) + 1)
+        if kind == "insert" or not new:
+            new.insert(at, _Item())
+        elif kind == "remove":
+            del new[at % len(new)]
+        elif kind == "move":
+            new.insert(where % len(new), new.pop(at % len(new)))
+        else:
+            new[at % len(new)] = _Item()
+    if shuffle:
+        random.Random(size).shuffle(new)
+    left, came = _identity_changes(old, tuple(new))
+    olds, news = {id(item) for item in old}, {id(item) for item in new}
+    lefts, cames = [id(item) for item in left], [id(item) for item in came]
+    assert len(set(lefts)) == len(lefts)
+    assert len(set(cames)) == len(cames)
+    assert set(lefts) <= olds
+    assert set(cames) <= news
+    assert olds - news <= set(lefts)
+    assert news - olds <= set(cames)
+    both = olds & news
+    assert both & set(lefts) == both & set(cames)

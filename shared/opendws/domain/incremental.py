@@ -138,6 +138,11 @@ CLOCK_FLOOR = 0
 # At most this many spare delta rows are kept between passes (a walk rolls a few dozen rows;
 # each spare is as long as the grid).
 SPARE_ROWS = 64
+# How two snapshots' pending requests (and grants) are told apart (see _identity_changes):
+# items looked through at a mismatch for where the two meet again, and mismatches aligned so
+# before the rest is compared as sets.
+ALIGN_AHEAD = 32
+ALIGN_MISSES = 256
 # In the walk's test of a request (see _stands), a start found on the rows rolled back is
 # tested on the others with the takes of the requests after it given back: of at most this
 # many requests on a row, and at most this many starts; else the request is searched.
@@ -237,8 +242,6 @@ class IncrementalPlanner:
         self._clock_floor = clock_floor
         self._pass: _Pass | None = None
         self._snapshot: Snapshot | None = None
-        self._pending: dict[int, CapacityRequest] = {}  # id() → the pending request
-        self._grants: dict[int, Grant] = {}  # id() → the grant
         self._ids: list[str] = []  # decision ids, sorted: the plan's order
         self._decisions: list[Decision] = []  # the decision of each of _ids, in that order
         self._order: list[str] = []  # every planned flex request's id, in policy order
@@ -337,7 +340,7 @@ class IncrementalPlanner:
         state.run()
         self._keys = state.keys
         self._pass = state
-        self._remember(snapshot, _by_identity(snapshot.pending), None)
+        self._snapshot = snapshot
         self._latest_submitted = max(
             (request.submitted_at for request in snapshot.pending),
             default=datetime.min.replace(tzinfo=UTC),
@@ -401,16 +404,6 @@ class IncrementalPlanner:
             self._order_keys = []
         self.last_pass = PassReport(full=True, why=why)
 
-    def _remember(
-        self,
-        snapshot: Snapshot,
-        pending: dict[int, CapacityRequest],
-        grants: dict[int, Grant] | None,
-    ) -> None:
-        self._snapshot = snapshot
-        self._pending = pending
-        self._grants = _by_identity(snapshot.grants) if grants is None else grants
-
     def _put(self, state: _Pass, key: str, decision: Decision, *, renumbered: bool = False) -> None:
         """Set the decision for ``key``, in the pass and in the plan's sorted list; one that
         differs only by its place in line (``renumbered``) is not named in ``changed``."""
@@ -472,30 +465,26 @@ class IncrementalPlanner:
         pass is needed (what was changed by then is rebuilt by that full pass)."""
         state = self._pass
         assert state is not None
-        old = self._pending
-        pending = old
+        kept = self._snapshot
+        assert kept is not None
         gone: list[str] = []
         came: list[CapacityRequest] = []
-        if self._snapshot is None or snapshot.pending is not self._snapshot.pending:
-            # By identity first (C-speed set differences), then by value: a request that was
+        if snapshot.pending is not kept.pending:
+            # By identity first (see _identity_changes), then by value: a request that was
             # read again as an equal object is no change.
-            pending = _by_identity(snapshot.pending)
-            left = {old[k].request_id: old[k] for k in _missing(old, pending)}
-            for k in _missing(pending, old):
-                request = pending[k]
+            before, after = _identity_changes(kept.pending, snapshot.pending)
+            left = {request.request_id: request for request in before}
+            for request in after:
                 if left.get(request.request_id) == request:
                     del left[request.request_id]
                 else:
                     came.append(request)
             gone = sorted(left)
-        grants = self._grants
         released: list[Grant] = []
         added: list[Grant] = []
-        if self._snapshot is None or snapshot.grants is not self._snapshot.grants:
+        if snapshot.grants is not kept.grants:
             # The same by identity, then by value (equal grants read again cancel out).
-            grants = _by_identity(snapshot.grants)
-            new = Counter(grants[k] for k in _missing(grants, self._grants))
-            ended = Counter(self._grants[k] for k in _missing(self._grants, grants))
+            ended, new = (Counter(side) for side in _identity_changes(kept.grants, snapshot.grants))
             added = list((new - ended).elements())
             released = list((ended - new).elements())
         clock = _ClockMove()
@@ -592,7 +581,7 @@ class IncrementalPlanner:
             if isinstance(walked, str):
                 return walked
             report = walked
-        self._remember(snapshot, pending, grants)
+        self._snapshot = snapshot
         self.last_pass = replace(report, redecided=redecided)
         return None
 
@@ -1778,9 +1767,62 @@ def _unheld(held: _Entry) -> _Entry:
     )
 
 
-def _missing(keys: Mapping[int, object], among: Mapping[int, object]) -> list[int]:
-    """The keys of ``keys`` that ``among`` lacks, in C (no set of all of them is built)."""
-    return list(filterfalse(among.__contains__, keys))
+def _identity_changes(
+    old: tuple[_Item, ...], new: tuple[_Item, ...]
+) -> tuple[list[_Item], list[_Item]]:
+    """The items of ``old`` that ``new`` lacks and those of ``new`` that ``old`` lacks, by
+    identity; an item both hold may be named in both lists (one that moved far in the order),
+    which callers comparing by value cancel out.
+
+    A snapshot is usually the last one with a few items inserted and removed in place: the
+    two are walked side by side, equal stretches compared pointer by pointer, and at each
+    mismatch the next ``ALIGN_AHEAD`` items of each are looked through for where they meet
+    again. Past ``ALIGN_MISSES`` mismatches the rest is compared as sets of identities. (Sets
+    of every item's identity cost several times more: each is hashed and stored, and each
+    object's memory is touched.)"""
+    left: list[_Item] = []
+    came: list[_Item] = []
+    i = j = 0
+    old_size, new_size = len(old), len(new)
+    misses = 0
+    while True:
+        while i < old_size and j < new_size and old[i] is new[j]:
+            i += 1
+            j += 1
+        if i >= old_size or j >= new_size or misses >= ALIGN_MISSES:
+            break
+        misses += 1
+        in_new = _position(new, old[i], j + 1, min(new_size, j + 1 + ALIGN_AHEAD))
+        in_old = _position(old, new[j], i + 1, min(old_size, i + 1 + ALIGN_AHEAD))
+        if in_new >= 0 and (in_old < 0 or in_new - j <= in_old - i):
+            came.extend(new[j:in_new])  # inserted before old[i]
+            j = in_new
+        elif in_old >= 0:
+            left.extend(old[i:in_old])  # removed before new[j]
+            i = in_old
+        else:  # one replaced by the other (or moved further than the look ahead)
+            left.append(old[i])
+            came.append(new[j])
+            i += 1
+            j += 1
+    rest_old, rest_new = old[i:], new[j:]
+    if rest_old and rest_new:
+        by_old = dict(zip(map(id, rest_old), rest_old, strict=True))
+        by_new = dict(zip(map(id, rest_new), rest_new, strict=True))
+        left.extend(by_old[key] for key in filterfalse(by_new.__contains__, by_old))
+        came.extend(by_new[key] for key in filterfalse(by_old.__contains__, by_new))
+    else:
+        left.extend(rest_old)
+        came.extend(rest_new)
+    return left, came
+
+
+def _position(items: tuple[_Item, ...], item: _Item, start: int, stop: int) -> int:
+    """The index of ``item`` itself (not an equal one) in ``items[start:stop]``, or -1."""
+    for index in range(start, stop):
+        if items[index] is item:
+            return index
+    return -1
 
 
 def _stands(
@@ -1919,12 +1961,6 @@ def _past_unrolled(
         if len(short):
             return start + int(short[-1]) + 1
     return start
-
-
-def _by_identity(items: Sequence[_Item]) -> dict[int, _Item]:
-    """``items`` by identity: comparing two passes' keys is a C-speed set difference (both
-    passes' objects are alive, so no identity is reused between them)."""
-    return dict(zip(map(id, items), items, strict=True))
 
 
 def _key_of(entry: _Entry) -> FlexKey:
