@@ -494,8 +494,10 @@ class IncrementalPlanner:
                 return moved
             clock = moved
         now = state.now
-        calendar_ids = {candidate.request.request_id for candidate in state.calendar}
-        if any(key in calendar_ids for key in gone):
+        # A flex request that left has an entry or is held; only another may be a calendar
+        # block (the blocks' ids are gathered only then: a long queue holds thousands).
+        others = [key for key in gone if key not in self._entry_of and key not in self._held]
+        if others and not {c.request.request_id for c in state.calendar}.isdisjoint(others):
             return "a calendar request left"
         if any(request.mode is not Mode.FLEX_START for request in came):
             return "a calendar request arrived"
