@@ -838,3 +838,35 @@ def test_a_pool_not_rolled_back_is_tested_as_the_request_sees_it() -> None:
         )
         assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
         assert not planner.last_pass.full
+
+
+def test_arrivals_between_the_same_two_requests_keep_the_walk_in_policy_order() -> None:
+    """The walk orders its visits by integer stamps that an arrival takes between its
+    neighbours'; forty arrivals landing one after another just before the same request use up
+    the room between two stamps (32 halvings) and every entry is numbered again. Each pass
+    still plans as ``admit``, the stamps follow policy order, and a departure after the
+    renumbering is visited in its place."""
+    planner = IncrementalPlanner(clock_floor=0)
+    # Same size, same stamp: policy order is request id order.
+    snapshot = build_snapshot(
+        pools=[pool(capacity=3)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[grant("g1", units=2, start_at=NOW - HOUR, hours=3)],
+        pending=[flex("a", hours=2), flex("z", hours=2)],
+    )
+    assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
+    for index in range(40):
+        arrival = flex(f"b{index:02d}", hours=2)
+        snapshot = replace(snapshot, pending=(*snapshot.pending, arrival))
+        assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
+        assert not planner.last_pass.full
+        flex_state = planner._pass.flex if planner._pass is not None else None
+        assert flex_state is not None
+        stamps = [entry.stamp for entry in flex_state.entries]
+        assert stamps == sorted(set(stamps)), f"stamps out of order after {arrival.request_id}"
+    for gone in ("b05", "a", "b39"):
+        snapshot = replace(
+            snapshot, pending=tuple(r for r in snapshot.pending if r.request_id != gone)
+        )
+        assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
+        assert not planner.last_pass.full

@@ -325,6 +325,7 @@ class _Entry:
         "needs",
         "reason",
         "row",
+        "stamp",
     )
 
     def __init__(
@@ -350,6 +351,9 @@ class _Entry:
         self.row = row  # pool row it is placed in (-1 if none)
         self.needs = needs  # what it took in the grid from ``best`` for ``length`` cells
         self.reason = reason  # why it is held (None if admitted or waiting)
+        # Its place in policy order as one integer, larger later (kept by the incremental
+        # planner, which compares these instead of keys where it can).
+        self.stamp = 0
 
     @property
     def span(self) -> int:

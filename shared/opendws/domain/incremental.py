@@ -143,6 +143,10 @@ SPARE_ROWS = 64
 # before the rest is compared as sets.
 ALIGN_AHEAD = 32
 ALIGN_MISSES = 256
+# Entries' stamps (_Entry.stamp: policy order as integers) are this far apart after a full
+# pass; an arrival takes the middle between its neighbours', and when two are adjacent (after
+# 32 arrivals between the same two) every entry is numbered again.
+STAMP_GAP = 1 << 32
 # In the walk's test of a request (see _stands), a start found on the rows rolled back is
 # tested on the others with the takes of the requests after it given back: of at most this
 # many requests on a row, and at most this many starts; else the request is searched.
@@ -372,7 +376,8 @@ class IncrementalPlanner:
             # Its facts hold only while free amounts go down; a walk first gives slots back.
             flex.grid.forget()
             readers = self._readers
-            for entry in flex.entries:  # in policy order: every list below stays in order
+            for index, entry in enumerate(flex.entries):  # in policy order, as every list below
+                entry.stamp = index * STAMP_GAP
                 candidate = entry.candidate
                 key = candidate.request.request_id
                 self._count(snapshot, flex, candidate, 1)
@@ -1104,6 +1109,8 @@ class IncrementalPlanner:
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
         from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
+        # The stamp of the first entry from ``start`` on (rows are rolled back from there).
+        first_stamp = entries[from_rank - 1].stamp if from_rank <= len(entries) else _NONE
         fresh = {id(entry) for entry in arrivals}
         rolled: set[int] = set()
         # Per rolled row, what is free now minus what was free last pass, as seen by the entry
@@ -1116,17 +1123,21 @@ class IncrementalPlanner:
         # The same, for what the commitments are tested against (see _rehold): per row
         # changed other than by a carried move, the first cell where it gained (_NONE: none).
         seen: dict[int, int] = {}
-        # The walk's queue, smallest key first: (key, row, index into the row's readers,
-        # None) for a rolled row's next reader; (key, -1, seq, entry) for a direct visit;
-        # (key, -2, seq, entry) for a departed entry, whose slot others saw from there on.
-        heap: list[tuple[FlexKey, int, int, _Entry | None]] = [
-            (key, -1, seq, entry) for key, seq, entry in direct
+        # The walk's queue, in policy order: (2 × stamp, row, index into the row's readers,
+        # None) for a rolled row's next reader; (2 × stamp, -1, seq, entry) for a direct
+        # visit; (an odd number, -2, seq, entry) for a departed entry, whose slot others saw
+        # from there on: just after the entry before it (_departed_at). Integers, not keys:
+        # the queue compares them several times a visit. (No entry is inserted from here on,
+        # so no stamp changes.)
+        heap: list[tuple[int, int, int, _Entry | None]] = [
+            (2 * entry.stamp, -1, seq, entry) for _, seq, entry in direct
         ]
         grid.forget()
 
-        def roll(row: int, at: FlexKey) -> None:
-            """Roll ``row`` back to the grid as it stood before the entry at key ``at``: give
-            back the takes of the entries from there on, each visited later to take again."""
+        def roll(row: int, at: int) -> None:
+            """Roll ``row`` back to the grid as it stood before the first entry stamped ``at``
+            or later: give back the takes of the entries from there on, each visited later to
+            take again."""
             rolled.add(row)
             spare = self._spare
             while spare and len(spare[-1]) != flex.cells:  # of a grid since resized
@@ -1135,14 +1146,14 @@ class IncrementalPlanner:
             readers = self._readers.get(row)
             if not readers:
                 return
-            index = bisect.bisect_left(readers, at, key=_key_of)
+            index = bisect.bisect_left(readers, at, key=_stamp_of)
             for holder in readers[index:]:
                 if holder.best is not None:
                     give = [need for need in holder.needs if need[0] == row]
                     if give:
                         grid.give(give, holder.best, holder.span)
             if index < len(readers):
-                heapq.heappush(heap, (readers[index].key, row, index, None))
+                heapq.heappush(heap, (2 * readers[index].stamp, row, index, None))
 
         def shift(
             needs: tuple[tuple[int, int], ...],
@@ -1171,7 +1182,7 @@ class IncrementalPlanner:
                 bounds[side + 1] = max(bounds[side + 1], first + cells)
 
         for row in based:
-            roll(row, start)
+            roll(row, first_stamp)
         for row, first, cells, amount in freed:
             grid.give(((row, amount),), first, cells)
             shift(((row, amount),), first, cells, 1)
@@ -1187,11 +1198,11 @@ class IncrementalPlanner:
             if entry.best is not None:
                 for row, _ in entry.needs:
                     if row not in rolled:
-                        roll(row, start)
+                        roll(row, first_stamp)
                 first_cell, cells = clock.slot(entry)
                 grid.give(entry.needs, first_cell, cells)
                 self._by_pool[entry.row].discard(entry)
-                heap.append((entry.key, -2, len(heap), entry))
+                heap.append((_departed_at(entries, entry), -2, len(heap), entry))
         heapq.heapify(heap)
         searched = 0
         visited = 0
@@ -1200,12 +1211,12 @@ class IncrementalPlanner:
         readers_of = self._readers
         siblings = self._siblings
         while heap:
-            key, tag, index, item = heapq.heappop(heap)
+            _, tag, index, item = heapq.heappop(heap)
             if tag >= 0:
                 readers = readers_of[tag]
                 entry = readers[index]
                 if index + 1 < len(readers):
-                    heapq.heappush(heap, (readers[index + 1].key, tag, index + 1, None))
+                    heapq.heappush(heap, (2 * readers[index + 1].stamp, tag, index + 1, None))
             else:
                 assert item is not None
                 entry = item
@@ -1241,7 +1252,7 @@ class IncrementalPlanner:
                 searched += 1
                 for row in reads:
                     if row not in rolled:
-                        roll(row, key)
+                        roll(row, entry.stamp)
                 best, row, needs, reason = _place(
                     grid,
                     candidate,
@@ -1279,10 +1290,10 @@ class IncrementalPlanner:
                 if candidate.strict and (is_fresh or _floor_after(entry) != before):
                     # The tenant's next request starts from this one's slot: visit it.
                     tenant = siblings[candidate.request.tenant]
-                    following = bisect.bisect_right(tenant, key, key=_key_of)
+                    following = bisect.bisect_right(tenant, entry.key, key=_key_of)
                     if following < len(tenant):
                         sibling = tenant[following]
-                        heapq.heappush(heap, (sibling.key, -1, -1 - visited, sibling))
+                        heapq.heappush(heap, (2 * sibling.stamp, -1, -1 - visited, sibling))
                 continue
             if entry.best is None:
                 continue
@@ -1551,6 +1562,7 @@ class IncrementalPlanner:
         self._entry_of[request_id] = entry
         index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
         flex.entries.insert(index, entry)
+        _stamp(flex.entries, index)
         if ordered:
             self._add_order(entry)
         for row in reads:
@@ -1762,6 +1774,30 @@ def _shifted(slot: _Slot, shift: int) -> _Slot:
     return 0, max(0, cell - shift + span), row, needs
 
 
+def _stamp(entries: list[_Entry], index: int) -> None:
+    """Stamp ``entries[index]``, just inserted in policy order, between its neighbours (or
+    number every entry again, :data:`STAMP_GAP` apart, when they leave no room)."""
+    before = entries[index - 1].stamp if index > 0 else None
+    after = entries[index + 1].stamp if index + 1 < len(entries) else None
+    if before is None:
+        entries[index].stamp = 0 if after is None else after - STAMP_GAP
+    elif after is None:
+        entries[index].stamp = before + STAMP_GAP
+    elif after - before >= 2:
+        entries[index].stamp = (before + after) // 2
+    else:
+        for position, entry in enumerate(entries):
+            entry.stamp = position * STAMP_GAP
+
+
+def _departed_at(entries: list[_Entry], departed: _Entry) -> int:
+    """Where a departed entry goes in the walk's queue: an odd number just after twice the
+    stamp of the last entry before it in policy order (so before every later one)."""
+    index = bisect.bisect_left(entries, departed.key, key=_key_of)
+    before = entries[index - 1].stamp if index > 0 else entries[0].stamp - 1 if entries else 0
+    return 2 * before + 1
+
+
 def _unheld(held: _Entry) -> _Entry:
     """A walk entry for a commitment no longer held: searched from its key, as an arrival."""
     return _Entry(
@@ -1945,7 +1981,7 @@ def _past_unrolled(
     stop = start + length
     for row, amount in needs:
         on_row = readers.get(row, [])
-        index = bisect.bisect_left(on_row, entry.key, key=_key_of)
+        index = bisect.bisect_left(on_row, entry.stamp, key=_stamp_of)
         if len(on_row) - index > UNROLLED_READERS:
             continue
         cells = grid.free_over(row, start, stop)
@@ -1967,6 +2003,10 @@ def _past_unrolled(
 
 def _key_of(entry: _Entry) -> FlexKey:
     return entry.key
+
+
+def _stamp_of(entry: _Entry) -> int:
+    return entry.stamp
 
 
 def _slot_order(entry: _Entry) -> tuple[int, FlexKey]:
