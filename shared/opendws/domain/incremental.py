@@ -4,7 +4,8 @@ the next snapshot (at the same instant or later), plans again only what the chan
 ``IncrementalPlanner().plan(snapshot, now)`` always returns exactly ``admit(snapshot, now)``.
 It keeps the minute grid after every placement, each flex request's entry in policy order (the
 strict-FIFO floor its search started from, its start, pool, needs and reason), the calendar
-blocks and the plan's decisions. The next call compares the snapshot with the last one:
+blocks and the plan's decisions. The next call compares the snapshot with the last one (by
+identity first, the two walked side by side: see ``_identity_changes``):
 
 - A later ``now`` moves the kept grid's origin to its minute (cells are whole minutes; a kept
   grid reaches a day beyond what its pass needed), dropping the cells now past; aging keys do
@@ -20,7 +21,8 @@ blocks and the plan's decisions. The next call compares the snapshot with the la
   keep their decisions. A grid row is rolled back (the takes of the requests from there on
   given back) only once the walk must read or change it, and only the requests on rolled rows
   are visited after that, in policy order (each row keeps its readers in order; the walk
-  merges them): one on no rolled row keeps its slot untouched. Per rolled row the walk keeps
+  merges them by the entries' integer stamps, ``STAMP_GAP``): one on no rolled row keeps its
+  slot untouched. Per rolled row the walk keeps
   how its free amounts differ from what the request it is at saw last pass; a request whose
   slot that difference cannot change (no gain where a run of its could newly fit, no loss
   inside its slot: see ``_stands``) takes its slot again without a search. A start a gain
