@@ -17,21 +17,20 @@ identity first, the two walked side by side: see ``_identity_changes``):
   (see ``IncrementalPlanner._move_clock``). However short the queue, a later now carries
   the pass over (``CLOCK_FLOOR``: measured, planning a short queue in full costs more).
 - Flex arrivals, departures (cancelled, timed out, admitted), releases (a grant that is gone)
-  and new grants are applied. Requests before the first one in policy order they can reach
-  keep their decisions. A grid row is rolled back (the takes of the requests from there on
-  given back) only once the walk must read or change it, and only the requests on rolled rows
-  are visited after that, in policy order (each row keeps its readers in order; the walk
-  merges them by the entries' integer stamps, ``STAMP_GAP``): one on no rolled row keeps its
-  slot untouched. Per rolled row the walk keeps
-  how its free amounts differ from what the request it is at saw last pass; a request whose
-  slot that difference cannot change (no gain where a run of its could newly fit, no loss
-  inside its slot: see ``_stands``) takes its slot again without a search. A start a gain
-  could open is also tested on the request's rows not rolled back, as it sees them (the
-  takes of the requests after it given back over that run: ``_past_unrolled``), so a pool
-  that did not change is not rolled back for a slot that stands. Any other is searched; if
-  its slot moved, the difference follows. Held slots are renumbered in the pools where one
-  came, left or moved. Ranks are the plan's ``order``, kept in step, so an arrival near the
-  front rewrites no decision behind it.
+  and new grants are applied. Requests before the first one in policy order they can reach keep
+  their decisions. A grid row is rolled back (the takes of the requests from there on given
+  back) only once the walk must read or change it, and only the requests on rolled rows are
+  visited after that, in policy order (each row keeps its readers in order; the walk merges
+  them by the entries' integer stamps, ``STAMP_GAP``): one on no rolled row keeps its slot
+  untouched. Per rolled row the walk keeps how its free amounts differ from what the request it
+  is at saw last pass; a request whose slot that difference cannot change (no gain where a run
+  of its could newly fit, no loss inside its slot: see ``_stands``) takes its slot again
+  without a search. A start a gain could open is also tested on the request's rows not rolled
+  back, as it sees them (the takes of the requests after it given back over that run:
+  ``_past_unrolled``), so a pool that did not change is not rolled back for a slot that stands.
+  Any other is searched; if its slot moved, the difference follows. Held slots are renumbered
+  in the pools where one came, left or moved. Ranks are the plan's ``order``, kept in step, so
+  an arrival near the front rewrites no decision behind it.
 - An admission carried out (the request left, its grant came holding exactly the slot it took)
   changes no row a search reads: nothing after it is searched again — unless a request ahead
   of it is held in the same pool by quota, whose reason may then turn to the pool's capacity;
