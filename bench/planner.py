@@ -28,7 +28,9 @@ The snapshots above hold no commitments. Under the default policy (ETAs told les
 ``commit_within`` ahead are kept as commitments, held before the policy order) the pass after
 one arrival is timed there too, with every slot the last pass held committed after each pass,
 as the reconciler commits them (``commitments_s``: the median and slowest, and the share
-planned in full; no target: it shows what a steady pass's plan costs with the default policy).
+planned in full; no target: it shows what a steady pass's plan costs with the default policy),
+and the pass after the store was read again with nothing changed (``unchanged``: what holding
+the commitments costs every pass, whatever changed).
 """
 
 from __future__ import annotations
@@ -380,7 +382,9 @@ def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
     as the reconciler commits them (a commitment object kept while its slot is the same, so
     those within the horizon are held before the policy order by the next pass). ``changes``
     arrivals in a row on one planner (median and slowest), the last checked against
-    ``admit``; ``full``: the share planned in full."""
+    ``admit``; ``full``: the share planned in full; ``unchanged``: the median pass after
+    the store was read again with nothing changed (new tuples of the same objects), what
+    holding the commitments costs every pass."""
     horizon = PolicySettings().commit_within
     assert horizon is not None, "the default policy holds no commitments"
     current = replace(snapshot, policy=replace(snapshot.policy, commit_within=horizon))
@@ -402,9 +406,26 @@ def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
         if index == changes - 1:
             assert plan == admit(current, NOW), "plan over commitments differs"
         current = commit_held(current, plan)
+    unchanged: list[float] = []
+    # The last arrival's slots committed, once (that pass moves what they promise).
+    current = commit_held(current, planner.plan(current, NOW))
+    for _ in range(UNCHANGED_PASSES):
+        current = replace(
+            current,
+            pending=(*current.pending,),
+            grants=(*current.grants,),
+            commitments=(*current.commitments,),
+        )
+        started = time.perf_counter()
+        plan = planner.plan(current, NOW)
+        unchanged.append(time.perf_counter() - started)
+        assert planner.last_pass.walked == 0, planner.last_pass
+        current = commit_held(current, plan)
+    assert plan == admit(current, NOW), "plan over commitments read again differs"
     gc.unfreeze()
     return {
         "arrival": statistics.median(timings),
+        "unchanged": statistics.median(unchanged),
         "arrival_max": max(timings),
         "full": full / changes,
         "commitments": float(held),
@@ -492,7 +513,8 @@ def main() -> int:
             f"with commitments {size:>7,} ({figures['commitments']:,.0f} slots within the"
             f" default horizon committed): after one arrival {figures['arrival'] * 1000:.1f} ms"
             f" (slowest of {COMMITTED_CHANGES} {figures['arrival_max'] * 1000:.1f} ms;"
-            f" {figures['full']:.0%} planned in full)",
+            f" {figures['full']:.0%} planned in full); nothing changed"
+            f" {figures['unchanged'] * 1000:.1f} ms",
             flush=True,
         )
     if args.json:
