@@ -332,18 +332,7 @@ def time_incremental(snapshot: Snapshot, changes: int) -> dict[str, float]:
         timings["release"].append(time.perf_counter() - started)
         assert not planner.last_pass.full, planner.last_pass
     assert plan == admit(current, NOW), "incremental plan after releases differs"
-    # The store read again and nothing changed: new tuples of the same objects, as the
-    # reconciler's mirror hands them over after a refresh. What every pass pays whatever
-    # changed: telling the two snapshots apart, and the plan handed back.
-    timings["unchanged"] = []
-    for _ in range(UNCHANGED_PASSES):
-        current = replace(current, pending=(*current.pending,), grants=(*current.grants,))
-        started = time.perf_counter()
-        plan = planner.plan(current, NOW)
-        timings["unchanged"].append(time.perf_counter() - started)
-        assert not planner.last_pass.full, planner.last_pass
-        assert planner.last_pass.walked == 0, planner.last_pass
-    assert plan == admit(current, NOW), "incremental plan after the store was read again differs"
+    timings["unchanged"], current = time_unchanged(planner, current)
     # The clock moving: one minute, three times, each pass after the reconciler carried out
     # the last one's admissions (they became grants), and nothing else changed. Pending
     # calendar blocks are booked or refused in the pass that sees them (they leave the
@@ -376,6 +365,34 @@ def time_incremental(snapshot: Snapshot, changes: int) -> dict[str, float]:
     return figures
 
 
+def time_unchanged(
+    planner: IncrementalPlanner, current: Snapshot, *, committing: bool = False
+) -> tuple[list[float], Snapshot]:
+    """Seconds of ``UNCHANGED_PASSES`` passes after the store was read again and nothing
+    changed: new tuples of the same objects, as the reconciler's mirror hands them over after
+    a refresh (what every pass pays whatever changed); ``committing``: each pass's held slots
+    committed again as they were. The last is checked against ``admit``; also returns the
+    snapshot last planned."""
+    timings: list[float] = []
+    plan = None
+    for _ in range(UNCHANGED_PASSES):
+        current = replace(
+            current,
+            pending=(*current.pending,),
+            grants=(*current.grants,),
+            commitments=(*current.commitments,),
+        )
+        started = time.perf_counter()
+        plan = planner.plan(current, NOW)
+        timings.append(time.perf_counter() - started)
+        assert not planner.last_pass.full, planner.last_pass
+        assert planner.last_pass.walked == 0, planner.last_pass
+        if committing:
+            current = commit_held(current, plan)
+    assert plan == admit(current, NOW), "plan after the store was read again differs"
+    return timings, current
+
+
 def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
     """Seconds of the pass after one flex arrival under the default commitment horizon
     (``PolicySettings().commit_within``): after every pass, each slot it holds is committed
@@ -406,22 +423,9 @@ def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
         if index == changes - 1:
             assert plan == admit(current, NOW), "plan over commitments differs"
         current = commit_held(current, plan)
-    unchanged: list[float] = []
     # The last arrival's slots committed, once (that pass moves what they promise).
     current = commit_held(current, planner.plan(current, NOW))
-    for _ in range(UNCHANGED_PASSES):
-        current = replace(
-            current,
-            pending=(*current.pending,),
-            grants=(*current.grants,),
-            commitments=(*current.commitments,),
-        )
-        started = time.perf_counter()
-        plan = planner.plan(current, NOW)
-        unchanged.append(time.perf_counter() - started)
-        assert planner.last_pass.walked == 0, planner.last_pass
-        current = commit_held(current, plan)
-    assert plan == admit(current, NOW), "plan over commitments read again differs"
+    unchanged, current = time_unchanged(planner, current, committing=True)
     gc.unfreeze()
     return {
         "arrival": statistics.median(timings),
