@@ -104,7 +104,9 @@ def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[S
         pending = tuple(r for r in snapshot.pending if r is not request)
         return replace(snapshot, pending=pending, grants=(*snapshot.grants, booked)), 0
     if kind == "tick":
-        return snapshot, draw(st.sampled_from([60, 61, 600, 3600]))
+        # Within the minute (a run from now may reach one cell further: see _move_within)
+        # or to a later one (the cells move).
+        return snapshot, draw(st.sampled_from([1, 13, 29, 47, 59, 60, 61, 600, 3600]))
     if kind == "commit":
         # As the reconciler does: every held slot becomes a commitment, near or far (only
         # those less than the horizon ahead are held; the others change no plan).
@@ -132,6 +134,142 @@ def test_incremental_plans_equal_full_plans_after_every_change(
     for index in range(data.draw(st.integers(1, 12))):
         snapshot, seconds = data.draw(step(snapshot, plan, index))
         now += timedelta(seconds=seconds)
+        plan = planner.plan(snapshot, now)
+        check(snapshot, now, plan)
+
+
+@given(snapshots(), st.data())
+def test_incremental_plans_as_the_clock_moves_by_seconds_equal_full_plans(
+    snapshot: Snapshot, data: st.DataObject
+) -> None:
+    """Passes come seconds apart in service (each at its own now), most within one minute:
+    the planner then touches only the requests whose run from now grew a cell, those that
+    start now and those whose max_wait passed (see IncrementalPlanner._move_within), and
+    each held request whose run grew is held for the reason it kept for the longer run.
+    Between the ticks the queue changes as it does in service; every pass must still be
+    ``admit``'s, under commitments too."""
+    horizon = data.draw(st.sampled_from([None, timedelta(hours=2)]))
+    snapshot = replace(snapshot, policy=replace(snapshot.policy, commit_within=horizon))
+    planner = IncrementalPlanner(clock_floor=0)
+    now = NOW + timedelta(seconds=data.draw(st.integers(0, 59)))
+    plan = planner.plan(snapshot, now)
+    check(snapshot, now, plan)
+    for index in range(data.draw(st.integers(1, 16))):
+        if data.draw(st.booleans()):
+            # Seconds later, and now and then past the minute, at any microsecond.
+            now += timedelta(
+                seconds=data.draw(st.integers(0, 70)),
+                microseconds=data.draw(st.integers(1, 999_999)),
+            )
+        else:
+            snapshot, seconds = data.draw(step(snapshot, plan, index))
+            now += timedelta(seconds=seconds)
+        plan = planner.plan(snapshot, now)
+        check(snapshot, now, plan)
+
+
+@st.composite
+def quota_waits(draw: st.DrawFn) -> tuple[Snapshot, int]:
+    """A pool of 8 VMs that b books whole from minute ``edge`` on (and now and then a little
+    elsewhere), and requests of a and c, whose quotas (4 VMs each) are in use elsewhere for a
+    while: each waits for quota if the pool has room over the cells its run from now covers,
+    else for the pool. Runs mostly end near ``edge`` and last odd seconds, so a run from now
+    reaches ``edge``'s cell from some instant of the minute on, and the reason turns. Also
+    returns ``edge``, for the runs of arrivals."""
+    other = "us-central1-b"
+    edge = draw(st.integers(14, 90))
+    grants = [
+        grant(
+            f"q{name}", tenant=name, pool_id=f"{other}/{A3}", units=4, accelerator_units=32,
+            start_at=NOW - HOUR, end_at=NOW + timedelta(minutes=draw(st.integers(2, 240))),
+        )
+        for name in ("a", "c")
+    ]  # fmt: skip
+    grants.append(
+        grant(
+            "edge", tenant="b", units=8, start_at=NOW + timedelta(minutes=edge),
+            hours=draw(st.integers(1, 20)) / 60,
+        )
+    )  # fmt: skip
+    if draw(st.booleans()):  # a little of the pool booked before it
+        before = draw(st.integers(1, edge - 2))
+        grants.append(
+            grant(
+                "little", tenant="b", units=draw(st.integers(1, 4)),
+                start_at=NOW + timedelta(minutes=before), end_at=NOW + timedelta(minutes=edge),
+            )
+        )  # fmt: skip
+    pending = [
+        flex(
+            f"r{index}",
+            tenant=draw(st.sampled_from("aacb")),
+            vm_count=draw(st.integers(1, 4)),
+            run=draw(runs(edge)),
+            max_wait=timedelta(seconds=draw(st.sampled_from([86_400, 61, 97, 150, 299]))),
+        )
+        for index in range(draw(st.integers(1, 8)))
+    ]
+    snapshot = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=other, capacity=64)],
+        tenants=[
+            tenant("a", quota(nominal=32)),
+            tenant("b", quota(nominal=10_000)),
+            tenant("c", quota(nominal=32)),
+        ],
+        grants=grants,
+        pending=pending,
+    )
+    return snapshot, edge
+
+
+def runs(edge: int) -> st.SearchStrategy[timedelta]:
+    """A run that mostly takes ``edge`` cells or one or two fewer from a whole minute (odd
+    seconds), else any from 10 minutes to 1.5 hours."""
+    near = st.builds(
+        lambda minutes, seconds: timedelta(minutes=minutes, seconds=seconds),
+        st.integers(edge - 3, edge - 1),
+        st.integers(1, 59),
+    )
+    return st.one_of(near, near, near, st.integers(600, 5400).map(lambda s: timedelta(seconds=s)))
+
+
+@given(quota_waits(), st.data())
+def test_reasons_as_the_clock_moves_by_seconds_equal_full_plans(
+    waits: tuple[Snapshot, int], data: st.DataObject
+) -> None:
+    """Requests held by quota or by the pool, as the clock moves by seconds (a held request
+    whose run from now grows a cell may change its reason: see _Entry.alt), arrivals and
+    admissions carried out in between: every pass is ``admit``'s."""
+    snapshot, edge = waits
+    planner = IncrementalPlanner(clock_floor=0)
+    now = NOW
+    plan = planner.plan(snapshot, now)
+    check(snapshot, now, plan)
+    for index in range(data.draw(st.integers(1, 16))):
+        kind = data.draw(st.sampled_from(["tick", "tick", "tick", "arrive", "apply"]))
+        if kind == "tick":
+            now += timedelta(
+                seconds=data.draw(st.integers(0, 70)),
+                microseconds=data.draw(st.integers(1, 999_999)),
+            )
+        elif kind == "apply":
+            snapshot = applied(snapshot, plan)
+        else:
+            request = flex(
+                f"n{index}",
+                tenant=data.draw(st.sampled_from("acb")),
+                vm_count=data.draw(st.integers(1, 4)),
+                run=data.draw(runs(edge)),
+                submitted_at=NOW,
+                # Now and then one that gives up within minutes, at an odd second.
+                max_wait=data.draw(
+                    st.one_of(
+                        st.just(DAY),
+                        st.integers(60, 600).map(lambda seconds: timedelta(seconds=seconds)),
+                    )
+                ),
+            )
+            snapshot = replace(snapshot, pending=(*snapshot.pending, request))
         plan = planner.plan(snapshot, now)
         check(snapshot, now, plan)
 

@@ -298,6 +298,35 @@ def test_a_later_now_is_planned_incrementally_with_the_same_plan(later: timedelt
     assert plan.now == NOW + later
 
 
+def test_a_run_from_now_that_grows_a_cell_within_the_minute_changes_the_reason() -> None:
+    """e waits for its tenant's quota (in use elsewhere for 3 h); its run (59.5 min) takes
+    60 cells from a whole minute. At NOW a run from now takes 60 cells too, and the pool is
+    free over them: QUOTA. 31 s later a run from now takes 61 cells, so the search starts at
+    cell 1 and the reason compares cells 1..60, and cell 60 is booked whole by b: the pool's
+    capacity. Within the minute nothing else changed: the planner visits no request, yet
+    gives e the reason a full pass gives (the one it kept for the longer run)."""
+    first = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
+        tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
+        grants=[
+            quota_in_use_elsewhere(until=NOW + 3 * HOUR),
+            grant("gb", tenant="b", units=8, start_at=NOW + HOUR, hours=0.5),
+        ],
+        pending=[flex("e", tenant="a", vm_count=4, run=timedelta(minutes=59, seconds=30))],
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(first, NOW).decision("e").reason is Reason.QUOTA
+    for seconds in (20, 31, 59):
+        plan = planner.plan(first, NOW + timedelta(seconds=seconds))
+        assert plan == admit(first, NOW + timedelta(seconds=seconds))
+        assert not planner.last_pass.full, planner.last_pass
+        assert planner.last_pass.walked == 0
+    assert plan.decision("e").reason is Reason.NO_CAPACITY_UNTIL
+    # The next minute: a run from now takes 60 cells again, from the minute after NOW.
+    next_minute = NOW + timedelta(seconds=61)
+    assert planner.plan(first, next_minute) == admit(first, next_minute)
+
+
 def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None:
     planner = IncrementalPlanner(clock_floor=0)
     queued = replace(
@@ -308,6 +337,103 @@ def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None
     after = planner.plan(queued, NOW + 61 * MINUTE)
     assert after == admit(queued, NOW + 61 * MINUTE)
     assert not planner.last_pass.full
+    assert after.decision("hurry").outcome is Outcome.TIME_OUT
+
+
+def test_a_commitment_whose_run_from_now_grows_a_cell_is_judged_again() -> None:
+    """The same as above with e's slot committed (held before the policy order): within
+    the minute, only the commitments whose run from now grew are judged again, and e's
+    reason turns as a full pass turns it."""
+    first = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
+        tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
+        grants=[
+            quota_in_use_elsewhere(until=NOW + 3 * HOUR),
+            grant("gb", tenant="b", units=8, start_at=NOW + HOUR, hours=0.5),
+        ],
+        pending=[flex("e", tenant="a", vm_count=4, run=timedelta(minutes=59, seconds=30))],
+        policy=PolicySettings(commit_within=DAY),
+    )
+    told = Commitment(request_id="e", pool_id=f"{ZONE}/{A3}", start_at=NOW + 3 * HOUR)
+    committed = replace(first, commitments=(told,))
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(committed, NOW).decision("e").reason is Reason.QUOTA
+    for seconds in (20, 31, 59):
+        plan = planner.plan(committed, NOW + timedelta(seconds=seconds))
+        assert plan == admit(committed, NOW + timedelta(seconds=seconds))
+        assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("e").reason is Reason.NO_CAPACITY_UNTIL
+
+
+def test_a_commitment_that_starts_now_starts_at_the_later_now_within_the_minute() -> None:
+    """Its start came (admitted, not yet carried out); 20 s later, with nothing else
+    changed and its run from now no longer, the plan admits it at the new now."""
+    waiting = build_snapshot(
+        pools=[pool(capacity=8)],
+        tenants=[tenant("a", quota(nominal=1000))],
+        pending=[flex("r", tenant="a", vm_count=2, run=timedelta(minutes=59, seconds=30))],
+        policy=PolicySettings(commit_within=DAY),
+    )
+    told = replace(
+        waiting, commitments=(Commitment(request_id="r", pool_id=f"{ZONE}/{A3}", start_at=NOW),)
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(told, NOW).decision("r").outcome is Outcome.ADMIT
+    for seconds in (10, 20):
+        plan = planner.plan(told, NOW + timedelta(seconds=seconds))
+        assert plan == admit(told, NOW + timedelta(seconds=seconds))
+        assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("r").start_at == NOW + timedelta(seconds=20)
+
+
+def test_a_strict_fifo_commitment_is_judged_again_when_its_waiting_sibling_leaves() -> None:
+    """s1 (4 VMs) cannot start by its deadline (1 h; one VM of the pool is busy for 3 h):
+    it waits, and holds its tenant's line until then, so s2, committed at 1 h, waits for it
+    (FIFO_BLOCKED). s1 leaves: it had no slot, so no free amount changes, but s2's floor
+    does, and with it s2's reason."""
+    first = build_snapshot(
+        pools=[pool(capacity=4)],
+        tenants=[tenant("s", quota(nominal=1000), strict_fifo=True)],
+        grants=[grant("busy", tenant="s", units=1, start_at=NOW - HOUR, hours=4)],
+        pending=[
+            flex("s1", tenant="s", vm_count=4, hours=1, max_wait=HOUR),
+            flex("s2", tenant="s", vm_count=1, run=timedelta(minutes=29, seconds=30)),
+        ],
+        policy=PolicySettings(commit_within=DAY),
+    )
+    committed = replace(
+        first,
+        commitments=(Commitment(request_id="s2", pool_id=f"{ZONE}/{A3}", start_at=NOW + HOUR),),
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(committed, NOW).decision("s2").reason is Reason.FIFO_BLOCKED
+    planner.plan(committed, NOW + timedelta(seconds=10))
+    assert not planner.last_pass.full, planner.last_pass
+    left = replace(committed, pending=committed.pending[1:])
+    plan = planner.plan(left, NOW + timedelta(seconds=20))
+    assert plan == admit(left, NOW + timedelta(seconds=20))
+    assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("s2").reason is not Reason.FIFO_BLOCKED
+
+
+def test_a_deadline_passed_within_the_minute_times_the_request_out() -> None:
+    """The deadline (90 s after NOW) falls between two passes of the same minute: the pass
+    that moved only within the minute still finds it (by deadline, not by looking at every
+    request) and times it out, as a full pass does."""
+    planner = IncrementalPlanner(clock_floor=0)
+    queued = replace(
+        busy(),
+        pending=(
+            *busy().pending,
+            flex("hurry", vm_count=8, hours=1, max_wait=timedelta(seconds=90)),
+        ),
+    )
+    planner.plan(queued, NOW)
+    before = planner.plan(queued, NOW + timedelta(seconds=75))
+    assert before.decision("hurry").outcome is Outcome.WAIT
+    after = planner.plan(queued, NOW + timedelta(seconds=95))
+    assert after == admit(queued, NOW + timedelta(seconds=95))
+    assert not planner.last_pass.full, planner.last_pass
     assert after.decision("hurry").outcome is Outcome.TIME_OUT
 
 

@@ -315,6 +315,7 @@ class _Entry:
     plans again (see :mod:`opendws.domain.incremental`)."""
 
     __slots__ = (
+        "alt",
         "best",
         "candidate",
         "first",
@@ -351,6 +352,10 @@ class _Entry:
         self.row = row  # pool row it is placed in (-1 if none)
         self.needs = needs  # what it took in the grid from ``best`` for ``length`` cells
         self.reason = reason  # why it is held (None if admitted or waiting)
+        # Why it would be held were its run from now the other number of cells (length + 1
+        # if ``first`` is ``length``, else ``length``), judged in the same view: the clock
+        # moving within a minute changes only ``first`` (see _other_reason).
+        self.alt = reason
         # Its place in policy order as one integer, larger later (kept by the incremental
         # planner, which compares these instead of keys where it can).
         self.stamp = 0
@@ -689,11 +694,15 @@ class _Pass:
                 grid, candidate, length, first, last, floor, binding, limit_row, short, shapes
             )
             if self.keep:
-                entries.append(
-                    _Entry(
-                        key, candidate, length, first, last, floor, best, best_row, needs, reason
-                    )
+                entry = _Entry(
+                    key, candidate, length, first, last, floor, best, best_row, needs, reason
                 )
+                if best:
+                    entry.alt = _other_reason(
+                        grid, best_row, request.gang.units, best, floor, short[best_row],
+                        length, first, reason,
+                    )  # fmt: skip
+                entries.append(entry)
             if best is None:
                 if candidate.strict:
                     # It starts by its deadline or times out then: either way, no later.
@@ -1565,6 +1574,28 @@ def _hold_reason(
     if pool_bound > lowest or not grid.fits(row, units, lowest, first if lowest == 0 else length):
         return Reason.NO_CAPACITY_UNTIL
     return Reason.QUOTA
+
+
+def _other_reason(
+    grid: MinuteGrid,
+    row: int,
+    units: int,
+    start: int,
+    floor: int,
+    short: int,
+    length: int,
+    first: int,
+    reason: Reason | None,
+) -> Reason | None:
+    """What :func:`_hold_reason` says of a request held at ``start`` (for ``reason`` with
+    ``first``) were its run from now the other number of cells: ``length + 1`` if ``first``
+    is ``length``, else ``length``. Within a minute the clock changes nothing else a reason
+    reads, so a planner that plans again keeps both. Only a start compared from now reads
+    ``first`` (no strict-FIFO floor, no cool-down)."""
+    if max(floor, short) > 0:
+        return reason
+    other = length + 1 if first == length else length
+    return _hold_reason(grid, row, units, start, floor, short, length, other)
 
 
 def _first_compared(start: int, floor: int, short: int, length: int, first: int) -> int:

@@ -14,8 +14,14 @@ identity first, the two walked side by side: see ``_identity_changes``):
   admission not carried out, a start passed between passes) is planned again from its place in
   the order; requests whose max_wait passed time out; a held start still ahead keeps its slot
   unless another change reaches it; every held reason is judged again in its request's view
-  (see ``IncrementalPlanner._move_clock``). However short the queue, a later now carries
-  the pass over (``CLOCK_FLOOR``: measured, planning a short queue in full costs more).
+  (see ``IncrementalPlanner._move_clock``). Within the same minute the cells stay, and only a
+  run from now can change (one cell longer from some instant of the minute on): the requests
+  whose run grew, those that start now and those whose max_wait passed are found by slack
+  and by deadline without looking at the others, and a held request whose run grew is held
+  for the reason its search also judged for the longer run (``_Entry.alt``), so a pass
+  seconds after the last costs what the clock changed (``_move_within``). However short the
+  queue, a later now carries the pass over (``CLOCK_FLOOR``: measured, planning a short
+  queue in full costs more).
 - Flex arrivals, departures (cancelled, timed out, admitted), releases (a grant that is gone)
   and new grants are applied. Requests before the first one in policy order they can reach keep
   their decisions. A grid row is rolled back (the takes of the requests from there on given
@@ -105,6 +111,7 @@ from opendws.domain.admission import (
     _Keys,
     _Move,
     _options,
+    _other_reason,
     _Pass,
     _place,
     _rebuild,
@@ -224,7 +231,15 @@ class _ClockMove:
     expired: list[_Entry] = field(default_factory=list)  # max_wait passed: TIME_OUT
     slots: dict[int, tuple[int, int]] = field(default_factory=dict)  # id → what is left of a
     # started entry's slot: (first cell, cells)
-    moved: bool = False  # the clock moved: every held request's reason is judged again
+    moved: bool = False  # the clock moved
+    # It moved to a later minute (the cells moved): every held request's reason is judged
+    # again. Within a minute, only a run from now may reach one cell further:
+    shifted: bool = False
+    # the held entries whose run from now did, and whose reason changed with it (see
+    # _Entry.alt), and the commitments whose run from now did (their reasons are judged
+    # again: see _rehold)
+    flipped: list[_Entry] = field(default_factory=list)
+    flipped_held: set[str] = field(default_factory=set)
     expired_held: list[_Entry] = field(default_factory=list)  # a commitment's max_wait passed
 
     def slot(self, entry: _Entry) -> tuple[int, int]:
@@ -263,6 +278,9 @@ class IncrementalPlanner:
         self._moves: dict[str, tuple[_Slot, _Slot]] | None = None
         # Held request id → (its candidate, the rows its search reads), worked out once.
         self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
+        # Strict-FIFO commitment's request id → the floor its reason was last judged from
+        # (see _rehold).
+        self._judged_floors: dict[str, int] = {}
         # Request id → (commitment, candidate, deadline minute, first slot's minute, (its
         # cells, pool row, needs) or None), minutes counted from _EPOCH (see _first_slot).
         self._first_slots: dict[str, _FirstSlot] = {}
@@ -273,6 +291,15 @@ class IncrementalPlanner:
         # its deadline, submitted_at + max_wait): what a clock move reads of every request,
         # fixed for a kept pass (worked out once; a full pass forgets them).
         self._timing: dict[str, tuple[int, datetime | None]] = {}
+        # What a move within the minute reads, so that it costs what it changes (see
+        # _move_within): (slack, seq, entry) of each entry (or held one) whose run from now
+        # takes ``length`` cells, by slack (microseconds into the minute after which it takes
+        # one more; a heap), and (deadline, seq, entry) of each, by deadline. An entry since
+        # replaced is skipped when popped (see _kept).
+        self._flips: list[tuple[int, int, _Entry]] = []
+        self._deadlines: list[tuple[datetime, int, _Entry]] = []
+        self._seq = 0
+        self._admitted: set[str] = set()  # requests whose decision is ADMIT (a start now)
         self._by_pool: dict[int, set[_Entry]] = {}  # pool row → the entries placed in it
         # Pool row → its entries in slot order as the last renumbering left them (see
         # _in_slot_order).
@@ -358,11 +385,17 @@ class IncrementalPlanner:
         self._slots = {}
         self._moves = None
         self._held_reads = {}
+        self._judged_floors = {}
         self._first_slots = {}  # a new grid: its rows and binding may differ
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
         self._reads = {}
         self._entry_of = {}
         self._timing = {}
+        self._flips = []
+        self._deadlines = []
+        self._admitted = {
+            key for key, decision in state.decisions.items() if decision.outcome is Outcome.ADMIT
+        }
         self._by_pool = {}
         self._slot_orders = {}
         self._readers = {}
@@ -406,6 +439,10 @@ class IncrementalPlanner:
             self._order_keys = sorted(
                 [entry.key for entry in flex.entries] + [entry.key for entry in flex.held or ()]
             )
+            for entry in (*flex.entries, *(flex.held or ())):
+                self._track(state, entry, heap=False)
+            heapq.heapify(self._flips)
+            heapq.heapify(self._deadlines)
         else:
             self._order_keys = []
         self.last_pass = PassReport(full=True, why=why)
@@ -414,6 +451,10 @@ class IncrementalPlanner:
         """Set the decision for ``key``, in the pass and in the plan's sorted list; one that
         differs only by its place in line (``renumbered``) is not named in ``changed``."""
         state.decisions[key] = decision
+        if decision.outcome is Outcome.ADMIT:
+            self._admitted.add(key)
+        else:
+            self._admitted.discard(key)
         index = bisect.bisect_left(self._ids, key)
         if index < len(self._ids) and self._ids[index] == key:
             if self._decisions[index] is decision:
@@ -428,6 +469,7 @@ class IncrementalPlanner:
     def _drop(self, state: _Pass, key: str) -> None:
         """Forget the decision for ``key`` (its request left)."""
         self._timing.pop(key, None)
+        self._admitted.discard(key)
         del state.decisions[key]
         index = bisect.bisect_left(self._ids, key)
         del self._ids[index]
@@ -785,8 +827,10 @@ class IncrementalPlanner:
         flex = state.flex
         if flex is not None and shift > flex.grid.cells:
             return "the clock moved past the kept grid"
+        if flex is not None and shift == 0:
+            return self._move_within(state, flex, now, gone)
         state.now, state.origin = now, origin
-        clock = _ClockMove(moved=True)
+        clock = _ClockMove(moved=True, shifted=True)
         if flex is None:
             return clock
         flex.grid.advance(shift)
@@ -856,7 +900,128 @@ class IncrementalPlanner:
             # Each is planned again from its place, and what follows it is walked again:
             # past this share, a full pass costs less (and plans the same).
             return "most of the queue's starts came: a full pass costs less"
+        # A new minute: each run from now is one cell longer than from the minute, or not,
+        # from here on (see _move_within).
+        self._flips = []
+        self._deadlines = []
+        for entry in (*flex.entries, *self._held.values()):
+            self._track(state, entry, heap=False)
+        heapq.heapify(self._flips)
+        heapq.heapify(self._deadlines)
         return clock
+
+    def _move_within(
+        self, state: _Pass, flex: _FlexState, now: datetime, gone: set[str]
+    ) -> _ClockMove | str:
+        """:meth:`_move_clock` to a later ``now`` in the same minute: the grid's cells stay,
+        so what the move changes is found without looking at every entry: the runs from now
+        that now reach one cell further (by slack: see :meth:`_track`), the starts now (the
+        requests admitted: their instant is the new now), and the requests whose max_wait
+        passed (by deadline). Each is decided as :meth:`_move_clock` decides it. Every other
+        entry's start, window and reason stand: a start still ahead did not fit for a run
+        from now no longer than it is now, and a reason reads nothing else the clock moved;
+        a held entry whose run grew is held for the reason judged for that run (``alt``,
+        swapped with ``reason``)."""
+        state.now = now
+        clock = _ClockMove(moved=True)
+        into = (now - state.origin) // _MICROSECOND
+        entry_of = self._entry_of
+        touched: dict[int, _Entry] = {}
+        spans: dict[int, int] = {}  # a start now: the cells its run from the last now took
+        for key in self._admitted:
+            entry = entry_of.get(key)
+            if entry is not None and entry.best == 0:
+                touched[id(entry)] = entry
+                spans[id(entry)] = entry.span
+        flips = self._flips
+        while flips and flips[0][0] < into:
+            entry = heapq.heappop(flips)[2]
+            if self._kept(entry) and entry.first == entry.length:
+                entry.first += 1
+                touched[id(entry)] = entry
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < now:
+            entry = heapq.heappop(deadlines)[2]
+            if self._kept(entry):
+                touched[id(entry)] = entry
+        reach = 0
+        for entry in touched.values():
+            key = entry.candidate.request.request_id
+            deadline = self._timing_for(state, entry)[1]
+            walked = entry_of.get(key) is entry
+            span = spans.get(id(entry))
+            arrived = span is not None and entry.first == span
+            if span is not None and not arrived:
+                clock.slots[id(entry)] = (0, span)
+            if key in gone:
+                continue
+            if deadline is not None and deadline < now:
+                (clock.expired if walked else clock.expired_held).append(entry)
+            elif arrived:
+                entry.reason = entry.alt = None
+                clock.arrived.append(entry)
+                reach = max(reach, entry.first + entry.last)
+            elif span is not None:
+                clock.restart.append(entry)
+            else:  # its run from now grew a cell
+                reach = max(reach, entry.first + entry.last)
+                if not walked:
+                    clock.flipped_held.add(key)
+                elif entry.best and entry.reason != entry.alt:
+                    entry.reason, entry.alt = entry.alt, entry.reason
+                    clock.flipped.append(entry)
+        if 1 + reach > flex.cells:
+            return "the kept grid no longer reaches every deadline"
+        again = len(clock.restart) + len(clock.expired)
+        if again > max(RESTART_FLOOR, len(flex.entries) * RESTART_SHARE):
+            return "most of the queue's starts came: a full pass costs less"
+        kept = 2 * (len(entry_of) + len(self._held)) + 64
+        if len(flips) > kept:  # mostly entries replaced since: keep the ones still kept
+            self._flips = [item for item in flips if self._kept(item[2])]
+            heapq.heapify(self._flips)
+        if len(deadlines) > kept:
+            self._deadlines = [item for item in deadlines if self._kept(item[2])]
+            heapq.heapify(self._deadlines)
+        return clock
+
+    def _timing_for(self, state: _Pass, entry: _Entry) -> tuple[int, datetime | None]:
+        """What a clock move reads of ``entry``'s request (see _timing), worked out once."""
+        key = entry.candidate.request.request_id
+        known = self._timing.get(key)
+        if known is None:
+            known = self._timing[key] = _timing_of(state, entry.candidate)
+        return known
+
+    def _track(self, state: _Pass, entry: _Entry, *, heap: bool = True) -> None:
+        """Note ``entry`` (new, or each one once the minute or the pass is new) where
+        :meth:`_move_within` finds it: by deadline, and, if its run from now takes ``length``
+        cells, by the instant in the minute after which it takes one more. (``heap``: pushed;
+        else appended, and the caller heapifies.)"""
+        holds, deadline = self._timing_for(state, entry)
+        self._seq += 1
+        if deadline is not None:
+            timed = (deadline, self._seq, entry)
+            if heap:
+                heapq.heappush(self._deadlines, timed)
+            else:
+                self._deadlines.append(timed)
+        if entry.first == entry.length:
+            slack = entry.length * _MINUTE_US - holds  # into ≤ slack while it takes length
+            if heap:
+                heapq.heappush(self._flips, (slack, self._seq, entry))
+            else:
+                self._flips.append((slack, self._seq, entry))
+
+    def _track_new(self, entry: _Entry) -> None:
+        """:meth:`_track` an entry made in this pass, at its now."""
+        state = self._pass
+        assert state is not None
+        self._track(state, entry)
+
+    def _kept(self, entry: _Entry) -> bool:
+        """Whether ``entry`` is still the one kept for its request (walked or held)."""
+        key = entry.candidate.request.request_id
+        return self._entry_of.get(key) is entry or self._held.get(key) is entry
 
     def _recalendar(self, snapshot: Snapshot, state: _Pass, changed: list[Grant]) -> int | str:
         """Decide again the calendar blocks the grants that came or went (``changed``) reach,
@@ -1083,10 +1248,11 @@ class IncrementalPlanner:
             direct.append((entry.key, len(direct), entry))
         starts += (key for key, _, _ in direct)
         based = {row for row, _, _, _ in (*freed, *carried)}
-        if clock.moved:
+        if clock.shifted:
             # A held request's reason is judged at its earliest start, over cells the clock
-            # just dropped (or one it added to a run from now): in its own view, which a
-            # rolled row gives, for every pool a held slot lies in.
+            # just dropped: in its own view, which a rolled row gives, for every pool a held
+            # slot lies in. (Within a minute, only a run from now may grow a cell: each held
+            # entry knows its reason for that run, see _move_within.)
             based.update(row for row, held in self._by_pool.items() if held and flex.binding[row])
         for row in based:
             readers = self._readers.get(row)
@@ -1106,7 +1272,10 @@ class IncrementalPlanner:
                     return why
             else:
                 self._moves = {}  # none held: none moved
-            self._decide(state, changed, touched)
+            news: dict[int, _Entry] = {}
+            self._clock_news(state, clock, news, touched)
+            news.update(changed)
+            self._decide(state, news, touched)
             return PassReport(full=False, from_rank=len(entries) + 1)
         start = min(starts)
         from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
@@ -1285,7 +1454,12 @@ class IncrementalPlanner:
                 if best is not None:
                     self._by_pool.setdefault(row, set()).add(entry)
                 entry.floor, entry.best, entry.row = floor, best, row
-                entry.needs, entry.reason = needs, reason
+                entry.needs, entry.reason, entry.alt = needs, reason, reason
+                if best:
+                    entry.alt = _other_reason(
+                        grid, row, candidate.request.gang.units, best, floor, flex.short[row],
+                        entry.length, entry.first, reason,
+                    )  # fmt: skip
                 if best is not None:
                     grid.take(needs, best, entry.span)
                 if candidate.strict and (is_fresh or _floor_after(entry) != before):
@@ -1298,30 +1472,25 @@ class IncrementalPlanner:
                 continue
             if entry.best is None:
                 continue
-            if entry.best > 0 and (keep or (clock.moved and entry.row in rolled)):
+            if entry.best > 0 and (keep or (clock.shifted and entry.row in rolled)):
                 # Its pool's free amounts moved near its slot, or the clock moved its earliest
                 # start: what holds it may have changed. Judged as a search judges it, in the
-                # grid before its own take.
+                # grid before its own take (and for the other run from now).
+                units, short = candidate.request.gang.units, flex.short[entry.row]
                 reason = _hold_reason(
-                    grid,
-                    entry.row,
-                    candidate.request.gang.units,
-                    entry.best,
-                    floor,
-                    flex.short[entry.row],
-                    entry.length,
-                    entry.first,
+                    grid, entry.row, units, entry.best, floor, short, entry.length, entry.first
                 )
+                entry.alt = _other_reason(
+                    grid, entry.row, units, entry.best, floor, short, entry.length,
+                    entry.first, reason,
+                )  # fmt: skip
                 if reason != entry.reason:
                     entry.reason = reason
                     moved[id(entry)] = entry
             retake = [need for need in entry.needs if need[0] in rolled]
             if retake:
                 grid.take(retake, entry.best, entry.span)
-        for entry in clock.arrived:  # admitted where it was held (unless the walk moved it)
-            moved[id(entry)] = entry
-            if entry.best is not None:
-                touched.add(entry.row)
+        self._clock_news(state, clock, moved, touched)
         for row, cells_of in delta.items():  # zeroed where it changed, kept for the next walk
             bounds = spans.get(row)
             if bounds is not None:
@@ -1339,6 +1508,22 @@ class IncrementalPlanner:
         self._decide(state, moved, touched)
         return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
 
+    def _clock_news(
+        self, state: _Pass, clock: _ClockMove, moved: dict[int, _Entry], touched: set[int]
+    ) -> None:
+        """Add to ``moved`` the entries whose decision the clock changed and no walk made
+        again: a start that came, admitted where it was held (unless the walk moved it), and
+        a held entry whose run from now grew, if its reason is not the one its decision
+        gives (see _move_within); such a start's pool goes to ``touched``."""
+        for entry in clock.arrived:
+            moved[id(entry)] = entry
+            if entry.best is not None:
+                touched.add(entry.row)
+        for entry in clock.flipped:
+            key = entry.candidate.request.request_id
+            if self._entry_of.get(key) is entry and state.decisions[key].reason != entry.reason:
+                moved.setdefault(id(entry), entry)
+
     def _hold(self, entry: _Entry, slot: _Slot, changed: dict[int, _Entry]) -> _Entry:
         """Hold ``entry``'s request at ``slot`` before the policy order: its held entry, put
         where the walk's lists and its tenant's strict-FIFO line see it."""
@@ -1350,6 +1535,7 @@ class IncrementalPlanner:
         key = entry.candidate.request.request_id
         self._held[key] = held
         self._slots[key] = slot
+        self._track_new(held)
         self._by_pool.setdefault(row, set()).add(held)
         if entry.candidate.strict:
             bisect.insort(
@@ -1407,7 +1593,10 @@ class IncrementalPlanner:
         grid = flex.grid
         if not _still_fit(grid, flex, state, layer, added):
             return "a commitment no longer fits where it was promised"
-        clock_moved = clock.moved
+        # Within the minute, only a commitment whose run from now grew is judged again for
+        # the clock (see _move_within); a later minute moves every cell a reason compares.
+        clock_moved = clock.shifted
+        flipped = clock.flipped_held
         held = sorted(self._held.values(), key=_key_of)
         kept: dict[str, _Kept] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
@@ -1430,11 +1619,18 @@ class IncrementalPlanner:
                     gained[row] = min(gained.get(row, _NONE), to[0])
             if layer.movers:
                 reached = self._reached(flex, held, layer.movers)
-            if not (clock_moved or dirty or gained or reached) and self._unmoved(changed):
+            if not (clock_moved or flipped or dirty or gained or reached) and self._unmoved(
+                changed
+            ):
                 # Nothing a test or a judgement reads changed: each commitment stays where
-                # the last pass placed it, for the same reason, and none moves.
+                # the last pass placed it, for the same reason, and none moves. (One that
+                # starts now starts at the new now, if the clock moved.)
                 grid.forget()
                 self._moves = {}
+                if clock.moved:
+                    for key in self._admitted.intersection(self._held):
+                        entry = self._held[key]
+                        changed[id(entry)] = entry
                 return None
         for rank, entry in enumerate(held, start=1):
             candidate = entry.candidate
@@ -1461,16 +1657,20 @@ class IncrementalPlanner:
         reasons: dict[str, Reason | None] | None = None
         if settled is not None and dirty is not None and not clock_moved:
             reasons = {}
+            judged = self._judged_floors
             for (row, cell, _, candidate, _), entry in zip(placed, held, strict=True):
                 key = candidate.request.request_id
                 if (
                     key in settled
-                    and not candidate.strict
+                    and key not in flipped
+                    # a strict-FIFO one is judged from its floor: the same as last judged
+                    and (not candidate.strict or judged.get(key) == floors[key])
                     and (row, cell) == (entry.row, entry.best)
                     and row not in dirty
                 ):
                     reasons[key] = entry.reason
         placed = state._judge_commitments(grid, placed, kept, floors, binding, short, reasons)
+        self._judged_floors = floors
         _undo(grid, moves)
         grid.forget()
         # Each move, by its commitment's request (moves are made in rank order).
@@ -1488,7 +1688,7 @@ class IncrementalPlanner:
         for (row, cell, _, _, reason), entry in zip(placed, held, strict=True):
             new = id(entry) in changed
             if not new and (row, cell, reason) == (entry.row, entry.best, entry.reason):
-                if clock_moved and cell == 0:  # a start now: the instant moved with the clock
+                if clock.moved and cell == 0:  # a start now: the instant moved with the clock
                     changed[id(entry)] = entry
                 continue
             if new or (row, cell) != (entry.row, entry.best):
@@ -1501,17 +1701,17 @@ class IncrementalPlanner:
 
     def _unmoved(self, changed: dict[int, _Entry]) -> bool:
         """Whether every held commitment is where the last pass placed it, unchanged since
-        (not in ``changed``), and none queues strict FIFO (whose reason is judged again on
-        every pass): with nothing else changed, :meth:`_rehold` would then test and judge none
-        of them again, and leave each as it was."""
-        slots = self._slots
+        (not in ``changed``), and each strict-FIFO one has the floor its reason was last
+        judged from: with nothing else changed, :meth:`_rehold` would then test and judge
+        none of them again, and leave each as it was."""
+        slots, judged = self._slots, self._judged_floors
         for key, entry in self._held.items():
             slot = slots[key]
             if (
                 id(entry) in changed
-                or entry.candidate.strict
                 or entry.best != slot[0]
                 or entry.row != slot[2]
+                or (entry.candidate.strict and judged.get(key) != self._floor_of(entry))
             ):
                 return False
         return True
@@ -1561,6 +1761,7 @@ class IncrementalPlanner:
         request_id = candidate.request.request_id
         reads = self._reads[request_id] = _reads(flex, candidate)
         self._entry_of[request_id] = entry
+        self._track_new(entry)
         index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
         flex.entries.insert(index, entry)
         _stamp(flex.entries, index)
