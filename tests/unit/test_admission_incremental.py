@@ -416,6 +416,95 @@ def test_a_strict_fifo_commitment_is_judged_again_when_its_waiting_sibling_leave
     assert plan.decision("s2").reason is not Reason.FIFO_BLOCKED
 
 
+def big_behind_small(horizon: timedelta, told: timedelta = 2 * HOUR) -> Snapshot:
+    """The pool full for 2 h; big (4 VMs, 1 h) told ``told`` from NOW; small (1 VM, 10 min),
+    smaller and so first in policy order, takes the pool's first free minutes before big
+    unless big's commitment is held (it lies within ``horizon``)."""
+    return replace(
+        build_snapshot(
+            pools=[pool(capacity=4)],
+            tenants=[tenant("t", quota(nominal=1024))],
+            grants=[grant("blocker", units=4, hours=2)],
+            pending=[
+                flex("big", vm_count=4, hours=1, submitted_at=NOW - MINUTE),
+                flex("small", vm_count=1, run=10 * MINUTE),
+            ],
+            policy=PolicySettings(commit_within=horizon),
+        ),
+        commitments=(Commitment(request_id="big", pool_id=f"{ZONE}/{A3}", start_at=NOW + told),),
+    )
+
+
+def test_a_commitment_the_horizon_reaches_within_the_minute_is_held() -> None:
+    """big was told 2 h 30 s from NOW (a start told between minutes). Until NOW + 30 s that
+    lies beyond the horizon (2 h): an estimate, and small goes first. At NOW + 40 s, in the
+    same minute, the horizon reaches it: big is held at the first minute of its start,
+    before the policy order, and small goes after it, as a full pass plans it (the planner
+    finds such commitments by their start, without looking at the others)."""
+    alone = big_behind_small(2 * HOUR, 2 * HOUR + 30 * timedelta(seconds=1))
+    # Elsewhere, x is held at its commitment all along (so every pass looks at commitments).
+    x = flex("x", vm_count=4, hours=1, locations=[OTHER_ZONE])
+    first = replace(
+        alone,
+        pools=(*alone.pools, pool(zone=OTHER_ZONE, capacity=4)),
+        grants=(*alone.grants, grant("elsewhere", units=4, pool_id=f"{OTHER_ZONE}/{A3}")),
+        pending=(*alone.pending, x),
+        commitments=(
+            *alone.commitments,
+            Commitment(request_id="x", pool_id=f"{OTHER_ZONE}/{A3}", start_at=NOW + HOUR),
+        ),
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    for seconds in (10, 20):
+        plan = planner.plan(first, NOW + timedelta(seconds=seconds))
+        assert plan.decision("big").start_at == NOW + 2 * HOUR + 10 * MINUTE
+    assert not planner.last_pass.full, planner.last_pass
+    later = NOW + timedelta(seconds=40)
+    plan = planner.plan(first, later)
+    assert plan == admit(first, later)
+    assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("big").start_at == NOW + 2 * HOUR
+
+
+def test_a_request_back_in_line_is_held_at_the_commitment_it_kept() -> None:
+    """big, held at its commitment, leaves the queue (its commitment stays told) and comes
+    back: it is held there again, before small, as a full pass holds it."""
+    first = big_behind_small(DAY)
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(first, NOW).decision("big").start_at == NOW + 2 * HOUR
+    without = replace(first, pending=first.pending[1:])
+    assert planner.plan(without, NOW) == admit(without, NOW)
+    plan = planner.plan(first, NOW)
+    assert plan == admit(first, NOW)
+    assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("big").start_at == NOW + 2 * HOUR
+
+
+def test_a_commitment_starting_now_takes_the_cell_its_run_from_now_grew() -> None:
+    """r is committed now and admitted (not yet carried out); its run (59.5 min) takes 60
+    cells from NOW, and 61 from 31 s later, so q, queued behind it for the whole pool,
+    starts a minute later then, as a full pass plans it."""
+    first = replace(
+        build_snapshot(
+            pools=[pool(capacity=8)],
+            tenants=[tenant("t", quota(nominal=1024))],
+            pending=[
+                flex("r", vm_count=8, run=timedelta(minutes=59, seconds=30)),
+                flex("q", vm_count=8, hours=1),
+            ],
+            policy=PolicySettings(commit_within=DAY),
+        ),
+        commitments=(Commitment(request_id="r", pool_id=f"{ZONE}/{A3}", start_at=NOW),),
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(first, NOW).decision("q").start_at == NOW + HOUR
+    for seconds in (10, 40):
+        plan = planner.plan(first, NOW + timedelta(seconds=seconds))
+        assert plan == admit(first, NOW + timedelta(seconds=seconds))
+        assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("q").start_at == NOW + 61 * MINUTE
+
+
 def test_a_deadline_passed_within_the_minute_times_the_request_out() -> None:
     """The deadline (90 s after NOW) falls between two passes of the same minute: the pass
     that moved only within the minute still finds it (by deadline, not by looking at every

@@ -278,6 +278,13 @@ class IncrementalPlanner:
         self._moves: dict[str, tuple[_Slot, _Slot]] | None = None
         # Held request id → (its candidate, the rows its search reads), worked out once.
         self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
+        # The commitments by request as the last look at them found them (the last one told for
+        # each), the tuple they were read from, whether one request had two, and those that
+        # started beyond the horizon then, by start: see _looked_at (None: read them all).
+        self._promised: dict[str, Commitment] | None = None
+        self._promised_of: tuple[Commitment, ...] = ()
+        self._twice = False
+        self._beyond: list[tuple[datetime, int, Commitment]] = []
         # Strict-FIFO commitment's request id → the floor its reason was last judged from
         # (see _rehold).
         self._judged_floors: dict[str, int] = {}
@@ -385,6 +392,7 @@ class IncrementalPlanner:
         self._slots = {}
         self._moves = None
         self._held_reads = {}
+        self._promised = None
         self._judged_floors = {}
         self._first_slots = {}  # a new grid: its rows and binding may differ
         self._demand = [0] * (len(flex.limits) if flex is not None else 0)
@@ -658,14 +666,20 @@ class IncrementalPlanner:
         horizon = snapshot.policy.commit_within
         expired = {id(entry) for entry in clock.expired_held}
         fresh = {entry.candidate.request.request_id: entry for entry in arrivals}
-        if horizon is not None and snapshot.commitments:
+        looked: set[str] | None = None  # the requests looked at again (None: every one)
+        if horizon is None:
+            self._promised = None
+        else:
             beyond = state.now + horizon
+            looked = self._looked_at(snapshot, beyond, gone, fresh, clock)
+            promised = self._promised
+            assert promised is not None
             replanned = {id(entry) for entry in (*clock.restart, *clock.expired)}
-            promised = {c.request_id: c for c in snapshot.commitments}  # the last one counts
             base = (state.origin - _EPOCH) // MINUTE  # the grid's cell 0, as a minute
             first_slots = self._first_slots
-            for key, commitment in promised.items():
-                if commitment.start_at >= beyond or key in gone:
+            for key in promised if looked is None else sorted(looked):
+                commitment = promised.get(key)
+                if commitment is None or commitment.start_at >= beyond or key in gone:
                     continue
                 entry = self._held.get(key) or self._entry_of.get(key) or fresh.get(key)
                 if entry is None or id(entry) in expired:
@@ -693,7 +707,12 @@ class IncrementalPlanner:
                     key: known for key, known in self._first_slots.items() if key in promised
                 }
         moves = self._moves or {}
-        for key, held in self._held.items():
+        held_now = self._held
+        for key, held in (
+            held_now.items()
+            if looked is None
+            else [(key, held_now[key]) for key in sorted(looked) if key in held_now]
+        ):
             was = self._slots[key]
             cell, span, row, needs = was
             found = new.get(key)
@@ -752,6 +771,82 @@ class IncrementalPlanner:
             layer.takes += [(need, cell, span, -amount) for need, amount in needs]
             layer.checks.append((needs, cell, span))
         return layer
+
+    def _looked_at(
+        self,
+        snapshot: Snapshot,
+        beyond: datetime,
+        gone: set[str],
+        fresh: Mapping[str, _Entry],
+        clock: _ClockMove,
+    ) -> set[str] | None:
+        """Bring the commitments kept by request (``_promised``: the last one told for each)
+        up to ``snapshot``'s, and name the requests whose commitment, whether it lies within
+        the horizon (before ``beyond``), or what its first slot reads may have changed since
+        they were last looked at: the commitments that came or left (told apart by identity,
+        as pending requests are), the ones the horizon reached since (``_beyond``: by start),
+        requests that left or came, those the clock planned again or timed out, and the held
+        ones whose run from now grew (a slot from now spans it). For every other request
+        within the horizon, the last pass found its first slot and held it there (or found
+        none), and would find the same. None: every request is looked at again (after a full
+        pass, in a later minute, whose cells moved, or where a request has two commitments:
+        the last one counts, which the identities alone do not tell)."""
+        told = snapshot.commitments
+        promised = self._promised
+        if promised is None or clock.shifted or self._twice:
+            self._promise_all(told, beyond)
+            return None
+        looked: set[str] = set()
+        if told is not self._promised_of:
+            before, after = _identity_changes(self._promised_of, told)
+            left = {commitment.request_id: commitment for commitment in before}
+            came = {commitment.request_id: commitment for commitment in after}
+            if len(left) < len(before) or len(came) < len(after):
+                self._promise_all(told, beyond)  # one request's two, or more
+                return None
+            for key in left.keys() | came.keys():
+                old, now_told = left.get(key), came.get(key)
+                if (promised.get(key) is not old) if old is not None else key in promised:
+                    self._promise_all(told, beyond)  # another one told for it
+                    return None
+                if now_told is None:
+                    del promised[key]
+                else:
+                    promised[key] = now_told
+                    if now_told.start_at >= beyond:
+                        self._seq += 1
+                        heapq.heappush(self._beyond, (now_told.start_at, self._seq, now_told))
+                looked.add(key)
+            self._promised_of = told
+        waiting = self._beyond
+        while waiting and waiting[0][0] < beyond:  # the horizon reached them
+            commitment = heapq.heappop(waiting)[2]
+            if promised.get(commitment.request_id) is commitment:
+                looked.add(commitment.request_id)
+        looked.update(fresh)
+        looked.update(key for key in gone if key in promised or key in self._held)
+        looked.update(
+            entry.candidate.request.request_id
+            for entry in (*clock.restart, *clock.expired, *clock.expired_held)
+        )
+        looked.update(clock.flipped_held)
+        return looked
+
+    def _promise_all(self, told: tuple[Commitment, ...], beyond: datetime) -> None:
+        """Keep ``told`` by request (the last one counts), and those starting at or after
+        ``beyond`` by start: every request is looked at again."""
+        promised: dict[str, Commitment] = {}
+        twice = False
+        for commitment in told:
+            twice = twice or commitment.request_id in promised
+            promised[commitment.request_id] = commitment
+        self._promised, self._promised_of, self._twice = promised, told, twice
+        self._beyond = []
+        for commitment in promised.values():
+            if commitment.start_at >= beyond:
+                self._seq += 1
+                self._beyond.append((commitment.start_at, self._seq, commitment))
+        heapq.heapify(self._beyond)
 
     def _first_slot(
         self, state: _Pass, flex: _FlexState, commitment: Commitment, entry: _Entry, base: int
@@ -1597,7 +1692,7 @@ class IncrementalPlanner:
         # the clock (see _move_within); a later minute moves every cell a reason compares.
         clock_moved = clock.shifted
         flipped = clock.flipped_held
-        held = sorted(self._held.values(), key=_key_of)
+        held: list[_Entry] | None = None  # in policy order, sorted once needed
         kept: dict[str, _Kept] = {}
         placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
         floors: dict[str, int] = {}
@@ -1618,13 +1713,15 @@ class IncrementalPlanner:
                 for row, _ in to[3]:
                     gained[row] = min(gained.get(row, _NONE), to[0])
             if layer.movers:
+                held = sorted(self._held.values(), key=_key_of)
                 reached = self._reached(flex, held, layer.movers)
-            if not (clock_moved or flipped or dirty or gained or reached) and self._unmoved(
-                changed
-            ):
+            if not (clock_moved or dirty or gained or reached) and self._unmoved(changed):
                 # Nothing a test or a judgement reads changed: each commitment stays where
-                # the last pass placed it, for the same reason, and none moves. (One that
-                # starts now starts at the new now, if the clock moved.)
+                # the last pass placed it, and none moves (a run from now that grew adds no
+                # earlier start), for the same reason unless its run from now grew. (One
+                # that starts now starts at the new now, if the clock moved.)
+                if flipped:
+                    self._judge_flipped(state, flex, flipped, changed)
                 grid.forget()
                 self._moves = {}
                 if clock.moved:
@@ -1632,6 +1729,8 @@ class IncrementalPlanner:
                         entry = self._held[key]
                         changed[id(entry)] = entry
                 return None
+        if held is None:
+            held = sorted(self._held.values(), key=_key_of)
         for rank, entry in enumerate(held, start=1):
             candidate = entry.candidate
             key = candidate.request.request_id
@@ -1703,18 +1802,50 @@ class IncrementalPlanner:
         """Whether every held commitment is where the last pass placed it, unchanged since
         (not in ``changed``), and each strict-FIFO one has the floor its reason was last
         judged from: with nothing else changed, :meth:`_rehold` would then test and judge
-        none of them again, and leave each as it was."""
-        slots, judged = self._slots, self._judged_floors
-        for key, entry in self._held.items():
-            slot = slots[key]
-            if (
-                id(entry) in changed
-                or entry.best != slot[0]
-                or entry.row != slot[2]
-                or (entry.candidate.strict and judged.get(key) != self._floor_of(entry))
-            ):
+        none of them again, and leave each as it was. (Only those the last pass moved can
+        lie elsewhere than their slot: _rehold places the others where they are held.)"""
+        held, slots, judged = self._held, self._slots, self._judged_floors
+        for entry in changed.values():
+            if held.get(entry.candidate.request.request_id) is entry:
+                return False
+        for key in self._moves or ():
+            mover = held.get(key)
+            if mover is not None and (mover.best, mover.row) != (slots[key][0], slots[key][2]):
+                return False
+        for key, floor in judged.items():
+            strict = held.get(key)
+            if strict is not None and self._floor_of(strict) != floor:
                 return False
         return True
+
+    def _judge_flipped(
+        self, state: _Pass, flex: _FlexState, flipped: set[str], changed: dict[int, _Entry]
+    ) -> None:
+        """Judge again, as :meth:`_rehold` judges them, the reasons of the commitments whose
+        run from now grew a cell within the minute (``flipped``), where nothing else a
+        judgement reads changed and none moved: the grid is the plan's finished one (each
+        commitment where it is held). One whose reason changed goes to ``changed``."""
+        kept: dict[str, _Kept] = {}
+        placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
+        floors: dict[str, int] = {}
+        entries: list[_Entry] = []
+        for key in flipped:
+            entry = self._held.get(key)
+            if entry is None or entry.best is None:
+                continue
+            cell, _, row, needs = self._slots[key]
+            kept[key] = (cell, row, needs, entry.length, entry.first)
+            placed.append((row, cell, 0, entry.candidate, None))
+            entries.append(entry)
+            if entry.candidate.strict:
+                floors[key] = self._floor_of(entry)
+        judged = state._judge_commitments(
+            flex.grid, placed, kept, floors, flex.binding, flex.short, None
+        )
+        for (_, _, _, _, reason), entry in zip(judged, entries, strict=True):
+            if reason != entry.reason:
+                entry.reason = reason
+                changed[id(entry)] = entry
 
     def _held_reads_of(self, flex: _FlexState, candidate: _Candidate) -> frozenset[int]:
         """The rows a held commitment's search reads (worked out once per candidate)."""
