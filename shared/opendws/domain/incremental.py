@@ -49,14 +49,18 @@ identity first, the two walked side by side: see ``_identity_changes``):
 - Commitments (``policy.commit_within``: ETAs told less than that far ahead) are held before
   the policy order, so they are kept as a layer under the walk: each held where it was
   promised, in the grid, and none of the walk's entries. Each pass works out which are held
-  now (``_relayer``): a commitment that came for a request the walk had placed (taken out of
-  the walk; where it holds the slot it had, nothing else moves), one moved elsewhere, one
+  now (``_relayer``), looking again only at the commitments a change can reach (those that
+  came or left, told apart by identity; those the horizon reached, by start; those of
+  requests that came, left or started; those whose run from now grew: ``_looked_at``; in a
+  later minute, every one): a commitment that came for a request the walk had placed (taken
+  out of the walk; where it holds the slot it had, nothing else moves), one moved elsewhere, one
   whose request left (its slot given back, or taken as it was by the request's grant: an
   admission carried out) and one dropped while its request waits (planned again from its key,
   as an arrival). What the layer gives back or takes is applied as grants are. Once the walk
   is done, each commitment is moved earlier where the plan left room and its reason judged,
   as a full pass does, and the grid is put back (``_rehold``); only one a change can reach
-  is tested again. A move the last pass made that the reconciler carried out (the
+  is tested again, and where nothing moved, only those whose run from now grew are judged
+  again. A move the last pass made that the reconciler carried out (the
   commitment now held, or admitted, where it moved) is no such change, except for the
   commitments ranked before it: they were tested with its old slot still taken. A full
   pass holds every commitment at its first slot as long as each still fits there once all
