@@ -86,6 +86,7 @@ UNCHANGED_PASSES = 5  # passes timed after the store was read again with nothing
 # own now), and how far apart.
 SECONDS_PASSES = 6
 SECONDS_APART = 7
+SETTLE_PASSES = 8  # at most, before those: until a pass changes no decision
 REGIONS = [
     "us-central1", "us-east1", "us-east4", "us-west1", "us-west4",
     "europe-west1", "europe-west4", "asia-east1", "asia-northeast1", "asia-southeast1",
@@ -388,7 +389,16 @@ def time_seconds_later(
     one's admissions were carried out (and, ``committing``, its held slots committed), and
     nothing else changed: what the clock alone costs a pass in service, where each pass
     plans at its own now; and how many were planned in full (an admission's grant may make
-    a row bind that the grid never tracked). The last is checked against ``admit``."""
+    a row bind that the grid never tracked). Before them, passes at ``now`` carry out the
+    last one (and commit its slots) until one changes no decision, as a reconciler's
+    passes settle. The last is checked against ``admit``."""
+    for _ in range(SETTLE_PASSES):
+        if planner.changed is not None and not planner.changed:
+            break
+        current = carried_out(current, plan)
+        if committing:
+            current = commit_held(current, plan)
+        plan = planner.plan(current, now)
     timings: list[float] = []
     full = 0
     for _ in range(SECONDS_PASSES):
