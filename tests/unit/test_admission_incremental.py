@@ -298,14 +298,13 @@ def test_a_later_now_is_planned_incrementally_with_the_same_plan(later: timedelt
     assert plan.now == NOW + later
 
 
-def test_a_run_from_now_that_grows_a_cell_within_the_minute_changes_the_reason() -> None:
+def quota_wait_before_a_booking(policy: PolicySettings | None = None) -> Snapshot:
     """e waits for its tenant's quota (in use elsewhere for 3 h); its run (59.5 min) takes
     60 cells from a whole minute. At NOW a run from now takes 60 cells too, and the pool is
     free over them: QUOTA. 31 s later a run from now takes 61 cells, so the search starts at
     cell 1 and the reason compares cells 1..60, and cell 60 is booked whole by b: the pool's
-    capacity. Within the minute nothing else changed: the planner visits no request, yet
-    gives e the reason a full pass gives (the one it kept for the longer run)."""
-    first = build_snapshot(
+    capacity."""
+    return build_snapshot(
         pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
         tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
         grants=[
@@ -313,7 +312,15 @@ def test_a_run_from_now_that_grows_a_cell_within_the_minute_changes_the_reason()
             grant("gb", tenant="b", units=8, start_at=NOW + HOUR, hours=0.5),
         ],
         pending=[flex("e", tenant="a", vm_count=4, run=timedelta(minutes=59, seconds=30))],
+        policy=policy,
     )
+
+
+def test_a_run_from_now_that_grows_a_cell_within_the_minute_changes_the_reason() -> None:
+    """(See quota_wait_before_a_booking.) Within the minute nothing else changed: the
+    planner visits no request, yet gives e the reason a full pass gives (the one it kept
+    for the longer run)."""
+    first = quota_wait_before_a_booking()
     planner = IncrementalPlanner(clock_floor=0)
     assert planner.plan(first, NOW).decision("e").reason is Reason.QUOTA
     for seconds in (20, 31, 59):
@@ -341,19 +348,10 @@ def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None
 
 
 def test_a_commitment_whose_run_from_now_grows_a_cell_is_judged_again() -> None:
-    """The same as above with e's slot committed (held before the policy order): within
-    the minute, only the commitments whose run from now grew are judged again, and e's
-    reason turns as a full pass turns it."""
-    first = build_snapshot(
-        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
-        tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
-        grants=[
-            quota_in_use_elsewhere(until=NOW + 3 * HOUR),
-            grant("gb", tenant="b", units=8, start_at=NOW + HOUR, hours=0.5),
-        ],
-        pending=[flex("e", tenant="a", vm_count=4, run=timedelta(minutes=59, seconds=30))],
-        policy=PolicySettings(commit_within=DAY),
-    )
+    """quota_wait_before_a_booking with e's slot committed (held before the policy order):
+    within the minute, only the commitments whose run from now grew are judged again, and
+    e's reason turns as a full pass turns it."""
+    first = quota_wait_before_a_booking(PolicySettings(commit_within=DAY))
     told = Commitment(request_id="e", pool_id=f"{ZONE}/{A3}", start_at=NOW + 3 * HOUR)
     committed = replace(first, commitments=(told,))
     planner = IncrementalPlanner(clock_floor=0)
