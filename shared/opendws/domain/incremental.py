@@ -1000,13 +1000,17 @@ class IncrementalPlanner:
             # past this share, a full pass costs less (and plans the same).
             return "most of the queue's starts came: a full pass costs less"
         # A new minute: each run from now is one cell longer than from the minute, or not,
-        # from here on (see _move_within).
-        self._flips = []
-        self._deadlines = []
+        # from here on (see _move_within); the deadlines stand (passed ones are skipped).
+        flips = self._flips = []
         for entry in (*flex.entries, *self._held.values()):
-            self._track(state, entry, heap=False)
-        heapq.heapify(self._flips)
-        heapq.heapify(self._deadlines)
+            if entry.first == entry.length:
+                self._seq += 1
+                holds = timing[entry.candidate.request.request_id][0]
+                flips.append((entry.length * _MINUTE_US - holds, self._seq, entry))
+        heapq.heapify(flips)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < now:  # each expired above, or left
+            heapq.heappop(deadlines)
         return clock
 
     def _move_within(
@@ -1092,10 +1096,10 @@ class IncrementalPlanner:
         return known
 
     def _track(self, state: _Pass, entry: _Entry, *, heap: bool = True) -> None:
-        """Note ``entry`` (new, or each one once the minute or the pass is new) where
-        :meth:`_move_within` finds it: by deadline, and, if its run from now takes ``length``
-        cells, by the instant in the minute after which it takes one more. (``heap``: pushed;
-        else appended, and the caller heapifies.)"""
+        """Note ``entry`` (new, or each one after a full pass) where :meth:`_move_within`
+        finds it: by deadline, and, if its run from now takes ``length`` cells, by the instant
+        in the minute after which it takes one more (a later minute notes those again: see
+        :meth:`_move_clock`). (``heap``: pushed; else appended, and the caller heapifies.)"""
         holds, deadline = self._timing_for(state, entry)
         self._seq += 1
         if deadline is not None:
