@@ -191,6 +191,11 @@ def quota_waits(draw: st.DrawFn) -> tuple[Snapshot, int]:
             hours=draw(st.integers(1, 20)) / 60,
         )
     )  # fmt: skip
+    if draw(st.booleans()):  # the pool full in the first minute or two: a run from now
+        # compared from cell 0 lacks room, one compared from cell 1 (later in the minute)
+        # may not
+        until = NOW + timedelta(minutes=draw(st.integers(1, 2)))
+        grants.append(grant("now", tenant="b", units=8, start_at=NOW - HOUR, end_at=until))
     if draw(st.booleans()):  # a little of the pool booked before it
         before = draw(st.integers(1, edge - 2))
         grants.append(

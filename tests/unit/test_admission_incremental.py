@@ -334,6 +334,28 @@ def test_a_run_from_now_that_grows_a_cell_within_the_minute_changes_the_reason()
     assert planner.plan(first, next_minute) == admit(first, next_minute)
 
 
+def test_a_run_from_now_that_grows_a_cell_can_leave_a_full_first_minute_behind() -> None:
+    """The other way round: b holds the whole pool for NOW's minute only. At NOW e's run
+    from now is compared from cell 0, which lacks room: the pool's capacity. 31 s later the
+    search (and so the reason) starts at cell 1, and the pool has room from there: QUOTA."""
+    first = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=8)],
+        tenants=[tenant("a", quota(nominal=32)), tenant("b", quota(nominal=1000))],
+        grants=[
+            quota_in_use_elsewhere(until=NOW + 3 * HOUR),
+            grant("gb", tenant="b", units=8, start_at=NOW - HOUR, end_at=NOW + MINUTE),
+        ],
+        pending=[flex("e", tenant="a", vm_count=4, run=timedelta(minutes=59, seconds=30))],
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(first, NOW).decision("e").reason is Reason.NO_CAPACITY_UNTIL
+    later = NOW + timedelta(seconds=31)
+    plan = planner.plan(first, later)
+    assert plan == admit(first, later)
+    assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("e").reason is Reason.QUOTA
+
+
 def test_a_deadline_passed_while_the_clock_moved_times_the_request_out() -> None:
     planner = IncrementalPlanner(clock_floor=0)
     queued = replace(

@@ -352,9 +352,9 @@ class _Entry:
         self.row = row  # pool row it is placed in (-1 if none)
         self.needs = needs  # what it took in the grid from ``best`` for ``length`` cells
         self.reason = reason  # why it is held (None if admitted or waiting)
-        # Why it would be held were its run from now the other number of cells (length + 1
-        # if ``first`` is ``length``, else ``length``), judged in the same view: the clock
-        # moving within a minute changes only ``first`` (see _other_reason).
+        # Why it would be held were its run from now a cell longer, while it takes ``length``
+        # cells (``first == length``), judged in the same view: the clock moving within a
+        # minute changes only ``first`` (see _longer_reason).
         self.alt = reason
         # Its place in policy order as one integer, larger later (kept by the incremental
         # planner, which compares these instead of keys where it can).
@@ -698,7 +698,7 @@ class _Pass:
                     key, candidate, length, first, last, floor, best, best_row, needs, reason
                 )
                 if best:
-                    entry.alt = _other_reason(
+                    entry.alt = _longer_reason(
                         grid, best_row, request.gang.units, best, floor, short[best_row],
                         length, first, reason,
                     )  # fmt: skip
@@ -1576,7 +1576,7 @@ def _hold_reason(
     return Reason.QUOTA
 
 
-def _other_reason(
+def _longer_reason(
     grid: MinuteGrid,
     row: int,
     units: int,
@@ -1587,15 +1587,27 @@ def _other_reason(
     first: int,
     reason: Reason | None,
 ) -> Reason | None:
-    """What :func:`_hold_reason` says of a request held at ``start`` (for ``reason`` with
-    ``first``) were its run from now the other number of cells: ``length + 1`` if ``first``
-    is ``length``, else ``length``. Within a minute the clock changes nothing else a reason
-    reads, so a planner that plans again keeps both. Only a start compared from now reads
-    ``first`` (no strict-FIFO floor, no cool-down)."""
-    if max(floor, short) > 0:
+    """What :func:`_hold_reason` says of a request held at ``start`` (for ``reason``, with
+    ``first``) were its run from now one cell longer, if it takes ``length`` cells now
+    (``first == length``): later in the minute it will, and the clock changes nothing else
+    a reason reads within the minute, so a planner that plans again keeps both. Else
+    ``reason``: its run cannot grow before the minute changes, and in a later minute every
+    reason is judged again. Only a start compared from now reads ``first`` (no strict-FIFO
+    floor, no cool-down).
+
+    A run from now compares the pool over cells 0..length-1 (a start at cell 1 or later), a
+    longer one over 1..length (from cell 2 on) or 0..length (at cell 1): both cover cells
+    1..length-1, so only cells 0 and ``length`` can tell them apart, and a full comparison
+    is needed only where the pool lacks room in cell 0 but has it in cell 1."""
+    if first != length or max(floor, short) > 0:
         return reason
-    other = length + 1 if first == length else length
-    return _hold_reason(grid, row, units, start, floor, short, length, other)
+    if reason is Reason.QUOTA:  # room over 0..length-1: the longer run needs cell length too
+        return reason if grid.free(row, length) >= units else Reason.NO_CAPACITY_UNTIL
+    # No room somewhere in 0..length-1. The longer run covers it unless it is cell 0 alone
+    # (from cell 2 on); it covers cell 1 in any case.
+    if start == 1 or grid.free(row, 0) >= units or grid.free(row, 1) < units:
+        return reason
+    return _hold_reason(grid, row, units, start, floor, short, length, length + 1)
 
 
 def _first_compared(start: int, floor: int, short: int, length: int, first: int) -> int:

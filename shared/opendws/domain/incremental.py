@@ -113,9 +113,9 @@ from opendws.domain.admission import (
     _hold_reason,
     _Kept,
     _Keys,
+    _longer_reason,
     _Move,
     _options,
-    _other_reason,
     _Pass,
     _place,
     _rebuild,
@@ -937,6 +937,10 @@ class IncrementalPlanner:
         into = (now - origin) // _MICROSECOND
         reach = 0
         timing = self._timing
+        # From here on, a run from now that takes ``length`` cells takes one more after its
+        # slack (see _move_within): noted again as each is moved.
+        flips: list[tuple[int, int, _Entry]] = []
+        seq = self._seq
         for entry in flex.entries:
             request = entry.candidate.request
             key = request.request_id
@@ -946,6 +950,9 @@ class IncrementalPlanner:
             holds, deadline = known
             span = entry.span  # from the last now: before first changes
             entry.first = -(-(into + holds) // _MINUTE_US)
+            if entry.first == entry.length:
+                seq += 1
+                flips.append((entry.length * _MINUTE_US - holds, seq, entry))
             entry.last -= shift
             entry.floor = max(0, entry.floor - shift)
             if entry.best is not None:
@@ -981,6 +988,9 @@ class IncrementalPlanner:
                 known = timing[key] = _timing_of(state, entry.candidate)
             holds, deadline = known
             entry.first = -(-(into + holds) // _MINUTE_US)
+            if entry.first == entry.length:
+                seq += 1
+                flips.append((entry.length * _MINUTE_US - holds, seq, entry))
             entry.last -= shift
             if entry.best is not None:
                 entry.best -= shift
@@ -999,15 +1009,9 @@ class IncrementalPlanner:
             # Each is planned again from its place, and what follows it is walked again:
             # past this share, a full pass costs less (and plans the same).
             return "most of the queue's starts came: a full pass costs less"
-        # A new minute: each run from now is one cell longer than from the minute, or not,
-        # from here on (see _move_within); the deadlines stand (passed ones are skipped).
-        flips = self._flips = []
-        for entry in (*flex.entries, *self._held.values()):
-            if entry.first == entry.length:
-                self._seq += 1
-                holds = timing[entry.candidate.request.request_id][0]
-                flips.append((entry.length * _MINUTE_US - holds, self._seq, entry))
         heapq.heapify(flips)
+        self._flips, self._seq = flips, seq
+        # The deadlines stand (instants): the passed ones are popped.
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] < now:  # each expired above, or left
             heapq.heappop(deadlines)
@@ -1559,7 +1563,7 @@ class IncrementalPlanner:
                 entry.floor, entry.best, entry.row = floor, best, row
                 entry.needs, entry.reason, entry.alt = needs, reason, reason
                 if best:
-                    entry.alt = _other_reason(
+                    entry.alt = _longer_reason(
                         grid, row, candidate.request.gang.units, best, floor, flex.short[row],
                         entry.length, entry.first, reason,
                     )  # fmt: skip
@@ -1578,12 +1582,12 @@ class IncrementalPlanner:
             if entry.best > 0 and (keep or (clock.shifted and entry.row in rolled)):
                 # Its pool's free amounts moved near its slot, or the clock moved its earliest
                 # start: what holds it may have changed. Judged as a search judges it, in the
-                # grid before its own take (and for the other run from now).
+                # grid before its own take (and for a run from now a cell longer).
                 units, short = candidate.request.gang.units, flex.short[entry.row]
                 reason = _hold_reason(
                     grid, entry.row, units, entry.best, floor, short, entry.length, entry.first
                 )
-                entry.alt = _other_reason(
+                entry.alt = _longer_reason(
                     grid, entry.row, units, entry.best, floor, short, entry.length,
                     entry.first, reason,
                 )  # fmt: skip
