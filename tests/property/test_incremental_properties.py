@@ -197,7 +197,7 @@ def quota_waits(draw: st.DrawFn) -> tuple[Snapshot, int]:
         until = NOW + timedelta(minutes=draw(st.integers(1, 2)))
         grants.append(grant("now", tenant="b", units=8, start_at=NOW - HOUR, end_at=until))
     if draw(st.booleans()):  # a little of the pool booked before it
-        before = draw(st.integers(1, edge - 2))
+        before = draw(st.integers(3, edge - 2))  # after the first minutes, which may be full
         grants.append(
             grant(
                 "little", tenant="b", units=draw(st.integers(1, 4)),
