@@ -670,18 +670,19 @@ class IncrementalPlanner:
         horizon = snapshot.policy.commit_within
         expired = {id(entry) for entry in clock.expired_held}
         fresh = {entry.candidate.request.request_id: entry for entry in arrivals}
-        looked: set[str] | None = None  # the requests looked at again (None: every one)
+        looked: list[str] | None = None  # the requests looked at again, sorted (None: all)
         if horizon is None:
             self._promised = None
         else:
             beyond = state.now + horizon
-            looked = self._looked_at(snapshot, beyond, gone, fresh, clock)
+            named = self._looked_at(snapshot, beyond, gone, fresh, clock)
+            looked = None if named is None else sorted(named)
             promised = self._promised
             assert promised is not None
             replanned = {id(entry) for entry in (*clock.restart, *clock.expired)}
             base = (state.origin - _EPOCH) // MINUTE  # the grid's cell 0, as a minute
             first_slots = self._first_slots
-            for key in promised if looked is None else sorted(looked):
+            for key in promised if looked is None else looked:
                 commitment = promised.get(key)
                 if commitment is None or commitment.start_at >= beyond or key in gone:
                     continue
@@ -715,7 +716,7 @@ class IncrementalPlanner:
         for key, held in (
             held_now.items()
             if looked is None
-            else [(key, held_now[key]) for key in sorted(looked) if key in held_now]
+            else [(key, held_now[key]) for key in looked if key in held_now]
         ):
             was = self._slots[key]
             cell, span, row, needs = was
