@@ -1105,3 +1105,91 @@ def test_arrivals_between_the_same_two_requests_keep_the_walk_in_policy_order() 
         )
         assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
         assert not planner.last_pass.full
+
+
+def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_pool_gains() -> None:
+    """r waits three hours for room in its pool; its tenant's quota frees sooner. A release
+    of quota that does not reach past the pool's busy hours lets the walk prove, once, that
+    the pool alone has no room for r before its slot (``_Entry.clear``), and later visits
+    skip the pool while it gains nothing r could use. Then the pool frees half its room
+    while new quota taken elsewhere keeps r at its slot; when that quota is released, r starts
+    now: what was proved of the pool must have been dropped when it gained."""
+    zone_b = "us-central1-b"
+    elsewhere = f"{zone_b}/{A3}"
+    snapshot = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=zone_b, capacity=16)],
+        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
+        grants=[
+            grant("b1", tenant="b", units=4, start_at=NOW - HOUR, hours=4),
+            grant("b2", tenant="b", units=4, start_at=NOW - HOUR, hours=4),
+            grant("far", tenant="b", units=4, start_at=NOW + 10 * HOUR, hours=1),
+            grant("a1", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=4),
+            grant("a2", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=2),
+        ],
+        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    )
+
+    def after(change: Snapshot) -> datetime | None:
+        plan = planner.plan(change, NOW)
+        assert plan == admit(change, NOW)
+        assert not planner.last_pass.full, planner.last_pass
+        return plan.decision("r").start_at
+
+    def without(*ids: str) -> Snapshot:
+        return replace(
+            snapshot, grants=tuple(g for g in snapshot.grants if g.request_id not in ids)
+        )
+
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(snapshot, NOW).decision("r").start_at == NOW + 3 * HOUR
+    # Quota frees for the first hour, the pool only ten hours ahead: r stays.
+    snapshot = without("a2", "far")
+    assert after(snapshot) == NOW + 3 * HOUR
+    # Half the pool frees now, but the quota is taken again until r's slot: r stays.
+    snapshot = replace(
+        without("b1"),
+        grants=(
+            *without("b1").grants,
+            grant("a3", tenant="a", pool_id=elsewhere, units=4, start_at=NOW, hours=3),
+        ),
+    )
+    assert after(snapshot) == NOW + 3 * HOUR
+    # The quota frees: only the pool's own gain, a pass ago, lets r start now.
+    snapshot = without("a3")
+    assert after(snapshot) == NOW
+
+
+def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_request_moves() -> None:
+    """As above, a release of quota lets the walk prove that r's pool alone has no room before
+    its slot (three hours ahead). Then quota taken elsewhere over the hour of that slot moves r
+    an hour later, where the pool had room all along: what was proved covers only the starts
+    before the old slot, so when that quota is released r must move back."""
+    zone_b = "us-central1-b"
+    elsewhere = f"{zone_b}/{A3}"
+    snapshot = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=zone_b, capacity=16)],
+        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
+        grants=[
+            grant("b1", tenant="b", units=8, start_at=NOW - HOUR, hours=4),
+            grant("far", tenant="b", units=4, start_at=NOW + 10 * HOUR, hours=1),
+            grant("a1", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=4),
+            grant("a2", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=2),
+        ],
+        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+
+    def after(change: Snapshot) -> datetime | None:
+        plan = planner.plan(change, NOW)
+        assert plan == admit(change, NOW)
+        assert not planner.last_pass.full, planner.last_pass
+        return plan.decision("r").start_at
+
+    assert planner.plan(snapshot, NOW).decision("r").start_at == NOW + 3 * HOUR
+    kept = tuple(g for g in snapshot.grants if g.request_id not in ("a2", "far"))
+    assert after(replace(snapshot, grants=kept)) == NOW + 3 * HOUR
+    over_the_slot = grant(
+        "a4", tenant="a", pool_id=elsewhere, units=8, start_at=NOW + 3 * HOUR, hours=1
+    )
+    assert after(replace(snapshot, grants=(*kept, over_the_slot))) == NOW + 4 * HOUR
+    assert after(replace(snapshot, grants=kept)) == NOW + 3 * HOUR

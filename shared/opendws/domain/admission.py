@@ -318,6 +318,7 @@ class _Entry:
         "alt",
         "best",
         "candidate",
+        "clear",
         "first",
         "floor",
         "key",
@@ -359,6 +360,12 @@ class _Entry:
         # Its place in policy order as one integer, larger later (kept by the incremental
         # planner, which compares these instead of keys where it can).
         self.stamp = 0
+        # Bit ``i`` set: the pool of its ``i``-th option (see _options) alone has no room, in
+        # its view, for a run of ``length`` cells from any start that could win (from that
+        # option's earliest start, and its floor, up to its deadline if it has no slot, else
+        # up to its slot: the slot itself included for a more preferred pool, which wins a
+        # tie). Proved and kept by the incremental planner (see its _stands); none at first.
+        self.clear = 0
 
     @property
     def span(self) -> int:

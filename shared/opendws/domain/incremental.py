@@ -34,9 +34,12 @@ identity first, the two walked side by side: see ``_identity_changes``):
   without a search. A start a gain could open is also tested on the request's rows not rolled
   back, as it sees them (the takes of the requests after it given back over that run:
   ``_past_unrolled``), so a pool that did not change is not rolled back for a slot that stands.
-  Any other is searched; if its slot moved, the difference follows. Held slots are renumbered
-  in the pools where one came, left or moved. Ranks are the plan's ``order``, kept in step, so
-  an arrival near the front rewrites no decision behind it.
+  What a visit proves of a request's pool alone (no room there for a start that could win)
+  stays with its entry while that pool gains nothing a run of it could reach, so a later
+  change to its quota rows alone costs no scan (``_Entry.clear``). Any other is searched; if
+  its slot moved, the difference follows. Held slots are renumbered in the pools where one
+  came, left or moved. Ranks are the plan's ``order``, kept in step, so an arrival near the
+  front rewrites no decision behind it.
 - An admission carried out (the request left, its grant came holding exactly the slot it took)
   changes no row a search reads: nothing after it is searched again — unless a request ahead
   of it is held in the same pool by quota, whose reason may then turn to the pool's capacity;
@@ -1563,6 +1566,7 @@ class IncrementalPlanner:
                     self._by_pool.setdefault(row, set()).add(entry)
                 entry.floor, entry.best, entry.row = floor, best, row
                 entry.needs, entry.reason, entry.alt = needs, reason, reason
+                entry.clear = 0  # proved of the slot it had
                 if best:
                     entry.alt = _longer_reason(
                         grid, row, candidate.request.gang.units, best, floor, flex.short[row],
@@ -2234,7 +2238,12 @@ def _stands(
     The starts are searched on the rolled rows, which hold what this request sees. A row not
     rolled back is as it was last pass and still carries the takes of the requests after it:
     each start found is then tested there with those takes given back
-    (:func:`_past_unrolled`), and the search goes on past one that does not fit."""
+    (:func:`_past_unrolled`), and the search goes on past one that does not fit.
+
+    Where only quota rows gained, an option whose pool alone has no room for any start that
+    could win cannot newly fit: that is proved once on the pool's rolled row and kept in
+    ``entry.clear`` (dropped for an option whose pool gained where a run of it could reach;
+    the walk drops all of it when the request's slot or floor moves)."""
     best = entry.best
     reach = grid.cells if best is None else best + max(entry.span, entry.first)
     # Most visits follow a change that only took cells (an arrival): no row gained where a
@@ -2244,13 +2253,29 @@ def _stands(
     # pool and the less preferred ones must start before it (a request with no slot: by its
     # deadline, anywhere).
     latest = entry.last if best is None else best
-    for lowest, pool, every_need in (
+    # What earlier visits proved of its pools alone (_Entry.clear), as long as they hold.
+    clear = entry.clear
+    for option, (lowest, pool, every_need) in enumerate(
         _options(entry.candidate, flex.binding, flex.limit_row, flex.short, flex.shapes)
         if gained
         else ()
     ):
         if pool == entry.row:
             latest -= 1
+        # The pool's own need, if it can bind (first of the needs: see _options).
+        pool_need = every_need[0] if every_need and every_need[0][0] == pool else None
+        proving = False
+        if pool_need is not None:
+            bit = 1 << option
+            pool_changed = spans.get(pool)
+            if pool_changed is not None and pool_changed[0] < min(pool_changed[1], reach):
+                clear &= ~bit  # its pool gained where a run of it could reach: proved no more
+            elif clear & bit:
+                # Its pool alone has no room for a start that could win, and gained nowhere
+                # such a run could reach: whatever the quota rows gained, none fits.
+                continue
+            else:
+                proving = pool in rolled  # the rolled row is the pool as it sees it
         # Every row that gained is a rolled one: an option on none cannot newly fit.
         needs = tuple(need for need in every_need if need[0] in rolled)
         if not needs:
@@ -2273,6 +2298,15 @@ def _stands(
         proved = grid.bounds(needs, first_start, length)
         if proved[1] > last_start:
             continue
+        if proving:
+            # Its quota rows gained but not its pool: once proved that the pool alone has no
+            # room for a start that could win, later visits skip this option without a scan
+            # while the pool gains nothing they could use (the proof's facts also speed the
+            # scan below, and the pool searches of its other readers).
+            assert pool_need is not None
+            if grid.earliest_fit((pool_need,), max(lowest, entry.floor), latest, length) is None:
+                clear |= 1 << option
+                continue
         found = grid.earliest_fit(needs, first_start, last_start, length, proved)
         if found is None:  # most visits: no start fits even on the rolled rows
             continue
@@ -2291,6 +2325,7 @@ def _stands(
                 break
         if found is not None:
             return None  # not settled in so many starts: searched
+    entry.clear = clear
     if best is None:
         return False
     span = entry.span
