@@ -434,6 +434,9 @@ class MemoryCapacityProvider:
         self._views: dict[str, dict[str, Observed]] = {}
         self._touched: dict[str, str] = {}  # order name → its pool id
         self._blocks: dict[_Key, dict[str, _FakeOrder]] = {}  # calendar blocks per key
+        # The orders holding stock now, per key (holds_stock): what a review or an advice
+        # reads of its key, without looking at every order.
+        self._holding: dict[_Key, dict[str, _FakeOrder]] = {}
         # Google's queue per key: orders not yet eligible (a heap by eligible time), eligible
         # ones (a heap by the serving rule), and eligible ones not yet told of a failed attempt.
         self._pending: dict[_Key, list[tuple[datetime, int, _FakeOrder]]] = {}
@@ -698,9 +701,15 @@ class MemoryCapacityProvider:
         if self._pending.get(key) or self._eligible.get(key):
             heapq.heappush(self._events, (when, next(self._sequence), None, key))
 
+    def _take_stock(self, order: _FakeOrder) -> None:
+        self._stock[order.key] = self._stock.get(order.key, 0) - order.units
+        order.holds_stock = True
+        self._holding.setdefault(order.key, {})[order.name] = order
+
     def _give_back(self, order: _FakeOrder, when: datetime) -> None:
         self._stock[order.key] = self._stock.get(order.key, 0) + order.units
         order.holds_stock = False
+        self._holding.get(order.key, {}).pop(order.name, None)
         self._serve_soon(order.key, when)
 
     def _settle(self) -> None:
@@ -781,10 +790,9 @@ class MemoryCapacityProvider:
         promised = sum(b.promised(key, start, end) for b in self._blocks.get(key, {}).values())
         back = sum(
             order.units
-            for order in self._orders.values()
-            if order.holds_stock and order.key == key
-            and (ends := order.end()) is not None and ends <= start
-        )  # fmt: skip
+            for order in self._holding.get(key, {}).values()
+            if (ends := order.end()) is not None and ends <= start
+        )
         return self._stock.get(key, 0) + back - promised
 
     def _cancellable(self, block: _FakeOrder, now: datetime) -> bool:
@@ -835,8 +843,7 @@ class MemoryCapacityProvider:
             if kind is None and self._stock.get(key, 0) >= head.units:
                 heapq.heappop(eligible)
                 head.queued = False
-                self._stock[key] = self._stock.get(key, 0) - head.units
-                head.holds_stock = True
+                self._take_stock(head)
                 head.phase, head.ready_at = ProvisionPhase.READY, when
                 head.last_attempt, head.message = None, ""
                 end = head.end()
@@ -874,8 +881,7 @@ class MemoryCapacityProvider:
                 f"gone from {block.pool.zone} at its start"
             )
             return
-        self._stock[block.key] = self._stock.get(block.key, 0) - block.units
-        block.holds_stock = True
+        self._take_stock(block)
         block.phase = ProvisionPhase.RESERVED
         block.message = "the block's reservation is live"
 
