@@ -25,6 +25,7 @@ from tests.builders import (
     calendar,
     flex,
     grant,
+    grant_of,
     pool,
     quota,
     tenant,
@@ -109,10 +110,6 @@ def test_an_equal_request_read_again_is_no_change() -> None:
         (lambda s: s, "the clock went back"),
         (lambda s: replace(s, pools=(pool(capacity=9),)), "the pools changed"),
         (lambda s: replace(s, policy=PolicySettings(race_width=1)), "the policy changed"),
-        (
-            lambda s: replace(s, pending=(*s.pending, calendar("block"))),
-            "a calendar request arrived",
-        ),
     ],
 )
 def test_broad_changes_plan_in_full_and_say_why(change: object, why: str) -> None:
@@ -724,6 +721,135 @@ def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
     assert planner.last_pass.why.startswith(
         "a grant that came or went changes which calendar blocks are confirmed"
     )
+
+
+def before_a_block() -> Snapshot:
+    """A full pool's queue of whole-pool runs: f1 now (two hours), then f3 (ten hours), then
+    f2 (twenty)."""
+    return build_snapshot(
+        pools=[pool(capacity=8)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        pending=[
+            flex("f1", vm_count=8, hours=2, max_wait=2 * DAY),
+            flex("f2", vm_count=8, hours=20, max_wait=2 * DAY),
+            flex("f3", vm_count=8, hours=10, max_wait=2 * DAY),
+        ],
+    )
+
+
+BLOCK_START = NOW + 6 * HOUR
+
+
+def with_block(
+    snapshot: Snapshot, name: str = "block", *, vm_count: int = 4, priority: int = 0
+) -> Snapshot:
+    """``snapshot`` with a calendar block of ``vm_count`` VMs for a day from six hours
+    ahead."""
+    block = calendar(name, vm_count=vm_count, start_at=BLOCK_START, priority=priority)
+    return replace(snapshot, pending=(*snapshot.pending, block))
+
+
+def test_a_calendar_block_that_arrives_is_decided_and_booked_incrementally() -> None:
+    """A block arriving is decided in its place in calendar order, without a full pass; once
+    confirmed, its booking holds the flex grid as a grant does: f3, whose ten hours would
+    overlap it, starts when the block ends (the pool's other half is too little)."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = before_a_block()
+    assert planner.plan(first, NOW).decision("f3").start_at == NOW + 2 * HOUR
+    second = with_block(first)
+    plan = planner.plan(second, NOW)
+    assert plan == admit(second, NOW)
+    assert not planner.last_pass.full, planner.last_pass
+    assert planner.last_pass.redecided == 1
+    assert plan.decision("block").outcome is Outcome.CONFIRM
+    assert plan.decision("f3").start_at == BLOCK_START + DAY
+
+
+def test_a_calendar_block_reserved_as_booked_changes_nothing_else() -> None:
+    """The reconciler reserves the confirmed block (its request leaves the queue, its grant
+    comes holding exactly its booking) and carries out f1's admission: the next pass, at a
+    later now, holds both as the last one did, searching nothing."""
+    planner = IncrementalPlanner(clock_floor=0)
+    booked = with_block(before_a_block())
+    planner.plan(before_a_block(), NOW)
+    plan = planner.plan(booked, NOW)
+    carried = applied(booked, plan)
+    assert len(carried.grants) == 2
+    later = NOW + timedelta(seconds=5)
+    again = planner.plan(carried, later)
+    assert again == admit(carried, later)
+    assert not planner.last_pass.full, planner.last_pass
+    assert planner.last_pass.searched == 0
+    assert again.decision("f3").start_at == BLOCK_START + DAY
+
+
+def test_a_block_reserved_is_seen_by_the_blocks_before_it() -> None:
+    """A pending block is decided before the later ones' bookings exist (calendar order);
+    once a later block is reserved, its grant holds for every block: the refused block w,
+    ahead of x, is offered alternatives that now avoid x's day, as a full plan offers."""
+    planner = IncrementalPlanner(clock_floor=0)
+    w = calendar("w", vm_count=8, start_at=NOW + 6 * HOUR, submitted_at=NOW - HOUR)
+    x = calendar("x", vm_count=4, start_at=NOW + 20 * HOUR)
+    first = build_snapshot(
+        pools=[pool(capacity=8)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[grant("g", units=4, start_at=NOW + 10 * HOUR, hours=2)],
+        pending=[w, x],
+    )
+    before = planner.plan(first, NOW)
+    assert before.decision("w").outcome is Outcome.REFUSE
+    assert before.decision("x").outcome is Outcome.CONFIRM
+    reserved = replace(
+        first, pending=(w,), grants=(*first.grants, grant_of(x, start_at=x.start_at))
+    )
+    after = planner.plan(reserved, NOW)
+    assert after == admit(reserved, NOW)
+    assert not planner.last_pass.full, planner.last_pass
+    assert after.decision("w").alternatives != before.decision("w").alternatives
+
+
+def test_a_confirmed_block_that_leaves_unreserved_gives_its_booking_back() -> None:
+    """A confirmed block withdrawn before it was reserved (its request leaves, no grant
+    comes): what its booking held is free again, and f3 starts where it did before."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = before_a_block()
+    planner.plan(first, NOW)
+    planner.plan(with_block(first), NOW)
+    plan = planner.plan(first, NOW)
+    assert plan == admit(first, NOW)
+    assert not planner.last_pass.full, planner.last_pass
+    assert plan.decision("f3").start_at == NOW + 2 * HOUR
+
+
+def test_a_block_that_arrives_ahead_of_a_confirmed_one_it_displaces_plans_in_full() -> None:
+    """A block of higher priority comes before a confirmed one in calendar order and takes
+    the room it had: which blocks are confirmed changes, and the flex grid holds them: in
+    full, saying why."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = with_block(before_a_block(), "late", vm_count=8)
+    assert planner.plan(first, NOW).decision("late").outcome is Outcome.CONFIRM
+    second = with_block(first, "urgent", priority=1)
+    plan = planner.plan(second, NOW)
+    assert plan == admit(second, NOW)
+    assert plan.decision("late").outcome is Outcome.REFUSE
+    assert planner.last_pass.full
+    assert planner.last_pass.why == (
+        "a calendar block that arrived changes which blocks are confirmed"
+    )
+
+
+def test_a_block_still_pending_at_a_later_now_plans_in_full() -> None:
+    """A block's verdict depends on now: while one is pending, a later now plans in full;
+    once it has left, a later now is carried over."""
+    planner = IncrementalPlanner(clock_floor=0)
+    pending = with_block(before_a_block())
+    planner.plan(pending, NOW)
+    planner.plan(pending, NOW + MINUTE)
+    assert planner.last_pass.full
+    assert planner.last_pass.why.startswith("calendar blocks are pending")
+    plan = planner.plan(before_a_block(), NOW + 2 * MINUTE)
+    assert plan == admit(before_a_block(), NOW + 2 * MINUTE)
+    assert not planner.last_pass.full, planner.last_pass
 
 
 def told(snapshot: Snapshot, now: datetime = NOW) -> tuple[Commitment, ...]:

@@ -26,7 +26,7 @@ from opendws.domain.model import PolicySettings
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, Price, ProvisionPhase, order_name
 from opendws.service.release import EndOutcome
-from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, V5E, calendar, pool, tpu_pool
+from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, V5E, calendar, flex, pool, tpu_pool
 from tests.world import World, memory_world, submit, tenants_for
 
 S = RequestState
@@ -332,3 +332,24 @@ def test_the_cli_and_the_end_service_refuse_a_cancel_by_the_same_rule(cloud: Clo
     refusal = block_cancel_refusal(world.record("block"), configuration, world.clock.now())
     assert refusal is not None
     assert world.ending().cancel("block", "t").message == refusal
+
+
+def test_a_block_costs_no_full_plan_in_service(cloud: Cloud) -> None:
+    """A reconciler keeps one planner from pass to pass: the pass that decides a block that
+    arrived beside a queue of flex requests, the next one (the block submitted to Google: its
+    request no longer waits, its hold is a grant equal to what the plan booked) and the one
+    that sees it approved are all carried over, none planned in full."""
+    world, _ = cloud
+    for index in range(6):
+        submit(world.store, flex(f"f{index}", vm_count=4, hours=3 + index))
+    service = world.reconciler()
+    service.run_pass()
+    submit(world.store, calendar("block", vm_count=2, days=1, start_at=NOW + 5 * DAY))
+    reports = []
+    for wait in (MINUTE, MINUTE, REVIEW):
+        world.clock.advance(wait)
+        service.run_pass()
+        reports.append(service._planner.last_pass)
+    assert world.state("block") is S.BOOKED
+    assert [report.full for report in reports] == [False, False, False], reports
+    assert reports[0].redecided == 1  # the block, decided in its pass

@@ -49,6 +49,14 @@ identity first, the two walked side by side: see ``_identity_changes``):
   block fit or a confirmed one not, and moves the alternatives offered. A block on none of
   its rows is decided as before, and so is a confirmed one whose window it does not overlap
   (see ``_recalendar``).
+- A calendar block that arrived is decided in its place in calendar order, and every pending
+  block on its rows again (a later one sees its booking); confirmed, its booking is applied
+  to the flex grid as a new grant is. A block that left takes nothing with it if it was
+  refused; a confirmed one's booking is either reserved (an equal grant came: the grid holds
+  the same, and the blocks before it, which did not see the booking, are decided again) or
+  given back as a released grant (see ``_blocks_left``). So in service, where the
+  reconciler reserves or refuses a block in the pass after it was decided, neither pass plans
+  in full.
 - Commitments (``policy.commit_within``: ETAs told less than that far ahead) are held before
   the policy order, so they are kept as a layer under the walk: each held where it was
   promised, in the grid, and none of the walk's entries. Each pass works out which are held
@@ -77,8 +85,8 @@ now), a pool cools down after a stockout, a request stamped after the last now i
 ages from now), or beyond the kept grid's reach; changed pools, tenants or policy; a
 commitment that no longer fits where it was promised, or whose request the clock planned
 again; racing (``snapshot.racing``, or ``race_eagerly``: lanes are taken after every
-placement); a calendar request that arrived or left; a grant that changes which blocks are
-confirmed; an arrival that needs a longer grid or a quota row the grid lacks; an arrival or
+placement); a grant or a block that arrived that changes which blocks are confirmed; an
+arrival that needs a longer grid or a quota row the grid lacks; an arrival or
 a grant that makes a row bind that the grid never tracked (rows that could never bind are
 left out of every search). A full pass that could not hold some commitment at its first
 slot keeps nothing (the next one is full whatever it sees, and names the commitments as its
@@ -415,11 +423,7 @@ class IncrementalPlanner:
         self._slot_orders = {}
         self._readers = {}
         self._siblings = {}
-        self._blocks = sorted(state.calendar, key=lambda c: calendar_key(c.request))
-        self._block_readers = {}
-        for index, block in enumerate(self._blocks):
-            for resource in _block_resources(block):
-                self._block_readers.setdefault(resource, []).append(index)
+        self._index_blocks(state)
         self._booked = {grant.request_id: grant for grant in state.grants[state.base_grants :]}
         if flex is not None:
             # Its facts hold only while free amounts go down; a walk first gives slots back.
@@ -501,8 +505,6 @@ class IncrementalPlanner:
         if now < state.now:
             return "the clock went back"
         if now != state.now:
-            if state.calendar:
-                return "calendar blocks are pending: a block's verdict depends on now"
             if any(p.short_until is not None and p.short_until > state.now for p in state.pools):
                 return "a pool cools down after a stockout: where it may start moves with now"
             if self._latest_submitted > state.now:
@@ -551,6 +553,12 @@ class IncrementalPlanner:
             added = list((new - ended).elements())
             released = list((ended - new).elements())
         clock = _ClockMove()
+        if now != state.now and state.calendar:
+            # A block's verdict depends on now: one still pending at a later now is decided
+            # again in full (the blocks that left, booked or refused, are no concern).
+            leaving = set(gone)
+            if any(block.request.request_id not in leaving for block in state.calendar):
+                return "calendar blocks are pending: a block's verdict depends on now"
         if now != state.now:
             moved = self._move_clock(now, set(gone))
             if isinstance(moved, str):
@@ -558,30 +566,31 @@ class IncrementalPlanner:
             clock = moved
         now = state.now
         # A flex request that left has an entry or is held; only another may be a calendar
-        # block (the blocks' ids are gathered only then: a long queue holds thousands).
-        others = [key for key in gone if key not in self._entry_of and key not in self._held]
-        if others and not {c.request.request_id for c in state.calendar}.isdisjoint(others):
-            return "a calendar request left"
-        if any(request.mode is not Mode.FLEX_START for request in came):
-            return "a calendar request arrived"
+        # block.
+        others = {key for key in gone if key not in self._entry_of and key not in self._held}
+        became = self._blocks_left(state, others, released, added) if state.calendar else []
         flex = state.flex
         strict = {t.name for t in snapshot.tenants if t.queueing is QueueingStrategy.STRICT_FIFO}
         screened: dict[str, Decision] = {}
         arrivals: list[_Entry] = []
+        fresh: list[_Candidate] = []  # calendar blocks that arrived
         for request in came:
             allowed = state._allowed_pools(request)
             verdict = state._screen_out(request, allowed)
             if verdict is not None:
                 screened[request.request_id] = verdict
                 continue
-            if flex is None:
-                return "no flex step to extend"
             candidate = _Candidate(
                 request,
                 allowed.pools,
                 state.quotas.limits(request.tenant, request.gang.accelerator),
                 request.tenant in strict,
             )
+            if request.mode is not Mode.FLEX_START:
+                fresh.append(candidate)
+                continue
+            if flex is None:
+                return "no flex step to extend"
             if any(limit.key not in flex.limit_row for limit in candidate.limits):
                 return "an arrival counts against a quota row the grid lacks"
             run = state.holds(candidate)
@@ -597,6 +606,16 @@ class IncrementalPlanner:
                 half_life=snapshot.policy.aging_half_life,
             )
             arrivals.append(_Entry(order, candidate, length, first, last, 0, None, -1, (), None))
+        redecided = 0
+        if fresh:
+            state.calendar = [*state.calendar, *fresh]
+            self._index_blocks(state)
+        if state.calendar and (released or added or became or fresh):
+            outcome = self._recalendar(snapshot, state, [*released, *added, *became], fresh)
+            if isinstance(outcome, str):
+                return outcome
+            redecided, bookings = outcome
+            added += bookings  # a block confirmed now: its booking is held as a grant is
         if flex is not None:
             for entry in arrivals:
                 self._count(snapshot, flex, entry.candidate, 1)
@@ -613,12 +632,6 @@ class IncrementalPlanner:
                     demand = self._demand[row]
                     if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
                         return "a new grant makes a row bind that the grid never tracked"
-        redecided = 0
-        if (released or added) and state.calendar:
-            outcome = self._recalendar(snapshot, state, [*released, *added])
-            if isinstance(outcome, str):
-                return outcome
-            redecided = outcome
         layer = _Layer()
         if flex is not None and (self._held or _holds_commitments(snapshot, now)):
             found = self._relayer(snapshot, state, flex, arrivals, set(gone), added, clock)
@@ -1134,16 +1147,25 @@ class IncrementalPlanner:
         key = entry.candidate.request.request_id
         return self._entry_of.get(key) is entry or self._held.get(key) is entry
 
-    def _recalendar(self, snapshot: Snapshot, state: _Pass, changed: list[Grant]) -> int | str:
-        """Decide again the calendar blocks the grants that came or went (``changed``) reach,
-        and say how many; why not, if that confirms another set of blocks (the flex grid
-        holds the confirmed ones).
+    def _recalendar(
+        self,
+        snapshot: Snapshot,
+        state: _Pass,
+        changed: list[Grant],
+        fresh: Sequence[_Candidate] = (),
+    ) -> tuple[int, list[Grant]] | str:
+        """Decide the calendar blocks that arrived (``fresh``, already among the pending
+        ones) and again those the grants that came or went (``changed``) reach; say how many,
+        and the bookings of the new blocks confirmed; why not, if that confirms another set
+        of the blocks decided before (the flex grid holds the confirmed ones).
 
         A block's decision reads only its own rows (its pools and quota limits): the grants
         and the blocks confirmed before it there. So a block on no row a changed grant holds
         is decided as before, and while every block reached keeps its grant, no block after
         it sees another row. The ledger for the reached ones is built over just the rows they
-        read, from the grants there and the earlier blocks' bookings, which are unchanged.
+        read, from the grants there and the earlier blocks' bookings, which are unchanged. A
+        new block is decided in its place in calendar order, and every block on its rows is
+        decided again: one after it sees its booking if it is confirmed.
 
         A confirmed block reads its rows over its own window only (it fits there or not), so
         one whose window no changed grant on its rows overlaps is not reached; a refused one
@@ -1152,14 +1174,19 @@ class IncrementalPlanner:
             (set(_grant_resources(state, grant)), grant.start_at, grant.end_at) for grant in changed
         ]
         touched = {resource for resources, _, _ in spans for resource in resources}
-        reached = [
-            block
+        reached = {
+            id(block): block
             for block in (self._blocks[index] for index in self._reading(touched))
             if _reaches(spans, block, block.request.request_id not in self._booked)
-        ]
+        }
+        new = {id(block) for block in fresh}
+        for block in fresh:
+            reached[id(block)] = block
+            for index in self._reading(set(_block_resources(block))):
+                reached.setdefault(id(self._blocks[index]), self._blocks[index])
         if not reached:
-            return 0
-        rows = {resource for block in reached for resource in _block_resources(block)}
+            return 0, []
+        rows = {resource for block in reached.values() for resource in _block_resources(block)}
         blocks = [self._blocks[index] for index in self._reading(rows)]
         # A grant is on those rows by its pool, or by the quota limits of its tenant and
         # accelerator (worked out once per pair: there are few).
@@ -1178,20 +1205,65 @@ class IncrementalPlanner:
                     continue
             on_rows.append(grant)
         ledger = _ExactLedger(state.now, state.pools, state.pool_row, state.quotas, on_rows, blocks)
-        again = {id(block) for block in reached}
         decided: list[str] = []
+        bookings: list[Grant] = []
         for block in blocks:
             key = block.request.request_id
             booked = self._booked.get(key)
-            if id(block) in again:
-                if state.decide_block(ledger, block) != booked:
+            if id(block) in reached:
+                booking = state.decide_block(ledger, block)
+                if id(block) in new:
+                    if booking is not None:
+                        self._booked[key] = booked = booking
+                        bookings.append(booking)
+                elif booking != booked:
+                    if fresh:
+                        return "a calendar block that arrived changes which blocks are confirmed"
                     return "a grant that came or went changes which calendar blocks are confirmed"
                 decided.append(key)
             if booked is not None:
                 ledger.commit(booked)
         for key in decided:
             self._put(state, key, state.decisions[key])
-        return len(decided)
+        return len(decided), bookings
+
+    def _blocks_left(
+        self, state: _Pass, left: set[str], released: list[Grant], added: list[Grant]
+    ) -> list[Grant]:
+        """Take the pending calendar blocks whose requests left (among ``left``) out of the
+        kept pass. A refused one held nothing. A confirmed one's booking either came as an
+        equal grant (the block was reserved: the grid holds the same takes, so that grant is
+        taken out of ``added``) or did not (it is given back: appended to ``released``).
+        Returns the bookings that became grants: every block now sees them, the blocks before
+        them too (they are decided again)."""
+        staying: list[_Candidate] = []
+        became: list[Grant] = []
+        for block in state.calendar:
+            key = block.request.request_id
+            if key not in left:
+                staying.append(block)
+                continue
+            booking = self._booked.pop(key, None)
+            if booking is None:
+                continue
+            index = next((i for i, grant in enumerate(added) if grant == booking), None)
+            if index is None:
+                released.append(booking)
+            else:
+                became.append(added.pop(index))
+        if len(staying) != len(state.calendar):
+            state.calendar = staying
+            self._index_blocks(state)
+        return became
+
+    def _index_blocks(self, state: _Pass) -> None:
+        """Keep the pending calendar blocks in calendar order, and per ledger row the blocks
+        that read it (see _reading)."""
+        self._blocks = sorted(state.calendar, key=lambda c: calendar_key(c.request))
+        self._block_readers = {}
+        for index, block in enumerate(self._blocks):
+            for resource in _block_resources(block):
+                self._block_readers.setdefault(resource, []).append(index)
 
     def _reading(self, resources: set[_Resource]) -> list[int]:
         """The indexes in ``_blocks`` (ascending: calendar order) of the blocks whose decision
