@@ -783,6 +783,28 @@ def test_a_calendar_block_reserved_as_booked_changes_nothing_else() -> None:
     assert again.decision("f3").start_at == BLOCK_START + DAY
 
 
+def test_a_block_that_arrives_moves_the_alternatives_of_a_refused_one_after_it() -> None:
+    """A refused block is offered other starts, read over every start it may take: a block
+    that arrives ahead of it in calendar order and is confirmed outside its window still
+    takes some of them, and the refused one is offered others, as a full plan offers."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = build_snapshot(
+        pools=[pool(capacity=8)],
+        tenants=[tenant("t", quota(nominal=1024))],
+        grants=[grant("g", units=8, start_at=NOW + 10 * HOUR, hours=30)],
+        pending=[calendar("refused", vm_count=8, start_at=NOW + 20 * HOUR)],
+    )
+    before = planner.plan(first, NOW)
+    assert before.decision("refused").outcome is Outcome.REFUSE
+    ahead = calendar("ahead", vm_count=4, start_at=NOW + 50 * HOUR, submitted_at=NOW - HOUR)
+    second = replace(first, pending=(*first.pending, ahead))
+    after = planner.plan(second, NOW)
+    assert after == admit(second, NOW)
+    assert not planner.last_pass.full, planner.last_pass
+    assert after.decision("ahead").outcome is Outcome.CONFIRM
+    assert after.decision("refused").alternatives != before.decision("refused").alternatives
+
+
 def test_a_block_reserved_is_seen_by_the_blocks_before_it() -> None:
     """A pending block is decided before the later ones' bookings exist (calendar order);
     once a later block is reserved, its grant holds for every block: the refused block w,

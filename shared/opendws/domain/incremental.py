@@ -49,8 +49,8 @@ identity first, the two walked side by side: see ``_identity_changes``):
   block fit or a confirmed one not, and moves the alternatives offered. A block on none of
   its rows is decided as before, and so is a confirmed one whose window it does not overlap
   (see ``_recalendar``).
-- A calendar block that arrived is decided in its place in calendar order, and every pending
-  block on its rows again (a later one sees its booking); confirmed, its booking is applied
+- A calendar block that arrived is decided in its place in calendar order, and the pending
+  blocks after it that its booking could reach again; confirmed, its booking is applied
   to the flex grid as a new grant is. A block that left takes nothing with it if it was
   refused; a confirmed one's booking is either reserved (an equal grant came: the grid holds
   the same, and the blocks before it, which did not see the booking, are decided again) or
@@ -142,7 +142,7 @@ from opendws.domain.model import (
     Snapshot,
     require_utc,
 )
-from opendws.domain.policy import FlexKey, calendar_key, flex_key
+from opendws.domain.policy import CalendarKey, FlexKey, calendar_key, flex_key
 from opendws.domain.quotas import LimitKey
 from opendws.domain.timeline import MINUTE, MinuteGrid, ceil_cells, floor_cells
 
@@ -1164,8 +1164,9 @@ class IncrementalPlanner:
         is decided as before, and while every block reached keeps its grant, no block after
         it sees another row. The ledger for the reached ones is built over just the rows they
         read, from the grants there and the earlier blocks' bookings, which are unchanged. A
-        new block is decided in its place in calendar order, and every block on its rows is
-        decided again: one after it sees its booking if it is confirmed.
+        new block is decided in its place in calendar order, and so again is every block after it
+        that its booking, if confirmed, would reach (on its rows; a confirmed one only if their
+        windows overlap).
 
         A confirmed block reads its rows over its own window only (it fits there or not), so
         one whose window no changed grant on its rows overlaps is not reached; a refused one
@@ -1182,8 +1183,24 @@ class IncrementalPlanner:
         new = {id(block) for block in fresh}
         for block in fresh:
             reached[id(block)] = block
-            for index in self._reading(set(_block_resources(block))):
-                reached.setdefault(id(self._blocks[index]), self._blocks[index])
+            # Its booking, if it is confirmed, is seen by the blocks after it in calendar
+            # order alone, and lies over its own window on its own rows.
+            request = block.request
+            assert request.start_at is not None  # a calendar request always has one
+            own = [
+                (
+                    set(_block_resources(block)),
+                    request.start_at,
+                    request.start_at + request.run_duration,
+                )
+            ]
+            after = bisect.bisect_right(self._blocks, calendar_key(request), key=_calendar_key)
+            for index in self._reading(own[0][0]):
+                later = self._blocks[index]
+                if index >= after and _reaches(
+                    own, later, later.request.request_id not in self._booked
+                ):
+                    reached.setdefault(id(later), later)
         if not reached:
             return 0, []
         rows = {resource for block in reached.values() for resource in _block_resources(block)}
@@ -1259,7 +1276,7 @@ class IncrementalPlanner:
     def _index_blocks(self, state: _Pass) -> None:
         """Keep the pending calendar blocks in calendar order, and per ledger row the blocks
         that read it (see _reading)."""
-        self._blocks = sorted(state.calendar, key=lambda c: calendar_key(c.request))
+        self._blocks = sorted(state.calendar, key=_calendar_key)
         self._block_readers = {}
         for index, block in enumerate(self._blocks):
             for resource in _block_resources(block):
@@ -2452,6 +2469,10 @@ def _past_unrolled(
         if len(short):
             return start + int(short[-1]) + 1
     return start
+
+
+def _calendar_key(block: _Candidate) -> CalendarKey:
+    return calendar_key(block.request)
 
 
 def _key_of(entry: _Entry) -> FlexKey:
