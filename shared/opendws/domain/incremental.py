@@ -328,9 +328,8 @@ class IncrementalPlanner:
         self._slot_orders: dict[int, list[_Entry]] = {}
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
-        self._blocks: list[_Candidate] = []  # the pending calendar blocks, in calendar order
-        # ledger row → the indexes in _blocks of the blocks whose decision reads it, ascending
-        self._block_readers: dict[_Resource, list[int]] = {}
+        # ledger row → the pending calendar blocks whose decision reads it, in calendar order
+        self._block_readers: dict[_Resource, list[_Candidate]] = {}
         self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
         self._unkept_after = False  # the last pass held commitments and kept nothing
@@ -568,7 +567,9 @@ class IncrementalPlanner:
         # A flex request that left has an entry or is held; only another may be a calendar
         # block.
         others = {key for key in gone if key not in self._entry_of and key not in self._held}
-        became = self._blocks_left(state, others, released, added) if state.calendar else []
+        became = (
+            self._blocks_left(state, others, released, added) if others and state.calendar else []
+        )
         flex = state.flex
         strict = {t.name for t in snapshot.tenants if t.queueing is QueueingStrategy.STRICT_FIFO}
         screened: dict[str, Decision] = {}
@@ -609,7 +610,11 @@ class IncrementalPlanner:
         redecided = 0
         if fresh:
             state.calendar = [*state.calendar, *fresh]
-            self._index_blocks(state)
+            for block in fresh:
+                for resource in _block_resources(block):
+                    bisect.insort(
+                        self._block_readers.setdefault(resource, []), block, key=_calendar_key
+                    )
         if state.calendar and (released or added or became or fresh):
             outcome = self._recalendar(snapshot, state, [*released, *added, *became], fresh)
             if isinstance(outcome, str):
@@ -1177,7 +1182,7 @@ class IncrementalPlanner:
         touched = {resource for resources, _, _ in spans for resource in resources}
         reached = {
             id(block): block
-            for block in (self._blocks[index] for index in self._reading(touched))
+            for block in self._reading(touched)
             if _reaches(spans, block, block.request.request_id not in self._booked)
         }
         new = {id(block) for block in fresh}
@@ -1194,17 +1199,16 @@ class IncrementalPlanner:
                     request.start_at + request.run_duration,
                 )
             ]
-            after = bisect.bisect_right(self._blocks, calendar_key(request), key=_calendar_key)
-            for index in self._reading(own[0][0]):
-                later = self._blocks[index]
-                if index >= after and _reaches(
+            ahead = calendar_key(request)
+            for later in self._reading(own[0][0]):
+                if _calendar_key(later) > ahead and _reaches(
                     own, later, later.request.request_id not in self._booked
                 ):
                     reached.setdefault(id(later), later)
         if not reached:
             return 0, []
         rows = {resource for block in reached.values() for resource in _block_resources(block)}
-        blocks = [self._blocks[index] for index in self._reading(rows)]
+        blocks = self._reading(rows)
         # A grant is on those rows by its pool, or by the quota limits of its tenant and
         # accelerator (worked out once per pair: there are few).
         pools_on = {pool_id for pool_id, row in state.pool_row.items() if row in rows}
@@ -1269,27 +1273,31 @@ class IncrementalPlanner:
             else:
                 became.append(added.pop(index))
         if len(staying) != len(state.calendar):
+            gone = {id(block) for block in state.calendar} - {id(block) for block in staying}
+            for block in state.calendar:
+                if id(block) in gone:
+                    for resource in _block_resources(block):
+                        self._block_readers[resource].remove(block)
             state.calendar = staying
-            self._index_blocks(state)
         return became
 
     def _index_blocks(self, state: _Pass) -> None:
-        """Keep the pending calendar blocks in calendar order, and per ledger row the blocks
-        that read it (see _reading)."""
-        self._blocks = sorted(state.calendar, key=_calendar_key)
+        """Keep, per ledger row, the pending calendar blocks that read it in calendar order
+        (see _reading)."""
         self._block_readers = {}
-        for index, block in enumerate(self._blocks):
+        for block in sorted(state.calendar, key=_calendar_key):
             for resource in _block_resources(block):
-                self._block_readers.setdefault(resource, []).append(index)
+                self._block_readers.setdefault(resource, []).append(block)
 
-    def _reading(self, resources: set[_Resource]) -> list[int]:
-        """The indexes in ``_blocks`` (ascending: calendar order) of the blocks whose decision
-        reads any of ``resources``."""
+    def _reading(self, resources: set[_Resource]) -> list[_Candidate]:
+        """The pending calendar blocks whose decision reads any of ``resources``, in calendar
+        order."""
         readers = self._block_readers
-        found: set[int] = set()
+        found: dict[int, _Candidate] = {}
         for resource in resources:
-            found.update(readers.get(resource, ()))
-        return sorted(found)
+            for block in readers.get(resource, ()):
+                found[id(block)] = block
+        return sorted(found.values(), key=_calendar_key)
 
     def _walk(
         self,
