@@ -35,6 +35,14 @@ planned in full; no target: it shows what a steady pass's plan costs with the de
 the pass after the store was read again with nothing changed (``unchanged``: what holding
 the commitments costs every pass, whatever changed), and passes 7 s apart (``seconds``, each
 after the last one's admissions were carried out and its held slots committed).
+
+Last, the pass after one calendar block arrives (``calendar_s``: 9 in a row at 10k, 5 at 100k;
+the median, the slowest and the share planned in full, the last checked against ``admit``;
+no target): the block is decided in its place in calendar order and, confirmed, its booking
+holds the flex grid; one that changes which of the pending blocks are confirmed plans in full.
+The synthetic queue keeps about a fifth of its requests as blocks pending at once, far more
+than a reconciler sees (it submits or refuses each in the pass after it was decided), so
+such a pass is more often planned in full here than in service.
 """
 
 from __future__ import annotations
@@ -82,6 +90,8 @@ INCREMENTAL_CHANGES = 15
 INCREMENTAL_CHANGES_100K = 5
 COMMITTED_CHANGES = 9  # arrivals timed under commitments, each committed after its pass
 UNCHANGED_PASSES = 5  # passes timed after the store was read again with nothing changed
+CALENDAR_CHANGES = 9  # calendar arrivals timed one after another (fewer at 100k)
+CALENDAR_CHANGES_100K = 5
 # Passes timed seconds apart within one minute (as a reconciler's passes come, each at its
 # own now), and how far apart.
 SECONDS_PASSES = 6
@@ -495,6 +505,44 @@ def time_with_commitments(snapshot: Snapshot, changes: int) -> dict[str, float]:
     }
 
 
+def calendar_arrival(rng: random.Random, index: int) -> CapacityRequest:
+    """A calendar request drawn as the synthetic load draws its blocks (and within Google's
+    limits, see build_request)."""
+    while True:
+        request = build_request(rng, index)
+        if request.mode is Mode.CALENDAR:
+            return request
+
+
+def time_calendar(snapshot: Snapshot, changes: int) -> dict[str, float]:
+    """Seconds of the pass after one calendar block arrives, ``changes`` in a row on one
+    planner (median and slowest), the last checked against ``admit``; ``full``: the share
+    planned in full (a block that changes which pending blocks are confirmed)."""
+    planner = IncrementalPlanner()
+    planner.plan(snapshot, NOW)
+    gc.collect()
+    gc.freeze()
+    rng = random.Random(17)
+    current = snapshot
+    timings: list[float] = []
+    full = 0
+    for index in range(changes):
+        current = replace(
+            current, pending=(*current.pending, calendar_arrival(rng, 700_000 + index))
+        )
+        started = time.perf_counter()
+        plan = planner.plan(current, NOW)
+        timings.append(time.perf_counter() - started)
+        full += planner.last_pass.full
+    assert plan == admit(current, NOW), "plan after calendar arrivals differs"
+    gc.unfreeze()
+    return {
+        "arrival": statistics.median(timings),
+        "arrival_max": max(timings),
+        "full": full / changes,
+    }
+
+
 def commit_held(snapshot: Snapshot, plan: Plan) -> Snapshot:
     """``snapshot`` with every slot ``plan`` holds committed, as the reconciler commits them:
     the commitment it had is kept while its slot is the same."""
@@ -584,6 +632,18 @@ def main() -> int:
             f" {SECONDS_PASSES} planned in full)",
             flush=True,
         )
+    calendars: dict[int, dict[str, float]] = {}
+    for size in sizes:
+        if size < 10_000:
+            continue
+        changes = CALENDAR_CHANGES if size <= 10_000 else CALENDAR_CHANGES_100K
+        figures = calendars[size] = time_calendar(build_snapshot(size), changes)
+        print(
+            f"calendar {size:>7,}: after one block arrives {figures['arrival'] * 1000:.1f} ms"
+            f" (slowest of {changes} {figures['arrival_max'] * 1000:.1f} ms;"
+            f" {figures['full']:.0%} planned in full)",
+            flush=True,
+        )
     if args.json:
         result = {
             # The planner's modules as they ran: compiled with mypyc, or plain Python (setup.py).
@@ -602,6 +662,10 @@ def main() -> int:
             "commitments_s": {
                 str(size): {kind: round(value, 4) for kind, value in figures.items()}
                 for size, figures in committed.items()
+            },
+            "calendar_s": {
+                str(size): {kind: round(value, 4) for kind, value in figures.items()}
+                for size, figures in calendars.items()
             },
         }
         print(json.dumps(result))
