@@ -10,6 +10,7 @@ exactly ``admit(snapshot, now)``, and the admission properties must hold for its
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -19,7 +20,18 @@ from hypothesis import strategies as st
 from opendws.domain import Outcome, Plan, Snapshot, admit
 from opendws.domain.incremental import IncrementalPlanner, _identity_changes
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings
-from tests.builders import A3, HOUR, MINUTE, flex, grant, pool, quota, tenant
+from tests.builders import (
+    A3,
+    HOUR,
+    MINUTE,
+    calendar,
+    flex,
+    grant,
+    grant_of,
+    pool,
+    quota,
+    tenant,
+)
 from tests.builders import snapshot as build_snapshot
 from tests.property.test_admission_properties import (
     NOW,
@@ -35,6 +47,7 @@ STEPS = (
     "commit", "reread",
 )  # fmt: skip
 DAY = timedelta(days=1)
+ZONE_A, ZONE_B = "us-central1-a", "us-central1-b"
 
 
 def check(snapshot: Snapshot, now: datetime, plan: Plan) -> None:
@@ -503,3 +516,95 @@ def test_identity_changes_name_every_item_that_came_or_left(
     assert news - olds <= set(cames)
     both = olds & news
     assert both & set(lefts) == both & set(cames)
+
+
+@given(seed=st.integers(0, 1_000_000))
+def test_calendar_blocks_coming_and_going_plan_as_full_plans(seed: int) -> None:
+    """Calendar blocks crowding two pools and a cohort's quota, beside a flex queue, while
+    blocks arrive (in any place in calendar order), leave (refused, confirmed and withdrawn,
+    or reserved as the grant they booked) and grants come and go. A block whose booking
+    changes reaches the blocks after it, which may change in turn (see
+    ``IncrementalPlanner._recalendar``); the flex grid takes and gives back what the blocks
+    book. Every step must give exactly ``admit``."""
+    rng = random.Random(seed)
+    zones = (ZONE_A, ZONE_B)
+    tenants = [
+        tenant("t", quota(nominal=rng.choice([48, 64, 1024])), cohort="c"),
+        tenant("u", quota(nominal=rng.choice([32, 64, 1024])), cohort="c"),
+        tenant("g", quota(nominal=1024)),
+    ]
+    names = iter(range(1_000_000))
+
+    def block() -> CapacityRequest:
+        return calendar(
+            f"b{next(names)}", tenant=rng.choice("tu"), vm_count=rng.randint(1, 8),
+            start_at=NOW + rng.randint(1, 96) * HOUR, days=rng.choice([1, 2, 3]),
+            locations=rng.sample(zones, rng.randint(1, 2)),
+            submitted_at=NOW - rng.randint(0, 600) * MINUTE, priority=int(rng.random() < 0.2),
+        )  # fmt: skip
+
+    def run(grants: Sequence[Grant]) -> Grant | None:
+        """A run of tenant g (outside the cohort), if it fits its pool beside ``grants``."""
+        made = grant(
+            f"g{next(names)}", tenant="g", units=rng.randint(1, 4),
+            pool_id=f"{rng.choice(zones)}/{A3}", start_at=NOW + rng.randint(-2, 72) * HOUR,
+            hours=rng.randint(1, 30),
+        )  # fmt: skip
+        beside = sum(
+            g.units
+            for g in grants
+            if g.pool_id == made.pool_id and g.start_at < made.end_at and made.start_at < g.end_at
+        )
+        return made if beside + made.units <= 8 else None
+
+    runs: list[Grant] = []
+    for _ in range(rng.randint(0, 4)):
+        made = run(runs)
+        if made is not None:
+            runs.append(made)
+    snapshot = build_snapshot(
+        pools=[pool(zone=zone, capacity=8) for zone in zones],
+        tenants=tenants,
+        grants=runs,
+        pending=[
+            *(block() for _ in range(rng.randint(2, 8))),
+            *(
+                flex(f"f{index}", tenant=rng.choice("tu"), vm_count=rng.randint(1, 8),
+                     hours=rng.randint(1, 40), max_wait=3 * DAY,
+                     locations=rng.sample(zones, rng.randint(1, 2)))
+                for index in range(rng.randint(0, 5))
+            ),
+        ],
+    )  # fmt: skip
+    planner = IncrementalPlanner(clock_floor=0)
+    plan = planner.plan(snapshot, NOW)
+    check(snapshot, NOW, plan)
+    for _ in range(8):
+        blocks = [r for r in snapshot.pending if r.start_at is not None]
+        kind = rng.choice(["arrive", "arrive", "leave", "reserve", "release", "grant"])
+        if kind == "arrive":
+            snapshot = replace(snapshot, pending=(*snapshot.pending, block()))
+        elif kind == "leave" and blocks:
+            gone = rng.choice(blocks)
+            snapshot = replace(
+                snapshot, pending=tuple(r for r in snapshot.pending if r is not gone)
+            )
+        elif kind == "reserve" and plan.having(Outcome.CONFIRM):
+            decision = rng.choice(plan.having(Outcome.CONFIRM))
+            request = next(r for r in snapshot.pending if r.request_id == decision.request_id)
+            assert decision.pool_id is not None
+            booked = grant_of(request, pool_id=decision.pool_id)
+            snapshot = replace(
+                snapshot,
+                pending=tuple(r for r in snapshot.pending if r is not request),
+                grants=(*snapshot.grants, booked),
+            )
+        elif kind == "release" and snapshot.grants:
+            ended = rng.choice(snapshot.grants)
+            snapshot = replace(snapshot, grants=tuple(g for g in snapshot.grants if g is not ended))
+        else:
+            made = run(snapshot.grants)
+            if made is not None:
+                snapshot = replace(snapshot, grants=(*snapshot.grants, made))
+        plan = planner.plan(snapshot, NOW)
+        check(snapshot, NOW, plan)

@@ -706,8 +706,9 @@ def test_a_release_decides_again_a_confirmed_block_only_if_it_overlaps_its_windo
         assert after.decision("block") == before.decision("block")
 
 
-def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
-    """A block confirmed where it was refused changes what the flex grid holds: in full."""
+def test_a_release_that_lets_a_refused_block_fit_books_it_incrementally() -> None:
+    """A block confirmed where it was refused: its booking is taken in the flex grid as a
+    grant's would be, without a full pass."""
     planner = IncrementalPlanner(clock_floor=0)
     first = two_zones_of_blocks()
     planner.plan(first, NOW)
@@ -717,10 +718,7 @@ def test_a_release_that_lets_a_refused_block_fit_plans_in_full() -> None:
     plan = planner.plan(released, NOW)
     assert plan == admit(released, NOW)
     assert plan.decision(f"block-{ZONE}").outcome is Outcome.CONFIRM
-    assert planner.last_pass.full
-    assert planner.last_pass.why.startswith(
-        "a grant that came or went changes which calendar blocks are confirmed"
-    )
+    assert not planner.last_pass.full, planner.last_pass
 
 
 def before_a_block() -> Snapshot:
@@ -843,10 +841,10 @@ def test_a_confirmed_block_that_leaves_unreserved_gives_its_booking_back() -> No
     assert plan.decision("f3").start_at == NOW + 2 * HOUR
 
 
-def test_a_block_that_arrives_ahead_of_a_confirmed_one_it_displaces_plans_in_full() -> None:
+def test_a_block_that_arrives_ahead_of_a_confirmed_one_displaces_it_incrementally() -> None:
     """A block of higher priority comes before a confirmed one in calendar order and takes
-    the room it had: which blocks are confirmed changes, and the flex grid holds them: in
-    full, saying why."""
+    the room it had: the later one is refused, and the flex grid gives its booking back and
+    takes the new one's, without a full pass; f3 starts when the new block ends."""
     planner = IncrementalPlanner(clock_floor=0)
     first = with_block(before_a_block(), "late", vm_count=8)
     assert planner.plan(first, NOW).decision("late").outcome is Outcome.CONFIRM
@@ -854,10 +852,9 @@ def test_a_block_that_arrives_ahead_of_a_confirmed_one_it_displaces_plans_in_ful
     plan = planner.plan(second, NOW)
     assert plan == admit(second, NOW)
     assert plan.decision("late").outcome is Outcome.REFUSE
-    assert planner.last_pass.full
-    assert planner.last_pass.why == (
-        "a calendar block that arrived changes which blocks are confirmed"
-    )
+    assert not planner.last_pass.full, planner.last_pass
+    assert planner.last_pass.redecided == 2
+    assert plan.decision("f3").start_at == BLOCK_START + DAY
 
 
 def test_a_block_still_pending_at_a_later_now_plans_in_full() -> None:

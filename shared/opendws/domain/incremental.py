@@ -48,10 +48,11 @@ identity first, the two walked side by side: see ``_identity_changes``):
   read one of its rows (its pool or a quota limit it counts against): it can make a refused
   block fit or a confirmed one not, and moves the alternatives offered. A block on none of
   its rows is decided as before, and so is a confirmed one whose window it does not overlap
-  (see ``_recalendar``).
-- A calendar block that arrived is decided in its place in calendar order, and the pending
-  blocks after it that its booking could reach again; confirmed, its booking is applied
-  to the flex grid as a new grant is. A block that left takes nothing with it if it was
+  (see ``_recalendar``). A calendar block that arrived is decided in its place in calendar
+  order. A block whose booking changed (or a new one) reaches the blocks after it in the
+  same way, and they are decided again in turn; what the blocks book now and no longer book
+  is taken and given back in the flex grid as grants are. A block that left takes nothing
+  with it if it was
   refused; a confirmed one's booking is either reserved (an equal grant came: the grid holds
   the same, and the blocks before it, which did not see the booking, are decided again) or
   given back as a released grant (see ``_blocks_left``). So in service, where the
@@ -85,8 +86,7 @@ now), a pool cools down after a stockout, a request stamped after the last now i
 ages from now), or beyond the kept grid's reach; changed pools, tenants or policy; a
 commitment that no longer fits where it was promised, or whose request the clock planned
 again; racing (``snapshot.racing``, or ``race_eagerly``: lanes are taken after every
-placement); a grant or a block that arrived that changes which blocks are confirmed; an
-arrival that needs a longer grid or a quota row the grid lacks; an arrival or
+placement); an arrival that needs a longer grid or a quota row the grid lacks; an arrival or
 a grant that makes a row bind that the grid never tracked (rows that could never bind are
 left out of every search). A full pass that could not hold some commitment at its first
 slot keeps nothing (the next one is full whatever it sees, and names the commitments as its
@@ -616,11 +616,12 @@ class IncrementalPlanner:
                         self._block_readers.setdefault(resource, []), block, key=_calendar_key
                     )
         if state.calendar and (released or added or became or fresh):
-            outcome = self._recalendar(snapshot, state, [*released, *added, *became], fresh)
-            if isinstance(outcome, str):
-                return outcome
-            redecided, bookings = outcome
-            added += bookings  # a block confirmed now: its booking is held as a grant is
+            redecided, taken, given = self._recalendar(
+                snapshot, state, [*released, *added, *became], fresh
+            )
+            # What the blocks book now and no longer book is held and given back as grants.
+            added += taken
+            released += given
         if flex is not None:
             for entry in arrivals:
                 self._count(snapshot, flex, entry.candidate, 1)
@@ -1158,24 +1159,25 @@ class IncrementalPlanner:
         state: _Pass,
         changed: list[Grant],
         fresh: Sequence[_Candidate] = (),
-    ) -> tuple[int, list[Grant]] | str:
+    ) -> tuple[int, list[Grant], list[Grant]]:
         """Decide the calendar blocks that arrived (``fresh``, already among the pending
-        ones) and again those the grants that came or went (``changed``) reach; say how many,
-        and the bookings of the new blocks confirmed; why not, if that confirms another set
-        of the blocks decided before (the flex grid holds the confirmed ones).
+        ones) and again those the grants that came or went (``changed``) reach; return how
+        many were decided, the bookings now held that were not (a block confirmed, or
+        confirmed in another pool) and those no longer held, for the flex grid to take and
+        give back as grants.
 
         A block's decision reads only its own rows (its pools and quota limits): the grants
         and the blocks confirmed before it there. So a block on no row a changed grant holds
-        is decided as before, and while every block reached keeps its grant, no block after
-        it sees another row. The ledger for the reached ones is built over just the rows they
-        read, from the grants there and the earlier blocks' bookings, which are unchanged. A
-        new block is decided in its place in calendar order, and so again is every block after it
-        that its booking, if confirmed, would reach (on its rows; a confirmed one only if their
-        windows overlap).
+        is decided as before. A block whose booking changed (and a new one) is seen by the
+        blocks after it in calendar order alone, over its own window on its own rows: those
+        are decided again in turn, in the same walk down the calendar order. The ledger is
+        built over just the rows the blocks decided again read, from the grants there and the
+        bookings of the blocks before them; when a block reached along the way reads a row it
+        lacks, it is built again over the wider rows and the walk starts over.
 
         A confirmed block reads its rows over its own window only (it fits there or not), so
-        one whose window no changed grant on its rows overlaps is not reached; a refused one
-        is (the alternatives it is offered read its rows at every start it may take)."""
+        one whose window no change on its rows overlaps is not reached; a refused one is (the
+        alternatives it is offered read its rows at every start it may take)."""
         spans = [
             (set(_grant_resources(state, grant)), grant.start_at, grant.end_at) for grant in changed
         ]
@@ -1185,32 +1187,77 @@ class IncrementalPlanner:
             for block in self._reading(touched)
             if _reaches(spans, block, block.request.request_id not in self._booked)
         }
-        new = {id(block) for block in fresh}
         for block in fresh:
             reached[id(block)] = block
-            # Its booking, if it is confirmed, is seen by the blocks after it in calendar
-            # order alone, and lies over its own window on its own rows.
-            request = block.request
-            assert request.start_at is not None  # a calendar request always has one
-            own = [
-                (
-                    set(_block_resources(block)),
-                    request.start_at,
-                    request.start_at + request.run_duration,
-                )
-            ]
-            ahead = calendar_key(request)
-            for later in self._reading(own[0][0]):
-                if _calendar_key(later) > ahead and _reaches(
-                    own, later, later.request.request_id not in self._booked
-                ):
-                    reached.setdefault(id(later), later)
-        if not reached:
-            return 0, []
-        rows = {resource for block in reached.values() for resource in _block_resources(block)}
-        blocks = self._reading(rows)
-        # A grant is on those rows by its pool, or by the quota limits of its tenant and
-        # accelerator (worked out once per pair: there are few).
+            self._reach_after(block, reached)
+        decided: dict[str, Grant | None] = {}
+        while reached:
+            rows = {resource for block in reached.values() for resource in _block_resources(block)}
+            blocks = self._reading(rows)
+            ledger = _ExactLedger(
+                state.now, state.pools, state.pool_row, state.quotas,
+                self._grants_on(snapshot, state, rows), blocks,
+            )  # fmt: skip
+            decided = {}
+            wider = False
+            for block in blocks:
+                key = block.request.request_id
+                booked = self._booked.get(key)
+                if id(block) in reached:
+                    booking = state.decide_block(ledger, block)
+                    decided[key] = booking
+                    if booking != booked:
+                        known = len(reached)
+                        self._reach_after(block, reached)
+                        wider = any(
+                            not rows.issuperset(_block_resources(later))
+                            for later in list(reached.values())[known:]
+                        )
+                        if wider:
+                            break
+                    booked = booking
+                if booked is not None:
+                    ledger.commit(booked)
+            if not wider:
+                break
+        taken: list[Grant] = []
+        given: list[Grant] = []
+        for key, booking in decided.items():
+            self._put(state, key, state.decisions[key])
+            booked = self._booked.get(key)
+            if booking == booked:
+                continue
+            if booked is not None:
+                given.append(booked)
+                del self._booked[key]
+            if booking is not None:
+                taken.append(booking)
+                self._booked[key] = booking
+        return len(decided), taken, given
+
+    def _reach_after(self, block: _Candidate, reached: dict[int, _Candidate]) -> None:
+        """Add to ``reached`` the pending blocks after ``block`` in calendar order that a
+        change of its booking can reach (see _reaches: its own window on its own rows)."""
+        request = block.request
+        assert request.start_at is not None  # a calendar request always has one
+        own = [
+            (
+                set(_block_resources(block)),
+                request.start_at,
+                request.start_at + request.run_duration,
+            )
+        ]
+        ahead = calendar_key(request)
+        for later in self._reading(own[0][0]):
+            if _calendar_key(later) > ahead and _reaches(
+                own, later, later.request.request_id not in self._booked
+            ):
+                reached.setdefault(id(later), later)
+
+    @staticmethod
+    def _grants_on(snapshot: Snapshot, state: _Pass, rows: set[_Resource]) -> list[Grant]:
+        """The grants on any of the ledger ``rows``: by their pool, or by the quota limits of
+        their tenant and accelerator (worked out once per pair: there are few)."""
         pools_on = {pool_id for pool_id, row in state.pool_row.items() if row in rows}
         limits_on: dict[tuple[str, str], bool] = {}
         on_rows: list[Grant] = []
@@ -1225,28 +1272,7 @@ class IncrementalPlanner:
                 if not hit:
                     continue
             on_rows.append(grant)
-        ledger = _ExactLedger(state.now, state.pools, state.pool_row, state.quotas, on_rows, blocks)
-        decided: list[str] = []
-        bookings: list[Grant] = []
-        for block in blocks:
-            key = block.request.request_id
-            booked = self._booked.get(key)
-            if id(block) in reached:
-                booking = state.decide_block(ledger, block)
-                if id(block) in new:
-                    if booking is not None:
-                        self._booked[key] = booked = booking
-                        bookings.append(booking)
-                elif booking != booked:
-                    if fresh:
-                        return "a calendar block that arrived changes which blocks are confirmed"
-                    return "a grant that came or went changes which calendar blocks are confirmed"
-                decided.append(key)
-            if booked is not None:
-                ledger.commit(booked)
-        for key in decided:
-            self._put(state, key, state.decisions[key])
-        return len(decided), bookings
+        return on_rows
 
     def _blocks_left(
         self, state: _Pass, left: set[str], released: list[Grant], added: list[Grant]
