@@ -1338,3 +1338,32 @@ def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_request_moves()
     )
     assert after(replace(snapshot, grants=(*kept, over_the_slot))) == NOW + 4 * HOUR
     assert after(replace(snapshot, grants=kept)) == NOW + 3 * HOUR
+
+
+def test_a_pool_not_rolled_back_has_room_for_a_start_just_before_the_slot() -> None:
+    """r waits for its tenant's quota until three hours ahead; its pool frees a minute
+    before. A release of a little quota makes the walk test whether the pool alone, as r
+    sees it (not rolled back), has room for a start that could win: it has, from the minute
+    before the slot, so nothing is proved; once the quota frees, r starts that minute."""
+    zone_b = "us-central1-b"
+    elsewhere = f"{zone_b}/{A3}"
+    snapshot = build_snapshot(
+        pools=[pool(capacity=8), pool(zone=zone_b, capacity=16)],
+        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
+        grants=[
+            grant("b1", tenant="b", units=8, start_at=NOW - HOUR, end_at=NOW + 179 * MINUTE),
+            grant("a1", tenant="a", pool_id=elsewhere, units=7, start_at=NOW - HOUR, hours=4),
+            grant("a2", tenant="a", pool_id=elsewhere, units=1, start_at=NOW - HOUR, hours=2),
+        ],
+        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    assert planner.plan(snapshot, NOW).decision("r").start_at == NOW + 3 * HOUR
+    for released, start in (("a2", NOW + 3 * HOUR), ("a1", NOW + 179 * MINUTE)):
+        snapshot = replace(
+            snapshot, grants=tuple(g for g in snapshot.grants if g.request_id != released)
+        )
+        plan = planner.plan(snapshot, NOW)
+        assert plan == admit(snapshot, NOW)
+        assert not planner.last_pass.full, planner.last_pass
+        assert plan.decision("r").start_at == start

@@ -2364,7 +2364,8 @@ def _stands(
     (:func:`_past_unrolled`), and the search goes on past one that does not fit.
 
     Where only quota rows gained, an option whose pool alone has no room for any start that
-    could win cannot newly fit: that is proved once on the pool's rolled row and kept in
+    could win cannot newly fit: that is proved once, on the pool's rolled row or on one not
+    rolled back as the request sees it (:func:`_no_room_unrolled`), and kept in
     ``entry.clear`` (dropped for an option whose pool gained where a run of it could reach;
     the walk drops all of it when the request's slot or floor moves)."""
     best = entry.best
@@ -2398,7 +2399,7 @@ def _stands(
                 # such a run could reach: whatever the quota rows gained, none fits.
                 continue
             else:
-                proving = pool in rolled  # the rolled row is the pool as it sees it
+                proving = True
         # Every row that gained is a rolled one: an option on none cannot newly fit.
         needs = tuple(need for need in every_need if need[0] in rolled)
         if not needs:
@@ -2427,7 +2428,12 @@ def _stands(
             # while the pool gains nothing they could use (the proof's facts also speed the
             # scan below, and the pool searches of its other readers).
             assert pool_need is not None
-            if grid.earliest_fit((pool_need,), max(lowest, entry.floor), latest, length) is None:
+            lo = max(lowest, entry.floor)
+            if (
+                grid.earliest_fit((pool_need,), lo, latest, length) is None
+                if pool in rolled  # the rolled row is the pool as it sees it
+                else _no_room_unrolled(grid, readers, entry, pool_need, lo, latest, length)
+            ):
                 clear |= 1 << option
                 continue
         found = grid.earliest_fit(needs, first_start, last_start, length, proved)
@@ -2462,6 +2468,49 @@ def _stands(
             return None
     # Its reason reads its pool's row (one that never binds always has room: no change).
     return entry.row in rows
+
+
+def _no_room_unrolled(
+    grid: MinuteGrid,
+    readers: Mapping[int, list[_Entry]],
+    entry: _Entry,
+    need: tuple[int, int],
+    lo: int,
+    latest: int,
+    length: int,
+) -> bool:
+    """True if ``need`` (a pool's), on a row the walk has not rolled back, has no run of
+    ``length`` cells free from any start in ``[lo, latest]`` as ``entry`` sees it: the row
+    with the takes of ``entry`` and the requests after it given back, as in
+    :func:`_past_unrolled`. False if there is one, or if telling means looking at more than
+    :data:`UNROLLED_READERS` requests (it proves nothing then)."""
+    row, amount = need
+    latest = min(latest, grid.cells - length)
+    if latest < lo:
+        return True  # no start in the grid: none fits
+    on_row = readers.get(row, [])
+    index = bisect.bisect_left(on_row, entry.stamp, key=_stamp_of)
+    if len(on_row) - index > UNROLLED_READERS:
+        return False
+    stop = latest + length
+    cells = grid.free_over(row, lo, stop)
+    for holder in on_row[index:]:
+        best = holder.best
+        if best is None or best >= stop:
+            continue
+        end = best + holder.span
+        if end <= lo:
+            continue
+        for need_row, taken in holder.needs:
+            if need_row == row:
+                cells[max(best, lo) - lo : min(end, stop) - lo] += taken
+    # The stretches of room: a run fits from the first cell of one at least ``length`` long,
+    # if that cell is a start the entry could take.
+    short = np.flatnonzero(cells < amount)
+    edges = np.concatenate(([-1], short, [len(cells)]))
+    starts = edges[:-1] + 1
+    long_enough = (edges[1:] - starts >= length) & (starts <= latest - lo)
+    return not bool(long_enough.any())
 
 
 def _past_unrolled(
