@@ -1252,6 +1252,34 @@ def test_arrivals_between_the_same_two_requests_keep_the_walk_in_policy_order() 
         assert not planner.last_pass.full
 
 
+ELSEWHERE = f"{OTHER_ZONE}/{A3}"
+
+
+def waiting_beside(*grants: Grant) -> Snapshot:
+    """r (tenant a: half the first pool, for an hour) beside ``grants``: the first pool of 8
+    VMs, a second of 16 (``ELSEWHERE``, where a's other runs are), a's quota 64 H100s."""
+    return build_snapshot(
+        pools=[pool(capacity=8), pool(zone=OTHER_ZONE, capacity=16)],
+        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
+        grants=grants,
+        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    )
+
+
+def start_of_r(planner: IncrementalPlanner, snapshot: Snapshot) -> datetime | None:
+    """r's start in ``planner``'s plan of ``snapshot``, checked to be ``admit``'s and made
+    without a full pass."""
+    plan = planner.plan(snapshot, NOW)
+    assert plan == admit(snapshot, NOW)
+    assert not planner.last_pass.full, planner.last_pass
+    return plan.decision("r").start_at
+
+
+def without(snapshot: Snapshot, *ids: str) -> Snapshot:
+    """``snapshot`` with the grants named ``ids`` released."""
+    return replace(snapshot, grants=tuple(g for g in snapshot.grants if g.request_id not in ids))
+
+
 def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_pool_gains() -> None:
     """r waits three hours for room in its pool; its tenant's quota frees sooner. A release
     of quota that does not reach past the pool's busy hours lets the walk prove, once, that
@@ -1259,49 +1287,24 @@ def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_pool_gains() ->
     skip the pool while it gains nothing r could use. Then the pool frees half its room
     while new quota taken elsewhere keeps r at its slot; when that quota is released, r starts
     now: what was proved of the pool must have been dropped when it gained."""
-    zone_b = "us-central1-b"
-    elsewhere = f"{zone_b}/{A3}"
-    snapshot = build_snapshot(
-        pools=[pool(capacity=8), pool(zone=zone_b, capacity=16)],
-        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
-        grants=[
-            grant("b1", tenant="b", units=4, start_at=NOW - HOUR, hours=4),
-            grant("b2", tenant="b", units=4, start_at=NOW - HOUR, hours=4),
-            grant("far", tenant="b", units=4, start_at=NOW + 10 * HOUR, hours=1),
-            grant("a1", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=4),
-            grant("a2", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=2),
-        ],
-        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    snapshot = waiting_beside(
+        grant("b1", tenant="b", units=4, start_at=NOW - HOUR, hours=4),
+        grant("b2", tenant="b", units=4, start_at=NOW - HOUR, hours=4),
+        grant("far", tenant="b", units=4, start_at=NOW + 10 * HOUR, hours=1),
+        grant("a1", tenant="a", pool_id=ELSEWHERE, units=4, start_at=NOW - HOUR, hours=4),
+        grant("a2", tenant="a", pool_id=ELSEWHERE, units=4, start_at=NOW - HOUR, hours=2),
     )
-
-    def after(change: Snapshot) -> datetime | None:
-        plan = planner.plan(change, NOW)
-        assert plan == admit(change, NOW)
-        assert not planner.last_pass.full, planner.last_pass
-        return plan.decision("r").start_at
-
-    def without(*ids: str) -> Snapshot:
-        return replace(
-            snapshot, grants=tuple(g for g in snapshot.grants if g.request_id not in ids)
-        )
-
     planner = IncrementalPlanner(clock_floor=0)
     assert planner.plan(snapshot, NOW).decision("r").start_at == NOW + 3 * HOUR
     # Quota frees for the first hour, the pool only ten hours ahead: r stays.
-    snapshot = without("a2", "far")
-    assert after(snapshot) == NOW + 3 * HOUR
+    snapshot = without(snapshot, "a2", "far")
+    assert start_of_r(planner, snapshot) == NOW + 3 * HOUR
     # Half the pool frees now, but the quota is taken again until r's slot: r stays.
-    snapshot = replace(
-        without("b1"),
-        grants=(
-            *without("b1").grants,
-            grant("a3", tenant="a", pool_id=elsewhere, units=4, start_at=NOW, hours=3),
-        ),
-    )
-    assert after(snapshot) == NOW + 3 * HOUR
+    again = grant("a3", tenant="a", pool_id=ELSEWHERE, units=4, start_at=NOW, hours=3)
+    snapshot = without(replace(snapshot, grants=(*snapshot.grants, again)), "b1")
+    assert start_of_r(planner, snapshot) == NOW + 3 * HOUR
     # The quota frees: only the pool's own gain, a pass ago, lets r start now.
-    snapshot = without("a3")
-    assert after(snapshot) == NOW
+    assert start_of_r(planner, without(snapshot, "a3")) == NOW
 
 
 def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_request_moves() -> None:
@@ -1309,35 +1312,22 @@ def test_what_a_visit_proved_of_a_pool_alone_is_dropped_once_the_request_moves()
     its slot (three hours ahead). Then quota taken elsewhere over the hour of that slot moves r
     an hour later, where the pool had room all along: what was proved covers only the starts
     before the old slot, so when that quota is released r must move back."""
-    zone_b = "us-central1-b"
-    elsewhere = f"{zone_b}/{A3}"
-    snapshot = build_snapshot(
-        pools=[pool(capacity=8), pool(zone=zone_b, capacity=16)],
-        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
-        grants=[
-            grant("b1", tenant="b", units=8, start_at=NOW - HOUR, hours=4),
-            grant("far", tenant="b", units=4, start_at=NOW + 10 * HOUR, hours=1),
-            grant("a1", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=4),
-            grant("a2", tenant="a", pool_id=elsewhere, units=4, start_at=NOW - HOUR, hours=2),
-        ],
-        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    snapshot = waiting_beside(
+        grant("b1", tenant="b", units=8, start_at=NOW - HOUR, hours=4),
+        grant("far", tenant="b", units=4, start_at=NOW + 10 * HOUR, hours=1),
+        grant("a1", tenant="a", pool_id=ELSEWHERE, units=4, start_at=NOW - HOUR, hours=4),
+        grant("a2", tenant="a", pool_id=ELSEWHERE, units=4, start_at=NOW - HOUR, hours=2),
     )
     planner = IncrementalPlanner(clock_floor=0)
-
-    def after(change: Snapshot) -> datetime | None:
-        plan = planner.plan(change, NOW)
-        assert plan == admit(change, NOW)
-        assert not planner.last_pass.full, planner.last_pass
-        return plan.decision("r").start_at
-
     assert planner.plan(snapshot, NOW).decision("r").start_at == NOW + 3 * HOUR
-    kept = tuple(g for g in snapshot.grants if g.request_id not in ("a2", "far"))
-    assert after(replace(snapshot, grants=kept)) == NOW + 3 * HOUR
+    kept = without(snapshot, "a2", "far")
+    assert start_of_r(planner, kept) == NOW + 3 * HOUR
     over_the_slot = grant(
-        "a4", tenant="a", pool_id=elsewhere, units=8, start_at=NOW + 3 * HOUR, hours=1
+        "a4", tenant="a", pool_id=ELSEWHERE, units=8, start_at=NOW + 3 * HOUR, hours=1
     )
-    assert after(replace(snapshot, grants=(*kept, over_the_slot))) == NOW + 4 * HOUR
-    assert after(replace(snapshot, grants=kept)) == NOW + 3 * HOUR
+    moved = replace(kept, grants=(*kept.grants, over_the_slot))
+    assert start_of_r(planner, moved) == NOW + 4 * HOUR
+    assert start_of_r(planner, kept) == NOW + 3 * HOUR
 
 
 def test_a_pool_not_rolled_back_has_room_for_a_start_just_before_the_slot() -> None:
@@ -1345,25 +1335,13 @@ def test_a_pool_not_rolled_back_has_room_for_a_start_just_before_the_slot() -> N
     before. A release of a little quota makes the walk test whether the pool alone, as r
     sees it (not rolled back), has room for a start that could win: it has, from the minute
     before the slot, so nothing is proved; once the quota frees, r starts that minute."""
-    zone_b = "us-central1-b"
-    elsewhere = f"{zone_b}/{A3}"
-    snapshot = build_snapshot(
-        pools=[pool(capacity=8), pool(zone=zone_b, capacity=16)],
-        tenants=[tenant("a", quota(nominal=64)), tenant("b", quota(nominal=1024))],
-        grants=[
-            grant("b1", tenant="b", units=8, start_at=NOW - HOUR, end_at=NOW + 179 * MINUTE),
-            grant("a1", tenant="a", pool_id=elsewhere, units=7, start_at=NOW - HOUR, hours=4),
-            grant("a2", tenant="a", pool_id=elsewhere, units=1, start_at=NOW - HOUR, hours=2),
-        ],
-        pending=[flex("r", tenant="a", vm_count=4, hours=1)],
+    snapshot = waiting_beside(
+        grant("b1", tenant="b", units=8, start_at=NOW - HOUR, end_at=NOW + 179 * MINUTE),
+        grant("a1", tenant="a", pool_id=ELSEWHERE, units=7, start_at=NOW - HOUR, hours=4),
+        grant("a2", tenant="a", pool_id=ELSEWHERE, units=1, start_at=NOW - HOUR, hours=2),
     )
     planner = IncrementalPlanner(clock_floor=0)
     assert planner.plan(snapshot, NOW).decision("r").start_at == NOW + 3 * HOUR
-    for released, start in (("a2", NOW + 3 * HOUR), ("a1", NOW + 179 * MINUTE)):
-        snapshot = replace(
-            snapshot, grants=tuple(g for g in snapshot.grants if g.request_id != released)
-        )
-        plan = planner.plan(snapshot, NOW)
-        assert plan == admit(snapshot, NOW)
-        assert not planner.last_pass.full, planner.last_pass
-        assert plan.decision("r").start_at == start
+    snapshot = without(snapshot, "a2")
+    assert start_of_r(planner, snapshot) == NOW + 3 * HOUR
+    assert start_of_r(planner, without(snapshot, "a1")) == NOW + 179 * MINUTE

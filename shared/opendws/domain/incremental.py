@@ -2488,22 +2488,9 @@ def _no_room_unrolled(
     latest = min(latest, grid.cells - length)
     if latest < lo:
         return True  # no start in the grid: none fits
-    on_row = readers.get(row, [])
-    index = bisect.bisect_left(on_row, entry.stamp, key=_stamp_of)
-    if len(on_row) - index > UNROLLED_READERS:
+    cells = _as_seen(grid, readers, entry, row, lo, latest + length)
+    if cells is None:
         return False
-    stop = latest + length
-    cells = grid.free_over(row, lo, stop)
-    for holder in on_row[index:]:
-        best = holder.best
-        if best is None or best >= stop:
-            continue
-        end = best + holder.span
-        if end <= lo:
-            continue
-        for need_row, taken in holder.needs:
-            if need_row == row:
-                cells[max(best, lo) - lo : min(end, stop) - lo] += taken
     # The stretches of room: a run fits from the first cell of one at least ``length`` long,
     # if that cell is a start the entry could take.
     short = np.flatnonzero(cells < amount)
@@ -2531,27 +2518,44 @@ def _past_unrolled(
     Exact: such a row has not changed this pass and holds the takes of every request that reads
     it; ``entry`` sees it as it was before its own take and those of the requests after it,
     which are added back to a copy of the cells."""
-    stop = start + length
     for row, amount in needs:
-        on_row = readers.get(row, [])
-        index = bisect.bisect_left(on_row, entry.stamp, key=_stamp_of)
-        if len(on_row) - index > UNROLLED_READERS:
+        cells = _as_seen(grid, readers, entry, row, start, start + length)
+        if cells is None:
             continue
-        cells = grid.free_over(row, start, stop)
-        for holder in on_row[index:]:
-            best = holder.best
-            if best is None or best >= stop:
-                continue
-            end = best + holder.span
-            if end <= start:
-                continue
-            for need_row, taken in holder.needs:
-                if need_row == row:
-                    cells[max(best, start) - start : min(end, stop) - start] += taken
         short = np.flatnonzero(cells < amount)
         if len(short):
             return start + int(short[-1]) + 1
     return start
+
+
+def _as_seen(
+    grid: MinuteGrid,
+    readers: Mapping[int, list[_Entry]],
+    entry: _Entry,
+    row: int,
+    start: int,
+    stop: int,
+) -> npt.NDArray[np.int32] | None:
+    """The free amounts of ``row`` (one the walk has not rolled back) over cells ``[start,
+    stop)`` as ``entry`` sees them: the row holds the takes of every request that reads it,
+    and those of ``entry`` and the requests after it are given back on a copy. None if that
+    means looking at more than :data:`UNROLLED_READERS` requests."""
+    on_row = readers.get(row, [])
+    index = bisect.bisect_left(on_row, entry.stamp, key=_stamp_of)
+    if len(on_row) - index > UNROLLED_READERS:
+        return None
+    cells = grid.free_over(row, start, stop)
+    for holder in on_row[index:]:
+        best = holder.best
+        if best is None or best >= stop:
+            continue
+        end = best + holder.span
+        if end <= start:
+            continue
+        for need_row, taken in holder.needs:
+            if need_row == row:
+                cells[max(best, start) - start : min(end, stop) - start] += taken
+    return cells
 
 
 def _calendar_key(block: _Candidate) -> CalendarKey:
