@@ -52,12 +52,11 @@ identity first, the two walked side by side: see ``_identity_changes``):
   order. A block whose booking changed (or a new one) reaches the blocks after it in the
   same way, and they are decided again in turn; what the blocks book now and no longer book
   is taken and given back in the flex grid as grants are. A block that left takes nothing
-  with it if it was
-  refused; a confirmed one's booking is either reserved (an equal grant came: the grid holds
-  the same, and the blocks before it, which did not see the booking, are decided again) or
-  given back as a released grant (see ``_blocks_left``). So in service, where the
-  reconciler reserves or refuses a block in the pass after it was decided, neither pass plans
-  in full.
+  with it if it was refused; a confirmed one's booking is either reserved (an equal grant
+  came: the grid holds the same, and the blocks before it, which did not see the booking,
+  are decided again) or given back as a released grant (see ``_blocks_left``). So in
+  service, where the reconciler submits or refuses a block in the pass that decided it,
+  neither that pass nor the next plans in full.
 - Commitments (``policy.commit_within``: ETAs told less than that far ahead) are held before
   the policy order, so they are kept as a layer under the walk: each held where it was
   promised, in the grid, and none of the walk's entries. Each pass works out which are held
@@ -1240,15 +1239,10 @@ class IncrementalPlanner:
         change of its booking can reach (see _reaches: its own window on its own rows)."""
         request = block.request
         assert request.start_at is not None  # a calendar request always has one
-        own = [
-            (
-                set(_block_resources(block)),
-                request.start_at,
-                request.start_at + request.run_duration,
-            )
-        ]
+        resources = set(_block_resources(block))
+        own = [(resources, request.start_at, request.start_at + request.run_duration)]
         ahead = calendar_key(request)
-        for later in self._reading(own[0][0]):
+        for later in self._reading(resources):
             if _calendar_key(later) > ahead and _reaches(
                 own, later, later.request.request_id not in self._booked
             ):
@@ -1290,6 +1284,8 @@ class IncrementalPlanner:
             if key not in left:
                 staying.append(block)
                 continue
+            for resource in _block_resources(block):
+                self._block_readers[resource].remove(block)
             booking = self._booked.pop(key, None)
             if booking is None:
                 continue
@@ -1298,13 +1294,7 @@ class IncrementalPlanner:
                 released.append(booking)
             else:
                 became.append(added.pop(index))
-        if len(staying) != len(state.calendar):
-            gone = {id(block) for block in state.calendar} - {id(block) for block in staying}
-            for block in state.calendar:
-                if id(block) in gone:
-                    for resource in _block_resources(block):
-                        self._block_readers[resource].remove(block)
-            state.calendar = staying
+        state.calendar = staying
         return became
 
     def _index_blocks(self, state: _Pass) -> None:
@@ -2425,8 +2415,8 @@ def _stands(
         if proving:
             # Its quota rows gained but not its pool: once proved that the pool alone has no
             # room for a start that could win, later visits skip this option without a scan
-            # while the pool gains nothing they could use (the proof's facts also speed the
-            # scan below, and the pool searches of its other readers).
+            # while the pool gains nothing they could use (on a rolled row, the proof's facts
+            # also speed the scan below and the pool searches of its other readers).
             assert pool_need is not None
             lo = max(lowest, entry.floor)
             if (
