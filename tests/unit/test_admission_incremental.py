@@ -4,7 +4,9 @@ tests/property/test_incremental_properties.py)."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import pickle
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -92,6 +94,19 @@ def test_a_new_grant_elsewhere_is_planned_incrementally() -> None:
     more = replace(first, grants=(*first.grants, grant("g2", units=2, start_at=NOW + HOUR)))
     assert planner.plan(more, NOW) == admit(more, NOW)
     assert not planner.last_pass.full
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_planner_refuses_to_be_copied_and_says_so(how: str) -> None:
+    """A planner's state is one graph of entries, indexes and a grid that refer to each other
+    and to the snapshot it last read: it is not copied (a copy would also differ between the
+    compiled build and plain Python), and says what to do instead."""
+    planner = IncrementalPlanner(clock_floor=0)
+    planner.plan(busy(), NOW)
+    with pytest.raises(TypeError, match="IncrementalPlanner is not copied or pickled"):
+        copy.deepcopy(planner) if how == "deepcopy" else pickle.dumps(planner)
+    more = replace(busy(), pending=(*busy().pending, flex("late", vm_count=1, hours=1)))
+    assert planner.plan(more, NOW) == admit(more, NOW)  # the planner itself goes on
 
 
 def test_an_equal_request_read_again_is_no_change() -> None:

@@ -7,6 +7,8 @@ remembers what earlier searches proved and must still answer exactly after furth
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -350,6 +352,30 @@ def test_minute_grid_rows_are_independent() -> None:
         [2, 2, 2, 2],
     ]
     assert [grid.lowest(row) for row in range(3)] == [0, 0, 2]
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_minute_grid_is_its_own_and_searches_its_own_cells(how: str) -> None:
+    """A copy (by ``copy`` or ``pickle``) holds the same free amounts and facts, searches its
+    own cells, and shares nothing with the grid it came from: the per-row views and the
+    comparison buffer alias the grid's own arrays, which copying each one apart would undo."""
+    grid = MinuteGrid(NOW, 100, [4, 6])
+    grid.take([(0, 4)], 10, 20)
+    grid.advance(5)  # a grid moved with the clock is a view of a larger one
+    assert grid.earliest_fit([(0, 3)], 0, 60, 10) == 25  # a fact the copy keeps
+    copied = copy.deepcopy(grid) if how == "deepcopy" else pickle.loads(pickle.dumps(grid))
+    assert (copied.origin, copied.cells) == (grid.origin, grid.cells)
+    assert [copied.free(0, cell) for cell in range(95)] == [
+        grid.free(0, cell) for cell in range(95)
+    ]
+    assert copied.earliest_fit([(0, 3)], 0, 60, 10) == 25
+    copied.take([(0, 1), (1, 6)], 25, 40)  # the copy's cells change, the grid's do not
+    assert copied.earliest_fit([(0, 4)], 0, 90, 10) == 65
+    assert copied.earliest_fit([(0, 1), (1, 1)], 20, 90, 5) == 65
+    assert copied.lowest(1) == 0
+    assert grid.earliest_fit([(0, 4)], 0, 90, 10) == 25
+    assert grid.earliest_fit([(0, 1), (1, 1)], 20, 90, 5) == 25
+    assert grid.lowest(1) == 6
 
 
 def test_minute_grid_at_and_size() -> None:

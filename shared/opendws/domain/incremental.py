@@ -346,6 +346,15 @@ class IncrementalPlanner:
         self.changed: set[str] | None = None
         self._changed: set[str] | None = None
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Refused: a planner is not copied or pickled. Its state is one graph of entries,
+        indexes and a grid that refer to each other and to the snapshot it last read; one
+        reconciler owns one, and another starts with a full pass of its own."""
+        raise TypeError(
+            "an IncrementalPlanner is not copied or pickled: make a new one (its first plan "
+            "is a full pass)"
+        )
+
     def plan(self, snapshot: Snapshot, now: datetime) -> Plan:
         """The plan ``admit(snapshot, now)`` gives, made incrementally where it can be."""
         require_utc("now", now)

@@ -129,6 +129,12 @@ class MinuteGrid:
         # a lookup hashes the needs once for both buckets.
         self._no_fit: dict[object, dict[int, tuple[int, int, int]]] = {}
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Copied and pickled as its origin, free amounts and what searches proved, and built
+        again from them: the per-row views and the comparison buffer's view alias the grid's
+        own arrays, and a copy of each would not (a copied grid would search stale cells)."""
+        return (_restored_grid, (self.origin, self._free, self._busy_prefix, self._no_fit))
+
     def at(self, cell: int) -> datetime:
         """The instant where ``cell`` begins."""
         return self.origin + cell * MINUTE
@@ -448,6 +454,23 @@ def _find_run(flags: bytearray, size: int, length: int, first: int) -> int:
             return pos
         pos = flags.find(b"\x01", busy + 1, size)
     return -1
+
+
+def _restored_grid(
+    origin: datetime,
+    free: npt.NDArray[np.int32],
+    busy_prefix: dict[tuple[int, int], int],
+    no_fit: dict[object, dict[int, tuple[int, int, int]]],
+) -> MinuteGrid:
+    """A grid with these free amounts and facts, its views made afresh (see
+    :meth:`MinuteGrid.__reduce__`)."""
+    rows, cells = free.shape
+    grid = MinuteGrid(origin, cells, [0] * rows)
+    grid._free = np.array(free, dtype=np.int32)  # its own, C-ordered copy
+    grid._rows = list(grid._free)
+    grid._busy_prefix = dict(busy_prefix)
+    grid._no_fit = {key: dict(known) for key, known in no_fit.items()}
+    return grid
 
 
 class StepProfile:
