@@ -227,9 +227,49 @@ def test_a_release_searches_the_requests_it_lets_start_sooner() -> None:
     assert after == admit(second, NOW)
     assert not planner.last_pass.full
     assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 100)
+    # The first is tested (is its slot still the earliest?) and moves; from then on, each
+    # request of the pool is searched at once: its pool's queue is moving.
+    assert planner.last_pass.tested == 1
     queued = before.decision(f"{ZONE}-001")
     assert queued.start_at == NOW + 3 * HOUR
     assert after.decision(f"{ZONE}-001").start_at == NOW + HOUR
+
+
+def test_a_pool_whose_queue_stops_moving_is_tested_again() -> None:
+    """A release moves ten requests of one tenant two hours earlier, each searched at once
+    after the first; the next request of the pool, another tenant's held by its quota until
+    the twentieth hour, is searched at once too and stays; the two behind it are tested again
+    first, and stand without a search."""
+    other = "us-central1-b"
+    queue = [
+        flex(f"r{index}", vm_count=4, hours=1, submitted_at=NOW - HOUR, max_wait=7 * DAY)
+        for index in range(10)
+    ]
+    quota_bound = [
+        flex(f"q{index}", tenant="t2", vm_count=4, hours=1, max_wait=7 * DAY) for index in range(3)
+    ]
+    first = build_snapshot(
+        pools=[pool(capacity=4), pool(zone=other, capacity=4)],
+        tenants=[tenant("t", quota(nominal=100_000)), tenant("t2", quota(nominal=32))],
+        grants=[
+            grant("big", units=4, start_at=NOW - HOUR, hours=3),
+            grant("elsewhere", tenant="t2", pool_id=f"{other}/{A3}", units=4, hours=20),
+        ],
+        pending=[*queue, *quota_bound],
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    before = planner.plan(first, NOW)
+    second = replace(first, grants=first.grants[1:])
+    after = planner.plan(second, NOW)
+    assert after == admit(second, NOW)
+    assert not planner.last_pass.full
+    report = planner.last_pass
+    assert (report.walked, report.searched, report.tested) == (13, 11, 3)
+    assert before.decision("r9").start_at == NOW + 11 * HOUR
+    assert after.decision("r9").start_at == NOW + 9 * HOUR
+    for index in range(3):
+        assert after.decision(f"q{index}").start_at == NOW + (20 + index) * HOUR
+        assert before.decision(f"q{index}").start_at == NOW + (20 + index) * HOUR
 
 
 def test_a_release_lets_a_request_start_the_minute_before_its_slot() -> None:

@@ -181,14 +181,15 @@ COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promi
 @dataclass(frozen=True, slots=True)
 class PassReport:
     """How the last plan was made: in full (and why), or incrementally (from which rank, how
-    many requests were searched again, the others taking their slot again, and how many
-    calendar blocks were decided again)."""
+    many requests were visited, how many of them were tested and how many searched again, the
+    others taking their slot again, and how many calendar blocks were decided again)."""
 
     full: bool
     why: str = ""  # full: the reason
     from_rank: int = 0  # incremental: 1-based rank of the first request a change reached
     walked: int = 0  # incremental: requests visited (those on a rolled-back row)
     searched: int = 0  # incremental: of those, searched again
+    tested: int = 0  # incremental: of those, tested first for whether their slot stands
     redecided: int = 0  # incremental: pending calendar blocks decided again (a grant reached
     # one of their rows)
 
@@ -1609,7 +1610,10 @@ class IncrementalPlanner:
         heapq.heapify(heap)
         searched = 0
         visited = 0
+        tested = 0
         moved: dict[int, _Entry] = {}  # entries whose decision may differ beyond position
+        # Pool rows whose last request searched in this walk moved (see the visits below).
+        cascading: set[int] = set()
         last: _Entry | None = None
         readers_of = self._readers
         siblings = self._siblings
@@ -1640,7 +1644,14 @@ class IncrementalPlanner:
             keep: bool | None = False  # the slot stands; True: its reason may not
             if is_fresh or floor != entry.floor:
                 keep = None
+            elif entry.row in cascading and not live.isdisjoint(reads):
+                # Where the last request searched in this pool moved, the next one most
+                # likely moves too (a release or an arrival moves a pool's queue a request at
+                # a time): it is searched at once, which is exact whatever it finds, rather
+                # than first tested by _stands, which costs about as much as the search.
+                keep = None
             elif not live.isdisjoint(reads):
+                tested += 1
                 keep = _stands(
                     grid,
                     flex,
@@ -1669,6 +1680,11 @@ class IncrementalPlanner:
                     flex.shapes,
                 )
                 before = _floor_after(entry)
+                if entry.best is not None:  # its pool goes on cascading while requests move
+                    if (best, row, needs) != (entry.best, entry.row, entry.needs):
+                        cascading.add(entry.row)
+                    else:
+                        cascading.discard(entry.row)
                 if is_fresh or (best, row, needs) != (entry.best, entry.row, entry.needs):
                     if entry.best is not None:
                         shift(entry.needs, entry.best, entry.span, 1)
@@ -1740,7 +1756,9 @@ class IncrementalPlanner:
             self._moves = {}  # none held: none moved
         moved.update(changed)
         self._decide(state, moved, touched)
-        return PassReport(full=False, from_rank=from_rank, walked=visited, searched=searched)
+        return PassReport(
+            full=False, from_rank=from_rank, walked=visited, searched=searched, tested=tested
+        )
 
     def _clock_news(
         self, state: _Pass, clock: _ClockMove, moved: dict[int, _Entry], touched: set[int]
