@@ -227,9 +227,9 @@ def test_a_release_searches_the_requests_it_lets_start_sooner() -> None:
     assert after == admit(second, NOW)
     assert not planner.last_pass.full
     assert (planner.last_pass.walked, planner.last_pass.searched) == (100, 100)
-    # The first is tested (is its slot still the earliest?) and moves; from then on, each
+    # The first two are tested (is the slot still the earliest?) and move; from then on, each
     # request of the pool is searched at once: its pool's queue is moving.
-    assert planner.last_pass.tested == 1
+    assert planner.last_pass.tested == 2
     queued = before.decision(f"{ZONE}-001")
     assert queued.start_at == NOW + 3 * HOUR
     assert after.decision(f"{ZONE}-001").start_at == NOW + HOUR
@@ -237,9 +237,9 @@ def test_a_release_searches_the_requests_it_lets_start_sooner() -> None:
 
 def test_a_pool_whose_queue_stops_moving_is_tested_again() -> None:
     """A release moves ten requests of one tenant two hours earlier, each searched at once
-    after the first; the next request of the pool, another tenant's held by its quota until
-    the twentieth hour, is searched at once too and stays; the two behind it are tested again
-    first, and stand without a search."""
+    after the first two (tested first, then searched); the next request of the pool, another
+    tenant's held by its quota until the twentieth hour, is searched at once too and stays;
+    the two behind it are tested again first, and stand without a search."""
     other = "us-central1-b"
     queue = [
         flex(f"r{index}", vm_count=4, hours=1, submitted_at=NOW - HOUR, max_wait=7 * DAY)
@@ -264,12 +264,50 @@ def test_a_pool_whose_queue_stops_moving_is_tested_again() -> None:
     assert after == admit(second, NOW)
     assert not planner.last_pass.full
     report = planner.last_pass
-    assert (report.walked, report.searched, report.tested) == (13, 11, 3)
+    assert (report.walked, report.searched, report.tested) == (13, 11, 4)
     assert before.decision("r9").start_at == NOW + 11 * HOUR
     assert after.decision("r9").start_at == NOW + 9 * HOUR
     for index in range(3):
         assert after.decision(f"q{index}").start_at == NOW + (20 + index) * HOUR
         assert before.decision(f"q{index}").start_at == NOW + (20 + index) * HOUR
+
+
+def test_a_request_that_stands_breaks_a_pool_s_run_of_moves() -> None:
+    """A release lets r0 start two hours sooner; q0, next in the pool, is held by its tenant's
+    quota and stands; r1 and r2 then move one after the other. Only two moves in a row make
+    the walk search the next request of the pool at once: q0's standing broke the run, so
+    all four are tested first."""
+    other = "us-central1-b"
+    pending = [
+        flex("r0", vm_count=4, hours=1, submitted_at=NOW - 3 * HOUR, max_wait=7 * DAY),
+        flex("q0", tenant="t2", vm_count=4, hours=1, submitted_at=NOW - 2 * HOUR),
+        *(
+            flex(f"r{index}", vm_count=4, hours=1, submitted_at=NOW - HOUR, max_wait=7 * DAY)
+            for index in (1, 2)
+        ),
+    ]
+    first = build_snapshot(
+        pools=[pool(capacity=4), pool(zone=other, capacity=4)],
+        tenants=[tenant("t", quota(nominal=100_000)), tenant("t2", quota(nominal=32))],
+        grants=[
+            grant("big", units=4, start_at=NOW - HOUR, hours=3),
+            grant("elsewhere", tenant="t2", pool_id=f"{other}/{A3}", units=4, hours=20),
+        ],
+        pending=pending,
+    )
+    planner = IncrementalPlanner(clock_floor=0)
+    planner.plan(first, NOW)
+    second = replace(first, grants=first.grants[1:])
+    after = planner.plan(second, NOW)
+    assert after == admit(second, NOW)
+    assert after.order == ("r0", "q0", "r1", "r2")
+    assert [after.decision(key).start_at for key in ("r0", "r1", "r2")] == [
+        NOW,
+        NOW + HOUR,
+        NOW + 2 * HOUR,
+    ]
+    report = planner.last_pass
+    assert (report.walked, report.searched, report.tested) == (4, 3, 4)
 
 
 def test_a_release_lets_a_request_start_the_minute_before_its_slot() -> None:

@@ -174,6 +174,9 @@ STAMP_GAP = 1 << 32
 # many requests on a row, and at most this many starts; else the request is searched.
 UNROLLED_READERS = 64
 UNROLLED_PROBES = 2
+# After this many requests of a pool in a row moved, a walk searches the next at once (most
+# often it moves too) rather than first testing whether its slot stands.
+CASCADE_AFTER = 2
 _NONE = 1 << 62  # no cell yet: above every grid
 COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promised"
 
@@ -1612,8 +1615,9 @@ class IncrementalPlanner:
         visited = 0
         tested = 0
         moved: dict[int, _Entry] = {}  # entries whose decision may differ beyond position
-        # Pool rows whose last request searched in this walk moved (see the visits below).
-        cascading: set[int] = set()
+        # Per pool row, how many of its requests in a row (in this walk, among those whose
+        # rows changed) were searched and moved: see the visits below.
+        streak: dict[int, int] = {}
         last: _Entry | None = None
         readers_of = self._readers
         siblings = self._siblings
@@ -1644,24 +1648,28 @@ class IncrementalPlanner:
             keep: bool | None = False  # the slot stands; True: its reason may not
             if is_fresh or floor != entry.floor:
                 keep = None
-            elif entry.row in cascading and not live.isdisjoint(reads):
-                # Where the last request searched in this pool moved, the next one most
-                # likely moves too (a release or an arrival moves a pool's queue a request at
-                # a time): it is searched at once, which is exact whatever it finds, rather
-                # than first tested by _stands, which costs about as much as the search.
-                keep = None
             elif not live.isdisjoint(reads):
-                tested += 1
-                keep = _stands(
-                    grid,
-                    flex,
-                    entry,
-                    [row for row in reads if row in live],
-                    delta,
-                    spans,
-                    rolled,
-                    readers_of,
-                )
+                if streak.get(entry.row, 0) >= CASCADE_AFTER:
+                    # Where the pool's last requests moved one after another, the next most
+                    # likely moves too (a release or an arrival can move a pool's whole queue,
+                    # a request at a time): it is searched at once, which is exact whatever
+                    # it finds, rather than first tested by _stands, which then costs about
+                    # as much as the search.
+                    keep = None
+                else:
+                    tested += 1
+                    keep = _stands(
+                        grid,
+                        flex,
+                        entry,
+                        [row for row in reads if row in live],
+                        delta,
+                        spans,
+                        rolled,
+                        readers_of,
+                    )
+                    if keep is not None:
+                        streak.pop(entry.row, None)  # it stands: the pool's queue stopped
             if keep is None:
                 searched += 1
                 for row in reads:
@@ -1680,11 +1688,11 @@ class IncrementalPlanner:
                     flex.shapes,
                 )
                 before = _floor_after(entry)
-                if entry.best is not None:  # its pool goes on cascading while requests move
+                if entry.best is not None:  # its pool's queue moves on, or stopped
                     if (best, row, needs) != (entry.best, entry.row, entry.needs):
-                        cascading.add(entry.row)
+                        streak[entry.row] = streak.get(entry.row, 0) + 1
                     else:
-                        cascading.discard(entry.row)
+                        streak.pop(entry.row, None)
                 if is_fresh or (best, row, needs) != (entry.best, entry.row, entry.needs):
                     if entry.best is not None:
                         shift(entry.needs, entry.best, entry.span, 1)
