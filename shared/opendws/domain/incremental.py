@@ -37,7 +37,10 @@ identity first, the two walked side by side: see ``_identity_changes``):
   What a visit proves of a request's pool alone (no room there for a start that could win)
   stays with its entry while that pool gains nothing a run of it could reach, so a later
   change to its quota rows alone costs no scan (``_Entry.clear``). Any other is searched; if
-  its slot moved, the difference follows. Held slots are renumbered in the pools where one
+  its slot moved, the difference follows. Once ``CASCADE_AFTER`` requests of a pool in a row
+  moved, the next one whose rows changed is searched without that test (a release or an
+  arrival can move a whole queue, and the test costs about what the search does), until one
+  stays or stands. Held slots are renumbered in the pools where one
   came, left or moved. Ranks are the plan's ``order``, kept in step, so an arrival near the
   front rewrites no decision behind it.
 - An admission carried out (the request left, its grant came holding exactly the slot it took)
