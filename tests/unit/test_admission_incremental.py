@@ -15,7 +15,13 @@ import pytest
 from opendws.domain import Outcome, Snapshot, admit
 from opendws.domain.admission import Reason
 from opendws.domain.incremental import COMMITMENTS_HELD, IncrementalPlanner
-from opendws.domain.model import Commitment, Grant, PolicySettings, QueueingStrategy
+from opendws.domain.model import (
+    CapacityRequest,
+    Commitment,
+    Grant,
+    PolicySettings,
+    QueueingStrategy,
+)
 from opendws.domain.policy import flex_key
 from tests.builders import (
     A3,
@@ -235,12 +241,27 @@ def test_a_release_searches_the_requests_it_lets_start_sooner() -> None:
     assert after.decision(f"{ZONE}-001").start_at == NOW + HOUR
 
 
+def behind_a_run_beside_a_quota(pending: list[CapacityRequest]) -> Snapshot:
+    """Two pools of 4 VMs: a four-VM run holds the first until two hours from now (``big``,
+    the first grant); tenant ``t``'s quota never binds, and ``t2``'s (32 GPUs, one four-VM
+    run) is all in use in the other zone for twenty hours."""
+    other = "us-central1-b"
+    return build_snapshot(
+        pools=[pool(capacity=4), pool(zone=other, capacity=4)],
+        tenants=[tenant("t", quota(nominal=100_000)), tenant("t2", quota(nominal=32))],
+        grants=[
+            grant("big", units=4, start_at=NOW - HOUR, hours=3),
+            grant("elsewhere", tenant="t2", pool_id=f"{other}/{A3}", units=4, hours=20),
+        ],
+        pending=pending,
+    )
+
+
 def test_a_pool_whose_queue_stops_moving_is_tested_again() -> None:
     """A release moves ten requests of one tenant two hours earlier, each searched at once
     after the first two (tested first, then searched); the next request of the pool, another
     tenant's held by its quota until the twentieth hour, is searched at once too and stays;
     the two behind it are tested again first, and stand without a search."""
-    other = "us-central1-b"
     queue = [
         flex(f"r{index}", vm_count=4, hours=1, submitted_at=NOW - HOUR, max_wait=7 * DAY)
         for index in range(10)
@@ -248,15 +269,7 @@ def test_a_pool_whose_queue_stops_moving_is_tested_again() -> None:
     quota_bound = [
         flex(f"q{index}", tenant="t2", vm_count=4, hours=1, max_wait=7 * DAY) for index in range(3)
     ]
-    first = build_snapshot(
-        pools=[pool(capacity=4), pool(zone=other, capacity=4)],
-        tenants=[tenant("t", quota(nominal=100_000)), tenant("t2", quota(nominal=32))],
-        grants=[
-            grant("big", units=4, start_at=NOW - HOUR, hours=3),
-            grant("elsewhere", tenant="t2", pool_id=f"{other}/{A3}", units=4, hours=20),
-        ],
-        pending=[*queue, *quota_bound],
-    )
+    first = behind_a_run_beside_a_quota([*queue, *quota_bound])
     planner = IncrementalPlanner(clock_floor=0)
     before = planner.plan(first, NOW)
     second = replace(first, grants=first.grants[1:])
@@ -277,7 +290,6 @@ def test_a_request_that_stands_breaks_a_pool_s_run_of_moves() -> None:
     quota and stands; r1 and r2 then move one after the other. Only two moves in a row make
     the walk search the next request of the pool at once: q0's standing broke the run, so
     all four are tested first."""
-    other = "us-central1-b"
     pending = [
         flex("r0", vm_count=4, hours=1, submitted_at=NOW - 3 * HOUR, max_wait=7 * DAY),
         flex("q0", tenant="t2", vm_count=4, hours=1, submitted_at=NOW - 2 * HOUR),
@@ -286,15 +298,7 @@ def test_a_request_that_stands_breaks_a_pool_s_run_of_moves() -> None:
             for index in (1, 2)
         ),
     ]
-    first = build_snapshot(
-        pools=[pool(capacity=4), pool(zone=other, capacity=4)],
-        tenants=[tenant("t", quota(nominal=100_000)), tenant("t2", quota(nominal=32))],
-        grants=[
-            grant("big", units=4, start_at=NOW - HOUR, hours=3),
-            grant("elsewhere", tenant="t2", pool_id=f"{other}/{A3}", units=4, hours=20),
-        ],
-        pending=pending,
-    )
+    first = behind_a_run_beside_a_quota(pending)
     planner = IncrementalPlanner(clock_floor=0)
     planner.plan(first, NOW)
     second = replace(first, grants=first.grants[1:])
