@@ -1618,8 +1618,9 @@ class IncrementalPlanner:
         visited = 0
         tested = 0
         moved: dict[int, _Entry] = {}  # entries whose decision may differ beyond position
-        # Per pool row, how many of its requests in a row (in this walk, among those whose
-        # rows changed) were searched and moved: see the visits below.
+        # Per pool row, how many of its requests this walk searched one after another and
+        # found moved; one searched that stays, or tested and found to stand, ends the run
+        # (see the visits below).
         streak: dict[int, int] = {}
         last: _Entry | None = None
         readers_of = self._readers
