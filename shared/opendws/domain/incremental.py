@@ -1692,12 +1692,13 @@ class IncrementalPlanner:
                     flex.shapes,
                 )
                 before = _floor_after(entry)
+                slot_moved = (best, row, needs) != (entry.best, entry.row, entry.needs)
                 if entry.best is not None:  # its pool's queue moves on, or stopped
-                    if (best, row, needs) != (entry.best, entry.row, entry.needs):
+                    if slot_moved:
                         streak[entry.row] = streak.get(entry.row, 0) + 1
                     else:
                         streak.pop(entry.row, None)
-                if is_fresh or (best, row, needs) != (entry.best, entry.row, entry.needs):
+                if is_fresh or slot_moved:
                     if entry.best is not None:
                         shift(entry.needs, entry.best, entry.span, 1)
                     touched.update(r for r in (entry.row, row) if r >= 0)
