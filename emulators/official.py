@@ -103,6 +103,10 @@ def missing_reason(root: Path | None = None) -> str | None:
     return None
 
 
+# Starts on a port chosen free, when the emulator could not bind it (see start).
+BIND_ATTEMPTS = 3
+
+
 def free_port() -> int:
     """A TCP port on HOST that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -200,7 +204,25 @@ def start(
     reason = missing_reason(root)
     if reason is not None or root is None:
         raise EmulatorError(reason or "the Google Cloud CLI was not found")
-    port = port or free_port()
+    chosen = port is None
+    for attempt in range(1, BIND_ATTEMPTS + 1):
+        emulator = _launch(kind, port or free_port(), root, logs)
+        try:
+            emulator.wait_until_ready()
+        except EmulatorError:
+            # A port found free may be taken before the emulator binds it (another process
+            # between the probe and the bind): one we chose is chosen again, a few times.
+            lost_race = chosen and "BindException" in emulator.log_tail(200)
+            emulator.stop()
+            if lost_race and attempt < BIND_ATTEMPTS:
+                continue
+            raise
+        return emulator
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _launch(kind: Kind, port: int, root: Path, logs: Path | None) -> Emulator:
+    """Start emulator ``kind``'s process on ``port``, its output to a log file in ``logs``."""
     log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the process's life
         prefix=f"opendws-{kind}-", suffix=".log", delete=False, dir=logs
     )
@@ -211,9 +233,7 @@ def start(
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # its own process group, stopped as a whole
     )
-    emulator = Emulator(kind=kind, port=port, process=process, log=log)
-    emulator.wait_until_ready()
-    return emulator
+    return Emulator(kind=kind, port=port, process=process, log=log)
 
 
 @dataclass

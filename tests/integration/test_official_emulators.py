@@ -114,3 +114,31 @@ def test_a_missing_component_is_named(tmp_path: Path) -> None:
 def test_starting_without_the_component_says_why(tmp_path: Path) -> None:
     with pytest.raises(EmulatorError, match=r"not installed|java"):
         start("pubsub", root=tmp_path)
+
+
+@pytest.mark.skipif(
+    missing_reason() is not None, reason=str(missing_reason()) or "emulators missing"
+)
+def test_a_port_taken_between_the_probe_and_the_bind_is_chosen_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A port found free can be taken before the emulator binds it: the emulator then exits
+    with a BindException, and a port start chose is chosen again (the race failed a CI run)."""
+    import socket
+
+    from emulators import official
+
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind((official.HOST, 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = official.free_port
+    monkeypatch.setattr(official, "free_port", lambda: next(ports, None) or real())
+    try:
+        emulator = start("firestore")
+        try:
+            assert emulator.port != taken.getsockname()[1]
+        finally:
+            emulator.stop()
+    finally:
+        taken.close()
