@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from opendws.adapters.memory import MemoryCapacityProvider
+from opendws.adapters.memory import MemoryCapacityProvider, MemoryNudger
 from opendws.domain.states import RequestState
 from opendws.ports import Configuration, Price, TimerKind
 from opendws.service.release import EndOutcome
@@ -79,6 +79,31 @@ def test_an_early_release_frees_the_capacity_and_deletes_the_timer(world_and_clo
     assert world.state("next") is S.PROVISIONING
     again = world.ending().release("train", "vision")
     assert again.outcome is EndOutcome.ALREADY_ENDED
+
+
+class UnconfirmedNudger(MemoryNudger):
+    """A nudger whose publish Pub/Sub never confirms (opendws.adapters.pubsub waits for it)."""
+
+    def nudge(self, reason: str) -> None:
+        raise TimeoutError(f"nudge {reason!r} not confirmed")
+
+
+def test_a_nudge_that_fails_after_an_ending_fails_nothing(
+    world_and_cloud: World_, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run has ended whatever becomes of the nudge: a lost nudge only costs the wait until
+    the next tick, so the release answers as it would have, with a warning."""
+    world, cloud = world_and_cloud
+    submit(world.store, flex("train", tenant="vision", vm_count=4, hours=6))
+    activate(world, "train")
+    world.nudger = UnconfirmedNudger()
+    result = world.ending().release("train", "vision")
+    assert (result.outcome, result.state) == (EndOutcome.ENDED, S.RELEASED)
+    assert cloud.stock(ZONE, A3) == 4
+    assert world.published("train")[-1][0] == "RELEASED"
+    [warning] = [r for r in caplog.records if "nudge" in r.getMessage()]
+    assert warning.levelname == "WARNING"
+    assert "not confirmed" in warning.getMessage()
 
 
 def test_only_the_tenant_or_an_admin_may_release_or_cancel(world_and_cloud: World_) -> None:

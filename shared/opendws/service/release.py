@@ -311,8 +311,17 @@ class EndService:
         self._disarm(record)
         self._bus.publish(event)
         self._store.mark_announced(record.request_id, changed.events)
-        self._nudger.nudge(f"{record.request_id} {state.lower()}")
+        self._nudge_freed(record.request_id, state)
         return EndResult(EndOutcome.ENDED, state, message)
+
+    def _nudge_freed(self, request_id: str, state: RequestState) -> None:
+        """Ask for a pass now, so the freed capacity is admitted at once. Best effort: the
+        request has ended whatever happens here, and a lost nudge only costs the wait until
+        the next tick."""
+        try:
+            self._nudger.nudge(f"{request_id} {state.lower()}")
+        except Exception as error:
+            log.warning("nudge after %s not sent; the next tick admits: %s", request_id, error)
 
     def _disarm(self, record: RequestRecord) -> None:
         """Delete the ended request's timers (one that fires anyway finds it ended)."""
