@@ -14,6 +14,9 @@
   ``OPENDWS_TASKS_LOCATION`` and ``OPENDWS_TASKS_QUEUE``; on one machine
   ``CLOUD_TASKS_EMULATOR_HOST`` (the Cloud Tasks emulator) and ``OPENDWS_TIMER_CERTS`` (a JSON
   file of the emulator's token certificates, which then replace Google's);
+  ``OPENDWS_INVOKER_CHECKED_BY_RUN=true``: Cloud Run's invoker check has verified the timer's
+  caller, so the timer reads the claims it is handed without verifying the (stripped)
+  signature again (:mod:`opendws.adapters.oidc`);
 - how capacity is created: ``OPENDWS_BOOT_IMAGE``, ``OPENDWS_NETWORK`` (the VMs' image and
   network), ``OPENDWS_TPU_RUNTIME_VERSION`` and ``OPENDWS_TPU_TIER`` (one of
   :data:`TPU_TIERS`); unset or empty, CloudSettings' defaults hold;
@@ -126,6 +129,8 @@ class Settings:
     timer_audience: str = ""
     tasks_emulator_host: str | None = None
     timer_certs: str | None = None  # path of the emulator's certificates (JSON)
+    # True: Cloud Run checked the timer's caller and stripped the token's signature.
+    invoker_checked_by_run: bool = False
     # How long one reconcile invocation keeps following up on provisioning requests.
     reconcile_follow_up: timedelta = timedelta(seconds=20)
     # True: Firestore and Pub/Sub are the official emulators (anonymous credentials).
@@ -181,6 +186,7 @@ class Settings:
             timer_audience=env("OPENDWS_TIMER_AUDIENCE") or "",
             tasks_emulator_host=env("CLOUD_TASKS_EMULATOR_HOST"),
             timer_certs=env("OPENDWS_TIMER_CERTS"),
+            invoker_checked_by_run=_flag(environ, "OPENDWS_INVOKER_CHECKED_BY_RUN"),
             reconcile_follow_up=timedelta(
                 seconds=float(env("OPENDWS_RECONCILE_FOLLOW_UP_SECONDS") or 20)
             ),
@@ -219,6 +225,15 @@ def _exports(text: str | None) -> tuple[str, ...]:
         return ("snapshots",)
     names = tuple(name.strip() for name in text.split(",") if name.strip())
     return () if names == ("none",) else names
+
+
+def _flag(environ: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable: ``true`` or ``false`` (any case); unset or empty is false. ValueError
+    for anything else, so that a misspelt setting is not silently taken as false."""
+    text = (environ.get(name) or "false").strip().lower()
+    if text not in ("true", "false"):
+        raise ValueError(f"{name} is {environ.get(name)!r}; it must be true or false")
+    return text == "true"
 
 
 def _tiers() -> str:
@@ -448,7 +463,9 @@ class Container:
     def verifier(self) -> OidcVerifier:
         """Who may call the timer function: Google-issued tokens checked against Google's
         certificates, or — where the settings name the Cloud Tasks emulator's certificates
-        (OPENDWS_TIMER_CERTS) — the emulator's tokens (its own issuer, never Google's)."""
+        (OPENDWS_TIMER_CERTS) — the emulator's tokens (its own issuer, never Google's); with
+        OPENDWS_INVOKER_CHECKED_BY_RUN, their claims as Cloud Run hands them on, signature
+        stripped."""
         from opendws.adapters.oidc import EMULATOR_ISSUER, GOOGLE_ISSUERS, OidcVerifier
 
         settings = self.settings
@@ -462,6 +479,7 @@ class Container:
             callers=frozenset({settings.timer_service_account}),
             certs=certs,
             issuers=issuers,
+            checked_by_run=settings.invoker_checked_by_run,
         )
 
     @_Once

@@ -1,13 +1,17 @@
 """The timer function's token checks (opendws.adapters.oidc) with tokens signed here, by a key
 made for the test: what Google says a receiver of its services' OIDC tokens must check, and
-the clock skew google-auth leaves to the caller.
+the clock skew google-auth leaves to the caller; and, behind Cloud Run's invoker check, the
+claims of a token whose signature Cloud Run removed.
 
 Sources: pubsub/docs/authenticate-push-subscriptions (the claims of a Google-signed push token:
 ``iss`` https://accounts.google.com, ``aud``, ``email``, ``email_verified: true``; "must also
 verify the iss claim"); tasks v2 ``HttpRequest.oidc_token`` (the same kind of token, for the
 task's audience and service account); google-auth-library-python#889 (google-auth 2.1.0 dropped
 its built-in 10 s skew, so tokens a second early were refused) and #894
-(``clock_skew_in_seconds``, google-auth 2.3.2 per its CHANGELOG)."""
+(``clock_skew_in_seconds``, google-auth 2.3.2 per its CHANGELOG); run/docs/authenticating/
+service-to-service and run/docs/troubleshooting#signature-removed (Cloud Run checks the ID
+token of a call to a service that requires authentication and hands it on with its signature
+replaced by ``SIGNATURE_REMOVED_BY_GOOGLE``; einride/iam-go ``iamgoogle/signature.go``)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from opendws.adapters.oidc import (
     CLOCK_SKEW,
     EMULATOR_ISSUER,
     GOOGLE_ISSUERS,
+    REMOVED_SIGNATURE,
     Forbidden,
     OidcVerifier,
     Unauthorized,
@@ -258,3 +263,102 @@ def test_against_googles_certificates_the_skew_is_passed_to_google_auth(
         verifier.verify(bearer(signer.token(iat=now + 30, exp=now + 3630)))
     with pytest.raises(Unauthorized, match="issuer"):
         verifier.verify(bearer(signer.token(iss=EMULATOR_ISSUER)))
+
+
+# Behind Cloud Run's invoker check (OPENDWS_INVOKER_CHECKED_BY_RUN).
+
+
+def stripped(token: str) -> str:
+    """``token`` as Cloud Run hands it on after its invoker check: its signature replaced."""
+    header, claims, _signature = token.split(".")
+    return f"{header}.{claims}.{REMOVED_SIGNATURE}"
+
+
+@pytest.fixture
+def behind_run() -> OidcVerifier:
+    """The timer's reader of the claims Cloud Run has checked (no certificates: none needed)."""
+    return OidcVerifier(audience=AUDIENCE, callers=frozenset({INVOKER}), checked_by_run=True)
+
+
+def test_behind_cloud_run_a_token_whose_signature_cloud_run_removed_is_read(
+    signer: Signer, behind_run: OidcVerifier
+) -> None:
+    """run/docs/authenticating/service-to-service and run/docs/troubleshooting#signature-removed
+    (einride/iam-go ``iamgoogle/signature.go``): a service that requires authentication gets
+    the caller's ID token with its signature replaced by ``SIGNATURE_REMOVED_BY_GOOGLE``; the
+    timer reads its claims instead of refusing every timer as unverifiable."""
+    assert REMOVED_SIGNATURE == "SIGNATURE_REMOVED_BY_GOOGLE"
+    claims = behind_run.verify(bearer(stripped(signer.token())))
+    assert (claims["email"], claims["aud"]) == (INVOKER, AUDIENCE)
+    now = int(time.time())  # the same skew as when verifying
+    behind_run.verify(bearer(stripped(signer.token(iat=now + 5, exp=now + 3605))))
+    behind_run.verify(bearer(stripped(signer.token(iat=now - 3605, exp=now - 5))))
+
+
+@pytest.mark.parametrize(
+    ("claims", "refusal", "match"),
+    [
+        ({"iss": "https://evil.example"}, Unauthorized, r"issuer 'https://evil\.example'"),
+        ({"iss": EMULATOR_ISSUER}, Unauthorized, r"issuer 'opendws-cloud-tasks-emulator'"),
+        ({"aud": "https://elsewhere.run.app"}, Forbidden, r"audience 'https://elsewhere"),
+        ({"email": "someone@p.iam.gserviceaccount.com"}, Forbidden, r"caller 'someone@"),
+        ({"email_verified": False}, Forbidden, r"is not verified"),
+        ({"exp": int(time.time()) - 30}, Unauthorized, r"clock skew of 10 s: Token expired"),
+        ({"iat": int(time.time()) + 30}, Unauthorized, r"clock skew of 10 s: Token used too"),
+        ({"exp": None}, Unauthorized, r"lacks a numeric iat or exp"),
+    ],
+)
+def test_behind_cloud_run_the_claims_are_checked_all_the_same(
+    signer: Signer, behind_run: OidcVerifier, claims: dict[str, Any],
+    refusal: type[Exception], match: str,
+) -> None:  # fmt: skip
+    """Cloud Run's invoker check says the caller may invoke the service (the tasks account,
+    and whoever else holds run.invoker on it); the issuer, audience, caller, verified email
+    and validity period are still the timer's to check, as for a verified token."""
+    with pytest.raises(refusal, match=match):
+        behind_run.verify(bearer(stripped(signer.token(**claims))))
+
+
+def test_behind_cloud_run_a_token_with_its_signature_is_refused(
+    signer: Signer, behind_run: OidcVerifier
+) -> None:
+    """Cloud Run replaces the signature of every token it checked (run/docs/troubleshooting
+    #signature-removed): one still signed did not pass its check (the service takes
+    unchecked calls), so its claims prove nothing and it is not read."""
+    with pytest.raises(Unauthorized, match=r"signature is not SIGNATURE_REMOVED_BY_GOOGLE"):
+        behind_run.verify(bearer(signer.token()))
+    with pytest.raises(Unauthorized, match=r"3 parts"):
+        behind_run.verify(bearer("not-a-jwt"))
+    with pytest.raises(Unauthorized, match=r"not base64url JSON"):
+        behind_run.verify(bearer(f"e30.%%%.{REMOVED_SIGNATURE}"))
+    with pytest.raises(Unauthorized, match="missing bearer token"):
+        behind_run.verify(None)
+
+
+def test_verifying_the_signature_a_stripped_token_is_refused(
+    signer: Signer, verifier: OidcVerifier
+) -> None:
+    """Without OPENDWS_INVOKER_CHECKED_BY_RUN the timer verifies signatures itself: a token
+    whose signature was removed proves nothing there."""
+    with pytest.raises(Unauthorized, match="invalid token"):
+        verifier.verify(bearer(stripped(signer.token())))
+
+
+def test_bootstrap_reads_claims_only_where_the_deployment_says_cloud_run_checked_them(
+    signer: Signer,
+) -> None:
+    from opendws.bootstrap import Container, Settings
+
+    base = {"OPENDWS_PROJECT": "p", "OPENDWS_TIMER_URL": AUDIENCE,
+            "OPENDWS_TIMER_SERVICE_ACCOUNT": INVOKER}  # fmt: skip
+    checked = Container(
+        Settings.from_environment({**base, "OPENDWS_INVOKER_CHECKED_BY_RUN": "true"})
+    ).verifier
+    checked.verify(bearer(stripped(signer.token())))
+    for unset in ({}, {"OPENDWS_INVOKER_CHECKED_BY_RUN": ""},
+                  {"OPENDWS_INVOKER_CHECKED_BY_RUN": "false"}):  # fmt: skip
+        verifying = Container(Settings.from_environment({**base, **unset})).verifier
+        with pytest.raises(Unauthorized, match="invalid token"):
+            verifying.verify(bearer(stripped(signer.token())))
+    with pytest.raises(ValueError, match=r"OPENDWS_INVOKER_CHECKED_BY_RUN is 'yes'; it must be"):
+        Settings.from_environment({**base, "OPENDWS_INVOKER_CHECKED_BY_RUN": "yes"})

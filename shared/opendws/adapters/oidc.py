@@ -4,7 +4,7 @@ and invoker service account, checked as Google documents it for the tokens its s
 of Google-signed ID token):
 
 - the signature, against Google's public certificates (on one machine: the Cloud Tasks
-  emulator's, whose certificates are given instead);
+  emulator's, whose certificates are given instead) — unless Cloud Run has checked it (below);
 - ``iat`` and ``exp``, allowing a small clock skew (:data:`CLOCK_SKEW`, 10 s): google-auth
   allowed none from 2.1.0 on, and tokens minted a second "in the future" by a clock slightly
   ahead were refused (google-auth-library-python#889); ``clock_skew_in_seconds`` is there
@@ -18,10 +18,29 @@ of Google-signed ID token):
 A missing, malformed, forged, expired or foreign-issued token is Unauthorized (HTTP 401); a
 valid Google token for another audience, or from an unverified or other caller, is Forbidden
 (HTTP 403). Each error says which check failed.
+
+**Behind Cloud Run's invoker check** (``checked_by_run``; the deployment says so with
+``OPENDWS_INVOKER_CHECKED_BY_RUN=true``, which Terraform sets on the timer function, whose Cloud
+Run service only the tasks account may invoke): a Cloud Run service that requires
+authentication checks the Google-signed ID token itself and passes the request on with the
+token's signature replaced by ``SIGNATURE_REMOVED_BY_GOOGLE`` (run/docs/authenticating/
+service-to-service; run/docs/troubleshooting#signature-removed: Google removes the signature
+so that a non-public service cannot replay the tokens it receives; einride/iam-go
+``iamgoogle/signature.go``). The signature can then not be verified again: the claims are read
+as handed on and checked all the same (``iss``, ``aud``, ``email_verified``, ``email``, and
+``iat``/``exp`` with the same skew). Cloud Run strips the signature of every token it checked
+and leaves the header of a public service's calls as they came, so a token whose signature is
+still there did not pass Cloud Run's check: it is refused (Unauthorized), never read
+unverified. Without the setting, the signature is verified as above, and a stripped token is
+refused as invalid.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+import time
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -39,10 +58,12 @@ GOOGLE_ISSUERS = frozenset({"accounts.google.com", "https://accounts.google.com"
 EMULATOR_ISSUER = "opendws-cloud-tasks-emulator"
 # How far the token's ``iat`` may be ahead of our clock, and its ``exp`` behind it.
 CLOCK_SKEW = timedelta(seconds=10)
+# What Cloud Run puts in place of the signature of a token it checked.
+REMOVED_SIGNATURE = "SIGNATURE_REMOVED_BY_GOOGLE"
 
 __all__ = [
-    "CLOCK_SKEW", "EMULATOR_ISSUER", "GOOGLE_ISSUERS", "Forbidden", "OidcVerifier", "Unauthorized",
-    "invalid_token",
+    "CLOCK_SKEW", "EMULATOR_ISSUER", "GOOGLE_ISSUERS", "REMOVED_SIGNATURE", "Forbidden",
+    "OidcVerifier", "Unauthorized", "invalid_token",
 ]  # fmt: skip
 
 
@@ -52,6 +73,8 @@ class OidcVerifier:
     ``callers``: the service-account emails allowed to call (empty: any verified email).
     ``certs``: ``{key id: certificate PEM}`` to verify signatures with; None: Google's own.
     ``issuers``: the accepted ``iss`` values (Google's by default).
+    ``checked_by_run``: Cloud Run's invoker check has verified the token and stripped its
+    signature (see the module docstring); the claims are read without verifying it again.
     """
 
     def __init__(
@@ -62,6 +85,7 @@ class OidcVerifier:
         certs: Mapping[str, str] | None = None,
         issuers: frozenset[str] = GOOGLE_ISSUERS,
         clock_skew: timedelta = CLOCK_SKEW,
+        checked_by_run: bool = False,
     ) -> None:
         if not audience:
             raise ValueError("audience: the timer function's URL (or configured audience)")
@@ -72,6 +96,7 @@ class OidcVerifier:
         self._certs = dict(certs) if certs is not None else None
         self._issuers = issuers
         self._skew = int(clock_skew.total_seconds())
+        self._checked_by_run = checked_by_run
 
     def verify(self, authorization: str | None) -> dict[str, Any]:
         """The token's claims, or Unauthorized / Forbidden saying which check failed."""
@@ -103,7 +128,10 @@ class OidcVerifier:
         return claims
 
     def _claims(self, token: str) -> dict[str, Any]:
-        """The claims of a token whose signature, ``iat`` and ``exp`` are valid."""
+        """The claims of a token whose signature (or Cloud Run's check of it), ``iat`` and
+        ``exp`` are valid."""
+        if self._checked_by_run:
+            return checked_claims(token, self._skew)
         if self._certs is None:
             verified = id_token.verify_token(
                 token,
@@ -116,6 +144,38 @@ class OidcVerifier:
             token, certs=self._certs, verify=True, audience=None, clock_skew_in_seconds=self._skew
         )
         return decoded
+
+
+def checked_claims(token: str, skew: int) -> dict[str, Any]:
+    """The claims of a token Cloud Run has checked (its signature replaced by
+    :data:`REMOVED_SIGNATURE`), whose ``iat`` and ``exp`` hold within ``skew`` seconds of now.
+    ValueError (with google-auth's words for the dates) for any other token."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise ValueError(f"a token has 3 parts separated by dots, not {len(parts)}")
+    if parts[2] != REMOVED_SIGNATURE:
+        raise ValueError(
+            f"the token's signature is not {REMOVED_SIGNATURE}: Cloud Run did not check this "
+            "call (OPENDWS_INVOKER_CHECKED_BY_RUN is set, but the service takes unchecked calls)"
+        )
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"the token's claims are not base64url JSON: {error}") from None
+    if not isinstance(claims, dict):
+        raise ValueError("the token's claims are not a JSON object")
+    now = int(time.time())
+    issued, expires = claims.get("iat"), claims.get("exp")
+    if not isinstance(issued, int) or not isinstance(expires, int):
+        raise ValueError("the token lacks a numeric iat or exp")
+    if now < issued - skew:  # google-auth's words, so that invalid_token names the cause
+        raise ValueError(
+            f"Token used too early, {now} < {issued}. "
+            "Check that your computer's clock is set correctly."
+        )
+    if expires + skew < now:
+        raise ValueError(f"Token expired, {expires} < {now}")
+    return claims
 
 
 def invalid_token(error: Exception, skew: int) -> str:
