@@ -380,7 +380,9 @@ class ReconcileService:
 
         Each pass holds the lease under a name of its own (the service's, plus a pass count),
         so two passes of one process — concurrent requests on one instance — exclude each
-        other as two processes do."""
+        other as two processes do. The pass gives the lease up when it ends, however it ends
+        (completed, stopped on a stale view, or raising), unless another reconciler took it
+        over meanwhile."""
         started = time.perf_counter()
         reads_before = _documents_read(self._store)
         report = self._run_pass()
@@ -404,20 +406,41 @@ class ReconcileService:
         if fence is None:
             return report
         report.outcome = PassOutcome.COMPLETED
-        cycle = _Cycle(self, fence, now, report)
+        # The lease is given up on every way out but one (fenced: it is another's now), so
+        # the pass after a stopped or failed one runs at once, not after the lease's TTL.
         try:
+            cycle = _Cycle(self, fence, now, report)
             cycle.run()
-        except StaleWrite as error:
-            # Fenced (another reconciler took over) or a record changed under us: this pass's
-            # view is stale. Stop; the next pass starts from a fresh one.
+            if self._metrics is not None:
+                live = (r for r in cycle.records.values() if not r.state.is_final)
+                telemetry.record_gauges(self._metrics, live, cycle.config, now)
+        except Fenced as error:
+            # Another reconciler took over: the rest is its own, and so is the lease.
             log.warning("reconcile pass stopped: %s", error)
-            report.outcome = PassOutcome.FENCED if isinstance(error, Fenced) else PassOutcome.STALE
+            report.outcome = PassOutcome.FENCED
             return report
-        if self._metrics is not None:
-            live = (r for r in cycle.records.values() if not r.state.is_final)
-            telemetry.record_gauges(self._metrics, live, cycle.config, now)
+        except StaleWrite as error:
+            # A record changed under us: this pass's view is stale. Stop; the next pass
+            # starts from a fresh one.
+            log.warning("reconcile pass stopped: %s", error)
+            report.outcome = PassOutcome.STALE
+        except Exception:
+            # A transient fault (Firestore, a provider): the caller sees it, the next pass
+            # retries.
+            self._give_up_after_fault(fence)
+            raise
         report.again = self._store.release_lease(fence)
         return report
+
+    def _give_up_after_fault(self, fence: Fence) -> None:
+        """Give the lease up after a pass that raised; if that fails too (the store is what
+        failed, most likely), the lease frees itself when it expires."""
+        try:
+            self._store.release_lease(fence)
+        except Exception as error:
+            log.warning(
+                "reconciler lease not given up (it frees itself when it expires): %s", error
+            )
 
 
 class _Cycle:
