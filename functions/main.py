@@ -24,7 +24,7 @@ from opendws.adapters import logs
 from opendws.adapters.oidc import Forbidden, Unauthorized
 from opendws.ports import Timer, topic_of_source
 from opendws.service.hooks import MAX_BODY, too_large
-from opendws.service.intake import Delivery
+from opendws.service.intake import AnnouncementPending, Delivery
 from opendws.service.reconcile import PassReport
 
 log = logging.getLogger("opendws.functions")
@@ -59,9 +59,17 @@ def intake(event: CloudEvent) -> None:
     """A request topic (``capacity-requests-{tenant}``, the admins', the shared one) →
     Firestore: one Pub/Sub message (Eventarc's messagePublished CloudEvent, whose ``source``
     names the topic: who the message speaks for). Bad input is answered with a REJECTED
-    event; only transient faults raise."""
+    event; only transient faults raise. A duplicate that finds its request stored but not yet
+    announced is a retry by design: one WARNING line, and a 409 answer without a traceback,
+    which Pub/Sub takes as a negative acknowledgement and redelivers (any status but 102,
+    200, 201, 202 or 204: https://cloud.google.com/pubsub/docs/push); a 5xx would count as
+    the function failing."""
     with invocation(event_trace(event)) as container:
-        container.intake.handle(delivery_of(event))
+        try:
+            container.intake.handle(delivery_of(event))
+        except AnnouncementPending as pending:
+            log.warning("intake: message %s to be redelivered: %s", event["id"], pending)
+            flask.abort(409, description=str(pending))
 
 
 @functions_framework.cloud_event
