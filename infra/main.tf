@@ -47,15 +47,31 @@ locals {
     "roles/compute.futureReservationAdmin",
     "roles/tpu.admin",
   ]
-  # The functions that record metrics (passes and admissions; runs they end) write them.
+  # Every function exports its metrics to Cloud Monitoring (OPENDWS_METRICS_EXPORT below).
   metric_roles = ["roles/monitoring.metricWriter"]
   project_roles = {
     intake    = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles) # cancel and release messages end runs
     reconcile = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles)
     timer     = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles)
-    api       = concat(["roles/datastore.user"], local.capacity_roles) # cancel and release
-    ci_hook   = ["roles/datastore.viewer"]                             # reads the CI mappings in config/scheduler
+    api       = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles) # cancel and release
+    ci_hook   = concat(["roles/datastore.viewer"], local.metric_roles)                     # reads the CI mappings in config/scheduler
   }
+
+  # The account Cloud Build builds the functions as: the one named, or opendws-build with the
+  # roles Google documents for a function's build account (run/docs/configuring/services/
+  # build-service-account; magic-modules cloudfunctions2_basic_builder.tf.tmpl): build logs,
+  # the built image, the source. A new project's default build account may lack them
+  # (functions/docs/securing/build-custom-sa).
+  build_roles = ["roles/logging.logWriter", "roles/artifactregistry.writer", "roles/storage.objectAdmin"]
+  build_accounts = var.build_service_account != null ? {} : {
+    build = {
+      account_id    = "opendws-build"
+      display_name  = "opendws function builds"
+      description   = "Cloud Build builds the opendws functions as this account."
+      project_roles = local.build_roles
+    }
+  }
+  build_service_account = var.build_service_account == null ? module.identities.names["build"] : var.build_service_account
 
   member = module.identities.members
 
@@ -110,6 +126,7 @@ module "identities" {
         project_roles = []
       }
     },
+    local.build_accounts,
   )
   firestore_database = module.firestore.database
 
@@ -220,7 +237,7 @@ module "intake" {
   entry_point           = "intake"
   description           = "Request topics -> Firestore: accepts, refuses, cancels and releases requests, for the tenant the topic speaks for."
   runtime               = var.runtime
-  build_service_account = var.build_service_account
+  build_service_account = local.build_service_account
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.intake
@@ -248,6 +265,9 @@ module "intake" {
     max_delivery_attempts = var.dead_letter_max_delivery_attempts
     pubsub_service_agent  = local.pubsub_service_agent
   }
+
+  # Built only once its build account holds its roles.
+  depends_on = [module.identities]
 }
 
 module "reconcile" {
@@ -259,7 +279,7 @@ module "reconcile" {
   entry_point           = "reconcile"
   description           = "reconcile-ticks -> one reconcile pass (and follow-ups while capacity is provisioning)."
   runtime               = var.runtime
-  build_service_account = var.build_service_account
+  build_service_account = local.build_service_account
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.reconcile
@@ -280,6 +300,9 @@ module "reconcile" {
     service_account_email = module.identities.emails.trigger
     retry                 = false
   }
+
+  # Built only once its build account holds its roles.
+  depends_on = [module.identities]
 }
 
 module "timer" {
@@ -291,7 +314,7 @@ module "timer" {
   entry_point           = "timer"
   description           = "Cloud Tasks timers: release, start and expiry (OIDC from the opendws-tasks account only)."
   runtime               = var.runtime
-  build_service_account = var.build_service_account
+  build_service_account = local.build_service_account
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.timer
@@ -302,6 +325,9 @@ module "timer" {
   max_instances         = var.max_instances.timer
   labels                = var.labels
   invokers              = [local.member.tasks]
+
+  # Built only once its build account holds its roles.
+  depends_on = [module.identities]
 }
 
 module "ci_hook" {
@@ -313,7 +339,7 @@ module "ci_hook" {
   entry_point           = "ci_hook"
   description           = "CI webhooks (GitHub, GitLab, generic) -> request messages; callers prove themselves with the shared secrets."
   runtime               = var.runtime
-  build_service_account = var.build_service_account
+  build_service_account = local.build_service_account
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.ci_hook
@@ -332,7 +358,7 @@ module "ci_hook" {
   ingress  = "ALLOW_ALL"
   invokers = ["allUsers"]
 
-  depends_on = [module.secrets]
+  depends_on = [module.secrets, module.identities]
 }
 
 module "api" {
@@ -344,7 +370,7 @@ module "api" {
   entry_point           = "api"
   description           = "The HTTP API and dashboard; callers present an API key, a Google ID token or IAP's signed header."
   runtime               = var.runtime
-  build_service_account = var.build_service_account
+  build_service_account = local.build_service_account
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.api
@@ -364,7 +390,7 @@ module "api" {
   ingress  = local.api_direct ? "ALLOW_ALL" : "ALLOW_INTERNAL_AND_GCLB"
   invokers = local.api_direct ? ["allUsers"] : [local.iap_service_agent]
 
-  depends_on = [module.secrets]
+  depends_on = [module.secrets, module.identities]
 }
 
 module "monitoring" {

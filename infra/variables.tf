@@ -46,9 +46,14 @@ variable "runtime" {
 }
 
 variable "build_service_account" {
-  description = "The account Cloud Build builds the functions as (projects/P/serviceAccounts/EMAIL); null: the project's default."
+  description = "An existing account for Cloud Build to build the functions as (projects/P/serviceAccounts/EMAIL), holding what a build needs (functions/docs/securing/build-custom-sa); null: Terraform makes opendws-build with roles/logging.logWriter, roles/artifactregistry.writer and roles/storage.objectAdmin."
   type        = string
   default     = null
+
+  validation {
+    condition     = var.build_service_account == null ? true : can(regex("^projects/[^/]+/serviceAccounts/[^/@]+@[^/]+$", var.build_service_account))
+    error_message = "build_service_account is a service account's full name, projects/PROJECT/serviceAccounts/EMAIL, as a function's build_config.service_account takes it."
+  }
 }
 
 variable "schedule" {

@@ -344,7 +344,8 @@ def test_no_account_holds_a_basic_role() -> None:
 def test_project_roles_are_the_ones_each_function_needs() -> None:
     roles = root_locals()["project_roles"]
     assert set(roles) == set(signatures())
-    assert roles["ci_hook"] == ['"roles/datastore.viewer"']  # reads config/scheduler only
+    # Reads config/scheduler only, and writes its metrics.
+    assert roles["ci_hook"] == '${concat(["roles/datastore.viewer"], local.metric_roles)}'
     for name in ("intake", "reconcile", "timer", "api"):
         assert "roles/datastore.user" in roles[name]
         assert "local.capacity_roles" in roles[name]
@@ -711,7 +712,7 @@ def test_the_alerts_watch_the_longest_wait_and_the_reconcilers_passes() -> None:
 
 def test_functions_that_record_metrics_may_write_them_and_export_to_both() -> None:
     roles = root_locals()["project_roles"]
-    for name in ("intake", "reconcile", "timer"):  # the services given a meter that records
+    for name in ("intake", "reconcile", "timer", "ci_hook", "api"):  # each exports its meter
         assert "local.metric_roles" in roles[name]
     assert root_locals()["metric_roles"] == ['"roles/monitoring.metricWriter"']
     export = unquote(root_locals()["common_environment"]["OPENDWS_METRICS_EXPORT"])

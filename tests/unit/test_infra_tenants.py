@@ -140,7 +140,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "flatten": flatten,
     "keys": sorted,
     "values": lambda m: [m[k] for k in sorted(m)],
-    "toset": lambda xs: sorted(set(xs)),
+    "toset": lambda xs: sorted(set(xs), key=str),  # a Ref (a member Google names) too
     "tomap": dict,
     "contains": lambda xs, x: x in xs,
     "length": len,
