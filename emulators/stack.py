@@ -5,8 +5,13 @@ subscriptions wired as in Google Cloud, a default configuration, and the reconci
 - the project's Compute/TPU emulator (a simulated cloud with a few zones and shapes of finite
   stock, in wall-clock time) and Cloud Tasks emulator (its token certificates in a file the
   ``timer`` function reads);
-- ``intake``, ``reconcile`` and ``timer`` under functions-framework, each its own HTTP server in
-  its own process group;
+- every function of ``functions/main.py`` under functions-framework, each its own HTTP server
+  in its own process group; each HTTP function (``timer``, ``ci_hook``, ``api``) behind a
+  Cloud Run front (:mod:`emulators.cloud_run`) with its service's settings, as Terraform
+  deploys it (:data:`SERVICES`): the ``timer`` is internal-only and invokable by the tasks
+  account alone, so the Cloud Tasks emulator calls it at the front's internal URL with a token
+  for its ``run.app`` URL, and the function reads the claims Cloud Run checked
+  (``OPENDWS_INVOKER_CHECKED_BY_RUN``); ``ci_hook`` and ``api`` are public;
 - one request topic per configured tenant (``capacity-requests-{tenant}``), the admins'
   ``capacity-admin-requests`` and the shared ``capacity-requests`` (heard only when the
   configuration trusts it), each pushed to ``intake`` at a path naming the topic (so that
@@ -37,6 +42,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from emulators.cloud_run import CloudRunFront, Ingress, Service, function_url, run_app_url
+from emulators.cloud_tasks import ISSUER as TASKS_ISSUER
 from emulators.cloud_tasks import CloudTasksEmulator
 from emulators.compute import ComputeEmulator
 from emulators.functions import serving
@@ -47,8 +54,26 @@ from opendws.sim import SimulatedCloud
 
 PROJECT = "demo-opendws"
 TOPICS = ("capacity-requests", "capacity-admin-requests", "capacity-events", "reconcile-ticks")
+# The local project's number (Google assigns one to every project) and region: the functions'
+# Cloud Run URLs are made of them.
+PROJECT_NUMBER = "123456789012"
+REGION = "us-central1"
 INVOKER = f"opendws-tasks@{PROJECT}.iam.gserviceaccount.com"
-TIMER_AUDIENCE = "opendws-timer"
+# The timer's tasks carry an ID token for its service's run.app URL, as Terraform arms them.
+TIMER_AUDIENCE = run_app_url("opendws-timer", PROJECT_NUMBER, REGION)
+# Each HTTP function's Cloud Run service, as infra/main.tf deploys it ("Who may call each
+# function" in infra/README.md): the timer internal-only and invoked by the tasks account alone
+# (Cloud Run checks its token), ci_hook and api public (they check their callers themselves).
+SERVICES = {
+    "timer": Service(
+        "opendws-timer", Ingress.INTERNAL, frozenset({INVOKER}),
+        frozenset({TIMER_AUDIENCE, function_url("opendws-timer", PROJECT, REGION)}),
+    ),
+    "ci_hook": Service("opendws-ci-hook"),
+    "api": Service("opendws-api"),
+}  # fmt: skip
+# What each function's environment adds to the stack's.
+FUNCTION_ENVIRONMENT = {"timer": {"OPENDWS_INVOKER_CHECKED_BY_RUN": "true"}}
 DELIVERY_ATTEMPTS = 5
 # Every function of functions/main.py and how it is triggered.
 FUNCTIONS = (
@@ -83,10 +108,11 @@ class Stack:
 
     project: str
     environment: dict[str, str]  # what a process needs to use the stack (clients, functions)
-    urls: dict[str, str]  # function → URL
+    urls: dict[str, str]  # function → URL (an HTTP function's: its Cloud Run front's)
     logs: dict[str, Path]  # function → the file its output goes to, removed at the end
     cloud: SimulatedCloud
     tasks: CloudTasksEmulator
+    fronts: dict[str, CloudRunFront] = field(default_factory=dict)  # HTTP function → front
     stop_ticker: threading.Event = field(default_factory=threading.Event)
 
     def client_environment(self) -> dict[str, str]:
@@ -124,14 +150,25 @@ def local_stack(
         progress("starting the Cloud Tasks emulator")
         certs = Path(scratch) / "tasks-certs.json"
         tasks = stack.enter_context(CloudTasksEmulator(certs_path=certs))
-        ports = {name: free_port() for name in ("intake", "reconcile", "timer", "ci_hook", "api")}
+        ports = {name: free_port() for name, _ in FUNCTIONS}
         urls = {name: f"http://127.0.0.1:{port}/" for name, port in ports.items()}
+        progress("starting the Cloud Run fronts of the HTTP functions")
+        fronts = {
+            name: stack.enter_context(
+                CloudRunFront(urls[name], service, certs=tasks.certs(),
+                              issuers=frozenset({TASKS_ISSUER}))
+            )
+            for name, service in SERVICES.items()
+        }  # fmt: skip
+        functions = dict(urls)  # where each function's own server listens
+        urls.update({name: front.url for name, front in fronts.items()})
         environment = {
             **official.environment(),
             "OPENDWS_PROJECT": PROJECT,
             "OPENDWS_COMPUTE_ENDPOINT": compute.endpoint,
             "CLOUD_TASKS_EMULATOR_HOST": tasks.address,
-            "OPENDWS_TIMER_URL": urls["timer"],
+            # Cloud Tasks reaches the internal-only timer from inside the project.
+            "OPENDWS_TIMER_URL": fronts["timer"].internal_url,
             "OPENDWS_TIMER_AUDIENCE": TIMER_AUDIENCE,
             "OPENDWS_TIMER_SERVICE_ACCOUNT": INVOKER,
             "OPENDWS_TIMER_CERTS": str(certs),
@@ -151,13 +188,13 @@ def local_stack(
         wire_tenants(PROJECT, tenants, urls["intake"])
         logs = {name: Path(scratch) / f"{name}.log" for name, _ in FUNCTIONS}
         for name, signature in FUNCTIONS:
-            progress(f"serving the {name} function on {urls[name]}")
-            stack.enter_context(
-                serving(name, signature, environment, port=ports[name], log=logs[name])
-            )
+            front = f" behind its Cloud Run front {urls[name]}" if name in fronts else ""
+            progress(f"serving the {name} function on {functions[name]}{front}")
+            own = {**environment, **FUNCTION_ENVIRONMENT.get(name, {})}
+            stack.enter_context(serving(name, signature, own, port=ports[name], log=logs[name]))
         running_stack = Stack(
             project=PROJECT, environment=environment, urls=urls, logs=logs, cloud=cloud,
-            tasks=tasks,
+            tasks=tasks, fronts=fronts,
         )  # fmt: skip
         ticker = threading.Thread(
             target=_tick, args=(running_stack, tick), name="reconcile-ticker", daemon=True

@@ -1,8 +1,18 @@
 """Timers end to end on one machine: the Cloud Tasks emulator dispatches a task to the
-``timer`` function under functions-framework, which verifies the task's OIDC token and ends
-the run — in Firestore (official emulator), on the Compute Engine emulator, and with its event
-on Pub/Sub. An early release deletes the timer so it never fires; a lost timer is caught by
-the reconciler's sweep; a forged or misdirected call changes nothing.
+``timer`` function under functions-framework, deployed as Terraform deploys it — behind its
+Cloud Run service (the local front, emulators.cloud_run), internal-only and invokable by the
+tasks account alone, which checks the task's OIDC token and hands it on with its signature
+replaced by ``SIGNATURE_REMOVED_BY_GOOGLE``; the function reads the checked claims
+(``OPENDWS_INVOKER_CHECKED_BY_RUN``) and ends the run — in Firestore (official emulator), on
+the Compute Engine emulator, and with its event on Pub/Sub. An early release deletes the timer
+so it never fires; a lost timer is caught by the reconciler's sweep; a forged or misdirected
+call changes nothing.
+
+Sources: run/docs/authenticating/service-to-service and run/docs/troubleshooting
+#signature-removed (einride/iam-go ``iamgoogle/signature.go``): a service that requires
+authentication gets the caller's token with its signature removed, so a timer that verified it
+again would refuse every call; run/docs/securing/ingress: Cloud Tasks of the project reaches an
+internal-only service, the internet does not.
 
 The Cloud Tasks emulator runs on a frozen clock of the test's, a while behind the wall clock
 that the function reads: a timer due now by the function's clock is still ahead for the
@@ -25,7 +35,8 @@ from typing import Any
 import pytest
 
 from emulators import CloudTasksEmulator, ComputeEmulator, Emulators, free_port
-from emulators.cloud_tasks import Dispatch
+from emulators.cloud_run import CloudRunFront, Ingress, Service, function_url, run_app_url
+from emulators.cloud_tasks import ISSUER, Dispatch
 from emulators.functions import serving
 from opendws.clock import ManualClock
 from opendws.domain.states import RequestState
@@ -39,7 +50,11 @@ S = RequestState
 ZONE = "us-central1-a"
 POOL = f"{ZONE}/{A3}"
 INVOKER = "opendws-tasks@test-project.iam.gserviceaccount.com"
-AUDIENCE = "opendws-timer"
+# The timer's Cloud Run service: its tasks carry a token for its run.app URL, as Terraform arms
+# them; its function URL is the other audience Google accepts.
+AUDIENCE = run_app_url("opendws-timer", "123456789012", "us-central1")
+AUDIENCES = frozenset({AUDIENCE, function_url("opendws-timer", "p", "us-central1")})
+SERVICE = Service("opendws-timer", Ingress.INTERNAL, frozenset({INVOKER}), AUDIENCES)
 RUN = timedelta(minutes=10)
 # How far the emulator's clock starts behind the wall clock: more than a test takes, so that a
 # timer due by the function's clock is not yet due for the emulator; less than a token's hour,
@@ -50,7 +65,8 @@ LAG = timedelta(minutes=1)
 @dataclass
 class Stack:
     project: str
-    url: str  # the timer function
+    url: str  # the timer's Cloud Run service, from inside the project (where Cloud Tasks calls)
+    public_url: str  # the same service, from the internet
     tasks: CloudTasksEmulator
     clock: ManualClock  # the emulator's, frozen
     cloud: SimulatedCloud
@@ -106,12 +122,14 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
     cloud.set_stock(ZONE, A3, 4)
     certs = tmp_path / "certs.json"
     port = free_port()
-    url = f"http://127.0.0.1:{port}/"
     clock = ManualClock(datetime.now(UTC) - LAG)
     with (
         CloudTasksEmulator(certs_path=certs, clock=clock) as tasks,
         ComputeEmulator(cloud) as compute,
-    ):
+        CloudRunFront(f"http://127.0.0.1:{port}/", SERVICE, certs=tasks.certs(),
+                      issuers=frozenset({ISSUER})) as front,
+    ):  # fmt: skip
+        url = front.internal_url
         environment = {
             **official_emulators.environment(),
             "OPENDWS_PROJECT": emulator_project,
@@ -121,6 +139,8 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
             "OPENDWS_TIMER_SERVICE_ACCOUNT": INVOKER,
             "OPENDWS_TIMER_CERTS": str(certs),
             "CLOUD_TASKS_EMULATOR_HOST": tasks.address,
+            # As Terraform sets it on the timer, whose service Cloud Run guards.
+            "OPENDWS_INVOKER_CHECKED_BY_RUN": "true",
         }
         settings = Settings(
             project=emulator_project, compute_endpoint=compute.endpoint, timer_url=url,
@@ -139,7 +159,8 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
         )
         with serving("timer", "http", environment, port=port):
             yield Stack(
-                project=emulator_project, url=url, tasks=tasks, clock=clock, cloud=cloud,
+                project=emulator_project, url=url, public_url=front.url, tasks=tasks,
+                clock=clock, cloud=cloud,
                 store=FirestoreRequestStore(db), ending=container.end, timers=queue,
                 providers=capacity_providers(emulator_project, endpoint=compute.endpoint),
             )  # fmt: skip
@@ -232,12 +253,20 @@ def forged_token(audience: str) -> str:
 
 
 def test_a_forged_missing_or_misdirected_timer_call_changes_nothing(stack: Stack) -> None:
+    """Cloud Run answers them (run/docs/troubleshooting): 401 without a token, 403 for one
+    that does not verify or is not the invoker's for this service, 404 from the internet."""
     record = stack.active("guarded", ends_in=timedelta(seconds=-5))  # already due
     timer = release_timer(record, record.since)  # type: ignore[arg-type]
     body = timer.to_json()
     assert post(stack.url, body, None) == 401
-    assert post(stack.url, body, "not-a-jwt") == 401
-    assert post(stack.url, body, forged_token(AUDIENCE)) == 401
+    assert post(stack.url, body, "not-a-jwt") == 403
+    forged = forged_token(AUDIENCE)
+    assert post(stack.url, body, forged) == 403
+    # Claims with the mark of Cloud Run's check do not pass Cloud Run itself.
+    assert post(stack.url, body, f"{forged.rpartition('.')[0]}.SIGNATURE_REMOVED_BY_GOOGLE") == 403
+    # Internal-only: from outside the project no call is found, whatever its token.
+    assert post(stack.public_url, body, forged) == 404
+    assert post(stack.public_url, body, None) == 404
     # A genuine token from the emulator, but minted for another audience: forbidden.
     from opendws.adapters.cloud_tasks import CloudTasksTimerQueue, TimerSettings
 
