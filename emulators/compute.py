@@ -1,8 +1,8 @@
-"""A Compute Engine v1 and Cloud TPU v2 / v2alpha1 REST emulator over
-``opendws.sim.SimulatedCloud``.
+"""A Compute Engine v1 (and beta resize requests) and Cloud TPU v2 / v2alpha1 REST emulator
+over ``opendws.sim.SimulatedCloud``.
 
-It serves the URL paths the real ``google-cloud-compute`` and ``google-cloud-tpu`` (REST
-transport) clients call, so they can point at it with
+It serves the URL paths the real ``google-cloud-compute``, ``google-cloud-compute-v1beta`` and
+``google-cloud-tpu`` (REST transport) clients call, so they can point at it with
 ``client_options={"api_endpoint": emulator.endpoint}`` and anonymous credentials. Every answer is
 JSON shaped like the real API's: resources, Operations (Compute: finished, with an ``error`` when
 the mutation failed; TPU: finished google.longrunning Operations) and errors
@@ -10,7 +10,9 @@ the mutation failed; TPU: finished google.longrunning Operations) and errors
 
 Every served call is one row of ``_ROUTES``: (method, path pattern, a one-line call into the
 cloud). The TPU ``v2alpha1`` paths (flex-start queued resources, which the google-cloud-tpu
-types lack) are plain REST JSON beside the ``v2`` ones.
+types lack) are plain REST JSON beside the ``v2`` ones. Resize requests are served on
+``/compute/v1`` and ``/compute/beta``; only ``beta`` takes named VMs (``instances``, a Preview
+field: the simulated cloud's ``migs`` module says why).
 
 An admin API under ``/admin`` steers the simulated cloud for tests and the local stack:
 ``POST /admin/stock`` (an explicit stock, which stays as set), ``GET /admin/stock``,
@@ -257,6 +259,37 @@ def _admin_reset(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> 
 # ---------------------------------------------------------------------- routing
 
 
+def _resize_request_routes(version: str) -> list[tuple[str, str, Handler]]:
+    """The instanceGroupManagerResizeRequests rows of one Compute API version (``v1``, or
+    ``beta``, which takes named VMs: the simulated cloud's ``migs`` module; the same resources
+    behind both). ``beta`` also serves the zonal operations its clients poll."""
+    mig = f"/compute/{version}/projects/<project>/zones/<zone>/instanceGroupManagers/<igm>"
+    rows: list[tuple[str, str, Handler]] = [
+        ("POST", mig + "/resizeRequests",
+         lambda c, r, a: c.insert_resize_request(a["project"], a["zone"], a["igm"], _body(r),
+                                                 version)),
+        ("GET", mig + "/resizeRequests",
+         lambda c, r, a: _compute_list("compute#instanceGroupManagerResizeRequestList", r,
+                                       c.list_resize_requests(a["project"], a["zone"],
+                                                              a["igm"]))),
+        ("GET", mig + "/resizeRequests/<name>",
+         lambda c, r, a: c.get_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+        ("DELETE", mig + "/resizeRequests/<name>",
+         lambda c, r, a: c.delete_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+        ("POST", mig + "/resizeRequests/<name>/cancel",
+         lambda c, r, a: c.cancel_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+    ]  # fmt: skip
+    if version == "v1":  # v1's zonal operations are rows of their own, beside v1's other calls
+        return rows
+    operation = f"/compute/{version}/projects/<project>/zones/<zone>/operations/<name>"
+    return [
+        *rows,
+        ("GET", operation, lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
+        ("POST", operation + "/wait",
+         lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
+    ]  # fmt: skip
+
+
 def _tpu_routes(version: str) -> list[tuple[str, str, Handler]]:
     """The queuedResources rows of one TPU API version (``v2``, or ``v2alpha1`` for flex-start;
     the same resources behind both)."""
@@ -307,17 +340,12 @@ _ROUTES: list[tuple[str, str, Handler]] = [
      lambda c, r, a: _managed(r, c.list_managed_instances(a["project"], a["zone"], a["igm"]))),
     ("POST", _MIG + "/deleteInstances",
      lambda c, r, a: c.delete_managed_instances(a["project"], a["zone"], a["igm"], _body(r))),
-    ("POST", _MIG + "/resizeRequests",
-     lambda c, r, a: c.insert_resize_request(a["project"], a["zone"], a["igm"], _body(r))),
-    ("GET", _MIG + "/resizeRequests",
-     lambda c, r, a: _compute_list("compute#instanceGroupManagerResizeRequestList", r,
-                                   c.list_resize_requests(a["project"], a["zone"], a["igm"]))),
-    ("GET", _MIG + "/resizeRequests/<name>",
-     lambda c, r, a: c.get_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
-    ("DELETE", _MIG + "/resizeRequests/<name>",
-     lambda c, r, a: c.delete_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
-    ("POST", _MIG + "/resizeRequests/<name>/cancel",
-     lambda c, r, a: c.cancel_resize_request(a["project"], a["zone"], a["igm"], a["name"])),
+    # Resize requests on v1 and beta (named VMs: beta only)
+    *[
+        row
+        for version in ("v1", "beta")
+        for row in _resize_request_routes(version)
+    ],
     # Compute: instances, future reservations, reservations, zonal operations
     ("POST", _ZONE + "/instances",
      lambda c, r, a: c.insert_instance(a["project"], a["zone"], _body(r))),

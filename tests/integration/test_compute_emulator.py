@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 from google.api_core import exceptions
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import compute_v1, tpu_v2
+from google.cloud import compute_v1, compute_v1beta, tpu_v2
 
 from emulators import ComputeEmulator, EmulatorAdmin
 from opendws.clock import ManualClock
@@ -43,7 +43,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Clients:
     templates: compute_v1.InstanceTemplatesClient
     migs: compute_v1.InstanceGroupManagersClient
-    resize: compute_v1.InstanceGroupManagerResizeRequestsClient
+    resize: compute_v1beta.InstanceGroupManagerResizeRequestsClient  # named VMs: beta only
+    resize_v1: compute_v1.InstanceGroupManagerResizeRequestsClient
     instances: compute_v1.InstancesClient
     futures: compute_v1.FutureReservationsClient
     reservations: compute_v1.ReservationsClient
@@ -79,7 +80,8 @@ def clients(emu: ComputeEmulator) -> Clients:
     return Clients(
         templates=compute_v1.InstanceTemplatesClient(**settings),
         migs=compute_v1.InstanceGroupManagersClient(**settings),
-        resize=compute_v1.InstanceGroupManagerResizeRequestsClient(**settings),
+        resize=compute_v1beta.InstanceGroupManagerResizeRequestsClient(**settings),
+        resize_v1=compute_v1.InstanceGroupManagerResizeRequestsClient(**settings),
         instances=compute_v1.InstancesClient(**settings),
         futures=compute_v1.FutureReservationsClient(**settings),
         reservations=compute_v1.ReservationsClient(**settings),
@@ -115,24 +117,31 @@ def make_mig(clients: Clients, shape: str = SHAPE) -> str:
     return mig
 
 
+def named_resize(
+    name: str, vms: list[str], run: timedelta = timedelta(hours=1)
+) -> compute_v1beta.InstanceGroupManagerResizeRequest:
+    """A resize request naming its VMs (a Preview field: sent through beta)."""
+    return compute_v1beta.InstanceGroupManagerResizeRequest(
+        name=name,
+        instances=[compute_v1beta.PerInstanceConfig(name=vm) for vm in vms],
+        requested_run_duration=compute_v1beta.Duration(seconds=int(run.total_seconds())),
+    )
+
+
 def resize(
     clients: Clients, mig: str, name: str, vms: list[str], run: timedelta = timedelta(hours=1)
-) -> compute_v1.Operation:
+) -> compute_v1beta.Operation:
     return clients.resize.insert_unary(
         project=PROJECT,
         zone=ZONE,
         instance_group_manager=mig,
-        instance_group_manager_resize_request_resource=compute_v1.InstanceGroupManagerResizeRequest(
-            name=name,
-            instances=[compute_v1.PerInstanceConfig(name=vm) for vm in vms],
-            requested_run_duration=compute_v1.Duration(seconds=int(run.total_seconds())),
-        ),
+        instance_group_manager_resize_request_resource=named_resize(name, vms, run),
     )
 
 
 def resize_state(
     clients: Clients, mig: str, name: str
-) -> compute_v1.InstanceGroupManagerResizeRequest:
+) -> compute_v1beta.InstanceGroupManagerResizeRequest:
     return clients.resize.get(
         project=PROJECT, zone=ZONE, instance_group_manager=mig, resize_request=name
     )
@@ -217,7 +226,7 @@ def test_operations_have_integer_ids_and_can_be_fetched_and_waited(clients: Clie
     operation = resize(clients, mig, unique("rr"), [unique("vm")])
     assert isinstance(operation.id, int)
     assert operation.id > 0
-    assert operation.status == compute_v1.Operation.Status.DONE
+    assert operation.status == compute_v1beta.Operation.Status.DONE
     assert operation.name.startswith("operation-")
     fetched = clients.zone_operations.get(project=PROJECT, zone=ZONE, operation=operation.name)
     assert fetched.id == operation.id
@@ -266,7 +275,7 @@ def test_resize_request_by_count_names_vms_after_the_base_name(
 ) -> None:
     emu.cloud.set_stock(ZONE, SHAPE, 3)
     mig, name = make_mig(clients), unique("rr")
-    clients.resize.insert(
+    clients.resize_v1.insert(
         project=PROJECT,
         zone=ZONE,
         instance_group_manager=mig,

@@ -28,6 +28,7 @@ from tests.integration.test_compute_emulator import (
     Clients,
     make_mig,
     managed,
+    named_resize,
     queued_resource,
     resize,
     resize_state,
@@ -75,6 +76,41 @@ def test_a_bulk_mig_refuses_a_resize_request(clients: Clients) -> None:
                 )
             ),
         )
+
+
+def test_named_vms_in_a_resize_request_are_taken_on_beta_and_refused_on_v1(
+    emu: ComputeEmulator, clients: Clients
+) -> None:
+    """A resize request's named VMs (``instances``, a list of ``{name}``) are a Preview field
+    (compute/docs/instance-groups/about-resize-requests-mig); GA gcloud and Terraform send only
+    ``resizeBy`` (magic-modules ``mmv1/products/compute/ResizeRequest.yaml``), and
+    cluster-toolkit sends named VMs through Compute's beta API
+    (``community/modules/scheduler/schedmd-slurm-gcp-v6-controller/modules/slurm_files/
+    scripts/util.py`` ``compute_service(version="beta")``, used by ``mig_flex.py``'s
+    ``regionInstanceGroupManagerResizeRequests().insert(body={instances: [{name}]})``). The
+    local world takes them on ``/compute/beta`` only; ``v1`` is refused, with nothing made, so
+    a VM name opendws relies on can only come from the surface Google's own tools use."""
+    emu.cloud.set_stock(ZONE, SHAPE, 2)
+    mig, name = make_mig(clients), unique("rr")
+    vms = [f"{name}-0", f"{name}-1"]
+    as_v1 = compute_v1.InstanceGroupManagerResizeRequest(
+        name=name,
+        instances=[compute_v1.PerInstanceConfig(name=vm) for vm in vms],
+        requested_run_duration=compute_v1.Duration(seconds=3600),
+    )
+    with pytest.raises(exceptions.BadRequest, match=r"Preview.*beta"):
+        clients.resize_v1.insert(
+            project=PROJECT, zone=ZONE, instance_group_manager=mig,
+            instance_group_manager_resize_request_resource=as_v1,
+        )  # fmt: skip
+    assert emu.cloud.created("resizeRequests") == {}
+    clients.resize.insert(
+        project=PROJECT, zone=ZONE, instance_group_manager=mig,
+        instance_group_manager_resize_request_resource=named_resize(name, vms),
+    ).result()  # fmt: skip
+    emu.cloud.advance(LATENCY)
+    assert resize_state(clients, mig, name).state == "SUCCEEDED"
+    assert managed(clients, mig) == vms
 
 
 def test_a_request_waits_accepted_with_stockout_attempts_and_succeeds_when_stock_returns(

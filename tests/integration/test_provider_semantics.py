@@ -13,7 +13,7 @@ import pytest
 import requests
 from google.auth.credentials import AnonymousCredentials
 from google.auth.transport.requests import AuthorizedSession
-from google.cloud import compute_v1
+from google.cloud import compute_v1, compute_v1beta
 
 from emulators import ComputeEmulator
 from opendws.adapters.gce import CloudSettings
@@ -86,7 +86,7 @@ def mig_provider(
         templates=spy("templates", compute_v1.InstanceTemplatesClient(**common)),
         groups=spy("groups", compute_v1.InstanceGroupManagersClient(**common)),
         resize_requests=spy(
-            "resize", compute_v1.InstanceGroupManagerResizeRequestsClient(**common)
+            "resize", compute_v1beta.InstanceGroupManagerResizeRequestsClient(**common)
         ),
         instances=spy("instances", compute_v1.InstancesClient(**common)),
     )

@@ -526,14 +526,25 @@ def test_the_functions_install_a_compute_client_with_the_fields_the_code_sets() 
     field (first in google-cloud-compute 1.50.0: 1.49.0's InstanceGroupManagerResizeRequest
     has only ``resize_by``) and calendar blocks ask ``AdviceClient.calendar_mode`` (from 1.42.0),
     established from the published wheels' ``compute_v1`` sources — the client's CHANGELOG
-    (googleapis/google-cloud-python packages/google-cloud-compute) names only API revisions."""
+    (googleapis/google-cloud-python packages/google-cloud-compute) names only API revisions.
+    The named VMs, a Preview field (compute/docs/instance-groups/about-resize-requests-mig),
+    go through Compute's beta API: google-cloud-compute-v1beta, whose first release (0.1.0)
+    already has the zonal resize-request client and the field."""
     import tomllib
 
-    from google.cloud import compute_v1
+    from google.cloud import compute_v1, compute_v1beta
 
-    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    (compute,) = [d for d in dependencies if d.startswith("google-cloud-compute")]
-    assert lower_bound(compute) >= (1, 50)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dependencies: list[str] = project["dependencies"]
+
+    def named(package: str) -> str:
+        (found,) = [d for d in dependencies if re.match(rf"{re.escape(package)}\s*[<>=!~]", d)]
+        return found
+
+    assert lower_bound(named("google-cloud-compute")) >= (1, 50)
+    assert lower_bound(named("google-cloud-compute-v1beta")) >= (0, 1, 0)
+    assert "instances" in compute_v1beta.InstanceGroupManagerResizeRequest.meta.fields
+    assert callable(compute_v1beta.InstanceGroupManagerResizeRequestsClient.insert)
     (auth,) = [d for d in dependencies if d.startswith("google-auth")]
     assert lower_bound(auth) >= (2, 3, 2)  # verify_token(clock_skew_in_seconds=...)
     assert "instances" in compute_v1.InstanceGroupManagerResizeRequest.meta.fields

@@ -34,7 +34,7 @@ def resize(cloud: SimulatedCloud, name: str, vms: list[str], hours: int = 1) -> 
         "instances": [{"name": vm} for vm in vms],
         "requestedRunDuration": {"seconds": str(hours * 3600)},
     }
-    cloud.insert_resize_request(P, Z, "mig", body)
+    cloud.insert_resize_request(P, Z, "mig", body, "beta")  # named VMs: beta only
 
 
 def state_of(cloud: SimulatedCloud, name: str) -> str:
@@ -128,11 +128,11 @@ def test_resize_request_validation(cloud: SimulatedCloud) -> None:
     # mutually exclusive (CP InstanceGroupManagerResizeRequest.resize_by).
     with pytest.raises(CloudError, match="mutually exclusive"):
         cloud.insert_resize_request(
-            P, Z, "mig", {"name": "rr", "resizeBy": 3, "instances": [{"name": "a"}]}
+            P, Z, "mig", {"name": "rr", "resizeBy": 3, "instances": [{"name": "a"}]}, "beta"
         )
     with pytest.raises(CloudError, match="distinct"):
         cloud.insert_resize_request(
-            P, Z, "mig", {"name": "rr", "instances": [{"name": "a"}, {"name": "a"}]}
+            P, Z, "mig", {"name": "rr", "instances": [{"name": "a"}, {"name": "a"}]}, "beta"
         )
     with pytest.raises(CloudError) as missing:
         cloud.insert_resize_request(P, Z, "nope", {"name": "rr", "resizeBy": 1})

@@ -38,7 +38,7 @@ def resize(cloud: SimulatedCloud, name: str, vms: int, seconds: int = HOUR) -> N
         "instances": [{"name": f"{name}-{i}"} for i in range(vms)],
         "requestedRunDuration": {"seconds": str(seconds)},
     }
-    cloud.insert_resize_request(P, Z, "mig", body)
+    cloud.insert_resize_request(P, Z, "mig", body, "beta")  # named VMs: beta only
 
 
 def rr(cloud: SimulatedCloud, name: str) -> dict[str, object]:
@@ -114,7 +114,24 @@ def resize_by_and_instances_are_mutually_exclusive() -> None:
     InstanceGroupManagerResizeRequest)."""
     cloud = world()
     body = {"name": "rr", "resizeBy": 1, "instances": [{"name": "a"}]}
-    refused(lambda: cloud.insert_resize_request(P, Z, "mig", body), "mutually exclusive")
+    refused(lambda: cloud.insert_resize_request(P, Z, "mig", body, "beta"), "mutually exclusive")
+
+
+def named_vms_are_taken_on_beta_only() -> None:
+    """A resize request's named VMs (``instances``) are a Preview field
+    (compute/docs/instance-groups/about-resize-requests-mig) that cluster-toolkit sends through
+    the beta API (CT ``slurm_files/scripts/util.py`` ``compute_service(version="beta")``); GA
+    Terraform sends only ``resizeBy`` (MM ``ResizeRequest.yaml``). On v1 they are refused and
+    nothing is queued; v1 takes ``resizeBy``."""
+    cloud = world(stock=2)
+    body = {"name": "rr", "instances": [{"name": "a"}], "requestedRunDuration": "3600s"}
+    refused(lambda: cloud.insert_resize_request(P, Z, "mig", body, "v1"), "Preview")
+    assert cloud.created("resizeRequests") == {}
+    by_count = {"name": "by-count", "resizeBy": 1, "requestedRunDuration": "3600s"}
+    cloud.insert_resize_request(P, Z, "mig", by_count, "v1")
+    cloud.insert_resize_request(P, Z, "mig", body, "beta")
+    cloud.advance(LATENCY)
+    assert "a" in [vm["name"] for vm in cloud.list_managed_instances(P, Z, "mig")]
 
 
 def served_first_come_first_served_and_a_head_blocks() -> None:
@@ -411,6 +428,7 @@ ROWS = [
     stockout_waits_accepted_with_last_attempt_then_succeeds,
     requested_run_duration_is_600_s_to_7_days,
     resize_by_and_instances_are_mutually_exclusive,
+    named_vms_are_taken_on_beta_only,
     served_first_come_first_served_and_a_head_blocks,
     shorter_requested_run_durations_are_served_sooner,
     never_served_before_creation_plus_latency,

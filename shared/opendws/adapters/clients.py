@@ -94,14 +94,14 @@ def capacity_providers(
     credentials: Credentials | None = None,
     cloud: CloudSettings | None = None,
 ) -> Providers:
-    """The capacity providers on the real Compute Engine clients and the Cloud TPU
-    ``v2alpha1`` REST API (an authorized session: google-cloud-tpu has no flex-start fields) —
-    against ``endpoint`` (an emulator) when given, with anonymous credentials there; with
-    application default credentials otherwise. ``cloud`` says how capacity is created
-    (CloudSettings' defaults for ``project`` when not given)."""
+    """The capacity providers on the real Compute Engine clients (``v1``; resize requests on
+    ``beta``) and the Cloud TPU ``v2alpha1`` REST API (an authorized session: google-cloud-tpu
+    has no flex-start fields) — against ``endpoint`` (an emulator) when given, with anonymous
+    credentials there; with application default credentials otherwise. ``cloud`` says how
+    capacity is created (CloudSettings' defaults for ``project`` when not given)."""
     import google.auth
     from google.auth.transport.requests import AuthorizedSession
-    from google.cloud import compute_v1
+    from google.cloud import compute_v1, compute_v1beta
 
     from opendws.adapters.gce import CloudSettings
     from opendws.adapters.mig import MigFlexProvider
@@ -124,7 +124,8 @@ def capacity_providers(
             settings,
             templates=compute_v1.InstanceTemplatesClient(**common),
             groups=compute_v1.InstanceGroupManagersClient(**common),
-            resize_requests=compute_v1.InstanceGroupManagerResizeRequestsClient(**common),
+            # Named VMs in a resize request are a Preview field: beta (opendws.adapters.mig).
+            resize_requests=compute_v1beta.InstanceGroupManagerResizeRequestsClient(**common),
             instances=instances,
         ),
         tpu=TpuQueuedProvider(

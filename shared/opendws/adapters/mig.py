@@ -2,6 +2,14 @@
 instance template provisions FLEX_START VMs that are deleted when their run time ends; each
 order is one ``InstanceGroupManagerResizeRequest`` naming its VMs ``{order}-{index}``.
 
+Resize requests go through Compute's ``beta`` API (google-cloud-compute-v1beta), everything else
+through ``v1``: named VMs in a resize request are a Preview field
+(compute/docs/instance-groups/about-resize-requests-mig), which GA gcloud and Terraform do not
+send (magic-modules ``ResizeRequest.yaml`` has only ``resizeBy``) and cluster-toolkit sends
+through ``beta`` (``slurm_files/scripts/util.py`` ``compute_service(version="beta")``, used by
+``mig_flex.py``'s resize request). Observation, release and a gang's job ranks rely on the
+names.
+
 What Google does, and so what this adapter relies on:
 
 - A resize request creates its VMs all at once by itself; a group in bulk mode
@@ -41,7 +49,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
 from google.api_core.exceptions import BadRequest, Conflict, FailedPrecondition, NotFound
-from google.cloud import compute_v1
+from google.cloud import compute_v1, compute_v1beta
 
 from opendws.adapters.gce import (
     MANAGED_BY,
@@ -96,7 +104,7 @@ class MigFlexProvider:
         *,
         templates: compute_v1.InstanceTemplatesClient,
         groups: compute_v1.InstanceGroupManagersClient,
-        resize_requests: compute_v1.InstanceGroupManagerResizeRequestsClient,
+        resize_requests: compute_v1beta.InstanceGroupManagerResizeRequestsClient,
         instances: compute_v1.InstancesClient | None = None,
     ) -> None:
         self._settings = settings
@@ -132,14 +140,14 @@ class MigFlexProvider:
         pool = order.pool
         self._ensure_group(pool)
         request = order.request
-        resize = compute_v1.InstanceGroupManagerResizeRequest(
+        resize = compute_v1beta.InstanceGroupManagerResizeRequest(
             name=order.name,
             description=f"opendws request {request.request_id} (attempt {order.attempt})",
             instances=[
-                compute_v1.PerInstanceConfig(name=name)
+                compute_v1beta.PerInstanceConfig(name=name)
                 for name in vm_names(order.name, request.gang.vm_count)
             ],
-            requested_run_duration=_duration(request.run_duration),
+            requested_run_duration=compute_v1beta.Duration(seconds=_seconds(request.run_duration)),
         )
         insert = awaited(
             lambda: self._resize_requests.insert(
@@ -165,7 +173,7 @@ class MigFlexProvider:
         project, zone, group = self._project, pool.zone, group_name(pool)
         self._delete_vms(name, pool)
 
-        def get() -> compute_v1.InstanceGroupManagerResizeRequest | None:
+        def get() -> compute_v1beta.InstanceGroupManagerResizeRequest | None:
             return found(
                 lambda: self._resize_requests.get(
                     project=project, zone=zone, instance_group_manager=group, resize_request=name
@@ -380,7 +388,7 @@ class MigFlexProvider:
                     on_host_maintenance="TERMINATE",
                     automatic_restart=False,
                     # The ceiling; each resize request asks for its own run duration.
-                    max_run_duration=_duration(FLEX_MAX_RUN),
+                    max_run_duration=compute_v1.Duration(seconds=_seconds(FLEX_MAX_RUN)),
                 ),
                 reservation_affinity=compute_v1.ReservationAffinity(
                     consume_reservation_type=NO_RESERVATION
@@ -412,7 +420,7 @@ _PREFIX_PATTERN = "odws-.*"
 
 
 def _observed_request(
-    pool: Pool, resize: compute_v1.InstanceGroupManagerResizeRequest, vm_statuses: list[str]
+    pool: Pool, resize: compute_v1beta.InstanceGroupManagerResizeRequest, vm_statuses: list[str]
 ) -> Observed:
     """What one resize request (and the VMs it named) says about its order."""
     state = resize.state
@@ -446,7 +454,7 @@ def _observed_request(
     return Observed(name=name, pool_id=pool.pool_id, phase=ProvisionPhase.CREATING)
 
 
-def _first_error(error: compute_v1.Error | None) -> tuple[str | None, str]:
+def _first_error(error: compute_v1beta.Error | None) -> tuple[str | None, str]:
     """The first entry of a Compute ``Error``: its code and message."""
     errors = list(error.errors) if error else []
     if not errors:
@@ -482,5 +490,6 @@ def _created_by(instance: compute_v1.Instance) -> str:
     return next((item.value for item in items if item.key == "created-by"), "")
 
 
-def _duration(value: timedelta) -> compute_v1.Duration:
-    return compute_v1.Duration(seconds=int(value.total_seconds()))
+def _seconds(value: timedelta) -> int:
+    """A duration as the whole seconds of a Compute ``Duration``."""
+    return int(value.total_seconds())

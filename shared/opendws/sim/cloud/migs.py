@@ -13,6 +13,14 @@ Google's behaviour, as modelled:
   deleting a request keeps its VMs (CP ``service InstanceGroupManagerResizeRequests``).
 - ``requestedRunDuration`` is 600 s .. 604,800 s; ``resizeBy`` and ``instances`` are mutually
   exclusive (MM ``ResizeRequest.yaml``; CP field comments).
+- Named VMs (``instances``) are a Preview field of resize requests
+  (compute/docs/instance-groups/about-resize-requests-mig); GA gcloud and Terraform send only
+  ``resizeBy`` and cluster-toolkit sends names through the ``beta`` API (CT
+  ``slurm_files/scripts/util.py`` ``compute_service(version="beta")``, ``mig_flex.py``). Here
+  they are taken on ``beta`` only: a ``v1`` request that names its VMs is refused. Google's
+  ``v1`` discovery document lists the field too and documents no refusal, so this is stricter
+  than Google's documents, on purpose: the local world serves the Preview field only on the
+  surface Google's own tools use for it.
 - Provisioning is instantaneous once served, so a MIG is never deleted "while a request
   provisions": deleting it deletes its VMs and its requests (waiting ones leave the queue).
 """
@@ -50,6 +58,8 @@ from opendws.sim.cloud.world import (
 MIN_RUN = timedelta(minutes=10)
 MAX_RUN = timedelta(days=7)
 MODES = ("INDIVIDUAL", "BULK", "UNSPECIFIED_MODE")
+# The Compute API versions whose resize-request calls are served; ``beta`` takes named VMs.
+API_VERSIONS = ("v1", "beta")
 _ACTIVE = ("ACCEPTED", "CREATING")
 
 
@@ -254,9 +264,20 @@ class MigApi(World):
     # ------------------------------------------------------------------ resize requests
 
     @settled
-    def insert_resize_request(self, project: str, zone: str, mig_name: str, body: JSON) -> JSON:
+    def insert_resize_request(
+        self, project: str, zone: str, mig_name: str, body: JSON, api_version: str = "v1"
+    ) -> JSON:
         """Accept a flex-start resize request (``ACCEPTED``) into Google's queue of its zone and
-        machine type; it is served no sooner than creation + the provisioning latency."""
+        machine type; it is served no sooner than creation + the provisioning latency. Named
+        VMs (``instances``) only on ``beta`` (see the module docstring)."""
+        if api_version not in API_VERSIONS:
+            raise ValueError(f"api_version must be one of {API_VERSIONS}, not {api_version!r}")
+        if api_version == "v1" and get(body, "instances"):
+            raise CloudError.invalid(
+                "Named instances in a resize request ('instances') are a Preview feature "
+                "(compute/docs/instance-groups/about-resize-requests-mig): the simulated Compute "
+                "Engine takes them on the beta API (/compute/beta/...) only; on v1 give resizeBy"
+            )
         mig = self._mig(project, zone, mig_name)
         if mig.mode == "BULK":
             raise CloudError.invalid(
