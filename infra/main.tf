@@ -318,13 +318,19 @@ module "timer" {
   source_bucket         = module.source.bucket
   source_object         = module.source.object
   service_account_email = module.identities.emails.timer
-  environment           = local.common_environment
-  timeout_seconds       = 60
-  concurrency           = 1
-  min_instances         = var.min_instances.timer
-  max_instances         = var.max_instances.timer
-  labels                = var.labels
-  invokers              = [local.member.tasks]
+  # Cloud Run checks each call's ID token (only the tasks account holds run.invoker; ingress
+  # stays internal-only, the default, which admits Cloud Tasks of this project,
+  # run/docs/securing/ingress) and hands it on with its signature removed: the timer reads the
+  # checked claims instead of verifying the signature again (README: Who may call each function).
+  environment = merge(local.common_environment, {
+    OPENDWS_INVOKER_CHECKED_BY_RUN = "true"
+  })
+  timeout_seconds = 60
+  concurrency     = 1
+  min_instances   = var.min_instances.timer
+  max_instances   = var.max_instances.timer
+  labels          = var.labels
+  invokers        = [local.member.tasks]
 
   # Built only once its build account holds its roles.
   depends_on = [module.identities]
