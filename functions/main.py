@@ -114,9 +114,11 @@ def summary(report: PassReport) -> dict[str, Any]:
 
 @functions_framework.http
 def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
-    """A Cloud Tasks timer is due: verify the caller's OIDC token, then end (or start) what the
-    timer is for. 401/403 for a caller that is not the configured invoker, 400 for a body that
-    is not a timer; a timer that no longer applies is acknowledged (200) and ignored."""
+    """A Cloud Tasks timer is due: check the caller's OIDC token (or, behind Cloud Run's
+    invoker check, the claims Cloud Run handed on: opendws.adapters.oidc), then end (or start)
+    what the timer is for. 401/403 for a caller that is not the configured invoker, 400 for a
+    body that is not a timer; a timer that no longer applies is acknowledged (200) and
+    ignored."""
     with invocation(logs.trace_of(dict(request.headers))) as container:
         try:
             container.verifier.verify(request.headers.get("Authorization"))
