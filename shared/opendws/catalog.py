@@ -5,6 +5,7 @@ the request claims, is refused at intake with a message that says which ones exi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -90,6 +91,47 @@ TPU_TYPE_OF_VM_FAMILY = {family: api for api, family in TPU_VM_FAMILIES.items()}
 # (tpu/docs/calendar-mode-reservation, Limitations). Google GPUs have no such list per mode.
 TPU_FLEX_START = frozenset({"tpu-v5e", "tpu-v6e"})
 TPU_CALENDAR = frozenset({"tpu-v5e", "tpu-v5p", "tpu-v6e"})
+# Where calendar mode reserves each generation, and for which workload type
+# (``AllocationAggregateReservation.workloadType``), from tpu/docs/calendar-mode-reservation
+# ("Limitations": "You can only reserve the following TPU versions in the specified zones"):
+# v6e in asia-northeast1-b, europe-west4-a, us-east5-a and us-east5-b; v5p in us-east5-a; v5e
+# in europe-west4-b and us-west4-b (BATCH) and us-south1-a (SERVING). The page names a workload
+# type for v5e only; v6e and v5p blocks are training blocks (BATCH).
+TPU_CALENDAR_ZONES: dict[str, dict[str, str]] = {
+    "tpu-v6e": {
+        "asia-northeast1-b": "BATCH", "europe-west4-a": "BATCH", "us-east5-a": "BATCH",
+        "us-east5-b": "BATCH",
+    },
+    "tpu-v5p": {"us-east5-a": "BATCH"},
+    "tpu-v5e": {"europe-west4-b": "BATCH", "us-west4-b": "BATCH", "us-south1-a": "SERVING"},
+}  # fmt: skip
+# A SERVING block of v5e holds 1, 4 or 8 chips (compute/docs/instances/
+# create-future-reservations-calendar-mode, "Limitations": "You can only reserve one, four, or
+# eight TPUs v5e for serving (SERVING) workload types").
+TPU_SERVING_CHIPS = frozenset({1, 4, 8})
+
+
+def tpu_calendar_zone_problem(accelerator: str, locations: Sequence[str]) -> str | None:
+    """Why Google would refuse every calendar block of TPU ``accelerator`` in ``locations``
+    (zones, or regions standing for their zones): none of them is a zone where calendar mode
+    reserves it (:data:`TPU_CALENDAR_ZONES`); None if one is, or if ``accelerator`` is not a
+    TPU Google reserves in calendar mode at all (:func:`tpu_mode_problem` says so)."""
+    zones = TPU_CALENDAR_ZONES.get(accelerator)
+    if not zones:
+        return None
+    if any(zone in locations or zone.rsplit("-", 1)[0] in locations for zone in zones):
+        return None
+    listed = ", ".join(f"{zone} ({workload})" for zone, workload in sorted(zones.items()))
+    return (
+        f"Google Cloud's calendar mode reserves {accelerator} only in {listed}, none of which "
+        f"is in {', '.join(locations)} (cloud.google.com/tpu/docs/calendar-mode-reservation)"
+    )
+
+
+def tpu_calendar_workload(accelerator: str, zone: str) -> str | None:
+    """The workload type a calendar block of TPU ``accelerator`` is reserved as in ``zone``;
+    None where Google does not reserve that generation in calendar mode."""
+    return TPU_CALENDAR_ZONES.get(accelerator, {}).get(zone)
 
 
 def tpu_mode_problem(accelerator: str, mode: str) -> str | None:

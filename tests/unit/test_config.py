@@ -22,7 +22,7 @@ CALENDAR = {
 TPU_CALENDAR = {
     "tenant": "vision", "mode": "calendar",
     "gang": {"vm_count": 1, "topology": "4x4", "accelerator": "tpu-v5e"},
-    "locations": ["us-west4-a"], "run_duration": "2d", "start_at": START.isoformat(),
+    "locations": ["us-west4-b"], "run_duration": "2d", "start_at": START.isoformat(),
 }  # fmt: skip
 
 

@@ -84,6 +84,7 @@ def test_tpu_and_calendar_requests() -> None:
             start_at="2026-12-10T00:00:00Z",
             run_duration="P7D",
             gang={"vm_count": 1, "accelerator": "tpu-v5e", "topology": "4x4"},
+            locations=["us-west4-b"],
         )
     )
     assert isinstance(submit, Submit)
@@ -261,8 +262,8 @@ def test_a_tpu_generation_google_does_not_serve_in_that_mode_is_refused(
     [
         message(gang=tpu_gang("tpu-v5e", "2x2")),
         message(gang=tpu_gang("tpu-v6e", "2x4")),
-        message(gang=tpu_gang("tpu-v5p", "2x2x1"), **CALENDAR),
-        message(gang=tpu_gang("tpu-v6e", "2x2"), **CALENDAR),
+        message(gang=tpu_gang("tpu-v5p", "2x2x1"), locations=["us-east5-a"], **CALENDAR),
+        message(gang=tpu_gang("tpu-v6e", "2x2"), locations=["us-east5"], **CALENDAR),
     ],
     ids=["flex v5e", "flex v6e", "calendar v5p", "calendar v6e"],
 )
@@ -284,3 +285,27 @@ def test_a_release_naming_such_a_request_as_if_absent_is_still_a_release() -> No
          "tenant": absent["tenant"], "if_absent": absent}
     )  # fmt: skip
     assert isinstance(release, Release)
+
+
+@pytest.mark.parametrize(
+    ("gang", "locations"),
+    [
+        (tpu_gang("tpu-v5e", "4x4"), ["us-central1-a", "us-west4-a"]),
+        (tpu_gang("tpu-v6e", "2x2"), ["us-central1"]),
+        (tpu_gang("tpu-v5p", "2x2x1"), ["us-east5-b"]),
+    ],
+    ids=["v5e", "v6e", "v5p"],
+)
+def test_a_calendar_tpu_block_where_google_reserves_none_is_refused_naming_its_zones(
+    gang: dict[str, Any], locations: list[str]
+) -> None:
+    """ "You can only reserve the following TPU versions in the specified zones"
+    (tpu/docs/calendar-mode-reservation, "Limitations"): a block none of whose locations is
+    such a zone would be refused by Google; it is refused at submission, naming the zones."""
+    submit = parse_message(message(gang=gang, locations=locations, **CALENDAR))
+    assert isinstance(submit, Submit)
+    with pytest.raises(MessageError, match=r"^locations: .*calendar mode reserves .* only in"):
+        to_capacity_request(submit, default_request_id="m", submitted_at=NOW)
+    flex = parse_message(message(gang=tpu_gang("tpu-v5e", "2x2"), locations=locations))
+    assert isinstance(flex, Submit)
+    to_capacity_request(flex, default_request_id="m", submitted_at=NOW)  # flex: any zone

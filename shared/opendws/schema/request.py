@@ -27,7 +27,13 @@ from pydantic import (
     model_validator,
 )
 
-from opendws.catalog import ACCELERATORS, MACHINE_TYPES, TPU_ACCELERATORS, tpu_mode_problem
+from opendws.catalog import (
+    ACCELERATORS,
+    MACHINE_TYPES,
+    TPU_ACCELERATORS,
+    tpu_calendar_zone_problem,
+    tpu_mode_problem,
+)
 from opendws.domain.model import (
     FLEX_MAX_WAIT,
     CapacityRequest,
@@ -249,6 +255,10 @@ def to_capacity_request(
     tpu_problem = tpu_mode_problem(submit.gang.accelerator, submit.mode)
     if tpu_problem is not None:
         raise MessageError([("gang.accelerator", tpu_problem)])
+    if submit.mode == Mode.CALENDAR.value:
+        zone_problem = tpu_calendar_zone_problem(submit.gang.accelerator, submit.locations)
+        if zone_problem is not None:
+            raise MessageError([("locations", zone_problem)])
     gang = submit.gang
     machine = MACHINE_TYPES.get(gang.machine_type or "")
     mode = Mode(submit.mode)
