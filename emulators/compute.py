@@ -230,20 +230,29 @@ def _admin_latency(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -
 
 
 def _admin_calendar(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
-    """Set (POST) and read the calendar settings: the review delay and the cancellation rule."""
+    """Set (POST) and read the calendar settings: the review delay, the fill delay (how long
+    after a block's start Google fills its reservation) and the cancellation rule."""
     if request.method == "POST":
         body = _admin_body(request)
         if "reviewDelaySeconds" in body:
-            delay = body["reviewDelaySeconds"]
-            if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
-                raise _AdminInputError(f"'reviewDelaySeconds' must be a number ≥ 0, got {delay!r}")
-            cloud.set_review_delay(timedelta(seconds=delay))
+            cloud.set_review_delay(_delay(body, "reviewDelaySeconds"))
+        if "fillDelaySeconds" in body:
+            cloud.set_fill_delay(_delay(body, "fillDelaySeconds"))
         if "cancellationRule" in body:
             cloud.set_cancellation_rule(_text(body, "cancellationRule"))
     return {
         "reviewDelaySeconds": cloud.review_delay.total_seconds(),
+        "fillDelaySeconds": cloud.fill_delay.total_seconds(),
         "cancellationRule": cloud.cancellation_rule.value,
     }
+
+
+def _delay(body: JSON, key: str) -> timedelta:
+    """A number of seconds ≥ 0 from an admin body, or _AdminInputError naming ``key``."""
+    delay = body[key]
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+        raise _AdminInputError(f"{key!r} must be a number ≥ 0, got {delay!r}")
+    return timedelta(seconds=delay)
 
 
 def _admin_advance(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
@@ -578,13 +587,16 @@ class EmulatorAdmin:
         self,
         *,
         review_delay: timedelta | None = None,
+        fill_delay: timedelta | None = None,
         cancellation_rule: CancellationRule | str | None = None,
     ) -> JSON:
-        """``set_review_delay`` / ``set_cancellation_rule`` over ``POST /admin/calendar`` (each
-        only if given); returns the settings now."""
+        """``set_review_delay`` / ``set_fill_delay`` / ``set_cancellation_rule`` over
+        ``POST /admin/calendar`` (each only if given); returns the settings now."""
         body: JSON = {}
         if review_delay is not None:
             body["reviewDelaySeconds"] = review_delay.total_seconds()
+        if fill_delay is not None:
+            body["fillDelaySeconds"] = fill_delay.total_seconds()
         if cancellation_rule is not None:
             body["cancellationRule"] = CancellationRule(cancellation_rule).value
         return self._call("POST", "/admin/calendar", body)
@@ -689,6 +701,13 @@ def main(argv: list[str]) -> int:
         help="seconds from a calendar block's insert to Google's review of it",
     )
     parser.add_argument(
+        "--fill-delay",
+        type=float,
+        default=0.0,
+        help="seconds from a calendar block's start to Google filling its reservation "
+        "(Google: up to 24 h)",
+    )
+    parser.add_argument(
         "--cancellation-rule",
         choices=[rule.value for rule in CancellationRule],
         default=CancellationRule.WINDOWS.value,
@@ -701,9 +720,12 @@ def main(argv: list[str]) -> int:
         parser.error("--stock-every must be positive")
     if options.review_delay < 0:
         parser.error("--review-delay cannot be negative")
+    if options.fill_delay < 0:
+        parser.error("--fill-delay cannot be negative")
     cloud = SimulatedCloud(
         provisioning_latency=timedelta(seconds=options.latency),
         review_delay=timedelta(seconds=options.review_delay),
+        fill_delay=timedelta(seconds=options.fill_delay),
         cancellation_rule=CancellationRule(options.cancellation_rule),
     )
     for zone, shape, low, high in options.stock_process:

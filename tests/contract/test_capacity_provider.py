@@ -37,6 +37,8 @@ TPU_CHIPS = {1: "2x2", 2: "2x4", 3: "4x4"}  # a TPU block of "units": 4, 8, 16 c
 BACKENDS = ("memory", "emulator")
 LATENCY = timedelta(seconds=20)
 ZONE, OTHER_ZONE = "us-central1-a", "us-central1-b"
+# Where Google's calendar mode reserves v5e (tpu/docs/calendar-mode-reservation, "Limitations").
+TPU_BLOCK_ZONE, TPU_BLOCK_OTHER_ZONE = "us-west4-b", "europe-west4-b"
 STOCKOUT = "ZONE_RESOURCE_POOL_EXHAUSTED"
 _ids = itertools.count()
 
@@ -54,6 +56,7 @@ class Kit:
     inject: Callable[[Pool, str], None]
     advance: Callable[[timedelta], object]
     created: Callable[[str], int]
+    set_fill_delay: Callable[[timedelta], None]
 
     @property
     def block(self) -> bool:
@@ -105,7 +108,12 @@ class Kit:
 
 
 def _pools(kind: str) -> tuple[Pool, Pool]:
-    if kind in ("tpu", "tpu_calendar"):
+    if kind == "tpu_calendar":
+        return (
+            tpu_pool(zone=TPU_BLOCK_ZONE, capacity=64),
+            tpu_pool(zone=TPU_BLOCK_OTHER_ZONE, capacity=64),
+        )
+    if kind == "tpu":
         return tpu_pool(zone=ZONE, capacity=64), tpu_pool(zone=OTHER_ZONE, capacity=64)
     return pool(zone=ZONE, shape=A3, capacity=8), pool(zone=OTHER_ZONE, shape=A3, capacity=8)
 
@@ -135,6 +143,7 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
             inject=lambda p, k: fake.inject(p.zone, p.shape, k),
             advance=clock.advance,
             created=lambda name: fake.created().get(name, 0),
+            set_fill_delay=fake.set_fill_delay,
         )  # fmt: skip
         return
     cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=LATENCY)
@@ -151,6 +160,7 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
             inject=lambda p, k: cloud.inject(p.zone, _cloud_shape(p), k),
             advance=cloud.advance,
             created=lambda name: cloud.created(resource_kind).get(name, 0),
+            set_fill_delay=cloud.set_fill_delay,
         )  # fmt: skip
 
 
@@ -498,5 +508,46 @@ def test_a_block_promises_its_units_and_takes_them_at_its_start(kit: Kit) -> Non
     seen = kit.provider.observe([kit.pool])[second.name]
     assert (seen.phase, seen.error_code) == (ProvisionPhase.FAILED, "DECLINED")
     kit.advance(kit.lead)
-    assert kit.phase(first) is ProvisionPhase.RESERVED  # its reservation exists
+    assert kit.phase(first) is ProvisionPhase.RESERVED  # its reservation holds its units
     assert kit.stock(kit.pool) == units - 1
+
+
+def test_a_blocks_reservation_is_consumed_only_once_google_has_filled_it(kit: Kit) -> None:
+    """An approved block's reservation exists from approval, empty; Google provisions the
+    capacity into it from the start, possibly up to 24 h later ("Compute Engine automatically
+    creates an empty reservation. Then, at your chosen start time, Compute Engine provisions the
+    requested capacity into the auto-created reservation", compute/docs/hpc/
+    reserve-capacity-account-team; CP FutureReservationStatus: PROVISIONING with
+    ``fulfilledCount``, then FULFILLED). Until it is filled the block is APPROVED, not RESERVED:
+    the reconciler asks for no VM and no slice."""
+    if not kit.block:
+        pytest.skip("only calendar blocks have a reservation to fill")
+    kit.set_fill_delay(timedelta(minutes=5))
+    order = Order(request=kit.request(units=1), pool=kit.pool, attempt=1)
+    kit.set_stock(kit.pool, order.request.units)
+    kit.provider.reserve(order)
+    kit.advance(REVIEW)
+    assert kit.phase(order) is ProvisionPhase.APPROVED
+    kit.advance(kit.lead)
+    assert kit.phase(order) is ProvisionPhase.APPROVED  # started: the units are Google's
+    assert kit.stock(kit.pool) == 0
+    kit.advance(timedelta(minutes=5))
+    assert kit.phase(order) is ProvisionPhase.RESERVED
+    kit.provider.provision(order)
+    kit.advance(LATENCY)
+    assert kit.phase(order) is ProvisionPhase.READY
+
+
+def test_a_tpu_block_where_google_does_not_reserve_it_is_refused(kit: Kit) -> None:
+    """ "You can only reserve the following TPU versions in the specified zones"
+    (tpu/docs/calendar-mode-reservation, "Limitations"): v5e only in europe-west4-b,
+    us-west4-b (BATCH) and us-south1-a (SERVING). The insert is refused and nothing exists."""
+    if kit.kind != "tpu_calendar":
+        pytest.skip("the zones are a rule of TPU calendar blocks")
+    elsewhere = tpu_pool(zone=ZONE, capacity=64)
+    kit.set_stock(elsewhere, 64)
+    order = Order(request=kit.request(units=1), pool=elsewhere, attempt=1)
+    with pytest.raises(Exception, match="us-central1-a"):
+        kit.provider.reserve(order)
+    kit.advance(REVIEW)
+    assert kit.phase(order) is None

@@ -25,7 +25,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from emulators import ComputeEmulator, EmulatorAdmin
-from opendws.catalog import TPU_COMPUTE_ACCELERATORS, TPU_VM_FAMILIES
+from opendws.catalog import TPU_VM_FAMILIES
 from opendws.domain.calendar import GPU_MAX_VMS, CancellationRule, cancel_deadline, lead_of
 from opendws.domain.model import CALENDAR_MAX_RUN
 from opendws.sim.cloud import REVIEW_DELAY
@@ -40,6 +40,8 @@ DAY = timedelta(days=1)
 REGION = "us-central1"
 ZONE_B = "us-central1-b"
 TPU = "V6E"
+# Where Google's calendar mode reserves v6e (tpu/docs/calendar-mode-reservation, "Limitations").
+TPU_ZONE = "us-east5-a"
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,10 @@ class Calendar:
 
 @pytest.fixture
 def cal(emu: ComputeEmulator) -> Calendar:
-    """The calendar clients on the emulator, 4 A3 VMs and 16 v6e chips in stock in ZONE."""
+    """The calendar clients on the emulator, 4 A3 VMs in stock in ZONE and 16 v6e chips in
+    TPU_ZONE."""
     emu.cloud.set_stock(ZONE, SHAPE, 4)
-    emu.cloud.set_stock(ZONE, TPU, 16)
+    emu.cloud.set_stock(TPU_ZONE, TPU, 16)
     settings: dict[str, Any] = {
         "client_options": {"api_endpoint": emu.endpoint},
         "credentials": AnonymousCredentials(),
@@ -108,9 +111,10 @@ def gpu_block(
 
 
 def tpu_block(name: str, chips: int, start: datetime) -> compute_v1.FutureReservation:
-    """A TPU calendar block: an aggregate reservation of the v6e VM family's chips."""
+    """A TPU calendar block: an aggregate reservation of the v6e VM family's chips, as gcloud
+    sends it (no accelerator type: the family names the chip)."""
     accelerator = compute_v1.AllocationAggregateReservationReservedResourceInfoAccelerator(
-        accelerator_count=chips, accelerator_type=TPU_COMPUTE_ACCELERATORS[TPU]
+        accelerator_count=chips
     )
     return compute_v1.FutureReservation(
         name=name,
@@ -133,8 +137,8 @@ def tpu_block(name: str, chips: int, start: datetime) -> compute_v1.FutureReserv
     )
 
 
-def insert(cal: Calendar, block: compute_v1.FutureReservation) -> None:
-    cal.futures.insert(project=PROJECT, zone=ZONE, future_reservation_resource=block).result()
+def insert(cal: Calendar, block: compute_v1.FutureReservation, zone: str = ZONE) -> None:
+    cal.futures.insert(project=PROJECT, zone=zone, future_reservation_resource=block).result()
 
 
 def get(cal: Calendar, name: str) -> compute_v1.FutureReservation:
@@ -256,7 +260,7 @@ def test_a_tpu_block_starts_at_least_a_day_ahead(emu: ComputeEmulator, cal: Cale
     future-reservations-calendar-mode-overview)."""
     soon = now(emu) + lead_of(True).earliest - timedelta(hours=1)
     with pytest.raises(exceptions.BadRequest, match=r"timeWindow\.startTime"):
-        insert(cal, tpu_block(unique("tpu"), 8, soon))
+        insert(cal, tpu_block(unique("tpu"), 8, soon), TPU_ZONE)
     insert(cal, gpu_block(unique("gpu"), 1, soon))
 
 
@@ -300,8 +304,12 @@ def test_under_the_never_rule_set_by_the_admin_api_nothing_approved_is_cancelled
     rule and the review delay are settings of the emulator (POST /admin/calendar)
     (tpu/docs/calendar-mode-reservation, "Limitations")."""
     admin = EmulatorAdmin(emu.endpoint)
-    settings = admin.set_calendar(review_delay=timedelta(minutes=10), cancellation_rule="never")
-    assert settings == {"reviewDelaySeconds": 600, "cancellationRule": "never"}
+    settings = admin.set_calendar(
+        review_delay=timedelta(minutes=10), fill_delay=timedelta(hours=3), cancellation_rule="never"
+    )
+    assert settings == {
+        "reviewDelaySeconds": 600, "fillDelaySeconds": 10800, "cancellationRule": "never"
+    }  # fmt: skip
     name = unique("block")
     insert(cal, gpu_block(name, 1, now(emu) + 50 * DAY))
     emu.cloud.advance(timedelta(minutes=9))
@@ -320,6 +328,7 @@ def test_under_the_never_rule_set_by_the_admin_api_nothing_approved_is_cancelled
     [
         ({"reviewDelaySeconds": -1}, "reviewDelaySeconds"),
         ({"reviewDelaySeconds": "soon"}, "reviewDelaySeconds"),
+        ({"fillDelaySeconds": -5}, "fillDelaySeconds"),
         ({"cancellationRule": "sometimes"}, "cancellation rule"),
     ],
 )
@@ -353,16 +362,19 @@ def test_delete_is_refused_until_the_end_then_allowed(emu: ComputeEmulator, cal:
 def test_at_its_start_reservation_bound_vms_consume_it_and_at_its_end_they_go(
     emu: ComputeEmulator, cal: Calendar
 ) -> None:
-    """At the start the auto-created reservation exists (status.autoCreatedReservations) and
-    RESERVATION_BOUND VMs with a specific affinity consume it; at the end Compute Engine
-    deletes it and the VMs consuming it, and the request stays FULFILLED
-    (compute/docs/instances/future-reservations-calendar-mode-overview; CP
-    FutureReservationStatus, Scheduling.provisioningModel RESERVATION_BOUND)."""
+    """The auto-created reservation exists from approval, empty ("Compute Engine
+    automatically creates an empty reservation", compute/docs/hpc/reserve-capacity-account-team):
+    a VM consuming it before it is filled fails for want of capacity. Filled at the start
+    (FULFILLED, status.autoCreatedReservations), RESERVATION_BOUND VMs with a specific
+    affinity consume it; at the end Compute Engine deletes it and the VMs consuming it, and
+    the request stays FULFILLED (compute/docs/instances/future-reservations-calendar-mode-overview;
+    CP FutureReservationStatus, Scheduling.provisioningModel RESERVATION_BOUND)."""
     name, start = unique("block"), now(emu) + DAY
     insert(cal, gpu_block(name, 2, start))
     emu.cloud.advance(start - now(emu) - timedelta(seconds=1))
-    with pytest.raises(exceptions.BadRequest, match="does not exist"):
-        cal.instances.insert(project=PROJECT, zone=ZONE, instance_resource=bound_vm("early", name))
+    early = cal.instances.insert(project=PROJECT, zone=ZONE, instance_resource=bound_vm("e", name))
+    with pytest.raises(exceptions.ServiceUnavailable, match="no free capacity"):
+        early.result()
     emu.cloud.advance(timedelta(seconds=1))
     status = get(cal, name).status
     assert status.procurement_status == "FULFILLED"
@@ -395,34 +407,44 @@ def test_a_tpu_block_is_consumed_by_a_v2alpha1_queued_resource_naming_its_reserv
     emu: ComputeEmulator, cal: Calendar
 ) -> None:
     """A TPU calendar block (an aggregate reservation of its VM family) is consumed by a
-    queued resource with reservationName projects/P/locations/Z/reservations/R and
-    guaranteed.reserved; at the end the TPUs are deleted with the reservation
-    (tpu/docs/calendar-mode-reservation; tpu/docs/consume-reservation;
+    queued resource with reservationName projects/P/locations/Z/reservations/R that is
+    reservation-bound ("for future reservations created in calendar mode, you must also set
+    the --provisioning-model flag to reservation-bound", tpu/docs/consume-reservation; gcloud
+    sends provisioningModel RESERVATION_BOUND); guaranteed.reserved alone is refused. At the
+    end the TPUs are deleted with the reservation (tpu/docs/calendar-mode-reservation;
     tpu/docs/reference/rest/v2alpha1/projects.locations.queuedResources)."""
     name, start = unique("tpu"), now(emu) + lead_of(True).earliest
-    insert(cal, tpu_block(name, 8, start))
+    insert(cal, tpu_block(name, 8, start), TPU_ZONE)
     emu.cloud.advance(start - now(emu) + LATENCY)
-    reservation = cal.reservations.get(project=PROJECT, zone=ZONE, reservation=name)
+    reservation = cal.reservations.get(project=PROJECT, zone=TPU_ZONE, reservation=name)
     accelerator = reservation.aggregate_reservation.reserved_resources[0].accelerator
-    assert (accelerator.accelerator_count, accelerator.accelerator_type) == (8, "ct6e")
-    base_path = f"/v2alpha1/projects/{PROJECT}/locations/{ZONE}"
-    body = {
-        "tpu": {"nodeSpec": [{"parent": f"projects/{PROJECT}/locations/{ZONE}", "nodeId": "n",
+    assert accelerator.accelerator_count == 8
+    assert accelerator.accelerator_type.endswith(f"/zones/{TPU_ZONE}/acceleratorTypes/ct6e")
+    base_path = f"/v2alpha1/projects/{PROJECT}/locations/{TPU_ZONE}"
+    unbound = {
+        "tpu": {"nodeSpec": [{"parent": f"projects/{PROJECT}/locations/{TPU_ZONE}",
+                              "nodeId": "n",
                               "node": {"acceleratorType": "v6e-8",
                                        "runtimeVersion": "v2-alpha-tpuv6e"}}]},
-        "reservationName": f"projects/{PROJECT}/locations/{ZONE}/reservations/{name}",
+        "reservationName": f"projects/{PROJECT}/locations/{TPU_ZONE}/reservations/{name}",
         "guaranteed": {"reserved": True},
     }  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        rest(emu, "POST", f"{base_path}/queuedResources?queuedResourceId=unbound", unbound)
+    assert refused.value.code == 400
+    assert "RESERVATION_BOUND" in refused.value.read().decode()
+    body = {**unbound, "provisioningModel": "RESERVATION_BOUND"}
+    del body["guaranteed"]
     operation = rest(emu, "POST", f"{base_path}/queuedResources?queuedResourceId=qr", body)
     assert operation["response"]["state"] == {"state": "PROVISIONING"}
     emu.cloud.advance(LATENCY)
     assert rest(emu, "GET", f"{base_path}/queuedResources/qr")["state"] == {"state": "ACTIVE"}
-    in_use = cal.reservations.get(project=PROJECT, zone=ZONE, reservation=name)
+    in_use = cal.reservations.get(project=PROJECT, zone=TPU_ZONE, reservation=name)
     assert in_use.aggregate_reservation.in_use_resources[0].accelerator.accelerator_count == 8
-    assert emu.cloud.stock(ZONE, TPU) == 8
+    assert emu.cloud.stock(TPU_ZONE, TPU) == 8
     emu.cloud.advance(DAY)
     assert rest(emu, "GET", f"{base_path}/queuedResources") == {"queuedResources": []}
-    assert emu.cloud.stock(ZONE, TPU) == 16
+    assert emu.cloud.stock(TPU_ZONE, TPU) == 16
 
 
 # ---------------------------------------------------------------------- advice
@@ -516,7 +538,7 @@ def test_the_standalone_server_takes_the_calendar_settings_as_flags() -> None:
     """``--review-delay`` and ``--cancellation-rule`` set the calendar settings of a
     standalone emulator (GET /admin/calendar shows them)."""
     command = [sys.executable, "-m", "emulators.compute", "--review-delay", "30",
-               "--cancellation-rule", "never"]  # fmt: skip
+               "--fill-delay", "300", "--cancellation-rule", "never"]  # fmt: skip
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "shared")])}
     server = subprocess.Popen(
         command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, text=True,
@@ -527,7 +549,9 @@ def test_the_standalone_server_takes_the_calendar_settings_as_flags() -> None:
         endpoint = server.stdout.readline().strip().partition("=")[2]
         with urllib.request.urlopen(endpoint + "/admin/calendar", timeout=10) as reply:
             settings = json.loads(reply.read())
-        assert settings == {"reviewDelaySeconds": 30, "cancellationRule": "never"}
+        assert settings == {
+            "reviewDelaySeconds": 30, "fillDelaySeconds": 300, "cancellationRule": "never"
+        }  # fmt: skip
         os.killpg(server.pid, signal.SIGTERM)
         assert server.wait(15) == 0
     finally:

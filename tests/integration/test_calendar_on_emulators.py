@@ -24,7 +24,7 @@ from opendws.adapters.memory import MemoryNudger
 from opendws.domain.states import RequestState
 from opendws.ports import Price, order_name
 from opendws.service.release import EndOutcome, EndService
-from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar
+from tests.builders import A3, DAY, H100, HOUR, MINUTE, NOW, calendar, tpu_pool
 from tests.integration.conftest import LATENCY, POOL_A, POOL_B, ZONE_A, ZONE_B, Stack
 from tests.world import submit
 
@@ -83,6 +83,9 @@ def test_a_block_is_booked_once_google_approves_it_and_runs_in_its_reservation(
     assert world.state("block") is S.ACTIVE
     vms = blocks.cloud.list_instances(blocks.project, ZONE_A)
     assert {vm["scheduling"]["provisioningModel"] for vm in vms} == {"RESERVATION_BOUND"}
+    # instances.insert takes the disk type's URL (a bare name is refused as malformed).
+    disk_types = {vm["disks"][0]["initializeParams"]["diskType"] for vm in vms}
+    assert disk_types == {f"zones/{ZONE_A}/diskTypes/pd-balanced"}
     assert {vm["reservationAffinity"]["values"][0] for vm in vms} == {name}
     blocks.advance(DAY)
     blocks.run()
@@ -202,21 +205,34 @@ def test_releasing_a_running_block_deletes_its_vms_and_keeps_its_reservation_to_
 def test_a_tpu_block_is_a_future_reservation_of_chips_consumed_by_a_queued_resource(
     blocks: Stack,
 ) -> None:
+    """In a zone where Google reserves v5e in calendar mode, as BATCH
+    (tpu/docs/calendar-mode-reservation); the reservation asked as gcloud asks it (the family,
+    the chip count, the workload type: command_lib/compute/future_reservations/util.py) and
+    consumed by a reservation-bound queued resource (tpu/docs/consume-reservation)."""
     world = blocks.world
+    zone = "us-west4-b"
+    configuration = world.config.load()
+    world.config.save(
+        replace(configuration, pools=(*configuration.pools, tpu_pool(zone=zone, capacity=16)))
+    )
+    blocks.cloud.set_stock(zone, "V5LITE_POD", 16)
     start = NOW + 3 * DAY
     submit(world.store, calendar("slice", topology="4x4", start_at=start, days=2,
-                                 locations=(ZONE_A,)))  # fmt: skip
+                                 locations=(zone,)))  # fmt: skip
     blocks.run()
     name = order_name("slice", 1)
     assert world.record("slice").reason == "AWAITING_APPROVAL"
-    (future,) = blocks.cloud.list_future_reservations(blocks.project, ZONE_A)
-    assert future["aggregateReservation"]["vmFamily"] == "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT5LP"
+    (future,) = blocks.cloud.list_future_reservations(blocks.project, zone)
+    aggregate = future["aggregateReservation"]
+    assert aggregate["vmFamily"] == "VM_FAMILY_CLOUD_TPU_LITE_POD_SLICE_CT5LP"
+    assert aggregate["workloadType"] == "BATCH"
+    assert aggregate["reservedResources"] == [{"accelerator": {"acceleratorCount": 16}}]
     reviewed(blocks)
     assert world.state("slice") is S.BOOKED
-    assert blocks.cloud.stock(ZONE_A, "V5LITE_POD") == 16  # promised, not taken yet
+    assert blocks.cloud.stock(zone, "V5LITE_POD") == 16  # promised, not taken yet
     blocks.advance(start - world.clock.now())
     blocks.run()
-    assert blocks.cloud.stock(ZONE_A, "V5LITE_POD") == 0
+    assert blocks.cloud.stock(zone, "V5LITE_POD") == 0
     blocks.advance(LATENCY)
     blocks.run()
     assert world.state("slice") is S.ACTIVE
@@ -229,8 +245,51 @@ def test_a_tpu_block_is_a_future_reservation_of_chips_consumed_by_a_queued_resou
         if item["name"].endswith(name)
     ]
     assert resource["reservationName"].endswith(f"/reservations/{name}")
+    assert resource["provisioningModel"] == "RESERVATION_BOUND"
     blocks.advance(2 * DAY)
     blocks.run()
     assert world.state("slice") is S.EXPIRED
-    assert blocks.cloud.stock(ZONE_A, "V5LITE_POD") == 16
+    assert blocks.cloud.stock(zone, "V5LITE_POD") == 16
     assert blocks.left_running() == []
+
+
+def test_a_block_whose_reservation_google_fills_late_runs_once_it_is_filled(
+    blocks: Stack,
+) -> None:
+    """Google creates an approved block's reservation at approval, empty, and provisions the
+    capacity into it from the start, possibly up to 24 h later ("Compute Engine automatically
+    creates an empty reservation. Then, at your chosen start time, Compute Engine provisions
+    the requested capacity into the auto-created reservation", compute/docs/hpc/
+    reserve-capacity-account-team). opendws provisions when the future reservation's
+    status.procurementStatus is FULFILLED ("fulfilled completely", CP
+    FutureReservationStatus), not when the reservation exists: no VM is asked for (and
+    refused) before, and the event says it waits for Google."""
+    world = blocks.world
+    blocks.cloud.set_fill_delay(5 * MINUTE)
+    start = NOW + 5 * DAY
+    submit(world.store, calendar("late", vm_count=2, days=1, start_at=start))
+    blocks.run()
+    reviewed(blocks)
+    name = order_name("late", 1)
+    assert [r["name"] for r in blocks.cloud.list_reservations(blocks.project, ZONE_A)] == [name]
+    blocks.advance(start - world.clock.now())
+    blocks.run()
+    assert world.state("late") is S.PROVISIONING
+    (started,) = [
+        event.message
+        for event in world.bus.published
+        if (event.request_id, event.reason) == ("late", "BLOCK_STARTED")
+    ]
+    assert "waiting for Google Cloud to fill its reservation" in started
+    for _ in range(4):
+        blocks.advance(MINUTE)
+        blocks.run()
+        assert world.state("late") is S.PROVISIONING
+        assert blocks.cloud.list_instances(blocks.project, ZONE_A) == []
+    assert blocks.cloud.created("instances") == {}  # nothing asked for, nothing refused
+    blocks.advance(MINUTE)
+    blocks.run()
+    assert len(blocks.cloud.list_instances(blocks.project, ZONE_A)) == 2
+    blocks.advance(LATENCY)
+    blocks.run()
+    assert world.state("late") is S.ACTIVE

@@ -66,6 +66,7 @@ def emu(emulator: ComputeEmulator) -> ComputeEmulator:
     emulator.cloud.reset()
     emulator.cloud.set_latency(LATENCY)
     emulator.cloud.set_review_delay(REVIEW_DELAY)
+    emulator.cloud.set_fill_delay(timedelta(0))
     emulator.cloud.set_cancellation_rule(CancellationRule.WINDOWS)
     emulator.round_trip = 0.0
     return emulator
@@ -475,10 +476,12 @@ def test_future_reservation_is_fulfilled_at_start_and_its_vms_end_with_it(
     assert emu.cloud.stock(ZONE, SHAPE) == 5  # promised; taken at the start
     got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=name)
     assert got.status.procurement_status == "APPROVED"
-    with pytest.raises(exceptions.BadRequest, match="does not exist"):
-        clients.instances.insert(
-            project=PROJECT, zone=ZONE, instance_resource=consuming_instance(unique("vm"), name)
-        )
+    # Created at approval, empty (compute/docs/hpc/reserve-capacity-account-team): a VM
+    # consuming it before its capacity is provisioned into it fails for want of capacity.
+    empty = clients.instances.insert(
+        project=PROJECT, zone=ZONE, instance_resource=consuming_instance(unique("vm"), name)
+    )
+    assert empty.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
     emu.cloud.advance(timedelta(days=1) - REVIEW_DELAY + LATENCY)
     got = clients.futures.get(project=PROJECT, zone=ZONE, future_reservation=name)
     assert got.status.procurement_status == "FULFILLED"

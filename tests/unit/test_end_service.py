@@ -17,6 +17,8 @@ from tests.world import World, memory_world, submit, tenants_for
 
 S = RequestState
 ZONE = "us-central1-a"
+# Where Google's calendar mode reserves v5e (tpu/docs/calendar-mode-reservation).
+TPU_BLOCK_ZONE = "us-west4-b"
 POOL = f"{ZONE}/{A3}"
 LATENCY = timedelta(seconds=20)
 World_ = tuple[World, MemoryCapacityProvider]
@@ -24,7 +26,11 @@ World_ = tuple[World, MemoryCapacityProvider]
 
 @pytest.fixture
 def world_and_cloud() -> World_:
-    pools = (pool(zone=ZONE, capacity=4), tpu_pool(zone=ZONE, capacity=16))
+    pools = (
+        pool(zone=ZONE, capacity=4),
+        tpu_pool(zone=ZONE, capacity=16),
+        tpu_pool(zone=TPU_BLOCK_ZONE, capacity=16),
+    )
     configuration = Configuration(
         pools=pools,
         tenants=tenants_for(H100, V5E, names=("vision", "speech")),
@@ -33,6 +39,7 @@ def world_and_cloud() -> World_:
     world, cloud = memory_world(pools, (), timers=True, configuration=configuration)
     cloud.set_stock(ZONE, A3, 4)
     cloud.set_stock(ZONE, V5E, 16)
+    cloud.set_stock(TPU_BLOCK_ZONE, V5E, 16)
     return world, cloud
 
 
@@ -188,7 +195,8 @@ def test_a_timer_beyond_thirty_days_is_a_chain_of_hops(world_and_cloud: World_) 
     world, _ = world_and_cloud
     # A TPU block: Google's calendar mode takes them up to 120 days ahead (GPU VMs: 60).
     submit(world.store, calendar("far", tenant="vision", vm_count=1, days=2, topology="2x2",
-                                 start_at=NOW + 70 * DAY))  # fmt: skip
+                                 start_at=NOW + 70 * DAY,
+                                 locations=(TPU_BLOCK_ZONE,)))  # fmt: skip
     world.run()
     world.clock.advance(2 * MINUTE)  # Google's review
     world.run()

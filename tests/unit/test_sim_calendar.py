@@ -33,6 +33,7 @@ SHAPE = "a3-highgpu-8g"
 TPU = "V6E"
 
 JSON = dict[str, Any]
+COMPUTE = "https://www.googleapis.com/compute/v1"
 
 
 @pytest.fixture
@@ -67,15 +68,14 @@ def gpu_block(name: str, count: int, start: datetime, length: timedelta = 2 * DA
 
 
 def tpu_block(name: str, chips: int, start: datetime, length: timedelta = DAY) -> JSON:
-    """A TPU calendar block: an aggregate reservation of the v6e VM family."""
+    """A TPU calendar block: an aggregate reservation of the v6e VM family, as gcloud sends
+    it (the family, the chip count and the workload type; no accelerator type)."""
     body = gpu_block(name, 1, start, length)
     del body["specificSkuProperties"]
     body["aggregateReservation"] = {
         "vmFamily": TPU_VM_FAMILIES[TPU],
         "workloadType": "BATCH",
-        "reservedResources": [
-            {"accelerator": {"acceleratorCount": chips, "acceleratorType": "ct6e"}}
-        ],
+        "reservedResources": [{"accelerator": {"acceleratorCount": chips}}],
     }
     return body
 
@@ -118,7 +118,7 @@ def reserved_qr(reservation: str, chips: int = 8, **extra: Any) -> JSON:
     return {
         "tpu": {"nodeSpec": [{"node": {"acceleratorType": f"v6e-{chips}"}}]},
         "reservationName": f"projects/{P}/locations/{Z}/reservations/{reservation}",
-        "guaranteed": {"reserved": True},
+        "provisioningModel": "RESERVATION_BOUND",
         **extra,
     }
 
@@ -141,17 +141,23 @@ def test_a_submitted_block_is_pending_approval_until_the_review_then_approved(
 ) -> None:
     """The insert succeeds and the request is PENDING_APPROVAL; Google reviews it (after a
     delay it does not document) and approves it when the capacity is there: nothing is taken
-    from stock before the start (CP FutureReservationStatus.ProcurementStatus;
-    compute/docs/instances/create-future-reservations-calendar-mode)."""
+    from stock before the start, and its reservation is created at approval, empty ("Compute
+    Engine automatically creates an empty reservation", compute/docs/hpc/
+    reserve-capacity-account-team; CP FutureReservationStatus.ProcurementStatus,
+    AllocationSpecificSKUReservation.assured_count "how many instances are actually usable
+    currently"; compute/docs/instances/create-future-reservations-calendar-mode)."""
     assert cloud.review_delay == REVIEW_DELAY
     submit(cloud, gpu_block("b", 3, START + 10 * DAY), reviewed=False)
     assert procurement(cloud, "b") == "PENDING_APPROVAL"
+    assert cloud.list_reservations(P, Z) == []
     cloud.advance(REVIEW_DELAY - timedelta(seconds=1))
     assert procurement(cloud, "b") == "PENDING_APPROVAL"
     cloud.advance(timedelta(seconds=1))
     assert procurement(cloud, "b") == "APPROVED"
     assert cloud.stock(Z, SHAPE) == 4
-    assert cloud.list_reservations(P, Z) == []
+    (reservation,) = cloud.list_reservations(P, Z)
+    assert reservation["name"] == "b-r"
+    assert reservation["specificReservation"]["assuredCount"] == "0"
     assert cloud.created("futureReservations") == {"b": 1}
 
 
@@ -388,8 +394,9 @@ def test_a_gpu_block_reserves_1_to_80_vms_and_a_tpu_block_an_allowed_chip_count(
     body = tpu_block("t", 3, start)
     refused(lambda: cloud.insert_future_reservation(P, Z, body), "aggregateReservation", "3")
     wrong = tpu_block("t", 8, start)
-    wrong["aggregateReservation"]["reservedResources"][0]["accelerator"]["acceleratorType"] = "ct5p"
-    refused(lambda: cloud.insert_future_reservation(P, Z, wrong), "acceleratorType")
+    chip = wrong["aggregateReservation"]["reservedResources"][0]["accelerator"]
+    chip["acceleratorType"] = f"zones/{Z}/acceleratorTypes/ct5p"
+    refused(lambda: cloud.insert_future_reservation(P, Z, wrong), "acceleratorType", "ct6e")
     family = tpu_block("t", 8, start)
     family["aggregateReservation"]["vmFamily"] = "VM_FAMILY_CLOUD_TPU_DEVICE_CT3"
     refused(lambda: cloud.insert_future_reservation(P, Z, family), "vmFamily")
@@ -401,7 +408,6 @@ def test_calendar_mode_reserves_tpu_v6e_v5p_and_v5e_only(cloud: SimulatedCloud) 
     v4 = tpu_block("t", 8, START + 10 * DAY)
     aggregate = v4["aggregateReservation"]
     aggregate["vmFamily"] = TPU_VM_FAMILIES["V4"]
-    aggregate["reservedResources"][0]["accelerator"]["acceleratorType"] = "ct4p"
     refused(lambda: cloud.insert_future_reservation(P, Z, v4), "vmFamily", "only")
 
 
@@ -419,10 +425,13 @@ def test_at_its_start_the_reservation_is_live_and_reservation_bound_vms_consume_
     start = START + 2 * DAY
     submit(cloud, gpu_block("b", 2, start))
     with pytest.raises(CloudError, match="does not exist"):
-        cloud.insert_instance(P, Z, bound_vm("early", "b-r"))
+        cloud.insert_instance(P, Z, bound_vm("unknown", "other-r"))
+    early = cloud.insert_instance(P, Z, bound_vm("early", "b-r"))  # there, but empty
+    assert early["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
     cloud.advance(start - cloud.clock.now() - timedelta(seconds=1))
     assert procurement(cloud, "b") == "APPROVED"  # never cancellable: no lockTime, no PROCURING
-    assert cloud.list_reservations(P, Z) == []
+    (empty,) = cloud.list_reservations(P, Z)
+    assert empty["specificReservation"]["assuredCount"] == "0"
     cloud.advance(timedelta(seconds=1))
     got = status(cloud, "b")
     assert got["procurementStatus"] == "FULFILLED"
@@ -487,30 +496,35 @@ def test_a_tpu_block_is_consumed_by_a_queued_resource_naming_its_reservation(
     cloud: SimulatedCloud,
 ) -> None:
     """A TPU block's chips are an aggregate reservation of its VM family; a queued resource
-    naming reservationName projects/P/locations/Z/reservations/R with guaranteed.reserved takes
-    them at once (ACTIVE after provisioning) if it is live with room, and fails otherwise; at
-    the end the TPUs go with the reservation (tpu/docs/calendar-mode-reservation;
-    tpu/docs/consume-reservation; tpu/docs/reference/rest/v2alpha1/projects.locations.
-    queuedResources: reservationName, Guaranteed.reserved)."""
+    naming reservationName projects/P/locations/Z/reservations/R, reservation-bound ("for
+    future reservations created in calendar mode, you must also set the --provisioning-model
+    flag to reservation-bound", tpu/docs/consume-reservation; gcloud's
+    command_lib/compute/tpus/queued_resources/util.py sends provisioningModel
+    RESERVATION_BOUND), takes them at once (ACTIVE after provisioning) if they are delivered
+    and free, and fails otherwise; at the end the TPUs go with the reservation
+    (tpu/docs/calendar-mode-reservation; tpu/docs/reference/rest/v2alpha1/
+    projects.locations.queuedResources: reservationName, provisioningModel)."""
     start = START + 2 * DAY
     submit(cloud, tpu_block("t", 8, start))
     cloud.create_queued_resource(P, Z, "early", reserved_qr("t-r"), "v2alpha1")
     early = cloud.get_queued_resource(P, Z, "early")["state"]
-    assert early["state"] == "FAILED"
-    assert "not active" in early["failedData"]["error"]["message"]
+    assert early["state"] == "FAILED"  # its reservation exists from approval, empty
+    assert "0 delivered so far" in early["failedData"]["error"]["message"]
     cloud.advance(start - cloud.clock.now() + LATENCY)
     assert cloud.stock(Z, TPU) == 8
     aggregate = cloud.get_reservation(P, Z, "t-r")["aggregateReservation"]
     assert aggregate["vmFamily"] == TPU_VM_FAMILIES[TPU]
+    chips = f"{COMPUTE}/projects/{P}/zones/{Z}/acceleratorTypes/{TPU_COMPUTE_ACCELERATORS[TPU]}"
     assert aggregate["reservedResources"] == [
-        {"accelerator": {"acceleratorCount": 8, "acceleratorType": TPU_COMPUTE_ACCELERATORS[TPU]}}
+        {"accelerator": {"acceleratorCount": 8, "acceleratorType": chips}}
     ]
-    refused(
-        lambda: cloud.create_queued_resource(
-            P, Z, "unmarked", reserved_qr("t-r", guaranteed={}), "v2alpha1"
-        ),
-        "guaranteed.reserved",
-    )
+    guaranteed = reserved_qr("t-r", guaranteed={"reserved": True})
+    del guaranteed["provisioningModel"]
+    for unbound in (guaranteed, reserved_qr("t-r", provisioningModel="STANDARD")):
+        refused(
+            lambda body=unbound: cloud.create_queued_resource(P, Z, "unbound", body, "v2alpha1"),
+            "RESERVATION_BOUND",
+        )
     cloud.create_queued_resource(P, Z, "qr", reserved_qr("t-r"), "v2alpha1")
     assert cloud.get_queued_resource(P, Z, "qr")["state"]["state"] == "PROVISIONING"
     cloud.create_queued_resource(P, Z, "more", reserved_qr("t-r", 4), "v2alpha1")
@@ -641,3 +655,76 @@ def test_the_review_delay_is_a_setting_kept_by_reset(cloud: SimulatedCloud) -> N
     assert procurement(cloud, "b") == "APPROVED"
     with pytest.raises(ValueError, match="review delay"):
         cloud.set_review_delay(timedelta(seconds=-1))
+
+
+def test_an_approved_blocks_reservation_is_filled_from_its_start_possibly_later(
+    cloud: SimulatedCloud,
+) -> None:
+    """ "Compute Engine automatically creates an empty reservation. Then, at your chosen start
+    time, Compute Engine provisions the requested capacity into the auto-created reservation"
+    (compute/docs/hpc/reserve-capacity-account-team), which takes a while (PROVISIONING:
+    "fulfilledCount ... the fulfilled capacity so far. This is set during PROVISIONING state",
+    CP FutureReservationStatus; FULFILLED "fulfilled completely"): until then nothing can
+    consume it, VM or TPU, though it exists."""
+    cloud.set_fill_delay(timedelta(minutes=5))
+    start = START + 2 * DAY
+    submit(cloud, gpu_block("b", 2, start))
+    submit(cloud, tpu_block("t", 8, start))
+    cloud.advance(start - cloud.clock.now())
+    assert (procurement(cloud, "b"), status(cloud, "b")["fulfilledCount"]) == ("PROVISIONING", "0")
+    assert cloud.stock(Z, SHAPE) == 2  # Google holds the units; the reservation is not filled
+    assert cloud.get_reservation(P, Z, "b-r")["specificReservation"]["assuredCount"] == "0"
+    vm = cloud.insert_instance(P, Z, bound_vm("vm-0", "b-r"))
+    assert vm["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    cloud.create_queued_resource(P, Z, "qr-early", reserved_qr("t-r"), "v2alpha1")
+    assert cloud.get_queued_resource(P, Z, "qr-early")["state"]["state"] == "FAILED"
+    cloud.advance(timedelta(minutes=5) - timedelta(seconds=1))
+    assert procurement(cloud, "b") == "PROVISIONING"
+    cloud.advance(timedelta(seconds=1))
+    assert (procurement(cloud, "b"), status(cloud, "b")["fulfilledCount"]) == ("FULFILLED", "2")
+    assert cloud.get_reservation(P, Z, "b-r")["specificReservation"]["assuredCount"] == "2"
+    assert "error" not in cloud.insert_instance(P, Z, bound_vm("vm-1", "b-r"))
+    cloud.create_queued_resource(P, Z, "qr", reserved_qr("t-r"), "v2alpha1")
+    assert cloud.get_queued_resource(P, Z, "qr")["state"]["state"] == "PROVISIONING"
+
+
+def test_tpu_blocks_are_reserved_in_googles_zones_as_the_workload_type_each_serves(
+    cloud: SimulatedCloud,
+) -> None:
+    """ "You can only reserve the following TPU versions in the specified zones": v6e in
+    asia-northeast1-b, europe-west4-a, us-east5-a, us-east5-b; v5p in us-east5-a; v5e in
+    europe-west4-b and us-west4-b (BATCH), us-south1-a (SERVING)
+    (tpu/docs/calendar-mode-reservation, "Limitations"); "you can only reserve one, four, or
+    eight TPUs v5e for serving (SERVING) workload types" (compute/docs/instances/
+    create-future-reservations-calendar-mode). An accelerator type, if given, is a "Full or
+    partial URL" (CP AllocationAggregateReservationReservedResourceInfoAccelerator): a bare
+    name is malformed."""
+    start = START + 10 * DAY
+    cloud.set_stock("us-south1-a", "V5LITE_POD", 16)
+    cloud.set_stock("us-west4-b", "V5LITE_POD", 16)
+
+    def v5e(name: str, chips: int, workload: str) -> JSON:
+        body = tpu_block(name, chips, start)
+        body["aggregateReservation"]["vmFamily"] = TPU_VM_FAMILIES["V5LITE_POD"]
+        body["aggregateReservation"]["workloadType"] = workload
+        return body
+
+    serving = "us-south1-a"
+    refused(lambda: cloud.insert_future_reservation(P, serving, v5e("a", 8, "BATCH")),
+            "workloadType", "SERVING")  # fmt: skip
+    refused(lambda: cloud.insert_future_reservation(P, serving, v5e("b", 16, "SERVING")),
+            "SERVING", "16")  # fmt: skip
+    assert "error" not in cloud.insert_future_reservation(P, serving, v5e("c", 8, "SERVING"))
+    refused(lambda: cloud.insert_future_reservation(P, "us-west4-b", v5e("d", 16, "SERVING")),
+            "workloadType", "BATCH")  # fmt: skip
+    assert "error" not in cloud.insert_future_reservation(P, "us-west4-b", v5e("e", 16, "BATCH"))
+    refused(lambda: cloud.insert_future_reservation(P, "us-central1-a", tpu_block("f", 8, start)),
+            "tpu-v6e", "us-central1-a")  # fmt: skip
+    bare = tpu_block("g", 8, start)
+    bare["aggregateReservation"]["reservedResources"][0]["accelerator"]["acceleratorType"] = "ct6e"
+    refused(lambda: cloud.insert_future_reservation(P, Z, bare), "acceleratorType", "malformed")
+    url = tpu_block("h", 8, start)
+    url["aggregateReservation"]["reservedResources"][0]["accelerator"]["acceleratorType"] = (
+        f"projects/{P}/zones/{Z}/acceleratorTypes/ct6e"
+    )
+    assert "error" not in cloud.insert_future_reservation(P, Z, url)

@@ -225,15 +225,17 @@ def test_a_block_starts_and_ends_on_time() -> None:
     )  # fmt: skip
 
 
-def test_a_block_starting_before_google_created_its_reservation_waits_for_it() -> None:
-    """Google creates the auto-created reservation around the start, PROVISIONING for up to
-    24 h after it (compute/docs/instances/future-reservations-calendar-mode-overview): no VM is
-    asked for until the reservation exists."""
+def test_a_block_starting_before_google_filled_its_reservation_waits_for_it() -> None:
+    """Google creates the auto-created reservation at approval, empty, and provisions the
+    capacity into it from the start, PROVISIONING for up to 24 h after it
+    (compute/docs/hpc/reserve-capacity-account-team;
+    compute/docs/instances/future-reservations-calendar-mode-overview): no VM is asked for
+    until the reservation is filled."""
     block = (NOW, NOW + timedelta(days=1))
     start = sweep(view(S.BOOKED, seen(phase=P.APPROVED), mode=Mode.CALENDAR, block=block), NOW,
                   GRACE)  # fmt: skip
     assert (start.target, start.reason, start.calls) == (S.PROVISIONING, R.BLOCK_STARTED, ())
-    assert "waiting for Google Cloud to create its reservation" in start.message
+    assert "waiting for Google Cloud to fill its reservation" in start.message
     later = sweep(view(S.PROVISIONING, seen(phase=P.RESERVED), mode=Mode.CALENDAR, block=block),
                   NOW + timedelta(hours=3), GRACE)  # fmt: skip
     assert later.calls == ((Call.PROVISION, Lane(A, 1)),)

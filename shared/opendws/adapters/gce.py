@@ -125,12 +125,19 @@ def vm_names(order: str, count: int) -> list[str]:
     return [f"{order}-{index}" for index in range(count)]
 
 
-def boot_disk(settings: CloudSettings, machine_type: str = "") -> compute_v1.AttachedDisk:
+def boot_disk(
+    settings: CloudSettings, machine_type: str = "", *, zone: str | None = None
+) -> compute_v1.AttachedDisk:
     """A boot disk from the configured image, deleted with its VM, of the type the machine
-    family needs (Hyperdisk on A3 Ultra and A4: catalog.vm_profile)."""
+    family needs (Hyperdisk on A3 Ultra and A4: catalog.vm_profile).
+
+    ``zone``: the disk of one VM (``instances.insert``), whose disk type must be a URL of the
+    VM's zone, ``zones/ZONE/diskTypes/TYPE``; None: the disk of an instance template, which
+    takes the bare type name (CP ``AttachedDiskInitializeParams.disk_type``)."""
     params = compute_v1.AttachedDiskInitializeParams(source_image=settings.boot_image)
     if machine_type:
-        params.disk_type = vm_profile(machine_type).disk_type
+        disk_type = vm_profile(machine_type).disk_type
+        params.disk_type = disk_type if zone is None else f"zones/{zone}/diskTypes/{disk_type}"
     return compute_v1.AttachedDisk(boot=True, auto_delete=True, initialize_params=params)
 
 

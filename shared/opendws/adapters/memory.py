@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 
+from opendws.catalog import TPU_CALENDAR_ZONES, tpu_calendar_workload
 from opendws.domain.calendar import CancellationRule, cancel_deadline, may_cancel
 from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
 from opendws.domain.readiness import ReadySample, samples_after
@@ -304,6 +305,7 @@ class _FakeOrder:
     last_attempt: str | None = None
     message: str = ""
     review_at: datetime | None = None  # a block: when Google reviews it
+    filled_at: datetime | None = None  # a started block: when its reservation is filled
     approved_at: datetime | None = None  # a block: when Google approved it (None: not yet)
     locked_at: datetime | None = None  # a block: the last instant it may be cancelled
     # What observe last reported of it, and the fields it was built from: one report object
@@ -393,8 +395,9 @@ class MemoryCapacityProvider:
       = :func:`~opendws.domain.calendar.cancel_deadline` under ``cancellation``; else FAILED,
       DECLINED. Injections: "error" at the submission — the insert fails, nothing is created;
       at the review, "stockout" (or "error") — DECLINED, "hang" — it stays in REVIEW. At its
-      start it takes its units (FAILED, FAILED, if they are gone) and its reservation is live:
-      RESERVED; :meth:`provision` then creates its VMs on the block's own units (CREATING,
+      start it takes its units (FAILED, FAILED, if they are gone); its reservation is filled
+      ``fill_delay`` later (Google: up to 24 h), APPROVED until then, then RESERVED;
+      :meth:`provision` then creates its VMs on the block's own units (CREATING,
       READY after ``latency``) — before that it does nothing. At its end: ENDED, VMs gone,
       units back. :meth:`withdraw` cancels it while
       :func:`~opendws.domain.calendar.may_cancel` allows (never once started): FAILED,
@@ -411,7 +414,7 @@ class MemoryCapacityProvider:
 
     def __init__(
         self, clock: Clock, *, latency: timedelta = timedelta(seconds=20),
-        review_delay: timedelta = REVIEW_DELAY,
+        review_delay: timedelta = REVIEW_DELAY, fill_delay: timedelta = timedelta(0),
         cancellation: CancellationRule = CancellationRule.WINDOWS,
         latency_of: Callable[[str], timedelta] | None = None,
     ) -> None:  # fmt: skip
@@ -422,6 +425,7 @@ class MemoryCapacityProvider:
         self._latency = latency
         self._latency_of = latency_of
         self._review_delay = review_delay
+        self._fill_delay = fill_delay
         self._cancellation = cancellation
         self._offset = timedelta(0)
         self._stock: dict[_Key, int] = {}
@@ -480,6 +484,12 @@ class MemoryCapacityProvider:
         """How long Google takes to review a calendar block, for blocks submitted from now on."""
         with self._lock:
             self._review_delay = delay
+
+    def set_fill_delay(self, delay: timedelta) -> None:
+        """How long after a block's start Google takes to fill its reservation, for blocks
+        that start from now on."""
+        with self._lock:
+            self._fill_delay = delay
 
     def set_cancellation(self, rule: CancellationRule) -> None:
         """Which of Google's cancellation rules holds, from now on (for approvals, withdrawals
@@ -554,6 +564,7 @@ class MemoryCapacityProvider:
                 return  # the insert operation failed: nothing is created
             request = order.request
             assert request.start_at is not None  # a calendar block
+            _refuse_tpu_block_zone(order.pool)
             fake = self._new(order, ProvisionPhase.REVIEW)
             fake.starts_at = request.start_at
             fake.review_at = fake.created_at + self._review_delay
@@ -748,10 +759,15 @@ class MemoryCapacityProvider:
         if block.phase is ProvisionPhase.REVIEW and not block.hung and due:
             self._review(block, when)
         if block.phase is ProvisionPhase.APPROVED and block.starts_at <= when:
-            self._take_block(block)
+            if not block.holds_stock:
+                self._take_block(block, when)
+            if block.filled_at is not None and block.filled_at <= when:
+                block.phase = ProvisionPhase.RESERVED
+                block.message = "the block's reservation is filled"
         if block.phase is ProvisionPhase.CREATING and block.eligible_at <= when:
             block.phase, block.ready_at = ProvisionPhase.READY, block.eligible_at
-        if block.phase in _LIVE and block.calendar_end <= when:
+        started = block.phase in _LIVE or block.holds_stock
+        if started and block.calendar_end <= when:
             block.phase, block.ready_at = ProvisionPhase.ENDED, None  # its VMs are deleted
             block.message = "the block's time window has ended"
             if block.holds_stock:
@@ -781,7 +797,7 @@ class MemoryCapacityProvider:
         block.locked_at = cancel_deadline(
             self._cancellation, start=block.starts_at, approved_at=when
         )
-        block.message = "approved by Google; its reservation is created at its start"
+        block.message = "approved by Google; its reservation is filled from its start"
 
     def _free(self, key: _Key, start: datetime, end: datetime) -> int:
         """Units of ``key`` Google would still promise over ``[start, end)``: the stock, plus
@@ -871,9 +887,10 @@ class MemoryCapacityProvider:
             f"request ({order.units} × {key[1]})"
         )
 
-    def _take_block(self, block: _FakeOrder) -> None:
-        """A block's start: its units are taken and its reservation is live (RESERVED), or it
-        fails if they are gone."""
+    def _take_block(self, block: _FakeOrder, when: datetime) -> None:
+        """A block's start: its units are taken, and its reservation (there, empty, since the
+        approval) is filled ``fill_delay`` later (RESERVED; APPROVED until then), or it fails
+        if they are gone."""
         if self._stock.get(block.key, 0) < block.units:
             block.phase, block.error_code = ProvisionPhase.FAILED, BLOCK_FAILED
             block.message = (
@@ -882,8 +899,24 @@ class MemoryCapacityProvider:
             )
             return
         self._take_stock(block)
+        block.filled_at = when + self._fill_delay
+        if block.filled_at > when:
+            block.message = "Google Cloud is filling the block's reservation"
+            self._at(block.filled_at, block)
+            return
         block.phase = ProvisionPhase.RESERVED
-        block.message = "the block's reservation is live"
+        block.message = "the block's reservation is filled"
+
+
+def _refuse_tpu_block_zone(pool: Pool) -> None:
+    """As Google refuses a calendar-mode TPU reservation outside the zones it reserves that
+    generation in (catalog.TPU_CALENDAR_ZONES): ValueError, nothing created."""
+    if pool.provider is Provider.TPU and tpu_calendar_workload(pool.accelerator, pool.zone) is None:
+        zones = ", ".join(sorted(TPU_CALENDAR_ZONES.get(pool.accelerator, {})))
+        raise ValueError(
+            f"calendar mode reserves {pool.accelerator} only in {zones or 'no zone'}, not in "
+            f"{pool.zone}"
+        )
 
 
 class MemoryTimerQueue:

@@ -9,22 +9,28 @@ tpu/docs/calendar-mode-reservation):
   the capacity; :meth:`advise` asks it.
 - :meth:`reserve` submits a future reservation in CALENDAR mode (DENSE, the only v1 deployment
   type) for the block's window: GPU VMs as ``specificSkuProperties`` of the machine type, TPU
-  chips as an ``aggregateReservation`` of the generation's VM family. Google reviews it:
-  ``procurementStatus`` PENDING_APPROVAL, then APPROVED or DECLINED; around the start
-  PROVISIONING, then FULFILLED with an auto-created reservation of the block's name.
-- :meth:`provision`, once that reservation exists, creates the consumers: VMs named
+  chips as an ``aggregateReservation`` of the generation's VM family, reserved as the workload
+  type the zone serves (catalog.TPU_CALENDAR_ZONES). Google reviews it: ``procurementStatus``
+  PENDING_APPROVAL, then APPROVED (its reservation, of the block's name, created now, empty)
+  or DECLINED; from the start PROVISIONING while Google fills the reservation (possibly up to
+  24 h), then FULFILLED.
+- :meth:`provision`, once the block is FULFILLED, creates the consumers: VMs named
   ``{order}-{index}`` with the RESERVATION_BOUND provisioning model and a specific reservation
   affinity naming it (as cluster-toolkit's ``resume.py`` and the AI Hypercomputer REST examples
-  do), or one queued resource naming the reservation.
+  do), their boot disk type a URL of the zone, or one reservation-bound queued resource naming
+  the reservation.
 - :meth:`withdraw` cancels a submitted block at Google, which allows it only within the
-  cancellation windows; a refusal is reported, never raised.
+  cancellation windows; a refusal is reported, never raised. Google does not document the
+  code of a refused cancel, so after any client error (4xx) the block is read back and its
+  procurement status decides.
 - :meth:`release` deletes the consumers, then deletes the block if Google allows it (cancelled,
   declined, failed or ended) or withdraws and deletes it if it may still be cancelled; a block
   Google keeps is left to its end (it is billed in full either way), when Google deletes its
   reservation and consumers itself and a later release deletes the request.
 
-Observed phases (ports.Observed): PENDING_APPROVAL is REVIEW; approved without a reservation
-yet is APPROVED; the reservation with nothing consuming it is RESERVED; consumers being created
+Observed phases (ports.Observed): PENDING_APPROVAL is REVIEW; approved, its reservation not
+yet filled (absent, or there and empty), is APPROVED; FULFILLED with its reservation there and
+nothing consuming it is RESERVED; consumers being created
 CREATING, all running READY; DECLINED, CANCELLED and FAILED are FAILED with that code; FULFILLED
 with its reservation gone is ENDED. ``locked_at`` is ``status.lockTime`` (when Google stops
 allowing a cancel), ``ends_at`` the window's end.
@@ -38,7 +44,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from google.api_core.exceptions import BadRequest, FailedPrecondition, NotFound
+from google.api_core.exceptions import ClientError, NotFound
 from google.cloud import compute_v1
 
 from opendws.adapters.gce import (
@@ -59,9 +65,9 @@ from opendws.adapters.tpu import Response, Session, TpuQueuedProvider, queued_re
 from opendws.catalog import (
     TPU_ACCELERATOR_OF_API_TYPE,
     TPU_API_TYPES,
-    TPU_COMPUTE_ACCELERATORS,
     TPU_TYPE_OF_VM_FAMILY,
     TPU_VM_FAMILIES,
+    tpu_calendar_workload,
 )
 from opendws.domain.model import CapacityRequest, Pool, Provider, region_of
 from opendws.ports import Advised, Observed, Order, ProvisionPhase, Withdrawal
@@ -73,6 +79,14 @@ _DELETABLE = frozenset({"CANCELLED", "DECLINED", "FAILED", "FAILED_PARTIALLY_FUL
 _FAILED = {"DECLINED": "DECLINED", "CANCELLED": "CANCELLED", "FAILED": "FAILED",
            "FAILED_PARTIALLY_FULFILLED": "FAILED_PARTIALLY_FULFILLED"}  # fmt: skip
 _IN_REVIEW = frozenset({"DRAFTING", "PENDING_APPROVAL", "PENDING_AMENDMENT_APPROVAL"})
+# The procurementStatus of a block whose capacity is in its reservation: "Future reservation is
+# fulfilled completely" (CP FutureReservationStatus.ProcurementStatus.FULFILLED). An approved
+# block's reservation exists from approval, empty, and is filled from the start, possibly up
+# to 24 h later (compute/docs/hpc/reserve-capacity-account-team: "Compute Engine
+# automatically creates an empty reservation. Then, at your chosen start time, Compute Engine
+# provisions the requested capacity into the auto-created reservation"): its existence is not
+# its capacity.
+_FILLED = "FULFILLED"
 
 
 class _Blocks:
@@ -119,16 +133,19 @@ class _Blocks:
             ),
         )
         if self.tpu:
+            # As gcloud sends it (command_lib/compute/future_reservations/util.py,
+            # MakeAggregateReservationPropertiesMessage): the VM family, the chip count and
+            # the workload type; no accelerator type (the family says which chip, and the
+            # field takes a URL, not a bare name).
             api_type = TPU_API_TYPES[order.pool.accelerator]
             reservation.aggregate_reservation = compute_v1.AllocationAggregateReservation(
                 vm_family=TPU_VM_FAMILIES[api_type],
-                workload_type="BATCH",
+                workload_type=_workload(order.pool),
                 reserved_resources=[
                     compute_v1.AllocationAggregateReservationReservedResourceInfo(
                         accelerator=(
                             compute_v1.AllocationAggregateReservationReservedResourceInfoAccelerator(
-                                accelerator_count=request.units,
-                                accelerator_type=TPU_COMPUTE_ACCELERATORS[api_type],
+                                accelerator_count=request.units
                             )
                         )
                     )
@@ -195,7 +212,13 @@ class _Blocks:
             )()
         except NotFound:
             return Withdrawal.WITHDRAWN
-        except (BadRequest, FailedPrecondition):
+        except ClientError:
+            # Google does not document the code of a refused cancel: the block's own state,
+            # read back, says whether it went (cancelled, or gone) or Google keeps it. A server
+            # error (5xx) is not a refusal: it raises, and a later pass tries again.
+            after = self._get(name, pool)
+            if after is None or after.status.procurement_status in _DELETABLE:
+                return Withdrawal.WITHDRAWN
             return Withdrawal.REFUSED  # past its cancellation window: Google keeps it
         return Withdrawal.WITHDRAWN
 
@@ -266,7 +289,7 @@ class _Blocks:
             target = compute_v1.FutureResourcesSpecTargetResources(
                 aggregate_resources=compute_v1.FutureResourcesSpecAggregateResources(
                     accelerator_count=request.units, vm_family=TPU_VM_FAMILIES[api_type],
-                    workload_type="BATCH",
+                    workload_type=_workload(pool),
                 )
             )  # fmt: skip
         else:
@@ -319,12 +342,19 @@ class _Blocks:
         if running:
             ready = sum(running) >= wanted
             phase = ProvisionPhase.READY if ready else ProvisionPhase.CREATING
-        elif live:
+        elif live and procurement == _FILLED:
             phase = ProvisionPhase.RESERVED
-        elif procurement == "FULFILLED":
+        elif procurement == _FILLED:
             phase = ProvisionPhase.ENDED  # its window closed: Google deleted its reservation
         else:
+            # Approved, its reservation not there yet or still empty (APPROVED, PROCURING,
+            # PROVISIONING with status.fulfilledCount short of the block): nothing to consume.
             phase = ProvisionPhase.APPROVED
+            if live and procurement == "PROVISIONING":
+                common["message"] = (
+                    f"Google Cloud is filling the block's reservation "
+                    f"({status.fulfilled_count} of {wanted_units(block)} delivered)"
+                )
         return Observed(phase=phase, **common)
 
 
@@ -369,7 +399,7 @@ class CalendarReservationProvider(_Blocks):
                     instance_termination_action="DELETE",
                     on_host_maintenance="TERMINATE",
                 ),
-                disks=[boot_disk(self._settings, pool.shape)],
+                disks=[boot_disk(self._settings, pool.shape, zone=pool.zone)],
                 network_interfaces=[network(self._settings, pool.shape)],
                 labels=MANAGED_BY,
             )
@@ -472,11 +502,16 @@ class TpuCalendarProvider(_Blocks):
         return observed
 
     def provision(self, order: Order) -> None:
-        """One queued resource on the block's reservation (``guaranteed.reserved``)."""
+        """One queued resource on the block's reservation, reservation-bound: "for future
+        reservations created in calendar mode, you must also set the --provisioning-model
+        flag to reservation-bound" (tpu/docs/consume-reservation); gcloud sends that as
+        ``provisioningModel: RESERVATION_BOUND`` beside ``reservationName``
+        (command_lib/compute/tpus/queued_resources/util.py, SetProvisioningModel and
+        CreateReservationName)."""
         zone = order.pool.zone
         body: dict[str, Any] = {
             "tpu": {"nodeSpec": [queued_resource_spec(self._settings, order)]},
-            "guaranteed": {"reserved": True},
+            "provisioningModel": "RESERVATION_BOUND",
             "reservationName": (
                 f"projects/{self._project}/locations/{zone}/reservations/{order.name}"
             ),
@@ -508,6 +543,22 @@ def _recommended(response: compute_v1.CalendarModeAdviceResponse, zones: set[str
                 if zone in zones:
                     advised.append(Advised(start_at=start, end_at=end, zone=zone))
     return advised
+
+
+def wanted_units(block: compute_v1.FutureReservation) -> int:
+    """What a block reserves: its VMs, or its TPU chips."""
+    if block.aggregate_reservation.vm_family:
+        return sum(
+            resource.accelerator.accelerator_count
+            for resource in block.aggregate_reservation.reserved_resources
+        )
+    return block.specific_sku_properties.total_count
+
+
+def _workload(pool: Pool) -> str:
+    """The workload type a TPU block in ``pool`` is reserved as (catalog.TPU_CALENDAR_ZONES);
+    BATCH where the table has no entry (Google then refuses the zone, saying so)."""
+    return tpu_calendar_workload(pool.accelerator, pool.zone) or "BATCH"
 
 
 def _is_calendar_vm(vm: compute_v1.Instance) -> bool:

@@ -12,10 +12,12 @@ class ProvisionPhase(StrEnum):
 
     # Calendar: the block was submitted and Google is reviewing it (PENDING_APPROVAL).
     REVIEW = "REVIEW"
-    # Calendar: Google approved the block; its reservation does not exist yet (APPROVED,
-    # PROCURING, PROVISIONING before the reservation is created around the block's start).
+    # Calendar: Google approved the block; its capacity is not in its reservation yet (the
+    # reservation exists from approval, empty, and is filled from the block's start, possibly
+    # up to 24 h later: APPROVED, PROCURING, PROVISIONING).
     APPROVED = "APPROVED"
-    RESERVED = "RESERVED"  # calendar: the block's reservation exists; nothing consumes it yet
+    # Calendar: the block's reservation holds its capacity (FULFILLED); nothing consumes it yet.
+    RESERVED = "RESERVED"
     CREATING = "CREATING"  # the cloud accepted the order and is creating it (no error seen)
     # Queued at Google: the capacity is not there yet (a resize request ACCEPTED with a
     # stockout in status.lastAttempt, a flex VM PENDING, a queued resource

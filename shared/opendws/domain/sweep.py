@@ -170,12 +170,12 @@ TABLE: dict[tuple[RequestState, Mode, ProvisionPhase | None], Row] = {
     ),
     # --- a calendar block from its start (it keeps its pool) ---------------------------------
     (S.PROVISIONING, Mode.CALENDAR, P.READY): Row(S.ACTIVE, SweepReason.READY, (), Trigger.PASSIVE),
-    # Google creates the block's reservation around its start (up to 24 h after it).
+    # Google fills the block's reservation from its start (up to 24 h after it).
     (S.PROVISIONING, Mode.CALENDAR, P.APPROVED): _NOTHING,
     (S.PROVISIONING, Mode.CALENDAR, P.REVIEW): _NOTHING,
     (S.PROVISIONING, Mode.CALENDAR, P.WAITING): _NOTHING,
     (S.PROVISIONING, Mode.CALENDAR, P.CREATING): _NOTHING,
-    # The reservation exists but its VMs were not asked for yet.
+    # The reservation holds the block's capacity but its VMs were not asked for yet.
     (S.PROVISIONING, Mode.CALENDAR, P.RESERVED): Row(None, None, (Call.PROVISION,), Trigger.REPAIR),
     (S.PROVISIONING, Mode.CALENDAR, P.FAILED): Row(
         S.EXPIRED, SweepReason.BLOCK_FAILED, (Call.RELEASE,), Trigger.PASSIVE
@@ -367,7 +367,7 @@ def _calendar(view: SweepView, seen: LaneView, now: datetime, settings: SweepSet
         assert view.block_start is not None  # a booked request is a calendar block
         if now < view.block_start:
             return Step(None, None, row.trigger if calls else None, lanes, calls)
-        # The block's start: its VMs consume the reservation once Google has created it
+        # The block's start: its VMs consume the reservation once Google has filled it
         # (until then the PROVISIONING rows wait for it).
         if seen.phase is P.RESERVED:
             return Step(
@@ -375,9 +375,11 @@ def _calendar(view: SweepView, seen: LaneView, now: datetime, settings: SweepSet
                 ((Call.PROVISION, lane),),
                 f"block started; provisioning {view.units} units in {lane.pool}",
             )  # fmt: skip
+        said = f": {seen.message}" if seen.message else ""
         return Step(
             S.PROVISIONING, SweepReason.BLOCK_STARTED, Trigger.ACTIVE, lanes, (),
-            f"block started; waiting for Google Cloud to create its reservation in {lane.pool}",
+            f"block started; waiting for Google Cloud to fill its reservation in {lane.pool} "
+            f"(it delivers a block's capacity from its start, possibly up to 24 h later){said}",
         )  # fmt: skip
     target = None if row.target is view.state else row.target
     acts = target is not None or row.reason is not None or bool(calls)

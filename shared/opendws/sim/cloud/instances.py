@@ -22,6 +22,9 @@ compute/docs/instances/future-reservations-calendar-mode-overview):
   unit of the reservation, none of stock. Either without the other is refused (400), as is a
   reservation that is not live or of another machine type; a full one fails the operation
   with ``ZONE_RESOURCE_POOL_EXHAUSTED``. The VM is deleted when the reservation ends.
+- A disk's ``initializeParams.diskType`` is a full or partial URL of a disk type in the VM's
+  zone (``zones/ZONE/diskTypes/TYPE``); a bare name is refused as malformed (400;
+  ``parsing.instance_disk_types``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from opendws.sim.cloud.parsing import (
     bounded_duration,
     duration,
     get,
+    instance_disk_types,
     last,
     name,
     refuse_unknown,
@@ -77,6 +81,7 @@ class InstanceApi(World):
             raise CloudError.invalid("Invalid value for field 'resource.machineType'")
         scheduling = get(body, "scheduling") or {}
         refuse_unknown(scheduling, "requestValidForDuration", "resource.scheduling")
+        instance_disk_types(get(body, "disks"), project, zone)
         shape = last(machine_type)
         if get(scheduling, "provisioningModel") == "FLEX_START":
             return self._insert_flex(project, zone, vm_name, shape, body)
@@ -85,10 +90,11 @@ class InstanceApi(World):
         probe = Record(project, zone, vm_name, 0, now, body)
         target = f"{COMPUTE_BASE}/{zonal_path(project, zone, 'instances', vm_name)}"
         if reservation is not None:
-            if self._in_use(reservation) >= reservation.count:
+            if self._in_use(reservation) >= reservation.usable:
                 message = (
                     f"The reservation '{reservation.reservation_name}' has no free capacity for "
-                    f"{shape} (all {reservation.count} in use)"
+                    f"{shape} ({self._in_use(reservation)} in use of the {reservation.usable} "
+                    f"of {reservation.count} delivered so far)"
                 )
                 return self._operation(probe, "insert", target, error=(503, STOCKOUT, message))
             outcome = "ok"

@@ -21,6 +21,8 @@ Google's behaviour, as modelled:
   ``v1`` discovery document lists the field too and documents no refusal, so this is stricter
   than Google's documents, on purpose: the local world serves the Preview field only on the
   surface Google's own tools use for it.
+- A template's disk types are bare names (``pd-balanced``), never URLs
+  (``parsing.template_disk_types``).
 - Provisioning is instantaneous once served, so a MIG is never deleted "while a request
   provisions": deleting it deletes its VMs and its requests (waiting ones leave the queue).
 """
@@ -42,6 +44,7 @@ from opendws.sim.cloud.parsing import (
     name,
     scope_url,
     stamp,
+    template_disk_types,
     zonal_path,
 )
 from opendws.sim.cloud.world import (
@@ -81,6 +84,7 @@ class MigApi(World):
         machine_type = get(properties, "machineType") if isinstance(properties, dict) else None
         if not isinstance(machine_type, str) or not machine_type:
             raise CloudError.invalid("Invalid value for field 'resource.properties.machineType'")
+        template_disk_types(get(properties, "disks"))
         template = Template(
             project, "global", template_name, self._new_id(), self.clock.now(), body,
             last(machine_type),

@@ -141,3 +141,50 @@ def scope_url(project: str, scope: str) -> str:
 def zonal_path(project: str, zone: str, collection: str, item: str) -> str:
     """``projects/P/zones/Z/COLLECTION/NAME``: how Compute names a zonal resource in errors."""
     return f"projects/{project}/zones/{zone}/{collection}/{item}"
+
+
+# A disk type as ``instances.insert`` takes it: a full or partial URL ending in
+# ``zones/ZONE/diskTypes/TYPE`` (CP ``AttachedDiskInitializeParams.disk_type``).
+_DISK_TYPE_URL = re.compile(
+    r"(?:https://(?:www|compute)\.googleapis\.com/compute/(?:v1|beta)/)?"
+    r"(?:projects/(?P<project>[^/]+)/)?zones/(?P<zone>[^/]+)/diskTypes/(?P<type>[-a-z0-9]+)"
+)
+
+
+def instance_disk_types(disks: object, project: str, zone: str) -> None:
+    """Refuse, as ``instances.insert`` does, a boot or data disk whose
+    ``initializeParams.diskType`` is not a URL of a disk type in the VM's own zone. CP
+    ``AttachedDiskInitializeParams.disk_type``: "When creating a single instance, you must
+    provide either the full or partial URL of the disk type"; a bare name (``pd-balanced``) is
+    answered "The URL is malformed" (terraform-provider-google #275, #322, #3713), though an
+    instance template takes exactly that (:func:`template_disk_types`)."""
+    for index, disk in enumerate(disks if isinstance(disks, list) else []):
+        value = get(get(disk, "initializeParams") or {}, "diskType")
+        if value is None:
+            continue
+        field = f"resource.disks[{index}].initializeParams.diskType"
+        match = _DISK_TYPE_URL.fullmatch(str(value))
+        if match is None:
+            raise CloudError.invalid(
+                f"Invalid value for field '{field}': {value!r}. The URL is malformed."
+            )
+        if match["project"] not in (None, project) or match["zone"] != zone:
+            raise CloudError.invalid(
+                f"Invalid value for field '{field}': {value!r}. The disk type must be in the "
+                f"instance's zone {zone} of project {project}."
+            )
+
+
+def template_disk_types(disks: object) -> None:
+    """Refuse, as ``instanceTemplates.insert`` does, a disk type given as a URL. CP
+    ``AttachedDiskInitializeParams.disk_type``: "When creating an instance template ... you
+    specify the disk type without a URL, for example, hyperdisk-balanced";
+    ansible-collections/google.cloud#516 shows Google's answer to a URL."""
+    for index, disk in enumerate(disks if isinstance(disks, list) else []):
+        value = get(get(disk, "initializeParams") or {}, "diskType")
+        if value is not None and "/" in str(value):
+            raise CloudError.invalid(
+                f"Invalid value for field 'resource.properties.disks[{index}].initializeParams."
+                f"diskType': {value!r}. DiskType {value!r} must be a valid resource name (not "
+                "an url)."
+            )

@@ -24,12 +24,16 @@ tpu/docs/calendar-mode-reservation). The numbers and the cancellation rule are
   VMs and TPUs whose run ends), minus the units promised to other approved blocks not yet
   holding theirs whose windows overlap its own, is at least its count. Approved, it shows
   ``status.lockTime`` = ``cancel_deadline`` under the world's ``cancellation_rule`` (none when
-  it never could be cancelled) and is ``PROCURING`` (locked) just after it.
-- at its start it passes through ``PROVISIONING`` ("entered after start_time, while
-  reservations are being created"; here at once): its units are taken from stock and it is
-  ``FULFILLED`` with ``status.autoCreatedReservations`` naming the reservation
-  (``reservationName``, or the block's own name), which then exists; if the units are gone
-  (the promise does not fence them off from others) it is ``FAILED``. At its end every VM and
+  it never could be cancelled) and is ``PROCURING`` (locked) just after it. Its reservation
+  (``reservationName``, or the block's own name) is created at approval, empty
+  ("Compute Engine automatically creates an empty reservation",
+  compute/docs/hpc/reserve-capacity-account-team): listed, ``assuredCount`` 0, nothing can
+  consume it.
+- at its start it is ``PROVISIONING`` ("entered after start_time, while reservations are
+  being created"; ``fulfilledCount`` 0): its units are taken from stock, and ``fill_delay``
+  later (0 by default; "up to 24 h" on Google) they are in its reservation and it is
+  ``FULFILLED``; if the units are gone at the start (the promise does not fence them off from
+  others) it is ``FAILED`` and its reservation deleted. At its end every VM and
   queued resource consuming the reservation is deleted, the reservation is deleted and the
   units return; the block stays listed, ``FULFILLED`` (no longer naming the reservation), until
   deleted.
@@ -53,9 +57,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from opendws.catalog import (
+    TPU_ACCELERATOR_OF_API_TYPE,
     TPU_API_TYPES,
     TPU_CALENDAR,
+    TPU_CALENDAR_ZONES,
     TPU_COMPUTE_ACCELERATORS,
+    TPU_SERVING_CHIPS,
     TPU_TYPE_OF_VM_FAMILY,
     TPU_VM_FAMILIES,
 )
@@ -147,6 +154,14 @@ class ReservationApi(World):
         self._review_delay = delay
 
     @settled
+    def set_fill_delay(self, delay: timedelta) -> None:
+        """Set how long after its start Google takes to fill a calendar block's reservation
+        (for blocks that start from now on): "up to 24 h" on Google, 0 by default here."""
+        if delay < timedelta(0):
+            raise ValueError(f"the fill delay cannot be negative, not {delay}")
+        self._fill_delay = delay
+
+    @settled
     def set_cancellation_rule(self, rule: CancellationRule | str) -> None:
         """Choose the page approved blocks are cancelled by (``windows`` or ``never``); lock
         times are computed with the rule in force at approval."""
@@ -161,6 +176,10 @@ class ReservationApi(World):
     @property
     def review_delay(self) -> timedelta:
         return self._review_delay
+
+    @property
+    def fill_delay(self) -> timedelta:
+        return self._fill_delay
 
     @property
     def cancellation_rule(self) -> CancellationRule:
@@ -178,7 +197,7 @@ class ReservationApi(World):
                 zonal_path(project, zone, "futureReservations", block_name)
             )
         now = self.clock.now()
-        request = _block_request(body, block_name, now)
+        request = _block_request(body, block_name, zone, now)
         self._refuse_taken_name(project, zone, request.reservation_name)
         record = FutureReservation(
             project, zone, block_name, self._new_id(), now, body, shape=request.shape,
@@ -359,8 +378,10 @@ class ReservationApi(World):
         record.procurement = "DECLINED"
 
     def _approve(self, record: FutureReservation, when: datetime) -> None:
+        """Approved: its reservation is created now, empty; it is filled from the start."""
         record.procurement = "APPROVED"
         record.approved_at = when
+        record.reservation_id = self._new_id()
         record.lock_time = cancel_deadline(
             self._cancellation_rule, start=record.start, approved_at=when
         )
@@ -375,8 +396,9 @@ class ReservationApi(World):
             record.procurement = "PROCURING"
 
     def _begin_block(self, record: FutureReservation, when: datetime) -> None:
-        """The start: take the block's units and create its reservation (PROVISIONING, then
-        FULFILLED at once), or fail it if they are gone."""
+        """The start: take the block's units (PROVISIONING) and fill its reservation with them
+        ``fill_delay`` later (FULFILLED), or fail it if they are gone (its reservation is
+        deleted)."""
         if not record.alive or record.procurement not in ("APPROVED", "PROCURING"):
             return
         record.procurement = "PROVISIONING"
@@ -384,13 +406,22 @@ class ReservationApi(World):
         if self._stock.get(key, 0) < record.count:
             self._counters["stockout"] += 1
             record.procurement = "FAILED"
+            record.reservation_id = None
             return
         self._counters["provisioned"] += 1
         self._stock[key] = self._stock.get(key, 0) - record.count
         record.holds_stock = True
-        record.reservation_id = self._new_id()
-        record.procurement = "FULFILLED"
+        if self._fill_delay:
+            self._at(when + self._fill_delay, functools.partial(self._fill_block, record))
+        else:
+            self._fill_block(record, when)
         self._at(max(record.end, when), functools.partial(self._end_block, record))
+
+    def _fill_block(self, record: FutureReservation, when: datetime) -> None:
+        """Google has delivered the block's units into its reservation: FULFILLED."""
+        if record.alive and record.procurement == "PROVISIONING" and record.reservation_live:
+            record.filled = True
+            record.procurement = "FULFILLED"
 
     def _end_block(self, record: FutureReservation, when: datetime) -> None:
         if record.alive and record.reservation_live:
@@ -404,6 +435,7 @@ class ReservationApi(World):
         for queued in self._queued_on(record):
             self._remove_queued_resource(queued)
         record.reservation_id = None
+        record.filled = False
         if record.holds_stock:
             record.holds_stock = False
             self._give_back(record.zone, record.shape, record.count)
@@ -567,7 +599,8 @@ class ReservationApi(World):
         }
         if record.tpu:
             aggregate = get(record.body, "aggregateReservation") or {}
-            accelerator = TPU_COMPUTE_ACCELERATORS.get(record.shape, "")
+            chip = TPU_COMPUTE_ACCELERATORS.get(record.shape, "")
+            accelerator = f"{scope_url(record.project, record.zone)}/acceleratorTypes/{chip}"
             view["aggregateReservation"] = {
                 "vmFamily": TPU_VM_FAMILIES.get(record.shape, ""),
                 "workloadType": get(aggregate, "workloadType") or "BATCH",
@@ -578,7 +611,9 @@ class ReservationApi(World):
             view["specificReservation"] = {
                 "count": str(record.count),
                 "inUseCount": str(self._in_use(record)),
-                "assuredCount": str(record.count),
+                # "how many instances are actually usable currently" (CP
+                # AllocationSpecificSKUReservation.assured_count): none until it is filled.
+                "assuredCount": str(record.usable),
                 "instanceProperties": {"machineType": record.shape},
             }
         return view
@@ -587,7 +622,7 @@ class ReservationApi(World):
 # ---------------------------------------------------------------------- validation
 
 
-def _block_request(body: JSON, block_name: str, now: datetime) -> BlockRequest:
+def _block_request(body: JSON, block_name: str, zone: str, now: datetime) -> BlockRequest:
     """Validate an insert (see the module docstring): what it reserves, when, and the name of
     the reservation it will create."""
     mode = get(body, "reservationMode")
@@ -621,7 +656,7 @@ def _block_request(body: JSON, block_name: str, now: datetime) -> BlockRequest:
             "and aggregateReservation (TPU chips) is needed"
         )
     tpu = aggregate is not None
-    shape, count = _tpu_chips(aggregate) if tpu else _gpu_vms(sku)
+    shape, count = _tpu_chips(aggregate, zone) if tpu else _gpu_vms(sku)
     counted = (
         "aggregateReservation.reservedResources" if tpu else "specificSkuProperties.totalCount"
     )
@@ -650,11 +685,18 @@ def _gpu_vms(sku: object) -> tuple[str, int]:
     return last(machine_type), count
 
 
-def _tpu_chips(aggregate: object) -> tuple[str, int]:
-    """(TPU API type, chips) of an AllocationAggregateReservation."""
+def _tpu_chips(aggregate: object, zone: str) -> tuple[str, int]:
+    """(TPU API type, chips) of an AllocationAggregateReservation in ``zone``.
+
+    ``acceleratorType``, if given, is a "Full or partial URL to accelerator type" (CP
+    ``AllocationAggregateReservationReservedResourceInfoAccelerator``): a bare name is
+    malformed (gcloud sends none: the VM family says which chip). The generation must be one
+    calendar mode reserves in ``zone``, as the workload type the zone serves, and a v5e
+    SERVING block holds 1, 4 or 8 chips (catalog.TPU_CALENDAR_ZONES, TPU_SERVING_CHIPS)."""
     where = "resource.aggregateReservation"
     shape = _tpu_type(get(aggregate, "vmFamily"), f"{where}.vmFamily")
-    _workload_type(get(aggregate, "workloadType"), where)
+    workload = get(aggregate, "workloadType")
+    _workload_type(workload, where)
     resources = get(aggregate, "reservedResources")
     if not isinstance(resources, list) or not resources:
         raise CloudError.invalid(
@@ -665,13 +707,55 @@ def _tpu_chips(aggregate: object) -> tuple[str, int]:
         accelerator = get(resource, "accelerator")
         field = f"{where}.reservedResources[{index}].accelerator"
         kind = get(accelerator, "acceleratorType")
-        if kind is not None and last(str(kind)) != TPU_COMPUTE_ACCELERATORS[shape]:
-            raise CloudError.invalid(
-                f"Invalid value for field '{field}.acceleratorType': {kind!r}. The VM family "
-                f"{TPU_VM_FAMILIES[shape]} reserves {TPU_COMPUTE_ACCELERATORS[shape]} chips"
-            )
+        if kind is not None:
+            _accelerator_type(str(kind), shape, zone, f"{field}.acceleratorType")
         chips += integer(get(accelerator, "acceleratorCount"), f"{field}.acceleratorCount")
+    _calendar_zone(shape, zone, workload or "BATCH", chips, where)
     return shape, chips
+
+
+def _accelerator_type(kind: str, shape: str, zone: str, field: str) -> None:
+    """A reserved accelerator's type: a URL of the chip of ``shape`` in ``zone``."""
+    match = re.fullmatch(
+        r"(?:https://(?:www|compute)\.googleapis\.com/compute/(?:v1|beta)/)?"
+        r"(?:projects/[^/]+/)?zones/(?P<zone>[^/]+)/acceleratorTypes/(?P<type>[-a-z0-9]+)",
+        kind,
+    )
+    if match is None:
+        raise CloudError.invalid(
+            f"Invalid value for field '{field}': {kind!r}. The URL is malformed (a full or "
+            "partial URL, zones/ZONE/acceleratorTypes/TYPE)."
+        )
+    if match["zone"] != zone or match["type"] != TPU_COMPUTE_ACCELERATORS[shape]:
+        raise CloudError.invalid(
+            f"Invalid value for field '{field}': {kind!r}. The VM family "
+            f"{TPU_VM_FAMILIES[shape]} reserves {TPU_COMPUTE_ACCELERATORS[shape]} chips in {zone}"
+        )
+
+
+def _calendar_zone(shape: str, zone: str, workload: str, chips: int, where: str) -> None:
+    """Refuse a TPU block Google does not reserve in ``zone`` (tpu/docs/calendar-mode-reservation,
+    "Limitations"), or as another workload type than the zone's."""
+    accelerator = TPU_ACCELERATOR_OF_API_TYPE[shape]
+    zones = TPU_CALENDAR_ZONES.get(accelerator, {})
+    served = zones.get(zone)
+    if served is None:
+        listed = ", ".join(f"{z} ({w})" for z, w in sorted(zones.items()))
+        raise CloudError.invalid(
+            f"Invalid value for field '{where}.vmFamily': calendar mode reserves "
+            f"{accelerator} only in {listed}, not in {zone}"
+        )
+    if workload != served:
+        raise CloudError.invalid(
+            f"Invalid value for field '{where}.workloadType': {workload!r}. Calendar mode "
+            f"reserves {accelerator} in {zone} for {served} workloads"
+        )
+    if served == "SERVING" and chips not in TPU_SERVING_CHIPS:
+        raise CloudError.invalid(
+            f"Invalid value for field '{where}.reservedResources': a SERVING block of "
+            f"{accelerator} holds {', '.join(map(str, sorted(TPU_SERVING_CHIPS)))} chips, "
+            f"not {chips}"
+        )
 
 
 def _tpu_type(family: object, where: str) -> str:
@@ -777,6 +861,10 @@ def _future_view(record: FutureReservation) -> JSON:
         status["autoCreatedReservations"] = [_reservation_url(record)]
     if record.procurement == "FULFILLED":
         status["fulfilledCount"] = str(record.count)
+    elif record.procurement == "PROVISIONING":
+        # "the fulfilled capacity so far. This is set during PROVISIONING state" (CP
+        # FutureReservationStatus.fulfilled_count).
+        status["fulfilledCount"] = "0"
     return {
         **record.body,
         "kind": "compute#futureReservation",

@@ -19,12 +19,15 @@ the ``v2alpha1`` discovery document):
   "by provisioning TPUs using ... the Queued Resources API"; tpu/docs/consume-reservation; the
   v2alpha1 REST reference: ``reservationName`` "Name of the reservation in which the resource
   should be provisioned", ``Guaranteed.reserved`` "Specifies the request should be scheduled
-  on reserved capacity"). In ``v2alpha1`` it must say so: ``guaranteed.reserved=true`` or
-  ``provisioningModel=RESERVATION_BOUND`` (gcloud's ``--provisioning-model=reservation-bound``,
-  "only required for calendar mode"); the ``v2`` ``Guaranteed`` has no ``reserved`` (an unknown
-  name, refused). It does not queue: if the reservation is live in its zone, of its TPU type,
-  with its chips free, it takes them at once and is ``PROVISIONING``, then ``ACTIVE`` one
-  provisioning latency later; otherwise it is ``FAILED`` at once, ``failedData`` saying why.
+  on reserved capacity"). Every reservation here is a calendar block's, and "for future
+  reservations created in calendar mode, you must also set the --provisioning-model flag to
+  reservation-bound" (tpu/docs/consume-reservation): ``provisioningModel=RESERVATION_BOUND``,
+  which only ``v2alpha1`` has; ``guaranteed.reserved`` alone is refused (400), and the ``v2``
+  ``Guaranteed`` has no ``reserved`` (an unknown name, refused). It does not queue: if the
+  reservation is live in its zone, of its TPU type, with its chips delivered and free, it takes
+  them at once and is ``PROVISIONING``, then ``ACTIVE`` one provisioning latency later;
+  otherwise it is ``FAILED`` at once, ``failedData`` saying why (an approved block's
+  reservation exists, empty, until Google fills it from the block's start).
   When the reservation ends, Google deletes the TPUs consuming it; the queued resource goes
   with them (what is left of it is not documented).
 """
@@ -170,11 +173,12 @@ class TpuApi(World):
                 RPC_FAILED_PRECONDITION,
                 f"TPU type {record.shape} does not match reservation '{path}' ({block.shape})",
             )
-        elif block.count - self._in_use(block) < record.chips:
+        elif block.usable - self._in_use(block) < record.chips:
             problem = (
                 RPC_RESOURCE_EXHAUSTED,
-                f"Reservation '{path}' has {block.count - self._in_use(block)} of {block.count} "
-                f"chips free; the queued resource needs {record.chips}",
+                f"Reservation '{path}' has {max(block.usable - self._in_use(block), 0)} of "
+                f"{block.count} chips free ({block.usable} delivered so far); the queued "
+                f"resource needs {record.chips}",
             )
         else:
             record.block = block
@@ -322,14 +326,14 @@ def _reservation_reference(body: JSON, api_version: str) -> tuple[str, str, str]
             f"Invalid value at 'queued_resource.reservation_name': {reference!r} (format: "
             "projects/{project}/locations/{zone}/reservations/{reservation})"
         )
-    if api_version != "v2":
-        reserved = get(guaranteed, "reserved") is True
-        bound = get(body, "provisioningModel") == "RESERVATION_BOUND"
-        if not (reserved or bound) or get(body, "provisioningModel") == "FLEX_START":
-            raise CloudError.invalid(
-                f"A queued resource provisioned in reservation {reference!r} needs "
-                "guaranteed.reserved true (or provisioningModel RESERVATION_BOUND)"
-            )
+    # Every reservation here is a calendar block's: consuming one takes the reservation-bound
+    # provisioning model, which only v2alpha1 has (guaranteed.reserved alone is not enough).
+    if get(body, "provisioningModel") != "RESERVATION_BOUND":
+        raise CloudError.invalid(
+            f"A queued resource consuming the calendar-mode reservation {reference!r} must be "
+            "reservation-bound: provisioningModel RESERVATION_BOUND (v2alpha1; gcloud's "
+            "--provisioning-model=reservation-bound)"
+        )
     project, zone, reservation = match.groups()
     return project, zone, reservation
 

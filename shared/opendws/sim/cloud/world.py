@@ -122,7 +122,8 @@ class Instance(Record):
 class FutureReservation(Record):
     """A calendar block: ``count`` units of ``shape`` (VMs of a machine type, or chips of a TPU
     API type when ``tpu``) over [``start``, ``end``), delivered as the reservation
-    ``reservation_name`` (live while ``reservation_id`` is set, holding the units)."""
+    ``reservation_name`` (live while ``reservation_id`` is set; its units usable once
+    ``filled``)."""
 
     shape: str = ""
     count: int = 0
@@ -135,10 +136,18 @@ class FutureReservation(Record):
     lock_time: datetime | None = None
     reservation_id: int | None = None
     holds_stock: bool = False
+    # Whether Google has delivered the block's units into its reservation: the reservation
+    # exists from approval, empty, and is filled from the block's start (possibly later).
+    filled: bool = False
 
     @property
     def reservation_live(self) -> bool:
         return self.reservation_id is not None
+
+    @property
+    def usable(self) -> int:
+        """Units of its reservation that consumers may take now."""
+        return self.count if self.reservation_live and self.filled else 0
 
 
 @dataclass(eq=False)
@@ -252,16 +261,20 @@ class World:
         *,
         provisioning_latency: timedelta = timedelta(seconds=20),
         review_delay: timedelta = REVIEW_DELAY,
+        fill_delay: timedelta = timedelta(0),
         cancellation_rule: CancellationRule = CancellationRule.WINDOWS,
     ) -> None:
         if provisioning_latency < timedelta(0):
             raise ValueError("the provisioning latency cannot be negative")
         if review_delay < timedelta(0):
             raise ValueError("the review delay cannot be negative")
+        if fill_delay < timedelta(0):
+            raise ValueError("the fill delay cannot be negative")
         self.clock = clock if clock is not None else ManualClock(running=True)
         self._lock = threading.RLock()
         self._latency = provisioning_latency
         self._review_delay = review_delay
+        self._fill_delay = fill_delay
         self._cancellation_rule = CancellationRule(cancellation_rule)
         self._ids = itertools.count(_FIRST_ID)
         self._clear()
@@ -363,8 +376,8 @@ class World:
 
     def reset(self) -> None:
         """Forget all resources, operations, stock, stock processes, queues, injections and
-        counters. The clock, the provisioning latency, the review delay and the cancellation
-        rule (configuration, not state) are kept."""
+        counters. The clock, the provisioning latency, the review and fill delays and the
+        cancellation rule (configuration, not state) are kept."""
         with self._lock:
             self._clear()
 
@@ -384,6 +397,7 @@ class World:
             "now": stamp(self.clock.now()),
             "latency_seconds": self._latency.total_seconds(),
             "review_delay_seconds": self._review_delay.total_seconds(),
+            "fill_delay_seconds": self._fill_delay.total_seconds(),
             "cancellation_rule": self._cancellation_rule.value,
             "stock": [
                 {"zone": zone, "shape": shape, "units": units}
