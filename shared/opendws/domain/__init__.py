@@ -19,12 +19,14 @@ from opendws.domain.model import (
     Snapshot,
     Tenant,
 )
+from opendws.domain.run import EndsWhen, RunSpec
 from opendws.domain.states import IllegalTransition, RequestState, transition
 
 __all__ = [
     "Alternative",
     "CapacityRequest",
     "Decision",
+    "EndsWhen",
     "GangShape",
     "Grant",
     "IllegalTransition",
@@ -39,6 +41,7 @@ __all__ = [
     "Quota",
     "Reason",
     "RequestState",
+    "RunSpec",
     "Snapshot",
     "Tenant",
     "admit",

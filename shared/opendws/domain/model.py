@@ -12,8 +12,12 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from opendws.domain.calendar import TPU_MAX_LEAD, CancellationRule, count_problem, lead_of
+
+if TYPE_CHECKING:
+    from opendws.domain.run import RunSpec  # which imports InvalidModel from here
 
 _HOUR = timedelta(hours=1)  # unit_hours divides by it (one object, not one per call)
 # Limits of the two modes, as in Google's Dynamic Workload Scheduler.
@@ -155,6 +159,8 @@ class CapacityRequest:
     Google's lead times after submission (``domain.calendar``: at most 60 days for GPU VMs, 1 to
     120 days for TPUs) and reserve as many units as Google allows, and have no ``max_wait``.
     ``locations`` names zones, or regions meaning any of their zones, in order of preference.
+    ``run``, when given, is the job to run on the gang (:mod:`opendws.domain.run`); the
+    planner never reads it.
     """
 
     request_id: str  # client-chosen idempotency key
@@ -168,6 +174,7 @@ class CapacityRequest:
     start_at: datetime | None = None  # calendar only: the block's start
     priority: int = 0  # higher is taken first
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs, carried through
+    run: RunSpec | None = None  # the job on the gang; None: capacity only, released by the user
 
     def __post_init__(self) -> None:
         if not self.request_id:

@@ -3,9 +3,11 @@
 A message is JSON (UTF-8) with ``"schema": "opendws.request/v1"`` and an ``action``: ``submit``
 (a new request), ``cancel`` or ``release`` (``request_id`` and ``tenant`` only). Unknown fields
 are refused, not ignored. Durations are ``"6h"``, ``"90m"``, ``"2d"``, ``"1h30m"`` or ISO 8601
-(``"PT6H"``); timestamps carry a time zone. :func:`parse_message` validates a message and
-:func:`to_capacity_request` turns a submission into the domain's request; both raise
-:class:`MessageError`, whose ``problems`` name each field and the rule it broke.
+(``"PT6H"``); timestamps carry a time zone. A submission may carry the job to run on its gang
+(``run``, :class:`Run`); without it, it asks for capacity only. :func:`parse_message`
+validates a message and :func:`to_capacity_request` turns a submission into the domain's
+request; both raise :class:`MessageError`, whose ``problems`` name each field and the rule it
+broke.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ from opendws.domain.model import (
     GangShape,
     InvalidModel,
     Mode,
+)
+from opendws.domain.run import (
+    ENV_NAME,
+    IMAGE_RULE,
+    SECRET_VERSION,
+    SECRET_VERSION_RULE,
+    EndsWhen,
+    RunSpec,
 )
 from opendws.durations import parse_duration
 
@@ -132,6 +142,61 @@ class Gang(_Strict):
         return self
 
 
+class Run(_Strict):
+    """The job run on every VM of the gang once the whole gang is up (its rules are
+    :class:`~opendws.domain.run.RunSpec`'s, each refusal naming the field)."""
+
+    command: Annotated[list[str], WithJsonSchema({
+        "type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
+        "description": "The program and its arguments (argv), run on every VM.",
+    })]  # fmt: skip
+    image: Annotated[str | None, WithJsonSchema({
+        "anyOf": [{"type": "string"}, {"type": "null"}], "default": None,
+        "description": (
+            "Run the command in this container image, "
+            f"{IMAGE_RULE.removeprefix('must be ')}; without it, on the VM's own system."
+        ),
+    })] = None  # fmt: skip
+    env: Annotated[dict[str, str], WithJsonSchema({
+        "type": "object", "additionalProperties": False,
+        "patternProperties": {f"^{ENV_NAME.pattern}$": {"type": "string"}},
+        "description": (
+            "Added to the job's environment; not OPENDWS_*, MASTER_*, PET_* or "
+            "JAX_COORDINATOR_ADDRESS (opendws sets those); at most 64 KiB of names and values."
+        ),
+    })] = Field(default_factory=dict)  # fmt: skip
+    secrets: Annotated[dict[str, str], WithJsonSchema({
+        "type": "object", "additionalProperties": False,
+        "patternProperties": {
+            f"^{ENV_NAME.pattern}$": {"type": "string", "pattern": f"^{SECRET_VERSION.pattern}$"}
+        },
+        "description": (
+            "Environment name → Secret Manager version name, within the tenant's configured "
+            f"secret_prefix; each {SECRET_VERSION_RULE.removeprefix('must be ')}. opendws "
+            "stores the version's name, never its value."
+        ),
+    })] = Field(default_factory=dict)  # fmt: skip
+    ends_when: Literal["all_exited", "rank0_exited"] = Field(
+        default="all_exited",
+        description="When the run is over and its capacity released: every rank exited, or rank 0.",
+    )
+
+    @model_validator(mode="after")
+    def _valid(self) -> Run:
+        self.build()
+        return self
+
+    def build(self) -> RunSpec:
+        """The domain's run; FieldProblem naming the field (relative to ``run``) and the rule."""
+        try:
+            return RunSpec.of(
+                self.command, image=self.image, env=self.env, secrets=self.secrets,
+                ends_when=EndsWhen(self.ends_when),
+            )  # fmt: skip
+        except InvalidModel as error:
+            raise FieldProblem(error.field.removeprefix("run."), error.rule) from None
+
+
 class Submit(_Strict):
     """A new request for capacity."""
 
@@ -162,6 +227,13 @@ class Submit(_Strict):
     priority: int = Field(default=0, ge=-1000, le=1000)
     labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], str] = Field(
         default_factory=dict, max_length=64
+    )
+    run: Run | None = Field(
+        default=None,
+        description=(
+            "The job to run on the gang once it is up; released when it ends. Without it the "
+            "request is capacity only, released by its user."
+        ),
     )
 
 
@@ -288,6 +360,7 @@ def to_capacity_request(
             start_at=submit.start_at,
             priority=submit.priority,
             labels=tuple(sorted(submit.labels.items())),
+            run=None if submit.run is None else submit.run.build(),
         )
     except InvalidModel as error:
         raise MessageError([(error.field, error.rule)]) from None
