@@ -19,6 +19,7 @@ from typing import Any
 
 from opendws.domain.model import CapacityRequest, GangShape, Mode
 from opendws.domain.provisioning import Lane
+from opendws.domain.run import RunSpec
 from opendws.domain.states import RequestState, transition
 
 EVENT_SCHEMA = "opendws.event/v1"
@@ -374,7 +375,9 @@ class UsageEntry:
 
 
 def request_to_document(request: CapacityRequest) -> dict[str, Any]:
-    """The request as plain JSON-friendly values (durations in seconds, instants in ISO 8601)."""
+    """The request as plain JSON-friendly values (durations in seconds, instants in ISO 8601).
+    ``run`` only when it carries one (its secrets as version names, never values), so a request
+    without one reads, and fingerprints, as it always did."""
     gang = request.gang
     return {
         "request_id": request.request_id,
@@ -394,6 +397,7 @@ def request_to_document(request: CapacityRequest) -> dict[str, Any]:
         "submitted_at": _iso(request.submitted_at),
         "priority": request.priority,
         "labels": dict(request.labels),
+        **({} if request.run is None else {"run": request.run.to_json()}),
     }
 
 
@@ -420,6 +424,7 @@ def request_from_document(data: dict[str, Any]) -> CapacityRequest:
         submitted_at=datetime.fromisoformat(data["submitted_at"]),
         priority=data.get("priority", 0),
         labels=tuple(sorted(data.get("labels", {}).items())),
+        run=None if data.get("run") is None else RunSpec.from_json(data["run"]),
     )
 
 
