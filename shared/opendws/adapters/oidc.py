@@ -63,7 +63,8 @@ REMOVED_SIGNATURE = "SIGNATURE_REMOVED_BY_GOOGLE"
 
 __all__ = [
     "CLOCK_SKEW", "EMULATOR_ISSUER", "GOOGLE_ISSUERS", "REMOVED_SIGNATURE", "Forbidden",
-    "OidcVerifier", "Unauthorized", "invalid_token",
+    "OidcVerifier", "Unauthorized", "bearer_token", "check_issuer", "invalid_token",
+    "signed_claims",
 ]  # fmt: skip
 
 
@@ -100,19 +101,9 @@ class OidcVerifier:
 
     def verify(self, authorization: str | None) -> dict[str, Any]:
         """The token's claims, or Unauthorized / Forbidden saying which check failed."""
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthorized("missing bearer token (Authorization: Bearer <OIDC token>)")
-        try:
-            claims = self._claims(token.strip())
-        except (ValueError, google.auth.exceptions.GoogleAuthError) as error:
-            raise Unauthorized(invalid_token(error, self._skew)) from None
-        issuer = claims.get("iss")
-        if issuer not in self._issuers:
-            raise Unauthorized(
-                f"token issuer {issuer!r} is not accepted "
-                f"(expected {' or '.join(sorted(self._issuers))})"
-            )
+        token = bearer_token(authorization, "OIDC token")
+        claims = self._claims(token)
+        check_issuer(claims, self._issuers)
         audience = claims.get("aud")
         if audience != self._audience:
             raise Forbidden(f"token is for audience {audience!r}, not {self._audience!r}")
@@ -129,21 +120,51 @@ class OidcVerifier:
 
     def _claims(self, token: str) -> dict[str, Any]:
         """The claims of a token whose signature (or Cloud Run's check of it), ``iat`` and
-        ``exp`` are valid."""
-        if self._checked_by_run:
+        ``exp`` are valid; Unauthorized saying why not."""
+        if not self._checked_by_run:
+            return signed_claims(token, self._certs, self._skew)
+        try:
             return checked_claims(token, self._skew)
-        if self._certs is None:
+        except ValueError as error:
+            raise Unauthorized(invalid_token(error, self._skew)) from None
+
+
+def bearer_token(authorization: str | None, kind: str) -> str:
+    """The token of an ``Authorization: Bearer <kind>`` header; Unauthorized without one."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized(f"missing bearer token (Authorization: Bearer <{kind}>)")
+    return token.strip()
+
+
+def signed_claims(token: str, certs: Mapping[str, str] | None, skew: int) -> dict[str, Any]:
+    """The claims of a token whose signature verifies — against ``certs`` (``{key id:
+    certificate PEM}``), or Google's own when None — and whose ``iat`` and ``exp`` hold within
+    ``skew`` seconds of now; Unauthorized saying which check failed."""
+    try:
+        if certs is None:
             verified = id_token.verify_token(
                 token,
                 google.auth.transport.requests.Request(),
-                audience=None,  # checked in verify, with a message of ours
-                clock_skew_in_seconds=self._skew,
+                audience=None,  # each verifier checks it, with a message of its own
+                clock_skew_in_seconds=skew,
             )
             return dict(verified)
         decoded: dict[str, Any] = jwt.decode(  # type: ignore[no-untyped-call]
-            token, certs=self._certs, verify=True, audience=None, clock_skew_in_seconds=self._skew
+            token, certs=dict(certs), verify=True, audience=None, clock_skew_in_seconds=skew
         )
         return decoded
+    except (ValueError, google.auth.exceptions.GoogleAuthError) as error:
+        raise Unauthorized(invalid_token(error, skew)) from None
+
+
+def check_issuer(claims: Mapping[str, Any], issuers: frozenset[str]) -> None:
+    """Unauthorized unless the token's ``iss`` is one of ``issuers``."""
+    issuer = claims.get("iss")
+    if issuer not in issuers:
+        raise Unauthorized(
+            f"token issuer {issuer!r} is not accepted (expected {' or '.join(sorted(issuers))})"
+        )
 
 
 def checked_claims(token: str, skew: int) -> dict[str, Any]:
