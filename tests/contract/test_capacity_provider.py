@@ -6,6 +6,7 @@ queued resource) — so the fake cannot drift from the real thing."""
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -174,6 +175,34 @@ def test_an_order_becomes_ready_after_the_latency_and_takes_its_stock(kit: Kit) 
     assert kit.phase(order) is ProvisionPhase.READY
     assert kit.stock(kit.pool) == before - order.request.units
     assert kit.created(order.name) == 1
+
+
+def test_a_ready_order_says_where_its_vms_are(kit: Kit) -> None:
+    """A READY gang's observation carries one host per VM, in rank order: its name
+    ``{order}-{i}`` (rank i), its zone and the internal address Compute Engine gave it
+    (``networkInterfaces[0].networkIP``: "If not specified by the user, an unused internal IP
+    is assigned by the system", compute/docs/reference/rest/v1/instances), each VM its own.
+    Read from Compute Engine, not from the VMs. A TPU slice reports none yet."""
+    tpu = kit.kind in ("tpu", "tpu_calendar")
+    kit.set_stock(kit.pool, 64 if tpu else 8)
+    order = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
+    kit.start(order)
+    assert kit.provider.observe([kit.pool])[order.name].hosts == ()  # not READY yet
+    kit.advance(LATENCY)
+    seen = kit.provider.observe([kit.pool])[order.name]
+    assert seen.phase is ProvisionPhase.READY
+    if tpu:
+        assert seen.hosts == ()
+        return
+    assert [(h.rank, h.name, h.zone) for h in seen.hosts] == [
+        (rank, f"{order.name}-{rank}", kit.pool.zone) for rank in range(3)
+    ]
+    addresses = [ipaddress.ip_address(h.internal_ip) for h in seen.hosts]
+    assert all(address.is_private for address in addresses)
+    assert len(set(addresses)) == 3
+    assert [h.external_ip for h in seen.hosts] == [None] * 3  # no access config asked for
+    kit.advance(timedelta(minutes=5))
+    assert kit.provider.observe([kit.pool])[order.name].hosts == seen.hosts  # for their life
 
 
 def test_a_repeated_call_creates_nothing_more(kit: Kit) -> None:

@@ -46,6 +46,8 @@ from opendws.ports import (
     asked_again,
     check_fence,
     cooldown_after,
+    hosts_from_json,
+    hosts_to_json,
     lanes_from_document,
     lanes_to_document,
     lease_released,
@@ -499,7 +501,7 @@ def _fence_fields(fence: Fence) -> dict[str, Any]:
 # for, its digest, its outbox cursor — is written once at creation or by mark_announced.
 _CHANGED_FIELDS = (
     "state", "version", "updated_at", "reason", "message", "pool", "eta", "first_eta",
-    "position", "attempt", "lanes", "since", "events",
+    "position", "attempt", "lanes", "since", "events", "hosts",
 )  # fmt: skip
 
 
@@ -523,6 +525,7 @@ def _record_fields(record: RequestRecord) -> dict[str, Any]:
         "lanes": lanes_to_document(record.lanes),
         "since": record.since,
         "position": record.position,
+        "hosts": hosts_to_json(record.hosts),
     }
 
 
@@ -544,6 +547,7 @@ def _record(data: dict[str, Any]) -> RequestRecord:
         lanes=lanes_from_document(data.get("lanes")),
         since=data.get("since"),
         position=data.get("position"),
+        hosts=hosts_from_json(data.get("hosts")),
     )
 
 

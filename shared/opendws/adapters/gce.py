@@ -14,7 +14,7 @@ from google.api_core.exceptions import Conflict, NotFound
 from google.cloud import compute_v1
 
 from opendws.catalog import TPU_RUNTIME_VERSIONS, vm_profile
-from opendws.ports import ORDER_PREFIX
+from opendws.ports import ORDER_PREFIX, Host, vm_rank
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -118,6 +118,24 @@ def owned(name: str) -> bool:
 def order_of_vm(vm_name: str) -> str:
     """The order a gang VM belongs to: VMs are named ``{order}-{index}``."""
     return vm_name.rsplit("-", 1)[0]
+
+
+def hosts_of(instances: Iterable[compute_v1.Instance], zone: str) -> tuple[Host, ...]:
+    """The gang VMs among ``instances`` (all of one order, in ``zone``) as hosts, in rank order:
+    each with the internal address Compute Engine gave its first interface
+    (``networkInterfaces[0].networkIP``) and, when that interface has an external address,
+    its access config's ``natIP`` (compute/docs/reference/rest/v1/instances). A VM that is
+    not a gang VM ``{order}-{i}``, or has no address yet, is left out."""
+    hosts = []
+    for instance in instances:
+        rank = vm_rank(instance.name)
+        nics = list(instance.network_interfaces)
+        if rank is None or not nics or not nics[0].network_i_p:
+            continue
+        external = next((c.nat_i_p for c in nics[0].access_configs if c.nat_i_p), None)
+        hosts.append(Host(rank=rank, name=instance.name, zone=zone,
+                          internal_ip=nics[0].network_i_p, external_ip=external))  # fmt: skip
+    return tuple(sorted(hosts, key=lambda host: host.rank))
 
 
 def vm_names(order: str, count: int) -> list[str]:

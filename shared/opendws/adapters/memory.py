@@ -25,6 +25,7 @@ from opendws.ports import (
     Configuration,
     CreateOutcome,
     Fence,
+    Host,
     Observed,
     Order,
     ProvisionPhase,
@@ -272,7 +273,7 @@ _Key = tuple[str, str]
 
 
 # The fields of an order that a look at it shows (see _FakeOrder.report).
-_SHOWN = frozenset({"phase", "error_code", "message", "last_attempt", "locked_at"})
+_SHOWN = frozenset({"phase", "error_code", "message", "last_attempt", "locked_at", "addresses"})
 
 
 @dataclass(slots=True)
@@ -289,6 +290,7 @@ class _FakeOrder:
     name: str
     pool: Pool
     units: int
+    vms: int  # VMs in its gang (a TPU order: slices)
     run_duration: timedelta
     calendar_end: datetime | None  # calendar blocks end here; flex runs end after run_duration
     phase: ProvisionPhase
@@ -308,6 +310,8 @@ class _FakeOrder:
     filled_at: datetime | None = None  # a started block: when its reservation is filled
     approved_at: datetime | None = None  # a block: when Google approved it (None: not yet)
     locked_at: datetime | None = None  # a block: the last instant it may be cancelled
+    # Its VMs' internal addresses, by rank, given when they come up (READY): each VM its own.
+    addresses: tuple[str, ...] = ()
     # What observe last reported of it, and the fields it was built from: one report object
     # per change, not per look (a replay looks at every order on every pass).
     seen: tuple[object, ...] = ()
@@ -320,7 +324,10 @@ class _FakeOrder:
 
     def report(self, pool_id: str) -> Observed:
         """What a look at it finds now (the same object while nothing it shows changed)."""
-        shown = (self.phase, self.error_code, self.message, self.last_attempt, self.locked_at)
+        shown = (
+            self.phase, self.error_code, self.message, self.last_attempt, self.locked_at,
+            self.addresses,
+        )  # fmt: skip
         if self.observed is None or shown != self.seen:
             self.seen = shown
             self.observed = Observed(
@@ -332,8 +339,19 @@ class _FakeOrder:
                 last_attempt=self.last_attempt,
                 locked_at=self.locked_at,
                 ends_at=self.calendar_end,
+                hosts=self.hosts(),
             )
         return self.observed
+
+    def hosts(self) -> tuple[Host, ...]:
+        """READY: its VMs ``{name}-{i}`` in rank order, with the addresses they came up with
+        (a TPU slice: none yet)."""
+        if self.phase is not ProvisionPhase.READY:
+            return ()
+        return tuple(
+            Host(rank=rank, name=f"{self.name}-{rank}", zone=self.pool.zone, internal_ip=address)
+            for rank, address in enumerate(self.addresses)
+        )
 
     @property
     def key(self) -> _Key:
@@ -450,6 +468,7 @@ class MemoryCapacityProvider:
         # Timed events: (when, sequence, order name or None, key to serve or None).
         self._events: list[tuple[datetime, int, str | None, _Key | None]] = []
         self._sequence = itertools.count()
+        self._addresses = itertools.count()  # the VMs' internal addresses, one after another
         self._lock = threading.Lock()
 
     # Steering (the same methods the emulator's admin client has) ----------------------------
@@ -690,6 +709,7 @@ class MemoryCapacityProvider:
             name=order.name,
             pool=order.pool,
             units=request.units,
+            vms=request.gang.vm_count,
             run_duration=request.run_duration,
             calendar_end=calendar_end,
             phase=phase,
@@ -711,6 +731,12 @@ class MemoryCapacityProvider:
         """Serve the queue of ``key`` at ``when`` (at once if that has passed)."""
         if self._pending.get(key) or self._eligible.get(key):
             heapq.heappush(self._events, (when, next(self._sequence), None, key))
+
+    def _bring_up(self, order: _FakeOrder) -> None:
+        """Its VMs come up, each with an internal address of its own, stable for its life
+        (a TPU order: none yet)."""
+        if order.pool.provider is not Provider.TPU:
+            order.addresses = tuple(_internal_ip(next(self._addresses)) for _ in range(order.vms))
 
     def _take_stock(self, order: _FakeOrder) -> None:
         self._stock[order.key] = self._stock.get(order.key, 0) - order.units
@@ -765,6 +791,7 @@ class MemoryCapacityProvider:
                 block.phase = ProvisionPhase.RESERVED
                 block.message = "the block's reservation is filled"
         if block.phase is ProvisionPhase.CREATING and block.eligible_at <= when:
+            self._bring_up(block)
             block.phase, block.ready_at = ProvisionPhase.READY, block.eligible_at
         started = block.phase in _LIVE or block.holds_stock
         if started and block.calendar_end <= when:
@@ -860,6 +887,7 @@ class MemoryCapacityProvider:
                 heapq.heappop(eligible)
                 head.queued = False
                 self._take_stock(head)
+                self._bring_up(head)
                 head.phase, head.ready_at = ProvisionPhase.READY, when
                 head.last_attempt, head.message = None, ""
                 end = head.end()
@@ -906,6 +934,14 @@ class MemoryCapacityProvider:
             return
         block.phase = ProvisionPhase.RESERVED
         block.message = "the block's reservation is filled"
+
+
+def _internal_ip(number: int) -> str:
+    """The ``number``-th VM's internal address: 10.128.0.2, 10.128.0.3, … (a VPC subnet's
+    first two addresses and its last two are Google's own: vpc/docs/subnets, "Reserved IP
+    addresses in IPv4 subnets")."""
+    host, network = number % 252 + 2, number // 252
+    return f"10.{128 + network // 256 % 128}.{network % 256}.{host}"
 
 
 def _refuse_tpu_block_zone(pool: Pool) -> None:

@@ -46,6 +46,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 from google.api_core.exceptions import BadRequest, Conflict, FailedPrecondition, NotFound
@@ -59,6 +60,7 @@ from opendws.adapters.gce import (
     created,
     deleted,
     found,
+    hosts_of,
     network,
     order_of_vm,
     owned,
@@ -66,7 +68,7 @@ from opendws.adapters.gce import (
     vm_names,
 )
 from opendws.domain.model import FLEX_MAX_RUN, Pool
-from opendws.ports import Observed, Order, ProvisionPhase
+from opendws.ports import Host, Observed, Order, ProvisionPhase
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +234,14 @@ class MigFlexProvider:
         by_order: dict[str, list[str]] = {}
         for vm, status in vms.items():
             by_order.setdefault(order_of_vm(vm), []).append(status)
+        hosts = self._hosts(pool, zone_vms)
         observed: dict[str, Observed] = {}
         requests = {resize.name: resize for resize in listed or [] if owned(resize.name)}
         for name, resize in requests.items():
-            observed[name] = _observed_request(pool, resize, by_order.get(name, []))
+            seen = _observed_request(pool, resize, by_order.get(name, []))
+            if seen.phase is ProvisionPhase.READY:
+                seen = replace(seen, hosts=hosts.get(name, ()))
+            observed[name] = seen
         for name, statuses in by_order.items():
             if name in requests or not owned(name):
                 continue
@@ -245,8 +251,23 @@ class MigFlexProvider:
                 pool_id=pool.pool_id,
                 phase=ProvisionPhase.READY if live else ProvisionPhase.ENDED,
                 message=f"{len(statuses)} VM(s) of {name} without their resize request",
+                hosts=hosts.get(name, ()) if live else (),
             )
         return observed
+
+    def _hosts(
+        self, pool: Pool, zone_vms: dict[str, list[compute_v1.Instance]]
+    ) -> dict[str, tuple[Host, ...]]:
+        """Per order, its live VMs in the pool's group as hosts (see :func:`hosts_of`), from
+        the zone's VMs as listed for this look (no call of its own; none without the
+        instances client)."""
+        suffix = f"/instanceGroupManagers/{group_name(pool)}"
+        by_order: dict[str, list[compute_v1.Instance]] = {}
+        for instance in zone_vms.get(pool.zone, ()):
+            live = (instance.status or "PROVISIONING") in _LIVE_VM
+            if live and _created_by(instance).endswith(suffix):
+                by_order.setdefault(order_of_vm(instance.name), []).append(instance)
+        return {name: hosts_of(vms, pool.zone) for name, vms in by_order.items()}
 
     def _vms(
         self, pool: Pool, zone_vms: dict[str, list[compute_v1.Instance]], *, group_exists: bool

@@ -41,6 +41,7 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +56,7 @@ from opendws.adapters.gce import (
     created,
     deleted,
     found,
+    hosts_of,
     network,
     order_of_vm,
     owned,
@@ -70,7 +72,7 @@ from opendws.catalog import (
     tpu_calendar_workload,
 )
 from opendws.domain.model import CapacityRequest, Pool, Provider, region_of
-from opendws.ports import Advised, Observed, Order, ProvisionPhase, Withdrawal
+from opendws.ports import Advised, Host, Observed, Order, ProvisionPhase, Withdrawal
 
 RESERVATION_KEY = "compute.googleapis.com/reservation-name"
 SPEC = "block"  # the key of the one spec an Advice request asks about
@@ -431,17 +433,21 @@ class CalendarReservationProvider(_Blocks):
             if pool is None:
                 continue
             gang = vms.get(name, [])
-            observed[name] = self._observed(
+            seen = self._observed(
                 name, pool, block, live, block.specific_sku_properties.total_count,
                 [vm.status == "RUNNING" for vm in gang],
             )  # fmt: skip
+            if seen.phase is ProvisionPhase.READY:
+                seen = replace(seen, hosts=_running_hosts(gang, zone))
+            observed[name] = seen
         for name, gang in vms.items():
             # VMs whose block is gone: still owned, still to be reported (and released).
             home = pools.get(gang[0].machine_type.rsplit("/", 1)[-1])
             if name not in observed and home is not None:
                 running = sum(vm.status == "RUNNING" for vm in gang)
                 phase = ProvisionPhase.READY if running == len(gang) else ProvisionPhase.CREATING
-                observed[name] = Observed(name=name, pool_id=home.pool_id, phase=phase)
+                hosts = _running_hosts(gang, zone) if phase is ProvisionPhase.READY else ()
+                observed[name] = Observed(name=name, pool_id=home.pool_id, phase=phase, hosts=hosts)
         return observed
 
 
@@ -521,6 +527,11 @@ class TpuCalendarProvider(_Blocks):
     def release(self, name: str, pool: Pool) -> None:
         self._queued.release(name, pool)
         self._release_block(name, pool)
+
+
+def _running_hosts(gang: Sequence[compute_v1.Instance], zone: str) -> tuple[Host, ...]:
+    """A block's running VMs as hosts, in rank order (:func:`hosts_of`)."""
+    return hosts_of((vm for vm in gang if vm.status == "RUNNING"), zone)
 
 
 def _recommended(response: compute_v1.CalendarModeAdviceResponse, zones: set[str]) -> list[Advised]:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from opendws.domain.model import CapacityRequest, Mode, Pool, Provider
 from opendws.domain.provisioning import ProvisionPhase
@@ -47,6 +47,59 @@ class Order:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    """One VM of a gang that runs: its rank (the ``i`` of its name ``{order}-{i}``), where it is,
+    and its addresses as Compute Engine reports them (``networkInterfaces[0].networkIP``, and
+    the ``natIP`` of that interface's access config when it has an external address)."""
+
+    rank: int
+    name: str
+    zone: str
+    internal_ip: str
+    external_ip: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The host as the public JSON object (``opendws.event/v1``, ``GET /requests/{id}``)."""
+        return {
+            "rank": self.rank,
+            "name": self.name,
+            "zone": self.zone,
+            "internal_ip": self.internal_ip,
+            "external_ip": self.external_ip,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Host:
+        """Read back what :meth:`to_json` wrote."""
+        return cls(
+            rank=int(data["rank"]),
+            name=str(data["name"]),
+            zone=str(data["zone"]),
+            internal_ip=str(data["internal_ip"]),
+            external_ip=data.get("external_ip"),
+        )
+
+
+def hosts_to_json(hosts: Iterable[Host]) -> list[dict[str, Any]]:
+    """Hosts as JSON, in rank order."""
+    return [host.to_json() for host in sorted(hosts, key=lambda host: host.rank)]
+
+
+def hosts_from_json(data: object) -> tuple[Host, ...]:
+    """Hosts read back from :func:`hosts_to_json` (anything else, e.g. a document written
+    before hosts were recorded: none)."""
+    if not isinstance(data, list):
+        return ()
+    return tuple(sorted((Host.from_json(item) for item in data), key=lambda host: host.rank))
+
+
+def vm_rank(vm_name: str) -> int | None:
+    """The rank of a gang VM: the ``i`` of its name ``{order}-{i}`` (None: not such a name)."""
+    _, _, index = vm_name.rpartition("-")
+    return int(index) if index.isdigit() else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Observed:
     """One order's resources as a provider sees them now. Providers report every owned
     resource they find by name — a request, or VMs and queued resources left without one — so
@@ -64,6 +117,9 @@ class Observed:
     # None: not approved yet, or never cancellable) and the end of its time window.
     locked_at: datetime | None = None
     ends_at: datetime | None = None
+    # READY: the gang's VMs as Compute Engine reports them, in rank order (TPU slices: none
+    # yet).
+    hosts: tuple[Host, ...] = ()
 
 
 class CapacityProvider(Protocol):

@@ -21,6 +21,7 @@ from opendws.domain.model import CapacityRequest, GangShape, Mode
 from opendws.domain.provisioning import Lane
 from opendws.domain.run import RunSpec
 from opendws.domain.states import RequestState, transition
+from opendws.ports.cloud import Host, hosts_from_json, hosts_to_json
 
 EVENT_SCHEMA = "opendws.event/v1"
 
@@ -142,10 +143,13 @@ class StatusEvent:
     ready_eta_p90: datetime | None = None
     position: int | None = None
     pool: str | None = None
+    # ACTIVE: where its capacity is, one host per VM in rank order (see :class:`Host`).
+    hosts: tuple[Host, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """The event as the public JSON object."""
-        return {
+        """The event as the public JSON object; ``hosts`` only on an event that has them
+        (an ACTIVE one), so every other event reads as it always did."""
+        data: dict[str, Any] = {
             "schema": EVENT_SCHEMA,
             "request_id": self.request_id,
             "tenant": self.tenant,
@@ -160,6 +164,9 @@ class StatusEvent:
             "position": self.position,
             "pool": self.pool,
         }
+        if self.hosts:
+            data["hosts"] = hosts_to_json(self.hosts)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StatusEvent:
@@ -178,6 +185,7 @@ class StatusEvent:
             ready_eta_p90=_instant(data.get("ready_eta_p90")),
             position=data.get("position"),
             pool=data.get("pool"),
+            hosts=hosts_from_json(data.get("hosts")),
         )
 
 
@@ -205,6 +213,8 @@ class RequestRecord:
     lanes: tuple[Lane, ...] = ()
     # The first ETA it was told (kept once set): what its ETA error is measured against.
     first_eta: datetime | None = None
+    # ACTIVE: where its capacity is, one host per VM in rank order; () in every other state.
+    hosts: tuple[Host, ...] = ()
 
     @property
     def request_id(self) -> str:
@@ -264,6 +274,17 @@ def submitted(record: RequestRecord) -> bool:
     )
 
 
+def hosts_after(
+    current: tuple[Host, ...], state: RequestState, hosts: tuple[Host, ...] | None
+) -> tuple[Host, ...]:
+    """The hosts a change leaves on a record (a rule of :meth:`Change.apply`): only an ACTIVE
+    request has any — ``hosts`` replaces them, None keeps them; every other state has none
+    (its VMs are not, or no longer, its own)."""
+    if state is not RequestState.ACTIVE:
+        return ()
+    return current if hosts is None else tuple(sorted(hosts, key=lambda host: host.rank))
+
+
 def lanes_after(
     current: tuple[Lane, ...], state: RequestState, lanes: tuple[Lane, ...] | None
 ) -> tuple[Lane, ...]:
@@ -292,6 +313,7 @@ class Change:
     attempt: int | None = None  # None keeps the record's own
     lanes: tuple[Lane, ...] | None = None  # None keeps them (back in line there are none)
     usage: UsageEntry | None = None
+    hosts: tuple[Host, ...] | None = None  # None keeps them (only ACTIVE has any)
 
     def revises(self, record: RequestRecord) -> bool:
         """True when the change keeps the record's state (a new ETA, reason or attempt): a
@@ -302,7 +324,8 @@ class Change:
         """The record after this change: the version grows by one; ``since`` becomes the
         event's time only when the state changes; ``attempt`` None keeps the old one; the first
         ETA given is kept as ``first_eta``;
-        ``lanes`` as :func:`lanes_after` says; one more event is recorded. Raises StaleWrite
+        ``lanes`` as :func:`lanes_after` says, ``hosts`` as :func:`hosts_after`; one more event
+        is recorded. Raises StaleWrite
         if ``record`` is at another version, IllegalTransition if the life cycle forbids the
         move."""
         if record.version != self.expected_version:
@@ -323,6 +346,7 @@ class Change:
             position=self.position,
             attempt=record.attempt if self.attempt is None else self.attempt,
             lanes=lanes_after(record.lanes, self.state, self.lanes),
+            hosts=hosts_after(record.hosts, self.state, self.hosts),
             since=record.since if revision else self.event.at,
             events=record.events + 1,
         )

@@ -300,4 +300,30 @@ def _instance_view(instance: Instance) -> JSON:
     if instance.mig is not None:
         creator = f"{zone_url}/instanceGroupManagers/{instance.mig}"
         view["metadata"] = {"items": [{"key": "created-by", "value": creator}]}
+    nics = _interfaces_view(instance)
+    if nics:
+        view["networkInterfaces"] = nics
     return view
+
+
+def _interfaces_view(instance: Instance) -> list[JSON]:
+    """The VM's interfaces as Compute Engine reports them (compute/docs/reference/rest/v1/
+    instances: ``networkInterfaces[].name`` ``nic0``, ``nic1``…; ``networkIP``, the internal
+    address; an access config's ``natIP``, the external one): the first carries the addresses
+    the VM was given at its creation."""
+    nics = instance.body.get("networkInterfaces")
+    if not isinstance(nics, list):
+        return []
+    views: list[JSON] = []
+    for index, nic in enumerate(nics):
+        view: JSON = {**nic, "kind": "compute#networkInterface", "name": f"nic{index}"}
+        if index == 0:
+            view["networkIP"] = instance.internal_ip
+            configs = nic.get("accessConfigs")
+            if isinstance(configs, list) and configs:
+                view["accessConfigs"] = [
+                    {**configs[0], "kind": "compute#accessConfig", "natIP": instance.external_ip},
+                    *configs[1:],
+                ]
+        views.append(view)
+    return views

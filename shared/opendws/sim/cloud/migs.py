@@ -29,6 +29,7 @@ Google's behaviour, as modelled:
 
 from __future__ import annotations
 
+import copy
 import functools
 from datetime import datetime, timedelta
 
@@ -407,10 +408,16 @@ class MigApi(World):
 
     def _make_vms(self, request: ResizeRequest, names: list[str], when: datetime) -> list[Instance]:
         mig = self._project(request.project).migs[(request.zone, request.mig)]
+        template = self._project(request.project).templates.get(mig.template)
+        properties = get(template.body, "properties") if template is not None else None
+        nics = get(properties, "networkInterfaces") if isinstance(properties, dict) else None
         made = []
         for vm_name in names:
+            # A group's VMs are made from its template: they have its interfaces (and each its
+            # own addresses).
+            body: JSON = {"networkInterfaces": copy.deepcopy(nics)} if nics else {}
             vm = self._add_instance(
-                mig.project, mig.zone, vm_name, request.shape, when, {}, mig=mig.name
+                mig.project, mig.zone, vm_name, request.shape, when, body, mig=mig.name
             )
             vm.status = "RUNNING"
             made.append(vm)

@@ -116,6 +116,10 @@ class Instance(Record):
     ends_at: datetime | None = None  # when it gives its unit back by itself (None: never)
     flex: bool = False
     operation: JSON | None = None  # a flex-start VM's insert operation, RUNNING while it waits
+    # Its first interface's addresses, given at its creation and kept for its life: the
+    # internal one (networkIP) and, with an access config, the external one (natIP).
+    internal_ip: str = ""
+    external_ip: str | None = None
 
 
 @dataclass(eq=False)
@@ -292,6 +296,7 @@ class World:
         self._random = random.Random(0)
         self._created: dict[str, Counter[str]] = {kind: Counter() for kind in CREATED_KINDS}
         self._counters: Counter[str] = Counter()
+        self._addresses = itertools.count()  # the VMs' addresses, one after another
 
     # ------------------------------------------------------------------ steering
 
@@ -575,9 +580,29 @@ class World:
         mig: str | None = None,
     ) -> Instance:
         instance = Instance(project, zone, name, self._new_id(), when, body, shape=shape, mig=mig)
+        instance.internal_ip, instance.external_ip = self._new_addresses(body)
         self._project(project).instances[(zone, name)] = instance
         self._created["instances"][name] += 1
         return instance
+
+    def _new_addresses(self, body: JSON) -> tuple[str, str | None]:
+        """A new VM's addresses: the internal one its first interface asks for
+        (``networkIP``), else the next free one of the subnet; an external one when that
+        interface has an access config (its ``natIP``, else an ephemeral one).
+        compute/docs/reference/rest/v1/instances, ``NetworkInterface.networkIP``: "If not
+        specified by the user, an unused internal IP is assigned by the system"; it is the
+        VM's until the VM is deleted. Addresses start at .2: a subnet's first two are
+        Google's own (vpc/docs/subnets, reserved addresses)."""
+        nics = body.get("networkInterfaces")
+        nic = nics[0] if isinstance(nics, list) and nics and isinstance(nics[0], dict) else {}
+        number = next(self._addresses)
+        host, network = number % 252 + 2, number // 252
+        internal = nic.get("networkIP") or f"10.{128 + network // 256 % 128}.{network % 256}.{host}"
+        configs = nic.get("accessConfigs")
+        if not isinstance(configs, list) or not configs or not isinstance(configs[0], dict):
+            return str(internal), None
+        external = configs[0].get("natIP") or f"34.{network // 256 % 256}.{network % 256}.{host}"
+        return str(internal), str(external)
 
     def _remove_instance(self, instance: Instance) -> None:
         """Delete a VM: out of its project (and Google's queue), its unit back to stock."""
