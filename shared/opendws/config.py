@@ -60,9 +60,13 @@ def configuration_from_document(data: object, *, source: str) -> Configuration:
     _check_templates(ci, source, lasting_template_problem)
     access = tuple(rule.build() for rule in spec.access)
     _check_access(access, frozenset(t.name for t in tenants), source)
+    secret_prefixes = tuple(
+        (t.name, t.secret_prefix) for t in spec.tenants if t.secret_prefix is not None
+    )
     return Configuration(
         pools=pools, tenants=tenants, policy=policy, prices=prices, ci=ci,
         shared_requests_topic=spec.shared_requests_topic, access=access,
+        secret_prefixes=secret_prefixes,
     )  # fmt: skip
 
 
@@ -154,7 +158,10 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
         },
         "shared_requests_topic": configuration.shared_requests_topic,
         "pools": [_pool(pool) for pool in configuration.pools],
-        "tenants": [_tenant(tenant) for tenant in configuration.tenants],
+        "tenants": [
+            _tenant(tenant, configuration.secret_prefix(tenant.name))
+            for tenant in configuration.tenants
+        ],
         "access": [{"principal": r.principal, "tenant": r.tenant} for r in configuration.access],
         "ci": [
             {"provider": m.provider, "labels": sorted(m.labels), "request": m.template}
@@ -186,9 +193,10 @@ def _pool(pool: Pool) -> dict[str, Any]:
     return document
 
 
-def _tenant(tenant: Tenant) -> dict[str, Any]:
+def _tenant(tenant: Tenant, secret_prefix: str | None) -> dict[str, Any]:
     return {
         "name": tenant.name,
+        **({} if secret_prefix is None else {"secret_prefix": secret_prefix}),
         "cohort": tenant.cohort,
         "queueing": tenant.queueing.value,
         "quotas": [

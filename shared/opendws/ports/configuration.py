@@ -78,6 +78,14 @@ class Configuration:
     shared_requests_topic: bool = False
     # Which Google identities (IAP's signed header, ID tokens) act as which tenant at the API.
     access: tuple[AccessRule, ...] = ()
+    # (tenant, prefix): the Secret Manager names a tenant's runs may take secrets from, e.g.
+    # projects/P/secrets/vision- (domain.run.check_secret_prefix); a tenant without one may
+    # use no secrets.
+    secret_prefixes: tuple[tuple[str, str], ...] = ()
+
+    def secret_prefix(self, tenant: str) -> str | None:
+        """Where ``tenant``'s runs may take secrets from (None: nowhere)."""
+        return next((prefix for name, prefix in self.secret_prefixes if name == tenant), None)
 
     def price(self, accelerator: str) -> Price | None:
         """The price of ``accelerator``, if configured."""

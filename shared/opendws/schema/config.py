@@ -23,6 +23,7 @@ from opendws.domain import (
     Tenant,
 )
 from opendws.domain.calendar import CancellationRule
+from opendws.domain.run import check_secret_prefix
 from opendws.ports import AccessRule, CiMapping, Price
 from opendws.ports.configuration import DOMAIN_PREFIX
 from opendws.schema.common import Document, Duration, ScenarioError, Spec, Timestamp
@@ -80,6 +81,19 @@ class TenantSpec(Spec):
     cohort: str | None = None
     queueing: QueueingStrategy = QueueingStrategy.BEST_EFFORT
     quotas: list[QuotaSpec] = Field(default_factory=list)
+    # Where its runs may take secrets from (projects/P/secrets/ and the start of their ids);
+    # None: its runs may use no secrets.
+    secret_prefix: str | None = None
+
+    @field_validator("secret_prefix")
+    @classmethod
+    def _secret_prefix(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                check_secret_prefix(value)
+            except InvalidModel as error:
+                raise ValueError(error.rule) from None
+        return value
 
     def build(self) -> Tenant:
         """The domain tenant (quota rules are checked here too)."""

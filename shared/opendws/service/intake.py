@@ -20,8 +20,10 @@ every publisher (``shared_requests_topic``; off by default: ``UNTRUSTED_TOPIC``)
 topic it is refused (``UNKNOWN_TOPIC``).
 
 Bad input never raises: it is acknowledged and answered with a REJECTED event whose message
-names the field and the rule. Transient faults (the store or the bus unavailable) do raise, so
-that Pub/Sub redelivers; a dead-letter topic catches what keeps failing.
+names the field and the rule (a run's secrets are checked against its tenant's configured
+``secret_prefix`` here, where the configuration is known). Transient faults (the store or the
+bus unavailable) do raise, so that Pub/Sub redelivers; a dead-letter topic catches what keeps
+failing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from opendws.domain.model import CapacityRequest
+from opendws.domain.run import secret_prefix_problem
 from opendws.domain.states import RequestState
 from opendws.ports import (
     SHARED_REQUESTS_TOPIC,
@@ -191,6 +195,9 @@ class IntakeService:
                 default_request_id=delivery.message_id,
                 submitted_at=delivery.published_at,
             )
+            problem = self._secrets_problem(request)
+            if problem is not None:
+                raise MessageError([problem])
         except MessageError as error:
             return self._refuse(delivery, INVALID_REQUEST, str(error))
         record, event = accepted(request, delivery.published_at)
@@ -251,6 +258,18 @@ class IntakeService:
         them: it may have just been added)."""
         known = self._configuration_where(lambda configuration: tenant in _names(configuration))
         return _names(known)
+
+    def _secrets_problem(self, request: CapacityRequest) -> tuple[str, str] | None:
+        """The ``(field, rule)`` of a secret of ``request``'s run outside its tenant's
+        configured secret prefix (or of any, for a tenant configured with none); None if
+        all lie within it. A tenant's prefix just configured is read again at once."""
+        run, tenant = request.run, request.tenant
+        if run is None or not run.secrets:
+            return None
+        configuration = self._configuration_where(
+            lambda known: secret_prefix_problem(run, known.secret_prefix(tenant), tenant) is None
+        )
+        return secret_prefix_problem(run, configuration.secret_prefix(tenant), tenant)
 
     def _configuration_where(self, found: Callable[[Configuration], bool]) -> Configuration:
         """The configuration, kept CONFIG_TTL between messages; a kept one in which ``found``
