@@ -8,8 +8,9 @@ instance's keys and values together under 512 KB (compute/docs/reference/rest/v1
 ``items[].value`` and ``items[]``; compute/docs/metadata/setting-custom-metadata,
 "Limitations"), which the tests hold it to with a wide margin.
 
-The agent runs as the transient systemd service ``opendws-agent`` (``nohup`` where there is
-no systemd), its output on the serial console and in the journal. Stopping the service sends
+The agent runs as the transient systemd service ``opendws-agent``, its output on the serial
+console and in the journal (where there is no systemd: under ``nohup``, its output in
+``/opt/opendws/agent.log``). Stopping the service sends
 SIGTERM to the agent alone (``KillMode=mixed``), which stops the job within its grace period.
 """
 
@@ -58,6 +59,7 @@ def startup_script(agent_url: str, directory: str = AGENT_DIR) -> str:
     payload = "\n".join(textwrap.wrap(base64.b64encode(bundle()).decode("ascii"), 76))
     target = shlex.quote(directory.rstrip("/") + "/agent.pyz")
     command = f'"$python" {target} --agent-url {shlex.quote(agent_url)}'
+    log = shlex.quote(directory.rstrip("/") + "/agent.log")
     minimum = ".".join(map(str, MINIMUM_PYTHON))
     too_old = repr(MINIMUM_PYTHON)
     return f"""#!/bin/bash
@@ -84,7 +86,7 @@ if command -v systemd-run >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
         --property=StandardOutput=journal+console --property=StandardError=journal+console \\
         {command}
 else
-    nohup {command} >/dev/console 2>&1 &
+    nohup {command} >>{log} 2>&1 &
 fi
 echo "opendws: the agent is started"
 """
