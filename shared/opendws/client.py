@@ -34,7 +34,14 @@ from opendws import bootstrap
 from opendws.domain.model import CapacityRequest
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
-from opendws.ports import RequestRecord, StatusEvent, UnknownTopic, content_digest
+from opendws.ports import (
+    Host,
+    RequestRecord,
+    StatusEvent,
+    UnknownTopic,
+    content_digest,
+    hosts_to_json,
+)
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
     NAME_RULE,
@@ -125,10 +132,16 @@ class RequestStatus:
     def reason(self) -> str | None:
         return self.record.reason
 
+    @property
+    def hosts(self) -> tuple[Host, ...]:
+        """ACTIVE: where its capacity is, one host per VM in rank order (() otherwise)."""
+        return self.record.hosts
+
     def to_json(self) -> dict[str, Any]:
         """What ``dws status --json`` prints, with the fields of the api's ``GET
         /requests/{id}``: id, tenant, state, pool, the three times (UTC, to the second),
-        position, reason, message and the events as published on ``capacity-events``."""
+        position, reason, message, hosts and the events as published on
+        ``capacity-events``."""
         return {
             "request_id": self.request_id,
             "tenant": self.tenant,
@@ -140,6 +153,7 @@ class RequestStatus:
             "position": self.position,
             "reason": self.reason,
             "message": self.record.message,
+            "hosts": hosts_to_json(self.hosts),
             "events": [event.to_json() for event in self.events],
         }
 

@@ -3,7 +3,7 @@
 - :mod:`~opendws.cli.plan`: ``dws plan``, the admission core on a what-if scenario;
 - :mod:`~opendws.cli.stack`: ``dws up`` and ``dws demo``, the whole system on this machine;
 - :mod:`~opendws.cli.requests`: ``dws submit``, ``status``, ``wait``, ``cancel``, ``release``,
-  ``queue``, ``timeline`` and ``usage``, against a running system;
+  ``ssh``, ``queue``, ``timeline`` and ``usage``, against a running system;
 - :mod:`~opendws.cli.config`: ``dws config apply``;
 - :mod:`~opendws.cli.replay`: ``dws simulate`` and ``dws trace convert|export``;
 - :mod:`~opendws.cli.common`: what they share (the usage failure, the console, ``--project``).
@@ -37,6 +37,7 @@ for _command in (
     requests.wait,
     requests.cancel,
     requests.release,
+    requests.ssh,
     requests.queue,
     requests.timeline,
     requests.usage,

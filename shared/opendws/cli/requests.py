@@ -3,7 +3,10 @@ project (``--project``, application default credentials):
 
 - ``dws submit`` publishes a request (from a YAML/JSON file or from flags), validated against
   the ``opendws.request/v1`` schema first, so a bad request is refused here and never sent;
-- ``dws status ID``, ``dws wait ID`` (until ACTIVE or a final state; the exit code says which);
+- ``dws status ID`` (ACTIVE: its hosts too), ``dws wait ID`` (until ACTIVE or a final state;
+  the exit code says which);
+- ``dws ssh ID [--rank R] [-- GCLOUD_ARGS...]``: ``gcloud compute ssh`` to a VM of an ACTIVE
+  request;
 - ``dws cancel ID`` and ``dws release ID``;
 - ``dws queue``, ``dws timeline`` and ``dws usage``: what waits, what holds each pool, what was
   used.
@@ -38,8 +41,10 @@ from opendws.cli.common import (
 from opendws.durations import format_duration
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from opendws.client import InvalidRequest
-    from opendws.ports import StatusEvent
+    from opendws.ports import Host, StatusEvent
 
 # `dws wait` says so on stderr when the request is still not stored after this many seconds.
 NOT_STORED_NOTE_S = 5.0
@@ -151,6 +156,14 @@ def status(request_id: str, wide: bool, as_json: bool) -> None:
         + (f", running {'by ' if exact else ''}{at(ready)} (p90 {at(ready_p90)})" if ready else "")
         + (f", position {shown.position}" if shown.position else "")
     )
+    if shown.hosts:
+        hosts = Table("rank", "host", "zone", "internal IP", "external IP",
+                      **({} if exact else _NARROW))  # fmt: skip
+        for host in shown.hosts:
+            hosts.add_row(str(host.rank), host.name, host.zone, host.internal_ip,
+                          host.external_ip or "")  # fmt: skip
+        console.print(hosts)
+        console.print(f"a shell on rank 0: dws ssh {request_id}", markup=False, highlight=False)
     table = Table("at", "state", "reason", "message", **({} if exact else _NARROW))
     for event in shown.events:
         stamp = event.at.isoformat() if exact else relative(event.at, now)
@@ -345,3 +358,60 @@ def usage(tenant: str | None, as_json: bool) -> None:
         table.add_row(row.tenant, row.accelerator, f"{row.granted_hours:,.2f}",
                       f"{row.used_hours:,.2f}", cost, outcomes)  # fmt: skip
     console.print(table)
+
+
+# dws ssh -----------------------------------------------------------------------------------------
+
+
+@click.command(
+    short_help="A shell on a VM of an ACTIVE request (gcloud compute ssh).",
+    context_settings={"ignore_unknown_options": True},
+)
+@click.argument("request_id")
+@click.option("--rank", type=int, default=0, show_default=True, help="The VM's rank in the gang.")
+@click.argument("gcloud_args", nargs=-1, type=click.UNPROCESSED)
+@project_option
+def ssh(request_id: str, rank: int, gcloud_args: tuple[str, ...]) -> None:
+    """Run ``gcloud compute ssh`` to the VM of rank --rank of an ACTIVE request, in its zone
+    and project, through IAP when the VM has no external address. Everything after ``--`` is
+    handed to gcloud (e.g. ``-- --command nvidia-smi``)."""
+    import os
+    import shutil
+
+    from opendws.client import UnknownRequest
+
+    dws = client()
+    try:
+        shown = dws.status(request_id)
+    except UnknownRequest as error:
+        raise UsageFailure(str(error)) from None
+    argv = ssh_command(shown.hosts, rank, dws.container.settings.project, gcloud_args,
+                       request_id=request_id, state=shown.state.value)  # fmt: skip
+    if shutil.which(argv[0]) is None:
+        raise UsageFailure(
+            "gcloud is not on PATH: install the Google Cloud CLI "
+            "(cloud.google.com/sdk/docs/install), then run this again"
+        )
+    os.execvp(argv[0], argv)  # the user's terminal is gcloud's from here on
+
+
+def ssh_command(
+    hosts: Sequence[Host], rank: int, project: str, extra: Sequence[str] = (), *,
+    request_id: str, state: str,
+) -> list[str]:  # fmt: skip
+    """The ``gcloud compute ssh`` command line to the host of ``rank``: ``--tunnel-through-iap``
+    when it has no external address (cloud.google.com/iap/docs/using-tcp-forwarding), ``extra``
+    last. A request that is not ACTIVE (no hosts) or a rank it has not is refused by name."""
+    if not hosts:
+        raise UsageFailure(
+            f"{request_id} is {state}: only an ACTIVE request has VMs to reach "
+            f"(see: dws status {request_id})"
+        )
+    by_rank = {host.rank: host for host in hosts}
+    if rank not in by_rank:
+        raise UsageFailure(f"{request_id} has no rank {rank}: its ranks are 0 to {len(hosts) - 1}")
+    host = by_rank[rank]
+    argv = ["gcloud", "compute", "ssh", host.name, "--zone", host.zone, "--project", project]
+    if host.external_ip is None:
+        argv.append("--tunnel-through-iap")
+    return [*argv, *extra]

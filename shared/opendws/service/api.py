@@ -2,7 +2,8 @@
 services: method + path + headers (+ query parameters) → status + JSON.
 
     GET  /requests/{id}            a request: state, pool, ETA, ready ETA, position, reason,
-                                   its events
+                                   its hosts (ACTIVE: rank, name, zone, internal_ip,
+                                   external_ip), its events
     POST /requests/{id}/cancel     cancel it (its tenant, or an admin)
     POST /requests/{id}/release    release it (its tenant, or an admin)
     GET  /queue                    pending requests with positions, ETAs, ready ETAs, reasons
@@ -40,7 +41,7 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import Any
 
-from opendws.ports import Clock, Forbidden, Requests, Unauthorized
+from opendws.ports import Clock, Forbidden, Requests, Unauthorized, hosts_to_json
 from opendws.service.access import IAP_HEADER, GoogleAccess, looks_like_jwt
 from opendws.service.queries import QueryService
 from opendws.service.release import EndOutcome, EndService
@@ -171,6 +172,7 @@ class ApiService:
             "pool": record.pool, "eta": _iso(record.eta), "ready_eta": _iso(ready),
             "ready_eta_p90": _iso(ready_p90), "position": record.position,
             "reason": record.reason, "message": record.message,
+            "hosts": hosts_to_json(record.hosts),
             "events": [event.to_json() for event in self._store.events(request_id)],
         })  # fmt: skip
 

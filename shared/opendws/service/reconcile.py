@@ -97,6 +97,7 @@ from opendws.ports import (
     EventBus,
     Fence,
     Fenced,
+    Host,
     Observed,
     Order,
     Providers,
@@ -107,6 +108,7 @@ from opendws.ports import (
     StatusEvent,
     TimerQueue,
     hold_end,
+    hosts_after,
     order_name,
     submitted,
 )
@@ -708,12 +710,15 @@ class _Cycle:
                 names=tuple(order_name(record.request_id, lane.attempt) for lane in record.orders),
             )
             self.service._note_quiet(record.request_id, quiet)
-        self._carry_out(record, step)
+        self._carry_out(record, step, _served_hosts(record, step, seen))
 
-    def _carry_out(self, record: RequestRecord, step: Step) -> None:
+    def _carry_out(
+        self, record: RequestRecord, step: Step, hosts: tuple[Host, ...] | None = None
+    ) -> None:
         """The one writer of the sweep: pools marked short, the record's write (before the
         calls it licenses, so a crash between them leaves a record the next pass completes or
-        a resource nobody wants, released as a leak), then the provider calls in order."""
+        a resource nobody wants, released as a leak), then the provider calls in order.
+        ``hosts``: a request going ACTIVE, where its capacity is (on its record and event)."""
         for pool_id in step.short:
             until = self.now + self.settings.stockout_cooldown
             already = self.pools[pool_id].short_until
@@ -736,7 +741,7 @@ class _Cycle:
             changed = self._write(
                 record, state, step.reason or "", message,
                 pool=primary if step.lanes else KEEP, lanes=step.lanes,
-                attempt=record.attempt if submitted(record) else None,
+                attempt=record.attempt if submitted(record) else None, hosts=hosts,
             )  # fmt: skip
             self._learn_ready(record, changed)
         for call, lane in step.calls:
@@ -1200,11 +1205,12 @@ class _Cycle:
         self, record: RequestRecord, state: RequestState, reason: str, message: str, *,
         pool: str | _Keep | None = KEEP, attempt: int | None = None,
         eta: datetime | None = None, position: int | None = None,
-        lanes: tuple[Lane, ...] | None = None,
+        lanes: tuple[Lane, ...] | None = None, hosts: tuple[Host, ...] | None = None,
     ) -> RequestRecord:  # fmt: skip
         """One fenced write, then its event on the bus (and the outbox cursor moved).
         ``pool`` defaults to the record's own, except back in line (PENDING), where a request
-        has no pool until it is admitted again."""
+        has no pool until it is admitted again. ``hosts`` (a request going ACTIVE) are stored
+        on the record and carried by the event."""
         current = self.records.get(record.request_id, record)
         if isinstance(pool, _Keep):
             keep_pool = None if state is S.PENDING else current.pool
@@ -1228,6 +1234,7 @@ class _Cycle:
             ready_eta_p90=ready_p90,
             position=position,
             pool=keep_pool,
+            hosts=hosts_after(current.hosts, state, hosts),
         )
         self._renew_lease()
         final = state.is_final
@@ -1235,6 +1242,7 @@ class _Cycle:
             expected_version=current.version, state=state, event=event, reason=reason or None,
             message=message, pool=keep_pool, eta=eta, position=position, attempt=attempt,
             lanes=lanes, usage=usage_of(current, state, self.now, self.config) if final else None,
+            hosts=hosts,
         )  # fmt: skip
         changed = self.store.change(current.request_id, change, fence=self.fence)
         if self.metrics is not None:
@@ -1339,6 +1347,19 @@ def _apply_order(decision: Decision, plan: Plan, first: dict[Outcome, int]) -> t
     and screened decisions have none), then the id."""
     rank = plan.rank(decision.request_id) or 0
     return first.get(decision.outcome, 2), rank, decision.request_id
+
+
+def _served_hosts(
+    record: RequestRecord, step: Step, seen: Mapping[Lane, Sighting | None]
+) -> tuple[Host, ...] | None:
+    """Where the capacity of a request the step makes ACTIVE is: the hosts its serving order
+    was observed with (the step's lane, or the record's one order); None for any other step
+    (the record keeps what it has)."""
+    if step.target is not RequestState.ACTIVE or step.target is record.state:
+        return None
+    lanes = step.lanes or _lanes(record)
+    sighting = seen.get(lanes[0]) if lanes else None
+    return () if sighting is None else sighting.observed.hosts
 
 
 def _lanes(record: RequestRecord) -> tuple[Lane, ...]:
