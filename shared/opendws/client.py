@@ -32,6 +32,7 @@ from typing import Any
 
 from opendws import bootstrap
 from opendws.domain.model import CapacityRequest
+from opendws.domain.run import RunSpec
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
 from opendws.ports import (
@@ -137,6 +138,11 @@ class RequestStatus:
         """ACTIVE: where its capacity is, one host per VM in rank order (() otherwise)."""
         return self.record.hosts
 
+    @property
+    def run(self) -> RunSpec | None:
+        """The job it carries (its secrets as version names); None: capacity only."""
+        return self.record.request.run
+
     def to_json(self) -> dict[str, Any]:
         """What ``dws status --json`` prints, with the fields of the api's ``GET
         /requests/{id}``: id, tenant, state, pool, the three times (UTC, to the second),
@@ -153,6 +159,7 @@ class RequestStatus:
             "position": self.position,
             "reason": self.reason,
             "message": self.record.message,
+            "run": None if self.run is None else self.run.to_json(),
             "hosts": hosts_to_json(self.hosts),
             "events": [event.to_json() for event in self.events],
         }
@@ -212,7 +219,9 @@ class Client:
         The request's fields come from ``file`` (YAML or JSON), then ``request``, then the
         keyword ``fields``, a later one replacing an earlier one: ``tenant``, ``mode``,
         ``gang`` (a mapping), ``locations``, ``run_duration``, ``max_wait``, ``start_at``,
-        ``priority``, ``labels``, ``request_id``. Durations may be given as ``timedelta``
+        ``priority``, ``labels``, ``request_id``, and ``run``, the job to run on the gang (a
+        mapping of ``opendws.request/v1``'s ``run`` or a
+        :class:`~opendws.domain.run.RunSpec`). Durations may be given as ``timedelta``
         (whole seconds) and times as aware ``datetime``. The request is checked against
         ``opendws.request/v1`` and the rules of its mode (run time, wait, a start in the
         future) first: :class:`InvalidRequest` names every field that breaks one, and nothing
@@ -399,7 +408,9 @@ def _read_request(path: Path) -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     """``value`` as JSON holds it: times in ISO 8601, durations in the short form, tuples as
-    lists (the message is published as JSON)."""
+    lists, a run as its mapping (the message is published as JSON)."""
+    if isinstance(value, RunSpec):
+        return value.to_json()
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, timedelta):

@@ -1,8 +1,9 @@
 """``dws`` commands on requests in a running system — the local stack (``dws up``) or a real
 project (``--project``, application default credentials):
 
-- ``dws submit`` publishes a request (from a YAML/JSON file or from flags), validated against
-  the ``opendws.request/v1`` schema first, so a bad request is refused here and never sent;
+- ``dws submit`` publishes a request (from a YAML/JSON file or from flags, and the job to run on
+  the gang after ``--``), validated against the ``opendws.request/v1`` schema first, so a bad
+  request is refused here and never sent;
 - ``dws status ID`` (ACTIVE: its hosts too), ``dws wait ID`` (until ACTIVE or a final state;
   the exit code says which);
 - ``dws ssh ID [--rank R] [-- GCLOUD_ARGS...]``: ``gcloud compute ssh`` to a VM of an ACTIVE
@@ -19,6 +20,7 @@ Every error a user can fix is one red line and exit code 2.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from dataclasses import asdict
 from datetime import datetime
@@ -39,11 +41,13 @@ from opendws.cli.common import (
     relative,
 )
 from opendws.durations import format_duration
+from opendws.scenario import ScenarioError, read_document
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from opendws.client import InvalidRequest
+    from opendws.domain.run import RunSpec
     from opendws.ports import Host, StatusEvent
 
 # `dws wait` says so on stderr when the request is still not stored after this many seconds.
@@ -56,8 +60,26 @@ WAIT_TIMEOUT = 3  # still waiting when --timeout passed
 
 # dws submit -----------------------------------------------------------------------------------
 
+# Where `dws submit` keeps the words after its first `--`: the job's argv.
+_ARGV = "opendws.run.command"
 
-@click.command(short_help="Ask for capacity (from a file or flags).")
+
+class _ArgvAfterDashes(click.Command):
+    """A command whose words after the first ``--`` are a program's argv, kept whole (options
+    and all) in ``ctx.meta[_ARGV]`` rather than parsed as its own."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            at = args.index("--")
+            ctx.meta[_ARGV] = args[at + 1 :]
+            args = args[:at]
+        return super().parse_args(ctx, args)
+
+
+@click.command(
+    cls=_ArgvAfterDashes,
+    short_help="Ask for capacity (from a file or flags), and the job to run on it after --.",
+)
 @click.argument("file", type=click.Path(path_type=Path), required=False)
 @click.option("--id", "request_id", help="request_id (default: the Pub/Sub message id).")
 @click.option("--tenant", help="Your team.")
@@ -75,16 +97,32 @@ WAIT_TIMEOUT = 3  # still waiting when --timeout passed
 @click.option("--max-wait", help="flex_start: how long to wait at most, e.g. 2d.")
 @click.option("--start-at", help="calendar: the block's start (ISO 8601 with a zone).")
 @click.option("--priority", type=int)
+@click.option("--image", help="Run the job in this container image.")
+@click.option("--env", "env", multiple=True, metavar="NAME=VALUE",
+              help="Add to the job's environment; repeat.")  # fmt: skip
+@click.option("--secret", "secrets", multiple=True, metavar="NAME=VERSION",
+              help="Set NAME to a Secret Manager version's value "
+                   "(projects/P/secrets/S/versions/V); repeat.")  # fmt: skip
+@click.option("--ends-when", type=click.Choice(["all_exited", "rank0_exited"]),
+              help="When the run is over: every rank exited (default), or rank 0.")  # fmt: skip
 @project_option
 def submit(file: Path | None, **flags: Any) -> None:
-    """Validate a request and publish it on its tenant's topic; print its id."""
+    """Validate a request and publish it on its tenant's topic; print its id.
+
+    Everything after -- is the job's command (argv), run on every VM of the gang once it is
+    up; the capacity is released when it ends. With FILE, the job given here replaces the
+    fields of the file's run it gives (env and secrets name by name)."""
     from opendws.client import InvalidRequest
 
+    run = _run_from(flags, click.get_current_context().meta.get(_ARGV))
     try:
-        if file is not None:
+        if file is None:
+            message = _message_from(flags)
+            request_id = client().submit(message if run is None else {**message, "run": run})
+        elif run is None:
             request_id = client().submit(file=file)
         else:
-            request_id = client().submit(_message_from(flags))
+            request_id = client().submit(_with_run(file, run))
     except InvalidRequest as error:
         raise UsageFailure(_one_line(error)) from None
     console.print(f"submitted [bold]{request_id}[/bold]; follow it with: dws wait {request_id}")
@@ -95,6 +133,50 @@ def _one_line(error: InvalidRequest) -> str:
     if [field for field, _ in error.problems] == ["file"]:
         return error.problems[0][1]
     return str(error)
+
+
+def _run_from(flags: dict[str, Any], argv: list[str] | None) -> dict[str, Any] | None:
+    """The job the command line gives (the words after ``--`` and the run flags); None if
+    none (the client checks it)."""
+    run: dict[str, Any] = {}
+    if argv is not None:
+        run["command"] = list(argv)
+    if flags.get("image") is not None:
+        run["image"] = flags["image"]
+    for key, option, given in (("env", "--env", "env"), ("secrets", "--secret", "secrets")):
+        if flags.get(given):
+            run[key] = _pairs(option, flags[given])
+    if flags.get("ends_when") is not None:
+        run["ends_when"] = flags["ends_when"]
+    return run or None
+
+
+def _pairs(option: str, given: tuple[str, ...]) -> dict[str, str]:
+    """``NAME=VALUE`` words as a mapping (a later NAME replaces an earlier one)."""
+    pairs: dict[str, str] = {}
+    for word in given:
+        name, equals, value = word.partition("=")
+        if not equals or not name:
+            raise UsageFailure(f"{option} {word!r}: give NAME=VALUE")
+        pairs[name] = value
+    return pairs
+
+
+def _with_run(file: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """The request ``file`` holds, its ``run`` updated by ``run`` (env and secrets name by
+    name)."""
+    try:
+        document = read_document(file)
+    except ScenarioError as error:
+        raise UsageFailure(str(error)) from None
+    if not isinstance(document, dict):
+        raise UsageFailure(f"{file}: a request is a mapping of fields")
+    current = document.get("run")
+    merged = dict(current) if isinstance(current, dict) else {}
+    for key in ("env", "secrets"):
+        if key in run and isinstance(merged.get(key), dict):
+            run = {**run, key: {**merged[key], **run[key]}}
+    return {**document, "run": {**merged, **run}}
 
 
 def _message_from(flags: dict[str, Any]) -> dict[str, Any]:
@@ -156,6 +238,9 @@ def status(request_id: str, wide: bool, as_json: bool) -> None:
         + (f", running {'by ' if exact else ''}{at(ready)} (p90 {at(ready_p90)})" if ready else "")
         + (f", position {shown.position}" if shown.position else "")
     )
+    if exact and shown.run is not None:
+        for line in _run_lines(shown.run):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     if shown.hosts:
         hosts = Table("rank", "host", "zone", "internal IP", "external IP",
                       **({} if exact else _NARROW))  # fmt: skip
@@ -169,6 +254,18 @@ def status(request_id: str, wide: bool, as_json: bool) -> None:
         stamp = event.at.isoformat() if exact else relative(event.at, now)
         table.add_row(stamp, event.state.value, event.reason or "", event.message)
     console.print(table)
+
+
+def _run_lines(run: RunSpec) -> list[str]:
+    """The job as ``dws status`` shows it: its command as a shell would read it, then its
+    image, ending, environment names and secrets (version names: never a value)."""
+    details = [f"image {run.image}"] if run.image else []
+    details.append(f"ends when {run.ends_when.value}")
+    if run.env:
+        details.append("env " + ", ".join(name for name, _ in run.env))
+    if run.secrets:
+        details.append("secrets " + ", ".join(f"{name}={ref}" for name, ref in run.secrets))
+    return [f"run: {shlex.join(run.command)}", "  " + "; ".join(details)]
 
 
 # An 80-column terminal: no box around the table, messages wrap in their column.

@@ -172,6 +172,7 @@ class ApiService:
             "pool": record.pool, "eta": _iso(record.eta), "ready_eta": _iso(ready),
             "ready_eta_p90": _iso(ready_p90), "position": record.position,
             "reason": record.reason, "message": record.message,
+            "run": None if record.request.run is None else record.request.run.to_json(),
             "hosts": hosts_to_json(record.hosts),
             "events": [event.to_json() for event in self._store.events(request_id)],
         })  # fmt: skip
