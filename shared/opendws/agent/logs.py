@@ -4,6 +4,7 @@ journal) and shipped to the agent function in batches of at most 256 lines and 2
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import sys
 import threading
@@ -48,8 +49,10 @@ class LogShipper:
     def add(self, stream: str, text: str) -> None:
         if self._echo:
             out = sys.stderr if stream == "stderr" else sys.stdout
-            out.write(text + "\n")
-            out.flush()
+            # An echo that cannot be written (a closed console) must not stop the job's output.
+            with contextlib.suppress(OSError, ValueError):
+                out.write(text + "\n")
+                out.flush()
         with self._changed:
             if len(self._pending) >= MAX_PENDING:
                 self._pending.popleft()
