@@ -105,6 +105,9 @@ def test_a_request_without_run_is_capacity_only() -> None:
         ({"command": ["x"], "ends_when": "any_exited"}, "run.ends_when",
          "'all_exited' or 'rank0_exited'"),
         ({"command": ["x"], "cwd": "/"}, "run.cwd", "unknown fields are refused"),
+        ({"command": ["x", "a\u0000b"]}, "run.command[1]", "NUL"),
+        ({"command": ["x"], "env": {"A": "a\u0000b"}}, "run.env.A", "NUL"),
+        ({"command": ["x", "y" * (64 * 1024)]}, "run.command", "64 KiB"),
     ],
     ids=[
         "empty command", "empty argument", "command as text", "no command",
@@ -113,6 +116,7 @@ def test_a_request_without_run_is_capacity_only() -> None:
         "secret without version", "version neither number nor latest", "secret id alone",
         "bad secret id", "env value not text", "env over 64 KiB", "uppercase image",
         "image with empty tag", "short digest", "ends_when", "unknown field",
+        "NUL in an argument", "NUL in a value", "command over 64 KiB",
     ],
 )  # fmt: skip
 def test_each_rule_of_run_is_refused_naming_the_field(
@@ -124,7 +128,8 @@ def test_each_rule_of_run_is_refused_naming_the_field(
     (CreateSecretRequest.secret_id); environment names POSIX's portable form
     (pubs.opengroup.org/onlinepubs/9699919799/basedefs/V1_chap08.html); images Docker's
     reference grammar (github.com/distribution/reference, reference.go: lowercase path
-    components, a tag of at least one character, a digest of at least 32 hex digits)."""
+    components, a tag of at least one character, a digest of at least 32 hex digits); an
+    argument or environment value is a C string, which holds no NUL (man7.org execve(2))."""
     found = problems(run)
     assert [field_ for field_, _ in found] == [field], found
     assert words in found[0][1]
