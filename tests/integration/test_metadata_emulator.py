@@ -194,3 +194,22 @@ def test_google_auth_fetches_an_id_token_from_the_emulator(server: MetadataServe
     assert claims["iss"] == ISSUER
     assert claims["email"] == INSTANCE.service_account
     assert claims["google"]["compute_engine"]["instance_id"] == "4340508760561261530"
+
+
+def test_what_is_not_emulated_is_refused_by_name(server: MetadataServer) -> None:
+    """``alt=`` is not emulated: a 400 naming it, never an answer of another shape."""
+    status, _, _, body = get(server, "instance/attributes/?recursive=true&alt=text")
+    assert (status, body) == (400, "alt=text: not emulated (plain or recursive=true)\n")
+
+
+def test_licenses_add_the_images_licenses_to_a_full_token(
+    server: MetadataServer, signer: LocalSigner
+) -> None:
+    """``licenses=TRUE`` with ``format=full`` adds ``license_id``: none for a local VM."""
+    path = f"instance/service-accounts/default/identity?audience={AUDIENCE}&format=full"
+    plain = jwt.decode(get(server, path)[3], certs=signer.certs, audience=AUDIENCE)
+    licensed = jwt.decode(get(server, path + "&licenses=TRUE")[3], certs=signer.certs,
+                          audience=AUDIENCE)  # fmt: skip
+    assert "license_id" not in plain["google"]["compute_engine"]
+    assert licensed["google"]["compute_engine"]["license_id"] == []
+    assert get(server, path + "&licenses=maybe")[0] == 400
