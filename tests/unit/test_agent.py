@@ -393,8 +393,9 @@ def test_the_agent_retries_while_the_function_is_unreachable(
     assert "registering:" in (tmp_path / "out").read_text()  # it did try, and said so
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_an_agent_stopped_with_sigterm_stops_its_job_first_and_reports_it_stopped(
-    tmp_path: Path, metadata: FakeMetadata, function: FakeFunction
+    tmp_path: Path, metadata: FakeMetadata, function: FakeFunction, signum: int
 ) -> None:
     pid_file = tmp_path / "job.pid"
     function.start = {
@@ -411,7 +412,7 @@ def test_an_agent_stopped_with_sigterm_stops_its_job_first_and_reports_it_stoppe
     }
     with agent_process(python_module_argv(), metadata, tmp_path / "out") as agent:
         wait_until(lambda: "armed" in function.texts())
-        agent.send_signal(signal.SIGTERM)
+        agent.send_signal(signum)
         assert agent.wait(timeout=5) == 0
     assert function.exits() == [{"code": 0, "stopped": True}]
     assert "bye" in function.texts()
