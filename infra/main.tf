@@ -212,6 +212,44 @@ module "compute_pools" {
   depends_on = [module.apis]
 }
 
+# SSH to the gang's VMs (`dws ssh`) goes through IAP TCP forwarding, since they have no
+# external address: IAP connects from 35.235.240.0/20, which the network must let in on port 22
+# ("Create a firewall rule", cloud.google.com/iap/docs/using-tcp-forwarding). One rule per
+# network the VMs use (the reconciler's `vm_network` and each flex pool's); a pool given only a
+# subnetwork needs the same rule on that subnetwork's network. Who may open a tunnel is IAM's
+# (roles/iap.tunnelResourceAccessor, and OS Login on the VM): see README.md.
+locals {
+  vm_networks = distinct(concat(
+    [var.vm_network],
+    [for pool in var.flex_pools : pool.network if pool.subnetwork == null],
+  ))
+}
+
+resource "google_compute_firewall" "iap_ssh" {
+  for_each = var.iap_ssh ? toset(local.vm_networks) : toset([])
+
+  project = var.project
+  # A network given by name or as global/networks/NAME is this project's: the rule names it
+  # by name; a full path (projects/P/global/networks/N, a shared VPC) is passed as it is.
+  network     = startswith(each.value, "projects/") || startswith(each.value, "https://") ? each.value : reverse(split("/", each.value))[0]
+  name        = substr("opendws-iap-ssh-${reverse(split("/", each.value))[0]}", 0, 63)
+  description = "IAP TCP forwarding to opendws VMs on port 22 (dws ssh)"
+  direction   = "INGRESS"
+  priority    = 1000
+
+  source_ranges = ["35.235.240.0/20"]
+  allow {
+    protocol = "tcp"
+    ports    = ["22"]
+  }
+
+  log_config {
+    metadata = "INCLUDE_ALL_METADATA"
+  }
+
+  depends_on = [module.apis]
+}
+
 # VMs that run as a service account are created by functions that must act as it.
 resource "google_service_account_iam_member" "act_as_vm_account" {
   for_each = {

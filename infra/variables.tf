@@ -231,6 +231,12 @@ variable "vm_network" {
   default     = "global/networks/default"
 }
 
+variable "iap_ssh" {
+  description = "Let IAP TCP forwarding reach port 22 of the VMs (a firewall rule from 35.235.240.0/20 on each network the VMs use), so that `dws ssh` reaches VMs without external addresses."
+  type        = bool
+  default     = true
+}
+
 variable "tpu_runtime_version" {
   description = "One TPU software version for every queued resource (OPENDWS_TPU_RUNTIME_VERSION); empty: each TPU generation gets its own from the catalog (tpu/docs/runtimes)."
   type        = string

@@ -199,8 +199,18 @@ def check_dashboard(url: str, browser: Any) -> None:
     desktop.click(f".pool[data-pool='{POOL}'] button[data-request='dash-train']")
     desktop.wait_for_selector("#history-title:has-text('Events of dash-train')")
     desktop.wait_for_selector("#events tbody tr:has-text('PROVISIONING → ACTIVE')")
+    # Where its capacity is: one row per VM, by rank, as GET /requests/{id} says.
+    desktop.wait_for_selector("#hosts:not([hidden]) tbody tr")
+    hosts = desktop.locator("#hosts tbody tr").all_inner_texts()
+    train = api_get(url, "/requests/dash-train")["hosts"]
+    assert train
+    assert len(hosts) == len(train)
+    for shown, host in zip(hosts, train, strict=True):
+        assert host["name"] in shown, shown
+        assert host["internal_ip"] in shown, shown
     row.click()  # back to dash-big's for the screenshot
     desktop.wait_for_selector("#history-title:has-text('Events of dash-big')")
+    assert desktop.locator("#hosts").is_hidden()  # a request waiting has none
 
     # Quota in use against nominal and the borrowing limit, per tenant.
     vision = desktop.locator(
