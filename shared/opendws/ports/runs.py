@@ -1,0 +1,211 @@
+"""What the agents of a run report, one document per rank, and the pure rules every store
+applies to it (so the in-memory and Firestore stores cannot disagree).
+
+A rank's document holds the attempt it belongs to (the request's order number), the VM
+(name and instance id) that registered for it, its last heartbeat, and its exit. A report of
+an earlier attempt changes nothing; a redelivered report (the same registration, a second
+exit) changes nothing; a heartbeat is written at most every :data:`HEARTBEAT_WRITE_EVERY`
+unless the rank's state changed, so a gang of many ranks costs few writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Protocol
+
+# A heartbeat that changes nothing but the time is written at most this often.
+HEARTBEAT_WRITE_EVERY = timedelta(seconds=10)
+
+
+class RankState(StrEnum):
+    """Where one rank's job is."""
+
+    REGISTERED = "REGISTERED"  # the agent registered and waits at the gang's barrier
+    RUNNING = "RUNNING"  # its job runs
+    EXITED = "EXITED"  # its job ended (exit_code says how)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankReport:
+    """One rank of a run, as its agent reported it."""
+
+    request_id: str
+    attempt: int  # the order's attempt this rank belongs to
+    rank: int
+    vm: str  # the VM's name ({order}-{rank})
+    instance_id: str  # what Compute Engine reports for that VM
+    state: RankState
+    registered_at: datetime
+    seen_at: datetime  # the last report of any kind
+    exit_code: int | None = None
+    stopped: bool = False  # its job was stopped by opendws (its exit is not a failure)
+    exited_at: datetime | None = None
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "attempt": self.attempt,
+            "rank": self.rank,
+            "vm": self.vm,
+            "instance_id": self.instance_id,
+            "state": self.state.value,
+            "registered_at": self.registered_at,
+            "seen_at": self.seen_at,
+            "exit_code": self.exit_code,
+            "stopped": self.stopped,
+            "exited_at": self.exited_at,
+        }
+
+    @staticmethod
+    def from_document(document: dict[str, Any]) -> RankReport:
+        return RankReport(
+            request_id=str(document["request_id"]),
+            attempt=int(document["attempt"]),
+            rank=int(document["rank"]),
+            vm=str(document["vm"]),
+            instance_id=str(document["instance_id"]),
+            state=RankState(document["state"]),
+            registered_at=document["registered_at"],
+            seen_at=document["seen_at"],
+            exit_code=None if document.get("exit_code") is None else int(document["exit_code"]),
+            stopped=bool(document.get("stopped", False)),
+            exited_at=document.get("exited_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    """An agent's registration for one rank of one attempt, from one VM."""
+
+    request_id: str
+    attempt: int
+    rank: int
+    vm: str
+    instance_id: str
+    at: datetime
+
+
+def registered(current: RankReport | None, registration: Registration) -> RankReport | None:
+    """The rank's document after ``registration``; None: nothing to write (a repeat, or a
+    registration of an earlier attempt than the one recorded). A later attempt, or another
+    VM of the same attempt (the VM was made again under its name), starts the rank afresh."""
+    if current is not None:
+        if registration.attempt < current.attempt:
+            return None
+        same_vm = (current.vm, current.instance_id) == (registration.vm, registration.instance_id)
+        if registration.attempt == current.attempt and same_vm:
+            return None
+    return RankReport(
+        request_id=registration.request_id,
+        attempt=registration.attempt,
+        rank=registration.rank,
+        vm=registration.vm,
+        instance_id=registration.instance_id,
+        state=RankState.REGISTERED,
+        registered_at=registration.at,
+        seen_at=registration.at,
+    )
+
+
+def heartbeat(
+    current: RankReport | None, attempt: int, state: RankState, at: datetime
+) -> RankReport | None:
+    """The rank's document after a heartbeat saying ``state`` at ``at``; None: nothing to write
+    (another attempt's, an exited rank's, or one within :data:`HEARTBEAT_WRITE_EVERY` of the
+    last that changes no state). A heartbeat never says EXITED: only :func:`exited` does."""
+    if current is None or current.attempt != attempt or current.state is RankState.EXITED:
+        return None
+    if state is RankState.EXITED:
+        raise ValueError("a heartbeat cannot end a rank: report its exit")
+    if state is current.state and at - current.seen_at < HEARTBEAT_WRITE_EVERY:
+        return None
+    return replace(current, state=state, seen_at=max(at, current.seen_at))
+
+
+def exited(
+    current: RankReport | None, attempt: int, code: int, stopped: bool, at: datetime
+) -> RankReport | None:
+    """The rank's document after its exit; None: nothing to write (another attempt's, or a
+    rank that has exited already: the first exit stands)."""
+    if current is None or current.attempt != attempt or current.state is RankState.EXITED:
+        return None
+    return replace(
+        current, state=RankState.EXITED, exit_code=code, stopped=stopped, exited_at=at,
+        seen_at=max(at, current.seen_at),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StopOrder:
+    """opendws asked the ranks of an attempt to stop (a rank failed, or the run is released):
+    each agent stops its job (SIGTERM, ``grace``, then SIGKILL) and reports its exit as
+    stopped."""
+
+    request_id: str
+    attempt: int
+    reason: str
+    at: datetime
+    grace: timedelta
+
+    def to_document(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id, "attempt": self.attempt, "reason": self.reason,
+            "at": self.at, "grace_s": self.grace.total_seconds(),
+        }  # fmt: skip
+
+    @staticmethod
+    def from_document(document: dict[str, Any]) -> StopOrder:
+        return StopOrder(
+            request_id=str(document["request_id"]), attempt=int(document["attempt"]),
+            reason=str(document["reason"]), at=document["at"],
+            grace=timedelta(seconds=float(document["grace_s"])),
+        )  # fmt: skip
+
+
+def stop_ordered(current: StopOrder | None, order: StopOrder) -> StopOrder | None:
+    """The stop order after ``order``; None: nothing to write (one already stands for this
+    attempt or a later one: the first reason stands)."""
+    if current is not None and current.attempt >= order.attempt:
+        return None
+    return order
+
+
+class RankStore(Protocol):
+    """The ranks of runs. Every method is safe to repeat; each applies the rule of this
+    module named after it in one atomic read-modify-write of the rank's document."""
+
+    def register(self, registration: Registration) -> RankReport:
+        """Record ``registration``; returns the rank's document as it stands after."""
+        ...
+
+    def heartbeat(
+        self, request_id: str, attempt: int, rank: int, state: RankState, at: datetime
+    ) -> RankReport | None:
+        """Record a heartbeat; the rank's document as it stands after (None: no such rank)."""
+        ...
+
+    def exited(
+        self, request_id: str, attempt: int, rank: int, code: int, stopped: bool, at: datetime
+    ) -> RankReport | None:
+        """Record an exit; the rank's document as it stands after (None: no such rank)."""
+        ...
+
+    def ranks(self, request_id: str) -> list[RankReport]:
+        """Every rank document of ``request_id``, by rank."""
+        ...
+
+    def order_stop(self, order: StopOrder) -> StopOrder:
+        """Record a stop order; the one that stands after."""
+        ...
+
+    def stop_order(self, request_id: str) -> StopOrder | None:
+        """The stop order of ``request_id``'s latest stopped attempt, if any."""
+        ...
+
+
+__all__ = [
+    "HEARTBEAT_WRITE_EVERY", "RankReport", "RankState", "RankStore", "Registration",
+    "StopOrder", "exited", "heartbeat", "registered", "stop_ordered",
+]  # fmt: skip
