@@ -14,7 +14,7 @@ from google.api_core.exceptions import Conflict, NotFound
 from google.cloud import compute_v1
 
 from opendws.catalog import TPU_RUNTIME_VERSIONS, vm_profile
-from opendws.ports import ORDER_PREFIX, Host, vm_rank
+from opendws.ports import ORDER_PREFIX, Host, vm_order, vm_rank
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -116,8 +116,8 @@ def owned(name: str) -> bool:
 
 
 def order_of_vm(vm_name: str) -> str:
-    """The order a gang VM belongs to: VMs are named ``{order}-{index}``."""
-    return vm_name.rsplit("-", 1)[0]
+    """The order a gang VM belongs to: VMs are named ``{order}-{index}`` (ports.vm_order)."""
+    return vm_order(vm_name)
 
 
 def hosts_of(instances: Iterable[compute_v1.Instance], zone: str) -> tuple[Host, ...]:

@@ -29,11 +29,9 @@ earlier VM of the same name is refused. Its rank is the ``i`` of its name ``{ord
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from opendws.adapters.gce import order_of_vm
 from opendws.adapters.oidc import (
     CLOCK_SKEW,
     GOOGLE_ISSUERS,
@@ -41,8 +39,8 @@ from opendws.adapters.oidc import (
     check_issuer,
     signed_claims,
 )
-from opendws.ports import vm_rank
 from opendws.ports.access import Forbidden, Unauthorized
+from opendws.ports.runs import VmIdentity, bind
 
 # The ``iss`` of the metadata server emulator's identity tokens (emulators.metadata.ISSUER).
 EMULATOR_ISSUER = "opendws-metadata-emulator"
@@ -51,24 +49,6 @@ __all__ = [
     "EMULATOR_ISSUER", "GOOGLE_ISSUERS", "Forbidden", "Unauthorized", "VmIdentity",
     "VmIdentityVerifier", "bind",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class VmIdentity:
-    """A VM, as its verified identity token's ``google.compute_engine`` claims name it."""
-
-    project_id: str
-    project_number: int
-    zone: str
-    instance_name: str
-    instance_id: str
-    instance_creation_timestamp: int
-    email: str  # the VM's service account
-
-    @property
-    def order(self) -> str:
-        """The order the VM's name says it belongs to (``{order}-{i}``)."""
-        return order_of_vm(self.instance_name)
 
 
 class VmIdentityVerifier:
@@ -142,26 +122,3 @@ def _identity(claims: Mapping[str, Any]) -> VmIdentity:
         instance_creation_timestamp=engine["instance_creation_timestamp"],
         email=str(claims.get("email", "")),
     )
-
-
-def bind(identity: VmIdentity, order_vms: Mapping[str, tuple[str, str]]) -> int:
-    """The rank of the VM ``identity`` names within its order, whose VMs Compute Engine
-    reports as ``{VM name: (zone, instance id)}``; Forbidden for a VM that is not one of them
-    (another order's), in another zone, or whose instance id is not the one Compute Engine
-    reports for its name (an earlier VM of the same name)."""
-    name = identity.instance_name
-    if name not in order_vms:
-        known = ", ".join(sorted(order_vms)) or "none"
-        raise Forbidden(f"VM {name!r} is not one of the order's VMs ({known})")
-    zone, instance_id = order_vms[name]
-    if identity.zone != zone:
-        raise Forbidden(f"VM {name!r} is in zone {identity.zone!r}, but the order's is {zone!r}")
-    if identity.instance_id != instance_id:
-        raise Forbidden(
-            f"VM {name!r} has instance id {identity.instance_id}, but Compute Engine reports "
-            f"{instance_id} for that name (a token of an earlier VM of the same name)"
-        )
-    rank = vm_rank(name)
-    if rank is None:
-        raise Forbidden(f"VM {name!r} is not named {{order}}-{{rank}}")
-    return rank

@@ -41,6 +41,7 @@ from opendws.ports.cloud import (
     hosts_from_json,
     hosts_to_json,
     order_name,
+    vm_order,
     vm_rank,
 )
 from opendws.ports.configuration import (
@@ -200,5 +201,6 @@ __all__ = [
     "requests_topic",
     "submitted",
     "topic_of_source",
+    "vm_order",
     "vm_rank",
 ]

@@ -93,6 +93,11 @@ def hosts_from_json(data: object) -> tuple[Host, ...]:
     return tuple(sorted((Host.from_json(item) for item in data), key=lambda host: host.rank))
 
 
+def vm_order(vm_name: str) -> str:
+    """The order a gang VM belongs to: VMs are named ``{order}-{index}``."""
+    return vm_name.rsplit("-", 1)[0]
+
+
 def vm_rank(vm_name: str) -> int | None:
     """The rank of a gang VM: the ``i`` of its name ``{order}-{i}`` (None: not such a name)."""
     _, _, index = vm_name.rpartition("-")

@@ -10,10 +10,14 @@ unless the rank's state changed, so a gang of many ranks costs few writes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
+
+from opendws.ports.access import Forbidden
+from opendws.ports.cloud import vm_order, vm_rank
 
 # A heartbeat that changes nothing but the time is written at most this often.
 HEARTBEAT_WRITE_EVERY = timedelta(seconds=10)
@@ -172,6 +176,50 @@ def stop_ordered(current: StopOrder | None, order: StopOrder) -> StopOrder | Non
     return order
 
 
+@dataclass(frozen=True, slots=True)
+class VmIdentity:
+    """A VM, as its verified identity token's ``google.compute_engine`` claims name it
+    (compute/docs/instances/verifying-instance-identity)."""
+
+    project_id: str
+    project_number: int
+    zone: str
+    instance_name: str
+    instance_id: str
+    instance_creation_timestamp: int
+    email: str  # the VM's service account
+
+    @property
+    def order(self) -> str:
+        """The order the VM's name says it belongs to (``{order}-{i}``)."""
+        return vm_order(self.instance_name)
+
+
+def bind(identity: VmIdentity, order_vms: Mapping[str, tuple[str, str]]) -> int:
+    """The rank of the VM ``identity`` names within its order, whose VMs Compute Engine
+    reports as ``{VM name: (zone, instance id)}``; Forbidden for a VM that is not one of them
+    (another order's), in another zone, or whose instance id is not the one Compute Engine
+    reports for its name (an earlier VM of the same name: "instance_name ... can be reused by
+    several instances over time, so use the instance_id value to identify a unique
+    instance")."""
+    name = identity.instance_name
+    if name not in order_vms:
+        known = ", ".join(sorted(order_vms)) or "none"
+        raise Forbidden(f"VM {name!r} is not one of the order's VMs ({known})")
+    zone, instance_id = order_vms[name]
+    if identity.zone != zone:
+        raise Forbidden(f"VM {name!r} is in zone {identity.zone!r}, but the order's is {zone!r}")
+    if identity.instance_id != instance_id:
+        raise Forbidden(
+            f"VM {name!r} has instance id {identity.instance_id}, but Compute Engine reports "
+            f"{instance_id} for that name (a token of an earlier VM of the same name)"
+        )
+    rank = vm_rank(name)
+    if rank is None:
+        raise Forbidden(f"VM {name!r} is not named {{order}}-{{rank}}")
+    return rank
+
+
 class RankStore(Protocol):
     """The ranks of runs. Every method is safe to repeat; each applies the rule of this
     module named after it in one atomic read-modify-write of the rank's document."""
@@ -207,5 +255,5 @@ class RankStore(Protocol):
 
 __all__ = [
     "HEARTBEAT_WRITE_EVERY", "RankReport", "RankState", "RankStore", "Registration",
-    "StopOrder", "exited", "heartbeat", "registered", "stop_ordered",
+    "StopOrder", "VmIdentity", "bind", "exited", "heartbeat", "registered", "stop_ordered",
 ]  # fmt: skip
