@@ -146,8 +146,8 @@ class RequestStatus:
     def to_json(self) -> dict[str, Any]:
         """What ``dws status --json`` prints, with the fields of the api's ``GET
         /requests/{id}``: id, tenant, state, pool, the three times (UTC, to the second),
-        position, reason, message, hosts and the events as published on
-        ``capacity-events``."""
+        position, reason, message, run (the job it carries, or None), hosts and the events as
+        published on ``capacity-events``."""
         return {
             "request_id": self.request_id,
             "tenant": self.tenant,

@@ -3,7 +3,7 @@ services: method + path + headers (+ query parameters) → status + JSON.
 
     GET  /requests/{id}            a request: state, pool, ETA, ready ETA, position, reason,
                                    its hosts (ACTIVE: rank, name, zone, internal_ip,
-                                   external_ip), its events
+                                   external_ip), its run (null: capacity only), its events
     POST /requests/{id}/cancel     cancel it (its tenant, or an admin)
     POST /requests/{id}/release    release it (its tenant, or an admin)
     GET  /queue                    pending requests with positions, ETAs, ready ETAs, reasons
