@@ -60,6 +60,7 @@ def _afresh(cloud: MemoryCapacityProvider, pools: Sequence[Pool]) -> dict[str, O
             last_attempt=order.last_attempt,
             locked_at=order.locked_at,
             ends_at=order.calendar_end,
+            hosts=order.hosts(),
         )
         for name, order in cloud._orders.items()
         if order.pool.pool_id in wanted
