@@ -106,6 +106,18 @@ def until(environment: dict[str, str], request_id: str, *states: str) -> dict[st
     raise AssertionError(f"{request_id} never reached {states}")
 
 
+def waiting(environment: dict[str, str], request_id: str) -> dict[str, Any]:
+    """The status of ``request_id`` once an event says it waits for Google's capacity."""
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        found = status(environment, request_id)
+        reasons = [event.get("reason") for event in (found or {}).get("events", [])]
+        if found is not None and "WAITING_FOR_CAPACITY" in reasons:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"{request_id} never said it waits for capacity")
+
+
 def submit(request_id: str, tenant: str) -> dict[str, Any]:
     return {"action": "submit", "request_id": request_id, "tenant": tenant,
             "mode": "flex_start", "gang": {"vm_count": 1, **H100},
@@ -128,7 +140,10 @@ def test_a_topic_speaks_for_its_tenant_only(stack: dict[str, str], bus: Bus) -> 
         timeout=10,
     )
     bus.publish(requests_topic("vision"), submit("vision-run", "vision"))
-    before = until(stack, "vision-run", "PROVISIONING")
+    until(stack, "vision-run", "PROVISIONING")
+    # Settled: Google's first attempt found no H100 and the request says it waits (its last
+    # event of its own), so any event after this one is the cross-tenant messages'.
+    before = waiting(stack, "vision-run")
     cancel = {"action": "cancel", "request_id": "vision-run"}
     bus.publish(requests_topic("speech"), {**cancel, "tenant": "vision"})
     bus.event("vision-run", "TENANT_MISMATCH")
