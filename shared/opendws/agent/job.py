@@ -18,7 +18,13 @@ PUMP_JOIN_S = 5.0  # how long the output of an exited job may take to drain
 DOCKER_KILL_S = 10.0
 
 
-def docker_argv(image: str, command: Sequence[str], names: Sequence[str], name: str) -> list[str]:
+def docker_argv(
+    image: str,
+    command: Sequence[str],
+    names: Sequence[str],
+    name: str,
+    mounts: Sequence[str] = (),
+) -> list[str]:
     """``docker run`` for ``command`` in ``image`` with host networking, host IPC and every GPU.
 
     Each variable is passed as ``-e NAME``: Docker takes its value from the docker client's own
@@ -27,6 +33,8 @@ def docker_argv(image: str, command: Sequence[str], names: Sequence[str], name: 
     ``--env-file`` cannot carry."""
     argv = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--network", "host"]
     argv += ["--ipc", "host"]
+    for path in sorted(mounts):  # files the agent wrote for the job, at the same path
+        argv += ["-v", f"{path}:{path}:ro"]
     for env_name in sorted(names):
         argv += ["-e", env_name]
     return [*argv, image, *command]
@@ -108,7 +116,9 @@ class Job:
         argv = list(command)
         if image is not None:
             container = f"opendws-job-{os.getpid()}"
-            argv = docker_argv(image, command, list(env), container)
+            hostfile = env.get("OPENDWS_HOSTFILE")
+            mounts = [hostfile] if hostfile else []
+            argv = docker_argv(image, command, list(env), container, mounts)
         try:
             process = subprocess.Popen(
                 argv,

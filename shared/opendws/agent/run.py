@@ -7,8 +7,10 @@ with the VM's identity token, then with the session it returns ``/v1/barrier``,
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -80,7 +82,21 @@ class Start:
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
         ):
             raise Unreachable("malformed barrier reply: command, image or env")
-        return cls(tuple(command), image or None, dict(env))
+        job_env = dict(env)
+        hostfile = reply.get("hostfile")
+        if isinstance(hostfile, str) and hostfile:
+            job_env["OPENDWS_HOSTFILE"] = write_hostfile(hostfile)
+        return cls(tuple(command), image or None, job_env)
+
+
+def write_hostfile(content: str) -> str:
+    """Write the gang's hostfile (``ip slots=n`` per rank) where the job can read it; its
+    path (``OPENDWS_HOSTFILE``)."""
+    folder = tempfile.mkdtemp(prefix="opendws-")
+    path = os.path.join(folder, "hostfile")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(content)
+    return path
 
 
 class Agent:

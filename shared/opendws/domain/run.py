@@ -226,3 +226,110 @@ def _check_names(field_name: str, pairs: tuple[tuple[str, str], ...]) -> None:
                 "is set by opendws for the job (OPENDWS_*, MASTER_*, PET_*, "
                 "JAX_COORDINATOR_ADDRESS); choose another name",
             )
+
+
+# torchrun's and the peers' default rendezvous port; a gang's own port is drawn from
+# [MASTER_PORT_BASE, MASTER_PORT_BASE + MASTER_PORT_SPAN) by its order's name, so that gangs
+# sharing one machine (locally, every VM is on loopback) do not collide.
+MASTER_PORT_BASE = 29500
+MASTER_PORT_SPAN = 2000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gang:
+    """Where a run's ranks are: one internal address per rank, in rank order."""
+
+    request_id: str
+    addresses: tuple[str, ...]  # rank i's internal IP at index i
+    accelerators_per_node: int  # GPUs per VM (0 where the gang has none)
+    master_port: int
+    gpus: bool = True  # a GPU gang (JAX_COORDINATOR_ADDRESS is set; a TPU slice's JAX finds
+    # its peers itself)
+
+
+def master_port(order: str) -> int:
+    """A gang's rendezvous port: fixed for its order, spread over a range by its name (a
+    sum of its characters, not Python's salted hash: the same on every process)."""
+    return MASTER_PORT_BASE + sum(order.encode()) % MASTER_PORT_SPAN
+
+
+def job_environment(gang: Gang, rank: int) -> dict[str, str]:
+    """What opendws sets for rank ``rank``'s job (DESIGN "Work on the gang"): its own names,
+    ``MASTER_ADDR``/``MASTER_PORT``, torchrun's ``PET_*`` (so ``torchrun train.py`` needs no
+    flags), and ``JAX_COORDINATOR_ADDRESS`` for GPU gangs. Never ``RANK``/``WORLD_SIZE``:
+    torchrun sets those per process. The hostfile (``OPENDWS_HOSTFILE``) is written by the
+    agent from :func:`hostfile`."""
+    if not 0 <= rank < len(gang.addresses):
+        raise ValueError(f"rank {rank} is not one of the gang's {len(gang.addresses)} ranks")
+    master = gang.addresses[0]
+    port = str(gang.master_port)
+    nodes = str(len(gang.addresses))
+    per_node = str(gang.accelerators_per_node)
+    env = {
+        "OPENDWS_REQUEST_ID": gang.request_id,
+        "OPENDWS_NODE_RANK": str(rank),
+        "OPENDWS_NUM_NODES": nodes,
+        "OPENDWS_NODE_IPS": "\n".join(gang.addresses),
+        "OPENDWS_MASTER_ADDR": master,
+        "OPENDWS_MASTER_PORT": port,
+        "OPENDWS_ACCELERATORS_PER_NODE": per_node,
+        "MASTER_ADDR": master,
+        "MASTER_PORT": port,
+        "PET_NNODES": nodes,
+        "PET_NODE_RANK": str(rank),
+        "PET_MASTER_ADDR": master,
+        "PET_MASTER_PORT": port,
+        "PET_NPROC_PER_NODE": str(max(gang.accelerators_per_node, 1)),
+    }
+    if gang.gpus:
+        env["JAX_COORDINATOR_ADDRESS"] = f"{master}:{port}"
+    return env
+
+
+def hostfile(gang: Gang) -> str:
+    """The gang as an MPI/DeepSpeed hostfile: one ``ip slots=n`` line per rank."""
+    slots = max(gang.accelerators_per_node, 1)
+    return "".join(f"{address} slots={slots}\n" for address in gang.addresses)
+
+
+class RunVerdict(StrEnum):
+    """What the ranks' exits say of a run."""
+
+    RUNNING = "RUNNING"  # not over yet
+    STOP_OTHERS = "STOP_OTHERS"  # over for one rank in a way that ends it: stop the rest
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankExit:
+    """One rank's exit as its agent reported it (``stopped``: opendws stopped it)."""
+
+    rank: int
+    code: int
+    stopped: bool
+
+
+def run_verdict(
+    ends_when: EndsWhen, ranks: int, exits: Mapping[int, RankExit]
+) -> tuple[RunVerdict, str]:
+    """Where a run of ``ranks`` ranks stands, given the exits so far, and one line naming each
+    rank's exit code. A non-zero exit of a rank opendws did not stop fails the run and stops
+    the others first; the exits of ranks opendws stopped are not failures. ``all_exited``:
+    over when every rank exited; ``rank0_exited``: once rank 0 exited the others are stopped,
+    and its code decides."""
+    said = ", ".join(
+        f"rank {rank} {'stopped' if e.stopped else 'exited'} {e.code}"
+        for rank, e in sorted(exits.items())
+    )
+    failed = [e for e in exits.values() if not e.stopped and e.code != 0]
+    everyone = len(exits) >= ranks
+    if failed:
+        return (RunVerdict.FAILED if everyone else RunVerdict.STOP_OTHERS), said
+    if ends_when is EndsWhen.RANK0_EXITED and 0 in exits:
+        if everyone:
+            return (RunVerdict.SUCCEEDED if exits[0].code == 0 else RunVerdict.FAILED), said
+        return RunVerdict.STOP_OTHERS, said
+    if everyone:
+        return RunVerdict.SUCCEEDED, said
+    return RunVerdict.RUNNING, said

@@ -81,6 +81,11 @@ class EndReason(StrEnum):
     UNKNOWN_REQUEST = "UNKNOWN_REQUEST"  # refused: no such request
     NOT_CANCELLABLE = "NOT_CANCELLABLE"  # refused: running, or a block Google keeps
     CLOUD_UNAVAILABLE = "CLOUD_UNAVAILABLE"  # refused for now: Google could not be asked
+    # A request's run ended (service.agents): its job succeeded or failed on every rank, or
+    # its agents were lost; released as a tenant's release would be.
+    JOB_SUCCEEDED = "JOB_SUCCEEDED"
+    JOB_FAILED = "JOB_FAILED"
+    AGENT_LOST = "AGENT_LOST"
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +197,33 @@ class EndService:
             except StaleWrite:
                 continue  # the reconciler moved it meanwhile: look again
         raise StaleWrite(f"{request_id} kept changing while being ended; try again")
+
+    def finish_run(
+        self, request_id: str, attempt: int, reason: EndReason, message: str
+    ) -> EndResult:
+        """The job of ``request_id``'s ``attempt`` is over (``reason``: JOB_SUCCEEDED,
+        JOB_FAILED or AGENT_LOST): release its capacity now, as a tenant's release would
+        (RELEASED, with the reason and ``message``). A run of another attempt, or a request
+        not running, is left as it is (IGNORED); one already ended is ALREADY_ENDED. Safe to
+        repeat."""
+        for _ in range(ATTEMPTS):
+            record = self._store.get(request_id)
+            if record is None:
+                return EndResult(EndOutcome.IGNORED, None, f"no request {request_id!r}")
+            if record.state.is_final:
+                return EndResult(EndOutcome.ALREADY_ENDED, record.state, f"already {record.state}")
+            if record.state is not S.ACTIVE or attempt not in {
+                lane.attempt for lane in record.orders
+            }:
+                return EndResult(
+                    EndOutcome.IGNORED, record.state,
+                    f"{request_id!r} does not run attempt {attempt} (it is {record.state})",
+                )  # fmt: skip
+            try:
+                return self._end(record, S.RELEASED, reason, message)
+            except StaleWrite:
+                continue  # the reconciler moved it meanwhile: look again
+        raise StaleWrite(f"{request_id} kept changing while its run was being ended; try again")
 
     def _withdraw(self, record: RequestRecord, tenant: str) -> EndResult | None:
         """Cancel a calendar block at Google before it is written CANCELLED (None: done, or
