@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import ipaddress
 import itertools
 import random
 import threading
@@ -60,6 +61,10 @@ MAX_RUN = timedelta(days=7)
 RETRY_AFTER = timedelta(minutes=1)
 # How long Google takes to review a submitted calendar block: not documented; a setting.
 REVIEW_DELAY = timedelta(minutes=2)
+# Where the VMs' internal addresses come from: the range of auto mode VPC networks' subnets
+# (vpc/docs/subnets: 10.128.0.0/9, us-central1's 10.128.0.0/20). A setting, so that a local
+# cloud whose VMs really run gives each one a loopback address of its own (127.0.0.0/8).
+INTERNAL_RANGE = "10.128.0.0/9"
 
 _FIRST_ID = 1_000_000_000_000_000_001
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -267,7 +272,11 @@ class World:
         review_delay: timedelta = REVIEW_DELAY,
         fill_delay: timedelta = timedelta(0),
         cancellation_rule: CancellationRule = CancellationRule.WINDOWS,
+        internal_range: str = INTERNAL_RANGE,
     ) -> None:
+        """``internal_range``: the IPv4 range (a /24 or larger) the VMs' internal addresses are
+        taken from, one /24 after another, each from its .2 (configuration: ``reset`` keeps
+        it)."""
         if provisioning_latency < timedelta(0):
             raise ValueError("the provisioning latency cannot be negative")
         if review_delay < timedelta(0):
@@ -280,6 +289,7 @@ class World:
         self._review_delay = review_delay
         self._fill_delay = fill_delay
         self._cancellation_rule = CancellationRule(cancellation_rule)
+        self._internal_range = _internal_range(internal_range)
         self._ids = itertools.count(_FIRST_ID)
         self._clear()
 
@@ -587,8 +597,8 @@ class World:
 
     def _new_addresses(self, body: JSON) -> tuple[str, str | None]:
         """A new VM's addresses: the internal one its first interface asks for
-        (``networkIP``), else the next free one of the subnet; an external one when that
-        interface has an access config (its ``natIP``, else an ephemeral one).
+        (``networkIP``), else the next free one of the cloud's internal range; an external one
+        when that interface has an access config (its ``natIP``, else an ephemeral one).
         compute/docs/reference/rest/v1/instances, ``NetworkInterface.networkIP``: "If not
         specified by the user, an unused internal IP is assigned by the system"; it is the
         VM's until the VM is deleted. Addresses start at .2: a subnet's first two are
@@ -597,7 +607,9 @@ class World:
         nic = nics[0] if isinstance(nics, list) and nics and isinstance(nics[0], dict) else {}
         number = next(self._addresses)
         host, network = number % 252 + 2, number // 252
-        internal = nic.get("networkIP") or f"10.{128 + network // 256 % 128}.{network % 256}.{host}"
+        subnets = self._internal_range.num_addresses // 256
+        address = int(self._internal_range.network_address) + network % subnets * 256 + host
+        internal = nic.get("networkIP") or ipaddress.IPv4Address(address)
         configs = nic.get("accessConfigs")
         if not isinstance(configs, list) or not configs or not isinstance(configs[0], dict):
             return str(internal), None
@@ -743,3 +755,14 @@ def compute_failure(outcome: str, project: str, zone: str) -> tuple[str, str]:
 
 def by_name(record: Record) -> str:
     return record.name
+
+
+def _internal_range(text: str) -> ipaddress.IPv4Network:
+    """The VMs' internal address range: an IPv4 network of at least one /24."""
+    try:
+        network = ipaddress.IPv4Network(text)
+    except ValueError as error:
+        raise ValueError(f"internal_range {text!r}: not an IPv4 network ({error})") from None
+    if network.prefixlen > 24:
+        raise ValueError(f"internal_range {text!r}: a /24 or larger")
+    return network
