@@ -27,6 +27,12 @@ locals {
   # It is the tasks' URL and their OIDC audience alike (tasks v2 OidcToken.audience).
   timer_url = "https://${local.names.timer}-${data.google_project.this.number}.${var.region}.run.app"
 
+  # The agent function's URL: where the job VMs' agents report (the instance attribute
+  # opendws-agent-url) and the audience of their identity tokens. The function is named
+  # opendws-agent; its deterministic run.app URL (as timer_url above) is known before it
+  # exists and keeps the VMs' templates from depending on the function's deployment.
+  agent_url = "https://opendws-agent-${data.google_project.this.number}.${var.region}.run.app"
+
   # The api's URLs, the audiences a workload's Google ID token may name (the function's
   # cloudfunctions.net URL, its `url` output, and its service's deterministic run.app URL;
   # neither can come from the function itself, whose environment this is).
@@ -73,6 +79,14 @@ locals {
   }
   build_service_account = var.build_service_account == null ? module.identities.names["build"] : var.build_service_account
 
+  # The job VMs' own account: the agent writes the job's output to Cloud Logging, and Docker
+  # pulls the job's image from Artifact Registry (artifact-registry/docs/access-control). The
+  # job's secrets come from the agent function, so the VMs read none.
+  vm_roles = ["roles/logging.logWriter", "roles/artifactregistry.reader"]
+  # Its email, known before it exists (a service account's email is ACCOUNT_ID@PROJECT.iam.
+  # gserviceaccount.com), so that templates can name it at plan time.
+  vm_account_email = "opendws-vm@${var.project}.iam.gserviceaccount.com"
+
   member = module.identities.members
 
   common_environment = {
@@ -86,6 +100,10 @@ locals {
     OPENDWS_NETWORK               = var.vm_network
     OPENDWS_TPU_RUNTIME_VERSION   = var.tpu_runtime_version
     OPENDWS_TPU_TIER              = var.tpu_tier
+    # What every job VM carries: the agent, reporting to the agent function, and its own
+    # service account (logs and image pulls only).
+    OPENDWS_AGENT_URL          = local.agent_url
+    OPENDWS_VM_SERVICE_ACCOUNT = module.identities.emails.vm
     # Each function's metrics: snapshots in Firestore (the api's /metrics) and Cloud Monitoring.
     OPENDWS_METRICS_EXPORT = "snapshots,cloud_monitoring"
     LOG_EXECUTION_ID       = "true"
@@ -124,6 +142,12 @@ module "identities" {
         display_name  = "opendws Pub/Sub triggers"
         description   = "Eventarc invokes intake and reconcile as this account."
         project_roles = []
+      }
+      vm = {
+        account_id    = "opendws-vm"
+        display_name  = "opendws job VMs"
+        description   = "The job VMs run as this account: it writes their logs and pulls their images, and reads no secret."
+        project_roles = local.vm_roles
       }
     },
     local.build_accounts,
@@ -204,12 +228,14 @@ module "source" {
 module "compute_pools" {
   source = "./modules/compute_pools"
 
-  project    = var.project
-  boot_image = var.vm_boot_image
-  flex_pools = var.flex_pools
-  labels     = var.labels
+  project                 = var.project
+  boot_image              = var.vm_boot_image
+  flex_pools              = var.flex_pools
+  default_service_account = local.vm_account_email
+  labels                  = var.labels
 
-  depends_on = [module.apis]
+  # A template names the job VMs' account, which must exist first.
+  depends_on = [module.apis, module.identities]
 }
 
 # SSH to the gang's VMs (`dws ssh`) goes through IAP TCP forwarding, since they have no
@@ -219,6 +245,9 @@ module "compute_pools" {
 # subnetwork needs the same rule on that subnetwork's network. Who may open a tunnel is IAM's
 # (roles/iap.tunnelResourceAccessor, and OS Login on the VM): see README.md.
 locals {
+  # The reconciler's network as a resource reference: a name or global/networks/NAME is this
+  # project's network, named by name; a full path is passed as it is.
+  vm_network_reference = startswith(var.vm_network, "projects/") || startswith(var.vm_network, "https://") ? var.vm_network : reverse(split("/", var.vm_network))[0]
   vm_networks = distinct(concat(
     [var.vm_network],
     [for pool in var.flex_pools : pool.network if pool.subnetwork == null],
@@ -262,6 +291,46 @@ resource "google_service_account_iam_member" "act_as_vm_account" {
   service_account_id = "projects/${var.project}/serviceAccounts/${each.value[0]}"
   role               = "roles/iam.serviceAccountUser"
   member             = local.member[each.value[1]]
+}
+
+# The functions that make VMs (templates, resize requests, calendar VMs) run them as the job
+# VMs' account, which takes acting as it (compute/docs/access/service-accounts).
+resource "google_service_account_iam_member" "act_as_job_vm_account" {
+  for_each = toset(["intake", "reconcile", "timer", "api"])
+
+  service_account_id = module.identities.names.vm
+  role               = "roles/iam.serviceAccountUser"
+  member             = local.member[each.value]
+}
+
+# Job VMs have no external address: Private Google Access on their subnets reaches Google's
+# APIs (and the agent function's run.app URL); Cloud NAT, where asked for, reaches the rest
+# of the internet (image registries other than Artifact Registry, package indexes).
+resource "google_compute_router" "vm_nat" {
+  for_each = toset(var.vm_nat_regions)
+
+  project = var.project
+  name    = "opendws-nat-${each.value}"
+  region  = each.value
+  network = local.vm_network_reference
+
+  depends_on = [module.apis]
+}
+
+resource "google_compute_router_nat" "vm_nat" {
+  for_each = toset(var.vm_nat_regions)
+
+  project                            = var.project
+  name                               = "opendws-nat-${each.value}"
+  router                             = google_compute_router.vm_nat[each.value].name
+  region                             = each.value
+  nat_ip_allocate_option             = "AUTO_ONLY"
+  source_subnetwork_ip_ranges_to_nat = "ALL_SUBNETWORKS_ALL_IP_RANGES"
+
+  log_config {
+    enable = true
+    filter = "ERRORS_ONLY"
+  }
 }
 
 # Functions ----------------------------------------------------------------------------------

@@ -220,9 +220,15 @@ variable "api_iap" {
 }
 
 variable "vm_boot_image" {
-  description = "The VMs' boot image (OPENDWS_BOOT_IMAGE)."
+  description = "The job VMs' boot image (OPENDWS_BOOT_IMAGE): it must carry the NVIDIA driver, Docker with the NVIDIA Container Toolkit and python3 3.8 or later for the agent. The default is a Deep Learning VM GPU family (cloud.google.com/deep-learning-vm/docs/images); a flex pool's boot_image overrides it for that machine type."
   type        = string
-  default     = "projects/debian-cloud/global/images/family/debian-12"
+  default     = "projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2204-nvidia-580"
+}
+
+variable "vm_nat_regions" {
+  description = "Regions whose job VMs reach the internet through a Cloud NAT on vm_network (a router and NAT per region); [] (the default): none, and the VMs reach Google's APIs through Private Google Access only."
+  type        = list(string)
+  default     = []
 }
 
 variable "vm_network" {

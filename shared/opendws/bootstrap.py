@@ -19,7 +19,10 @@
   signature again (:mod:`opendws.adapters.oidc`);
 - how capacity is created: ``OPENDWS_BOOT_IMAGE``, ``OPENDWS_NETWORK`` (the VMs' image and
   network), ``OPENDWS_TPU_RUNTIME_VERSION`` and ``OPENDWS_TPU_TIER`` (one of
-  :data:`TPU_TIERS`); unset or empty, CloudSettings' defaults hold;
+  :data:`TPU_TIERS`), ``OPENDWS_AGENT_URL`` (the agent function's URL, which every job VM's
+  agent reports to; unset: the VMs carry no agent) and ``OPENDWS_VM_SERVICE_ACCOUNT`` (the
+  email of the job VMs' own service account; unset: Compute Engine's default); unset or
+  empty, CloudSettings' defaults hold;
 - ``OPENDWS_RECONCILE_FOLLOW_UP_SECONDS``: how long one reconcile invocation keeps passing
   every few seconds while requests are provisioning (default 20; the function's timeout must
   be longer);
@@ -101,6 +104,8 @@ CLOUD_SETTINGS_ENVIRONMENT = (
     "OPENDWS_NETWORK",
     "OPENDWS_TPU_RUNTIME_VERSION",
     "OPENDWS_TPU_TIER",
+    "OPENDWS_AGENT_URL",
+    "OPENDWS_VM_SERVICE_ACCOUNT",
 )
 # flex_start (the default): FLEX_START queued resources for the request's run duration; spot
 # and guaranteed: the queued resource's tier, the slice runs until released.
@@ -140,6 +145,7 @@ class Settings:
     network: str | None = None
     tpu_runtime_version: str | None = None  # None: each TPU generation its own version
     tpu_tier: str | None = None  # one of TPU_TIERS
+    vm_service_account: str | None = None  # None: Compute Engine's default account
     hook_secrets: HookSecrets = field(default_factory=HookSecrets)
     # key_digest(key) → tenant (or "admin"): only the keys' digests are kept
     api_keys: Mapping[str, str] = field(default_factory=dict)
@@ -150,6 +156,7 @@ class Settings:
     # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
     # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
     local_intake_url: str | None = None
+    agent_url: str | None = None
     service: str = "opendws"  # the process's service, in its metrics and their instance id
     metrics_export: tuple[str, ...] = ("snapshots",)  # a subset of METRIC_EXPORTS
 
@@ -195,6 +202,7 @@ class Settings:
             network=env("OPENDWS_NETWORK"),
             tpu_runtime_version=env("OPENDWS_TPU_RUNTIME_VERSION"),
             tpu_tier=tier,
+            vm_service_account=env("OPENDWS_VM_SERVICE_ACCOUNT"),
             hook_secrets=HookSecrets(
                 github=env("OPENDWS_GITHUB_WEBHOOK_SECRET"),
                 gitlab=env("OPENDWS_GITLAB_WEBHOOK_TOKEN"),
@@ -208,6 +216,7 @@ class Settings:
             ),
             api_iap_audience=env("OPENDWS_API_IAP_AUDIENCE"),
             local_intake_url=env("OPENDWS_LOCAL_INTAKE_URL"),
+            agent_url=env("OPENDWS_AGENT_URL"),
             service=env("K_SERVICE") or "opendws",
             metrics_export=_exports(env("OPENDWS_METRICS_EXPORT")),
         )
@@ -269,6 +278,8 @@ def cloud_settings(settings: Settings) -> CloudSettings:
         network=settings.network or defaults.network,
         tpu_runtime_version=settings.tpu_runtime_version or defaults.tpu_runtime_version,
         tpu_tier=settings.tpu_tier or defaults.tpu_tier,
+        agent_url=settings.agent_url,
+        vm_service_account=settings.vm_service_account,
         tpu_valid_for=defaults.tpu_valid_for,
         operation_timeout=defaults.operation_timeout,
     )

@@ -12,9 +12,10 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1
 
 from emulators import ComputeEmulator
-from opendws.adapters.mig import group_name, template_name
+from opendws.adapters.mig import group_name
 from opendws.bootstrap import capacity_providers
 from opendws.clock import ManualClock
+from opendws.domain.model import Pool
 from opendws.ports import Order
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, NOW, flex, pool
@@ -38,6 +39,17 @@ def client_options(emulator: ComputeEmulator) -> dict[str, object]:
     }
 
 
+def group_template(emulator: ComputeEmulator, home: Pool) -> compute_v1.InstanceTemplate:
+    """The template the pool's group makes its VMs from."""
+    options = client_options(emulator)
+    group = compute_v1.InstanceGroupManagersClient(**options).get(  # type: ignore[arg-type]
+        project=PROJECT, zone=home.zone, instance_group_manager=group_name(home)
+    )
+    return compute_v1.InstanceTemplatesClient(**options).get(  # type: ignore[arg-type]
+        project=PROJECT, instance_template=group.instance_template.rsplit("/", 1)[-1]
+    )
+
+
 def test_the_pool_gets_a_flex_start_template_and_a_group_without_bulk_mode(
     emulator: ComputeEmulator,
 ) -> None:
@@ -51,9 +63,7 @@ def test_the_pool_gets_a_flex_start_template_and_a_group_without_bulk_mode(
     order = Order(request=flex("train", vm_count=3, hours=6), pool=home, attempt=1)
     provider.provision(order)
     options = client_options(emulator)
-    template = compute_v1.InstanceTemplatesClient(**options).get(  # type: ignore[arg-type]
-        project=PROJECT, instance_template=template_name(home)
-    )
+    template = group_template(emulator, home)
     properties = template.properties
     scheduling = properties.scheduling
     assert properties.machine_type == A3

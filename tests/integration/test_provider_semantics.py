@@ -17,10 +17,17 @@ from google.cloud import compute_v1, compute_v1beta
 
 from emulators import ComputeEmulator
 from opendws.adapters.gce import CloudSettings
-from opendws.adapters.mig import MigFlexProvider, TemplateNotFlexStart, group_name, template_name
+from opendws.adapters.mig import (
+    BASE_LABEL,
+    MigFlexProvider,
+    TemplateNotFlexStart,
+    base_template_name,
+    group_name,
+)
 from opendws.adapters.tpu import TpuQueuedProvider
 from opendws.catalog import vm_profile
 from opendws.clock import ManualClock
+from opendws.domain.model import Pool
 from opendws.ports import Order, ProvisionPhase
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, DAY, NOW, flex, pool, tpu_pool
@@ -92,6 +99,16 @@ def mig_provider(
     )
 
 
+def group_template(emulator: ComputeEmulator, home: Pool) -> compute_v1.InstanceTemplate:
+    """The template the pool's group makes its VMs from."""
+    group = compute_v1.InstanceGroupManagersClient(**options(emulator)).get(
+        project=PROJECT, zone=home.zone, instance_group_manager=group_name(home)
+    )
+    return compute_v1.InstanceTemplatesClient(**options(emulator)).get(
+        project=PROJECT, instance_template=group.instance_template.rsplit("/", 1)[-1]
+    )
+
+
 def vms(emulator: ComputeEmulator) -> list[str]:
     client = compute_v1.InstancesClient(**options(emulator))
     return sorted(vm.name for vm in client.list(project=PROJECT, zone=ZONE))
@@ -110,23 +127,23 @@ def test_a3_ultra_and_a4_templates_get_hyperdisk_and_gvnic(emulator: ComputeEmul
     emulator.cloud.set_stock(ZONE, A3_ULTRA, 8)
     provider = mig_provider(emulator)
     provider.provision(Order(request=flex("ultra", vm_count=1), pool=home, attempt=1))
-    template = compute_v1.InstanceTemplatesClient(**options(emulator)).get(
-        project=PROJECT, instance_template=template_name(home)
-    )
+    template = group_template(emulator, home)
     disk = template.properties.disks[0].initialize_params
     assert disk.disk_type == "hyperdisk-balanced"
     assert template.properties.network_interfaces[0].nic_type == "GVNIC"
 
 
 def test_a_template_that_is_not_flex_start_is_refused_loudly(emulator: ComputeEmulator) -> None:
-    """A template found under the pool's name is read back, and one whose provisioning model
-    is not FLEX_START is refused: its VMs would be STANDARD ones, silently
+    """A team's own template for the pool's machine type is read back, and one whose
+    provisioning model is not FLEX_START is refused: its VMs would be STANDARD ones, silently
     (skypilot-org/skypilot#9607). Nothing is created from it."""
     home = pool(zone=ZONE, capacity=8)
     standard = compute_v1.InstanceTemplate(
-        name=template_name(home),
+        name=base_template_name(home),
         properties=compute_v1.InstanceProperties(
-            machine_type=A3, scheduling=compute_v1.Scheduling(provisioning_model="STANDARD")
+            machine_type=A3,
+            scheduling=compute_v1.Scheduling(provisioning_model="STANDARD"),
+            labels=BASE_LABEL,
         ),
     )
     templates = compute_v1.InstanceTemplatesClient(**options(emulator))
@@ -148,12 +165,12 @@ def test_a_group_in_bulk_mode_is_replaced_and_says_so(
     home = pool(zone=ZONE, capacity=8)
     emulator.cloud.set_stock(ZONE, A3, 8)
     provider = mig_provider(emulator)
-    provider._ensure_template(home)  # the template an older version made too
+    template = provider._ensure_template(home)  # the template an older version made too
     groups = compute_v1.InstanceGroupManagersClient(**options(emulator))
     bulk = compute_v1.InstanceGroupManager(
         name=group_name(home),
         base_instance_name=group_name(home),
-        instance_template=f"projects/{PROJECT}/global/instanceTemplates/{template_name(home)}",
+        instance_template=template,
         target_size=0,
         target_size_policy=compute_v1.InstanceGroupManagerTargetSizePolicy(mode="BULK"),
     )

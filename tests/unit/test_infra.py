@@ -18,7 +18,7 @@ import pytest
 import opendws.adapters.firestore as firestore_adapter
 from opendws.adapters import mig
 from opendws.adapters.gce import boot_disk, network
-from opendws.adapters.mig import template_name
+from opendws.adapters.mig import BASE_LABEL, base_template_name
 from opendws.adapters.pubsub import REQUESTS_TOPIC
 from opendws.bootstrap import CLOUD_SETTINGS_ENVIRONMENT, Settings, cloud_settings
 from opendws.catalog import MACHINE_TYPES, TPU_RUNTIME_VERSIONS, VM_PROFILES, VmProfile
@@ -406,14 +406,18 @@ def test_the_queue_and_its_defaults_match_the_codes() -> None:
     assert "module.tasks.queue" in root_locals()["common_environment"]["OPENDWS_TASKS_QUEUE"]
 
 
-def test_flex_templates_are_named_as_the_mig_provider_looks_them_up() -> None:
+def test_flex_templates_are_named_and_labelled_as_the_mig_provider_looks_them_up() -> None:
+    """The MIG provider makes a pool's VMs from a team's template of the pool's machine type
+    when one of that name carries its base label (and never deletes it)."""
     ((_, _, template),) = all_resources("google_compute_instance_template")
     pattern = unquote(template["name"])
     pool = Pool(
         pool_id="us-central1-a/a3-highgpu-8g", zone="us-central1-a", shape="a3-highgpu-8g",
         accelerator="nvidia-h100-80gb", provider=Provider.MIG, capacity=1,
     )  # fmt: skip
-    assert pattern.replace("${each.key}", pool.shape) == template_name(pool)
+    assert pattern.replace("${each.key}", pool.shape) == base_template_name(pool)
+    for key, value in BASE_LABEL.items():
+        assert f'"{key}" = "{value}"' in unquote(template["labels"])
     scheduling = template["scheduling"][0]
     assert unquote(scheduling["provisioning_model"]) == "FLEX_START"
     assert unquote(scheduling["instance_termination_action"]) == "DELETE"

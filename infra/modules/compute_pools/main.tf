@@ -1,8 +1,11 @@
 # Optional: the flex-start instance templates of MIG pools, made by Terraform rather than by
 # the reconciler on first use, so that a team can choose the VMs' image, disk, network and
-# service account. The name is the one the MIG provider uses
-# (opendws.adapters.mig.template_name): `odws-{shape}-flex`, so the reconciler finds it and
-# uses it as it is.
+# service account. The name is the one the MIG provider looks up
+# (opendws.adapters.mig.base_template_name): `odws-{shape}-flex`, labelled
+# `opendws-template = base`, so the reconciler finds it and makes the pool's VMs from it: from
+# its properties plus what every job VM needs (the agent's startup-script and the
+# opendws-agent-url attribute; the job VMs' account where it names none), as a template of its
+# own named by their digest. It never deletes this one.
 #
 # The pools' managed instance groups (`odws-{shape}` in each zone) are made by the reconciler
 # on first use (opendws.adapters.mig), from this template, without bulk mode: a MIG in bulk
@@ -40,7 +43,7 @@ resource "google_compute_instance_template" "flex" {
   name         = "odws-${each.key}-flex"
   description  = "opendws flex-start VMs of ${each.key}"
   machine_type = each.key
-  labels       = merge(var.labels, { "managed-by" = "opendws" })
+  labels       = merge(var.labels, { "managed-by" = "opendws", "opendws-template" = "base" })
 
   scheduling {
     provisioning_model          = "FLEX_START"
@@ -84,7 +87,7 @@ resource "google_compute_instance_template" "flex" {
   }
 
   dynamic "service_account" {
-    for_each = each.value.service_account == null ? [] : [each.value.service_account]
+    for_each = each.value.service_account == null && var.default_service_account == null ? [] : [coalesce(each.value.service_account, var.default_service_account)]
     content {
       email  = service_account.value
       scopes = ["cloud-platform"]

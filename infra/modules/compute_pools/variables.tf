@@ -4,9 +4,15 @@ variable "project" {
 }
 
 variable "boot_image" {
-  description = "The VMs' default boot image."
+  description = "The VMs' default boot image (a Deep Learning VM GPU family: the NVIDIA driver, Docker with the NVIDIA Container Toolkit, python3)."
   type        = string
-  default     = "projects/debian-cloud/global/images/family/debian-12"
+  default     = "projects/deeplearning-platform-release/global/images/family/common-cu129-ubuntu-2204-nvidia-580"
+}
+
+variable "default_service_account" {
+  description = "The job VMs' account (email) for a pool that names none of its own; null: Compute Engine's default."
+  type        = string
+  default     = null
 }
 
 variable "flex_pools" {

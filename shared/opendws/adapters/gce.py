@@ -4,6 +4,7 @@ idempotence (an "already exists" on create and a "not found" on delete are both 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,12 +14,25 @@ from typing import Protocol, TypeVar
 from google.api_core.exceptions import Conflict, NotFound
 from google.cloud import compute_v1
 
+from opendws.agent.startup import startup_script
 from opendws.catalog import TPU_RUNTIME_VERSIONS, vm_profile
 from opendws.ports import ORDER_PREFIX, Host, vm_order, vm_rank
 
 T = TypeVar("T")
 V = TypeVar("V")
 MANAGED_BY = {"managed-by": "opendws"}
+# The instance attribute that tells a VM's agent where the agent function is.
+AGENT_URL_KEY = "opendws-agent-url"
+STARTUP_SCRIPT_KEY = "startup-script"
+# A Deep Learning VM GPU image family: the NVIDIA driver, CUDA, Docker with the NVIDIA Container
+# Toolkit, and Python 3.10 for the agent (cloud.google.com/deep-learning-vm/docs/images).
+GPU_BOOT_IMAGE = (
+    "projects/deeplearning-platform-release/global/images/family/"
+    "common-cu129-ubuntu-2204-nvidia-580"
+)
+# The scope Google recommends for a VM's service account: access is then what its IAM roles
+# grant (compute/docs/access/service-accounts#scopes_best_practice).
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,8 +40,13 @@ class CloudSettings:
     """Where and how capacity is created."""
 
     project: str
-    boot_image: str = "projects/debian-cloud/global/images/family/debian-12"
+    boot_image: str = GPU_BOOT_IMAGE
     network: str = "global/networks/default"
+    # The agent function's URL: each VM carries the agent (``startup-script``) and the URL (the
+    # ``opendws-agent-url`` attribute). None: the VMs carry no agent (capacity only).
+    agent_url: str | None = None
+    # The job VMs' own service account (its email). None: Compute Engine's default.
+    vm_service_account: str | None = None
     # None: each TPU generation's own version (catalog.TPU_RUNTIME_VERSIONS); a value: that one
     # for every generation.
     tpu_runtime_version: str | None = None
@@ -49,9 +68,44 @@ class CloudSettings:
     # after another.
     observe_workers: int = 8
 
+    def __post_init__(self) -> None:
+        if self.agent_url is not None:
+            agent_script(self.agent_url)  # a ValueError naming a URL the agent cannot use
+
     def runtime_version(self, accelerator: str) -> str:
         """The TPU software version a slice of ``accelerator`` boots."""
         return self.tpu_runtime_version or TPU_RUNTIME_VERSIONS[accelerator]
+
+
+@functools.cache
+def agent_script(agent_url: str) -> str:
+    """The ``startup-script`` that carries the agent (built once per URL and process)."""
+    return startup_script(agent_url)
+
+
+def vm_metadata(settings: CloudSettings) -> compute_v1.Metadata | None:
+    """What a job VM carries in its metadata: the agent's startup script and the agent
+    function's URL, when one is configured (None otherwise). The script is a few tens of KiB,
+    within Compute Engine's 256 KiB per value and 512 KB in all
+    (compute/docs/reference/rest/v1/Metadata)."""
+    if settings.agent_url is None:
+        return None
+    return compute_v1.Metadata(
+        items=[
+            compute_v1.Items(key=STARTUP_SCRIPT_KEY, value=agent_script(settings.agent_url)),
+            compute_v1.Items(key=AGENT_URL_KEY, value=settings.agent_url),
+        ]
+    )
+
+
+def vm_service_accounts(settings: CloudSettings) -> list[compute_v1.ServiceAccount]:
+    """The job VM's own service account with the cloud-platform scope, when one is configured
+    (none: the field is left out and Compute Engine's default applies)."""
+    if settings.vm_service_account is None:
+        return []
+    return [
+        compute_v1.ServiceAccount(email=settings.vm_service_account, scopes=[CLOUD_PLATFORM_SCOPE])
+    ]
 
 
 class _Operation(Protocol):

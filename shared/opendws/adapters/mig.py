@@ -19,9 +19,20 @@ What Google does, and so what this adapter relies on:
 - The template is the one Google's Terraform sample (magic-modules
   ``compute_rmig_resize_request.tf.tmpl``), cluster-toolkit and SkyPilot use: FLEX_START,
   ``instanceTerminationAction=DELETE``, a ``maxRunDuration``, ``reservationAffinity
-  NO_RESERVATION``; plus the boot disk and NIC its machine family needs (catalog.vm_profile).
-  It is read back after it is made or found: one whose provisioning model is not FLEX_START
-  would make STANDARD VMs (skypilot#9607), so it is refused with :class:`TemplateNotFlexStart`.
+  NO_RESERVATION``; plus the boot disk and NIC its machine family needs (catalog.vm_profile),
+  and what a job VM needs (gce.vm_metadata, gce.vm_service_accounts): the agent's
+  ``startup-script`` and the ``opendws-agent-url`` attribute when an agent URL is configured,
+  and the job VMs' own service account. A team's own template for the machine type
+  (:func:`base_template_name`, labelled ``opendws-template: base``; infra/modules/
+  compute_pools makes them) replaces that starting point, and gets the agent and the service
+  account added. Templates cannot be changed, so each is named by a digest of its properties
+  (:func:`template_name`): a change (an agent of another version, another image or URL) is a
+  new template, which the group is patched to use for its new VMs (instanceGroupManagers.patch:
+  "the group uses this template to create all new instances"; its running VMs are left as they
+  are), and the pool's templates no group uses any longer are then deleted (Compute refuses to
+  delete one a group still uses, which is left for a later pass). The template is read back
+  after it is made or found: one whose provisioning model is not FLEX_START would make
+  STANDARD VMs (skypilot#9607), so it is refused with :class:`TemplateNotFlexStart`.
 - A request short of capacity stays ACCEPTED — it keeps its place in Google's queue — with the
   temporary error in ``status.lastAttempt.error``; only ``status.error`` is final (FAILED, whose
   VMs Google rolls back). ACCEPTED with a last-attempt error is observed as WAITING.
@@ -44,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
@@ -54,6 +66,7 @@ from google.cloud import compute_v1, compute_v1beta
 
 from opendws.adapters.gce import (
     MANAGED_BY,
+    STARTUP_SCRIPT_KEY,
     CloudSettings,
     awaited,
     boot_disk,
@@ -65,7 +78,9 @@ from opendws.adapters.gce import (
     order_of_vm,
     owned,
     per_zone,
+    vm_metadata,
     vm_names,
+    vm_service_accounts,
 )
 from opendws.domain.model import FLEX_MAX_RUN, Pool
 from opendws.ports import Host, Observed, Order, ProvisionPhase
@@ -92,9 +107,24 @@ def group_name(pool: Pool) -> str:
     return f"odws-{pool.shape}"
 
 
-def template_name(pool: Pool) -> str:
-    """The pool's flex-start instance template (one per machine type, global)."""
+# The label that marks a team's own template for a machine type (infra/modules/compute_pools).
+BASE_LABEL = {"opendws-template": "base"}
+
+
+def base_template_name(pool: Pool) -> str:
+    """A team's own flex-start template for the pool's machine type (global), which the
+    pool's VMs start from when it exists and carries :data:`BASE_LABEL`."""
     return f"odws-{pool.shape}-flex"
+
+
+def template_name(pool: Pool, properties: compute_v1.InstanceProperties) -> str:
+    """The name of the template opendws makes for the pool's VMs: its machine type and a
+    digest of ``properties``, so that the same properties always have the same name and other
+    properties another (global; at most 63 characters for Google's machine type names)."""
+    text = compute_v1.InstanceProperties.to_json(
+        properties, sort_keys=True, indent=None, always_print_fields_with_no_presence=False
+    )
+    return f"odws-{pool.shape}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
 class MigFlexProvider:
@@ -390,34 +420,31 @@ class MigFlexProvider:
                     self._timeout,
                 )
             )
+        elif _last(existing.instance_template) != _last(template):
+            # Made from an earlier template (an older opendws, another image or agent): its
+            # new VMs are made from this one; its running VMs stay as they are.
+            log.info("the group %s in %s now makes its VMs from %s", group, pool.zone, template)
+            patch = compute_v1.InstanceGroupManager(instance_template=template)
+            awaited(
+                lambda: self._groups.patch(
+                    project=self._project, zone=pool.zone, instance_group_manager=group,
+                    instance_group_manager_resource=patch,
+                ),
+                self._timeout,
+            )()  # fmt: skip
         self._ready_groups.add(pool.pool_id)
+        self._delete_unused_templates(pool, keep=_last(template))
 
     def _ensure_template(self, pool: Pool) -> str:
-        """Make the pool's template if it is missing, read it back, and refuse it unless it
-        makes FLEX_START VMs. Returns its URL."""
-        name = template_name(pool)
-        if name in self._checked_templates:
-            return self._checked_templates[name]
+        """Make the pool's template if it is missing (from the team's base template when there
+        is one), read it back, and refuse it unless it makes FLEX_START VMs. Returns its
+        URL."""
+        if pool.pool_id in self._checked_templates:
+            return self._checked_templates[pool.pool_id]
+        properties = self._properties(pool)
+        name = template_name(pool, properties)
         template = compute_v1.InstanceTemplate(
-            name=name,
-            description=f"opendws flex-start VMs of {pool.shape}",
-            properties=compute_v1.InstanceProperties(
-                machine_type=pool.shape,
-                scheduling=compute_v1.Scheduling(
-                    provisioning_model=FLEX_START,
-                    instance_termination_action="DELETE",
-                    on_host_maintenance="TERMINATE",
-                    automatic_restart=False,
-                    # The ceiling; each resize request asks for its own run duration.
-                    max_run_duration=compute_v1.Duration(seconds=_seconds(FLEX_MAX_RUN)),
-                ),
-                reservation_affinity=compute_v1.ReservationAffinity(
-                    consume_reservation_type=NO_RESERVATION
-                ),
-                disks=[boot_disk(self._settings, pool.shape)],
-                network_interfaces=[network(self._settings, pool.shape)],
-                labels=MANAGED_BY,
-            ),
+            name=name, description=f"opendws flex-start VMs of {pool.shape}", properties=properties
         )
         created(
             awaited(
@@ -430,8 +457,67 @@ class MigFlexProvider:
         stored = self._templates.get(project=self._project, instance_template=name)
         _check_template(stored)
         url = f"projects/{self._project}/global/instanceTemplates/{name}"
-        self._checked_templates[name] = url
+        self._checked_templates[pool.pool_id] = url
         return url
+
+    def _properties(self, pool: Pool) -> compute_v1.InstanceProperties:
+        """What the pool's VMs are made with: the team's base template's properties (refused
+        unless FLEX_START), else opendws' own; with the agent and the VMs' service account."""
+        base = found(
+            lambda: self._templates.get(
+                project=self._project, instance_template=base_template_name(pool)
+            )
+        )
+        if base is not None and _is_base(base):
+            _check_template(base)
+            properties = compute_v1.InstanceProperties(base.properties)
+            # Made by opendws from the base: not a base itself, and opendws' to delete.
+            labels = {k: v for k, v in properties.labels.items() if k not in BASE_LABEL}
+            properties.labels = {**labels, **MANAGED_BY}
+        else:
+            properties = self._own_properties(pool)
+        return _for_jobs(properties, self._settings)
+
+    def _own_properties(self, pool: Pool) -> compute_v1.InstanceProperties:
+        return compute_v1.InstanceProperties(
+            machine_type=pool.shape,
+            scheduling=compute_v1.Scheduling(
+                provisioning_model=FLEX_START,
+                instance_termination_action="DELETE",
+                on_host_maintenance="TERMINATE",
+                automatic_restart=False,
+                # The ceiling; each resize request asks for its own run duration.
+                max_run_duration=compute_v1.Duration(seconds=_seconds(FLEX_MAX_RUN)),
+            ),
+            reservation_affinity=compute_v1.ReservationAffinity(
+                consume_reservation_type=NO_RESERVATION
+            ),
+            disks=[boot_disk(self._settings, pool.shape)],
+            network_interfaces=[network(self._settings, pool.shape)],
+            labels=MANAGED_BY,
+        )
+
+    def _delete_unused_templates(self, pool: Pool, *, keep: str) -> None:
+        """Delete the pool's machine type's templates that opendws made and ``keep`` is not
+        (earlier ones, named by other digests or made by an older opendws): one a group still
+        uses (another zone's, not yet moved) is refused by Compute and left for later. A
+        team's base template is never deleted."""
+        prefix = f"odws-{pool.shape}-"
+        request = compute_v1.ListInstanceTemplatesRequest(
+            project=self._project, filter=f"name eq {prefix}.*"
+        )
+        for template in self._templates.list(request=request):
+            name = template.name
+            if not name.startswith(prefix) or name == keep or _is_base(template):
+                continue
+            if dict(template.properties.labels).get("managed-by") != MANAGED_BY["managed-by"]:
+                continue
+            delete = functools.partial(
+                self._templates.delete, project=self._project, instance_template=name
+            )
+            with contextlib.suppress(BadRequest, FailedPrecondition, Conflict):
+                deleted(awaited(delete, self._timeout))
+                log.info("deleted the instance template %s, which no group uses", name)
 
 
 # Helpers ------------------------------------------------------------------------------
@@ -504,6 +590,38 @@ def _check_template(template: compute_v1.InstanceTemplate) -> None:
             "the instance template %s has reservation affinity %s; flex-start VMs take "
             "NO_RESERVATION", template.name, affinity or "unset",
         )  # fmt: skip
+
+
+def _is_base(template: compute_v1.InstanceTemplate) -> bool:
+    """A team's own template (labelled :data:`BASE_LABEL`), not one opendws made."""
+    labels = dict(template.properties.labels)
+    return all(labels.get(key) == value for key, value in BASE_LABEL.items())
+
+
+def _for_jobs(
+    properties: compute_v1.InstanceProperties, settings: CloudSettings
+) -> compute_v1.InstanceProperties:
+    """``properties`` with what a job VM needs: the agent's metadata (replacing those keys'
+    values, keeping the others) and the VMs' service account where none is set."""
+    result = compute_v1.InstanceProperties(properties)
+    metadata = vm_metadata(settings)
+    if metadata is not None:
+        ours = {item.key for item in metadata.items}
+        kept = [item for item in result.metadata.items if item.key not in ours]
+        if any(item.key == STARTUP_SCRIPT_KEY for item in result.metadata.items):
+            log.warning(
+                "the base template's %s is replaced by the agent's (the agent function is %s)",
+                STARTUP_SCRIPT_KEY, settings.agent_url,
+            )  # fmt: skip
+        result.metadata = compute_v1.Metadata(items=[*kept, *metadata.items])
+    if not result.service_accounts:
+        result.service_accounts = vm_service_accounts(settings)
+    return result
+
+
+def _last(reference: str) -> str:
+    """The name at the end of a resource URL or partial path."""
+    return reference.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _created_by(instance: compute_v1.Instance) -> str:

@@ -61,7 +61,9 @@ from opendws.adapters.gce import (
     order_of_vm,
     owned,
     per_zone,
+    vm_metadata,
     vm_names,
+    vm_service_accounts,
 )
 from opendws.adapters.tpu import Response, Session, TpuQueuedProvider, queued_resource_spec
 from opendws.catalog import (
@@ -385,8 +387,11 @@ class CalendarReservationProvider(_Blocks):
         )  # fmt: skip
 
     def provision(self, order: Order) -> None:
-        """The block's VMs, consuming its reservation (the next pass sees them)."""
+        """The block's VMs, consuming its reservation (the next pass sees them), each with
+        what a job VM needs: the agent's metadata and the VMs' service account when
+        configured (gce.vm_metadata, gce.vm_service_accounts)."""
         pool = order.pool
+        metadata = vm_metadata(self._settings)
         for name in vm_names(order.name, order.request.gang.vm_count):
             instance = compute_v1.Instance(
                 name=name,
@@ -403,8 +408,11 @@ class CalendarReservationProvider(_Blocks):
                 ),
                 disks=[boot_disk(self._settings, pool.shape, zone=pool.zone)],
                 network_interfaces=[network(self._settings, pool.shape)],
+                service_accounts=vm_service_accounts(self._settings),
                 labels=MANAGED_BY,
             )
+            if metadata is not None:
+                instance.metadata = metadata
             created(functools.partial(
                 self._instances.insert,
                 project=self._project, zone=pool.zone, instance_resource=instance,

@@ -41,9 +41,11 @@ from opendws.sim.cloud.parsing import (
     get,
     instance_disk_types,
     last,
+    metadata_items,
     name,
     refuse_unknown,
     scope_url,
+    service_accounts,
     stamp,
     zonal_path,
 )
@@ -82,6 +84,8 @@ class InstanceApi(World):
         scheduling = get(body, "scheduling") or {}
         refuse_unknown(scheduling, "requestValidForDuration", "resource.scheduling")
         instance_disk_types(get(body, "disks"), project, zone)
+        metadata_items(get(body, "metadata"), "resource.metadata")
+        service_accounts(get(body, "serviceAccounts"), "resource.serviceAccounts")
         shape = last(machine_type)
         if get(scheduling, "provisioningModel") == "FLEX_START":
             return self._insert_flex(project, zone, vm_name, shape, body)
@@ -298,8 +302,10 @@ def _instance_view(instance: Instance) -> JSON:
         "selfLink": _instance_url(instance),
     }
     if instance.mig is not None:
+        # A group's VM carries its template's metadata and the group that made it.
         creator = f"{zone_url}/instanceGroupManagers/{instance.mig}"
-        view["metadata"] = {"items": [{"key": "created-by", "value": creator}]}
+        items = get(instance.body.get("metadata") or {}, "items") or []
+        view["metadata"] = {"items": [*items, {"key": "created-by", "value": creator}]}
     nics = _interfaces_view(instance)
     if nics:
         view["networkInterfaces"] = nics

@@ -23,6 +23,11 @@ Google's behaviour, as modelled:
   surface Google's own tools use for it.
 - A template's disk types are bare names (``pd-balanced``), never URLs
   (``parsing.template_disk_types``).
+- A template's metadata holds to Compute Engine's limits and it names at most one service
+  account (``parsing.metadata_items``, ``parsing.service_accounts``); a group's VMs carry
+  its template's interfaces, metadata and service account. ``patch`` may point a group at
+  another template of the project, from which its new VMs are made (instanceGroupManagers
+  .patch); a template a group uses cannot be deleted.
 - Provisioning is instantaneous once served, so a MIG is never deleted "while a request
   provisions": deleting it deletes its VMs and its requests (waiting ones leave the queue).
 """
@@ -42,8 +47,10 @@ from opendws.sim.cloud.parsing import (
     has,
     integer,
     last,
+    metadata_items,
     name,
     scope_url,
+    service_accounts,
     stamp,
     template_disk_types,
     zonal_path,
@@ -86,6 +93,8 @@ class MigApi(World):
         if not isinstance(machine_type, str) or not machine_type:
             raise CloudError.invalid("Invalid value for field 'resource.properties.machineType'")
         template_disk_types(get(properties, "disks"))
+        metadata_items(get(properties, "metadata"), "resource.properties.metadata")
+        service_accounts(get(properties, "serviceAccounts"), "resource.properties.serviceAccounts")
         template = Template(
             project, "global", template_name, self._new_id(), self.clock.now(), body,
             last(machine_type),
@@ -137,20 +146,12 @@ class MigApi(World):
             raise CloudError.already_exists(
                 zonal_path(project, zone, "instanceGroupManagers", mig_name)
             )
-        template_ref = get(body, "instanceTemplate")
-        if (
-            not isinstance(template_ref, str)
-            or last(template_ref) not in self._project(project).templates
-        ):
-            raise CloudError.invalid(
-                f"Invalid value for field 'resource.instanceTemplate': {template_ref!r}: "
-                "no such global instance template in this project"
-            )
+        template_ref = self._template_ref(project, get(body, "instanceTemplate"))
         _zero_target(body)
         base_name = get(body, "baseInstanceName") or mig_name
         mig = Mig(
             project, zone, mig_name, self._new_id(), self.clock.now(), body,
-            template=last(template_ref), base_name=name(base_name, "baseInstanceName"),
+            template=template_ref, base_name=name(base_name, "baseInstanceName"),
             mode=_mode(body) or "INDIVIDUAL",
         )  # fmt: skip
         store[(zone, mig_name)] = mig
@@ -171,6 +172,10 @@ class MigApi(World):
         if body.get("name", name) != name:
             raise CloudError.invalid("The name of a managed instance group cannot be changed")
         _zero_target(body)
+        if has(body, "instanceTemplate"):
+            # The template of the group's new VMs; its VMs keep theirs (instanceGroupManagers
+            # .patch; InstanceGroupManager.instanceTemplate).
+            mig.template = self._template_ref(project, get(body, "instanceTemplate"))
         mig.body = {**mig.body, **body}
         return self._operation(mig, "patch", _mig_url(mig))
 
@@ -233,6 +238,19 @@ class MigApi(World):
             if instance is not None:
                 self._remove_instance(instance)
         return self._operation(mig, "compute.instanceGroupManagers.deleteInstances", _mig_url(mig))
+
+    def _template_ref(self, project: str, template_ref: object) -> str:
+        """The name of the project's global template a group's ``instanceTemplate`` names
+        (a 400 if there is none)."""
+        if (
+            not isinstance(template_ref, str)
+            or last(template_ref) not in self._project(project).templates
+        ):
+            raise CloudError.invalid(
+                f"Invalid value for field 'resource.instanceTemplate': {template_ref!r}: "
+                "no such global instance template in this project"
+            )
+        return last(template_ref)
 
     def _mig(self, project: str, zone: str, mig_name: str) -> Mig:
         mig = self._project(project).migs.get((zone, mig_name))
@@ -410,12 +428,15 @@ class MigApi(World):
         mig = self._project(request.project).migs[(request.zone, request.mig)]
         template = self._project(request.project).templates.get(mig.template)
         properties = get(template.body, "properties") if template is not None else None
-        nics = get(properties, "networkInterfaces") if isinstance(properties, dict) else None
         made = []
         for vm_name in names:
-            # A group's VMs are made from its template: they have its interfaces (and each its
-            # own addresses).
-            body: JSON = {"networkInterfaces": copy.deepcopy(nics)} if nics else {}
+            # A group's VMs are made from its template: they have its interfaces (each with
+            # its own addresses), its metadata and its service account.
+            body: JSON = {
+                field: copy.deepcopy(get(properties, field))
+                for field in ("networkInterfaces", "metadata", "serviceAccounts")
+                if get(properties, field)
+            }
             vm = self._add_instance(
                 mig.project, mig.zone, vm_name, request.shape, when, body, mig=mig.name
             )

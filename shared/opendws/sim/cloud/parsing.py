@@ -188,3 +188,75 @@ def template_disk_types(disks: object) -> None:
                 f"diskType': {value!r}. DiskType {value!r} must be a valid resource name (not "
                 "an url)."
             )
+
+
+# Compute Engine's metadata limits (compute/docs/reference/rest/v1/Metadata): a key matches
+# [a-zA-Z0-9-_]+ and is less than 128 bytes; a value is at most 262144 bytes (256 KiB); all
+# keys and values together are less than 512 KB.
+_METADATA_KEY = re.compile(r"[a-zA-Z0-9_-]+")
+METADATA_KEY_LIMIT = 128
+METADATA_VALUE_LIMIT = 256 * 1024
+METADATA_TOTAL_LIMIT = 512 * 1024
+
+
+def metadata_items(metadata: object, where: str) -> None:
+    """Refuse, as Compute Engine does, metadata whose key is not of Google's form or whose
+    value or whole is over Google's limits (see the constants above). ``where``: the field,
+    ``resource.metadata`` or ``resource.properties.metadata``."""
+    if metadata is None:
+        return
+    items = get(metadata, "items") if isinstance(metadata, dict) else metadata
+    if items is None:
+        return
+    if not isinstance(items, list):
+        raise CloudError.invalid(f"Invalid value for field '{where}.items': not a list")
+    total = 0
+    for index, item in enumerate(items):
+        key, value = get(item, "key"), get(item, "value")
+        field = f"{where}.items[{index}]"
+        if not isinstance(key, str) or not _METADATA_KEY.fullmatch(key):
+            raise CloudError.invalid(
+                f"Invalid value for field '{field}.key': {key!r}. Keys must conform to the "
+                "regexp [a-zA-Z0-9-_]+"
+            )
+        if len(key.encode()) >= METADATA_KEY_LIMIT:
+            raise CloudError.invalid(
+                f"Invalid value for field '{field}.key': keys must be less than "
+                f"{METADATA_KEY_LIMIT} bytes"
+            )
+        if value is not None and not isinstance(value, str):
+            raise CloudError.invalid(f"Invalid value for field '{field}.value': not a string")
+        size = len((value or "").encode())
+        if size > METADATA_VALUE_LIMIT:
+            raise CloudError.invalid(
+                f"Invalid value for field '{field}.value': {size} bytes; a metadata value is at "
+                f"most {METADATA_VALUE_LIMIT} bytes (256 KiB)"
+            )
+        total += len(key.encode()) + size
+    if total >= METADATA_TOTAL_LIMIT:
+        raise CloudError.invalid(
+            f"Invalid value for field '{where}': its keys and values total {total} bytes; they "
+            f"must be less than {METADATA_TOTAL_LIMIT} bytes (512 KB)"
+        )
+
+
+def service_accounts(accounts: object, where: str) -> None:
+    """Refuse what Compute Engine refuses in ``serviceAccounts``: "Only one service account per
+    VM instance is supported" (compute/docs/reference/rest/v1/instances), each naming its
+    email, with its scopes as a list of strings."""
+    if accounts is None:
+        return
+    if not isinstance(accounts, list):
+        raise CloudError.invalid(f"Invalid value for field '{where}': not a list")
+    if len(accounts) > 1:
+        raise CloudError.invalid(
+            f"Invalid value for field '{where}': only one service account per VM instance is "
+            "supported"
+        )
+    for index, account in enumerate(accounts):
+        email = get(account, "email")
+        if not isinstance(email, str) or not email:
+            raise CloudError.invalid(f"Invalid value for field '{where}[{index}].email'")
+        scopes = get(account, "scopes") or []
+        if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
+            raise CloudError.invalid(f"Invalid value for field '{where}[{index}].scopes'")
