@@ -88,6 +88,11 @@ def reconcile(event: CloudEvent) -> None:
             report = container.reconcile.run_pass()
             fields = {"trigger": event["id"], **summary(report)}
             log.info("reconcile pass: %s", report.outcome.value, extra={"fields": fields})
+            if report.ran and container.settings.agent_url:
+                # Runs whose agents were lost are released (service.agents.sweep).
+                lost = container.agents.sweep()
+                if lost:
+                    log.warning("runs released, agents lost: %s", ", ".join(lost))
             if report.again and time.monotonic() < deadline + window:
                 continue
             if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
@@ -132,6 +137,23 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
             return {"error": f"not a timer: {error}"}, 400
         result = container.end.fire(due)
         return {"outcome": result.outcome.value, "message": result.message}, 200
+
+
+@functions_framework.http
+def agent(request: flask.Request) -> tuple[dict[str, Any], int]:
+    """The agents on the gangs' VMs (see opendws.service.agents): public at Cloud Run — each
+    call carries a VM identity token or the session it was exchanged for, which the service
+    verifies itself. 400 for a body that is not a JSON object."""
+    with invocation(logs.trace_of(dict(request.headers))) as container:
+        body = request.get_json(force=True, silent=True)
+        if body is None and request.get_data():
+            return {"error": "the body is not JSON"}, 400
+        if body is not None and not isinstance(body, dict):
+            return {"error": "the body must be a JSON object"}, 400
+        answer = container.agents.handle(
+            request.path, request.headers.get("Authorization"), body or {}
+        )
+        return answer.body, answer.status
 
 
 @functions_framework.http
@@ -182,4 +204,4 @@ def _instant(text: str) -> datetime:
     return instant if instant.tzinfo else instant.replace(tzinfo=UTC)
 
 
-__all__ = ["api", "ci_hook", "delivery_of", "intake", "reconcile", "timer"]
+__all__ = ["agent", "api", "ci_hook", "delivery_of", "intake", "reconcile", "timer"]

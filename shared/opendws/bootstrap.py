@@ -75,8 +75,10 @@ from opendws.ports import (
     RequestStore,
     TimerQueue,
 )
+from opendws.ports.runs import JobLogReader, RankStore
 from opendws.ports.telemetry import Metrics, MetricSnapshots
 from opendws.service.access import GoogleAccess
+from opendws.service.agents import AgentService, AgentSettings, Sessions
 from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
@@ -156,7 +158,15 @@ class Settings:
     # The local stack's intake endpoint (``dws up`` sets it): a tenant new to the
     # configuration gets its topic and subscriptions wired there. None: Terraform wires them.
     local_intake_url: str | None = None
+    # The agent function (runs on the gangs): its URL (the audience of the VMs' identity
+    # tokens; None: no job runs), the emulator's certificates to trust instead of Google's
+    # (a JSON file, on one machine), its session key, the Secret Manager endpoint (None:
+    # Google's), and the folder of the jobs' output on one machine (None: Cloud Logging).
     agent_url: str | None = None
+    agent_certs: str | None = None
+    agent_session_key: str | None = None
+    secrets_endpoint: str | None = None
+    job_logs_dir: str | None = None
     service: str = "opendws"  # the process's service, in its metrics and their instance id
     metrics_export: tuple[str, ...] = ("snapshots",)  # a subset of METRIC_EXPORTS
 
@@ -217,6 +227,10 @@ class Settings:
             api_iap_audience=env("OPENDWS_API_IAP_AUDIENCE"),
             local_intake_url=env("OPENDWS_LOCAL_INTAKE_URL"),
             agent_url=env("OPENDWS_AGENT_URL"),
+            agent_certs=env("OPENDWS_AGENT_CERTS"),
+            agent_session_key=env("OPENDWS_AGENT_SESSION_KEY"),
+            secrets_endpoint=env("OPENDWS_SECRETS_ENDPOINT"),
+            job_logs_dir=env("OPENDWS_JOB_LOGS_DIR"),
             service=env("K_SERVICE") or "opendws",
             metrics_export=_exports(env("OPENDWS_METRICS_EXPORT")),
         )
@@ -312,6 +326,8 @@ class Adapters:
     clock: Clock
     # Where processes leave their metrics for /metrics; None: in this process's memory.
     snapshots: MetricSnapshots | None = None
+    # The ranks of runs (the agent function's); None: in this process's memory.
+    ranks: RankStore | None = None
 
 
 T = TypeVar("T")
@@ -375,6 +391,7 @@ class Container:
             FirestoreRequestStore,
         )
         from opendws.adapters.pubsub import PubSubEventBus, PubSubNudger, PubSubRequestPublisher
+        from opendws.adapters.ranks import FirestoreRankStore
         from opendws.clock import SystemClock
 
         settings = self.settings
@@ -388,6 +405,7 @@ class Container:
             publisher=PubSubRequestPublisher(publisher, settings.project),
             clock=SystemClock(),
             snapshots=FirestoreMetricSnapshots(client),
+            ranks=FirestoreRankStore(client),
         )
 
     @_Once
@@ -535,6 +553,61 @@ class Container:
             adapters.store, adapters.config, self.providers, self.timers, self.events,
             adapters.nudger, adapters.clock, metrics=self.metrics,
         )  # fmt: skip
+
+    @_Once
+    def agents(self) -> AgentService:
+        """The agent function's service: VM identity tokens checked against Google's keys (or
+        the metadata emulator's, OPENDWS_AGENT_CERTS) for the agent URL and this project, an
+        order's VMs read from Compute Engine, secrets from Secret Manager, the jobs' output to
+        Cloud Logging (or OPENDWS_JOB_LOGS_DIR). Refuses to start without an agent URL or a
+        session key of at least 16 bytes."""
+        from opendws.adapters import clients
+        from opendws.adapters.jobs import CloudLoggingJobLogs, ComputeOrderVms, FolderJobLogs
+        from opendws.adapters.oidc import GOOGLE_ISSUERS
+        from opendws.adapters.ranks import MemoryRankStore
+        from opendws.adapters.secrets import SecretManagerReader
+        from opendws.adapters.vm_identity import EMULATOR_ISSUER, VmIdentityVerifier
+
+        settings = self.settings
+        if not settings.agent_url:
+            raise ValueError("OPENDWS_AGENT_URL: the agent function's URL is not set")
+        key = (settings.agent_session_key or "").encode()
+        certs = None
+        issuers = GOOGLE_ISSUERS
+        if settings.agent_certs:
+            certs = json.loads(Path(settings.agent_certs).read_text())
+            issuers = frozenset({EMULATOR_ISSUER})
+        adapters = self.adapters
+        logs = (
+            FolderJobLogs(Path(settings.job_logs_dir))
+            if settings.job_logs_dir
+            else CloudLoggingJobLogs()
+        )
+        return AgentService(
+            store=adapters.store, ranks=adapters.ranks or MemoryRankStore(),
+            verifier=VmIdentityVerifier(
+                audience=settings.agent_url, project_id=settings.project, certs=certs,
+                issuers=issuers,
+            ),
+            order_vms=ComputeOrderVms(
+                clients.instances_client(settings.compute_endpoint), settings.project
+            ),
+            secrets=SecretManagerReader.on(settings.secrets_endpoint),
+            logs=logs, ending=self.end,
+            sessions=Sessions(key, adapters.clock, AgentSettings().session_lifetime),
+            clock=adapters.clock,
+        )  # fmt: skip
+
+    @_Once
+    def job_logs(self) -> JobLogReader:
+        """Where the jobs' output is read back: OPENDWS_JOB_LOGS_DIR's files on one machine,
+        Cloud Logging otherwise (application default credentials)."""
+        from opendws.adapters.jobs import CloudLoggingJobLogs, FolderJobLogs
+
+        settings = self.settings
+        if settings.job_logs_dir:
+            return FolderJobLogs(Path(settings.job_logs_dir))
+        return CloudLoggingJobLogs.reader(settings.project)
 
     @_Once
     def usage(self) -> UsageService:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -183,6 +183,15 @@ class WaitResult:
     events: tuple[StatusEvent, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class JobLine:
+    """One line of a job's output: its rank, its stream (stdout or stderr) and its text."""
+
+    rank: int
+    stream: str
+    text: str
+
+
 class Client:
     """The running system from Python (see the module docstring).
 
@@ -328,6 +337,38 @@ class Client:
             if time.monotonic() >= deadline:
                 return WaitResult(Waited.TIMEOUT, state, tuple(events))
             time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
+
+    # Logs -------------------------------------------------------------------------------------
+
+    def logs(
+        self, request_id: str, *, rank: int | None = None, follow: bool = False,
+        poll: float = POLL_SECONDS,
+    ) -> Iterator[JobLine]:  # fmt: skip
+        """The output of the request's job, rank by rank (``rank``: that rank only): Cloud
+        Logging's entries on Google Cloud, the run folder on one machine. ``follow``: keep
+        yielding new lines, looking every ``poll`` seconds, until the request has ended and
+        no new line came. :class:`UnknownRequest` if no request has this id."""
+        if not is_request_id(request_id):
+            raise UnknownRequest(request_id)
+        store = self.container.adapters.store
+        record = store.get(request_id)
+        if record is None:
+            raise UnknownRequest(request_id)
+        reader = self.container.job_logs
+        seen: dict[int, int] = {}
+        while True:
+            record = store.get(request_id) or record
+            ranks = [rank] if rank is not None else list(range(record.request.gang.vm_count))
+            new = False
+            for each in ranks:
+                lines = reader.read(request_id, each)
+                for stream, text in lines[seen.get(each, 0) :]:
+                    new = True
+                    yield JobLine(rank=each, stream=stream, text=text)
+                seen[each] = len(lines)
+            if not follow or (record.state.is_final and not new):
+                return
+            time.sleep(poll)
 
     # End --------------------------------------------------------------------------------------
 

@@ -265,3 +265,44 @@ def test_sessions_are_signed_and_expire() -> None:
     clock.advance(timedelta(hours=1))
     with pytest.raises(Unauthorized, match="expired"):
         sessions.check(f"Bearer {token}")
+
+
+def test_an_agent_that_stops_reporting_is_lost_and_its_run_released() -> None:
+    """A rank silent for lost_after (45 s), then lost_grace (30 s) more: AGENT_LOST naming
+    it; one heartbeat in time keeps the run."""
+    k = kit(RUN)
+    sessions = [k.register(vm(rank)) for rank in range(2)]
+    k.world.clock.advance(timedelta(seconds=60))
+    k.call("/v1/heartbeat", sessions[0], {"state": "running"})
+    assert k.service.sweep() == []
+    k.world.clock.advance(timedelta(seconds=20))
+    assert k.service.sweep() == ["train"]
+    record = k.world.record("train")
+    assert (record.state, record.reason) == (S.RELEASED, "AGENT_LOST")
+    assert record.message == "agents of rank 1 lost (no registration or heartbeat)"
+    assert k.service.sweep() == []  # once
+
+
+def test_ranks_that_never_register_are_lost_after_the_registration_time() -> None:
+    k = kit(RUN)
+    zero = k.register(vm(0))
+    for _ in range(20):  # rank 0 reports every 30 s; rank 1 never registers
+        k.world.clock.advance(timedelta(seconds=30))
+        k.call("/v1/heartbeat", zero, {"state": "waiting"})
+        assert k.service.sweep() == []
+    k.world.clock.advance(timedelta(seconds=30))
+    k.call("/v1/heartbeat", zero, {"state": "waiting"})
+    assert k.service.sweep() == ["train"]
+    assert k.world.record("train").message.startswith("agents of rank 1 lost")
+    assert k.world.record("train").reason == "AGENT_LOST"
+
+
+def test_a_run_past_its_run_time_is_left_to_expire() -> None:
+    """Google deletes flex-start VMs at their run-time limit: their silence is the end of the
+    run time (EXPIRED by the reconciler), not lost agents."""
+    k = kit(RUN)
+    for rank in range(2):
+        k.register(vm(rank))
+    k.world.clock.advance(timedelta(hours=6))
+    assert k.service.sweep() == []
+    assert k.world.state("train") is S.ACTIVE

@@ -19,7 +19,7 @@ from opendws.ports import Providers
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
-    from google.cloud import firestore, pubsub_v1, tasks_v2
+    from google.cloud import compute_v1, firestore, pubsub_v1, tasks_v2
     from opentelemetry.sdk.metrics.export import MetricExporter
 
     from opendws.adapters.gce import CloudSettings
@@ -32,6 +32,18 @@ def anonymous_credentials() -> Credentials:
     from google.auth.credentials import AnonymousCredentials
 
     return AnonymousCredentials()  # type: ignore[no-untyped-call]  # google-auth is untyped here
+
+
+def instances_client(endpoint: str | None = None) -> compute_v1.InstancesClient:
+    """A Compute Engine instances client: against ``endpoint`` (an emulator) with anonymous
+    credentials when given; Google's with application default credentials otherwise."""
+    from google.cloud import compute_v1
+
+    if endpoint is None:
+        return compute_v1.InstancesClient()
+    return compute_v1.InstancesClient(
+        client_options={"api_endpoint": endpoint}, credentials=anonymous_credentials()
+    )
 
 
 def firestore_client(project: str, *, anonymous: bool) -> firestore.Client:

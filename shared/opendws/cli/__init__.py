@@ -38,6 +38,7 @@ for _command in (
     requests.cancel,
     requests.release,
     requests.ssh,
+    requests.logs,
     requests.queue,
     requests.timeline,
     requests.usage,

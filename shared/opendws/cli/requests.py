@@ -457,6 +457,28 @@ def usage(tenant: str | None, as_json: bool) -> None:
     console.print(table)
 
 
+# dws logs ----------------------------------------------------------------------------------------
+
+
+@click.command(short_help="The output of a request's job, by rank.")
+@click.argument("request_id")
+@click.option("--rank", type=int, default=None, help="Only this rank (default: every rank).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends.")
+@project_option
+def logs(request_id: str, rank: int | None, follow: bool) -> None:
+    """Print the job's output, each line prefixed by its rank (``[1] …``; stderr lines
+    ``[1!] …``): Cloud Logging on Google Cloud, the run folder of ``dws up`` on one machine."""
+    from opendws.client import UnknownRequest
+
+    dws = client()
+    try:
+        for line in dws.logs(request_id, rank=rank, follow=follow):
+            mark = "!" if line.stream == "stderr" else ""
+            click.echo(f"[{line.rank}{mark}] {line.text}")
+    except UnknownRequest as error:
+        raise UsageFailure(str(error)) from None
+
+
 # dws ssh -----------------------------------------------------------------------------------------
 
 

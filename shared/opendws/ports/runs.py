@@ -220,6 +220,14 @@ def bind(identity: VmIdentity, order_vms: Mapping[str, tuple[str, str]]) -> int:
     return rank
 
 
+class JobLogReader(Protocol):
+    """Where a run's output is read back (``dws logs``)."""
+
+    def read(self, request_id: str, rank: int) -> list[tuple[str, str]]:
+        """The lines of ``rank`` so far, oldest first: (stream, text)."""
+        ...
+
+
 class RankStore(Protocol):
     """The ranks of runs. Every method is safe to repeat; each applies the rule of this
     module named after it in one atomic read-modify-write of the rank's document."""
@@ -254,6 +262,25 @@ class RankStore(Protocol):
 
 
 __all__ = [
-    "HEARTBEAT_WRITE_EVERY", "RankReport", "RankState", "RankStore", "Registration",
+    "HEARTBEAT_WRITE_EVERY", "JobLogReader", "RankReport", "RankState", "RankStore", "Registration",
     "StopOrder", "VmIdentity", "bind", "exited", "heartbeat", "registered", "stop_ordered",
 ]  # fmt: skip
+
+
+class UnknownSecret(LookupError):
+    """A Secret Manager version that cannot be read: no such secret or version, a version
+    that is not enabled (disabled or destroyed), or one this deployment may not read. Its
+    message says which, in Secret Manager's words."""
+
+
+class SecretReader(Protocol):
+    """Secret Manager's secret versions, read by name."""
+
+    def read(self, version: str) -> str:
+        """The value of ``version`` (``projects/P/secrets/S/versions/V``, ``V`` a number or
+        ``latest``: the most recently created version) as text; UnknownSecret when it cannot
+        be read."""
+        ...
+
+
+__all__ += ["SecretReader", "UnknownSecret"]

@@ -69,6 +69,12 @@ class AgentSettings:
 
     heartbeat: timedelta = timedelta(seconds=5)  # how often an agent reports
     stop_grace: timedelta = timedelta(seconds=20)  # SIGTERM → SIGKILL for stopped jobs
+    # Every rank registers within this of the request going ACTIVE, and an agent that has not
+    # reported for ``lost_after`` is lost: the run is released (AGENT_LOST) once it has been
+    # so for ``lost_grace`` more (a VM that comes back in that time saves it).
+    register_within: timedelta = timedelta(minutes=10)
+    lost_after: timedelta = timedelta(seconds=45)
+    lost_grace: timedelta = timedelta(seconds=30)
     session_lifetime: timedelta = timedelta(days=8)  # longer than any run (7 d at most)
     barrier_retry: timedelta = timedelta(seconds=1)
 
@@ -330,6 +336,52 @@ class AgentService:
                 EndReason.JOB_FAILED)  # fmt: skip
             result = self._ending.finish_run(record.request_id, attempt, reason, said)
             log.info("run of %s over: %s (%s)", record.request_id, reason, result.outcome)
+
+    def sweep(self) -> list[str]:
+        """Release the runs whose agents are lost (AGENT_LOST, naming the ranks): ranks not
+        registered within ``register_within`` of ACTIVE, or silent for ``lost_after``, for
+        ``lost_grace`` more. A run past its run time is left to the reconciler, which ends it
+        as EXPIRED (Google deletes flex-start VMs at their run-time limit). Returns the ids
+        of the runs it released. Safe to repeat; the reconcile function calls it each pass."""
+        now = self._clock.now()
+        released: list[str] = []
+        for record in self._store.in_states(S.ACTIVE):
+            run = record.request.run
+            if run is None or record.since is None:
+                continue
+            if now >= record.since + record.request.run_duration:
+                continue  # its run time is up: the reconciler expires it
+            lost = self._lost_ranks(record, now)
+            if lost:
+                said = ", ".join(str(rank) for rank in lost)
+                message = f"agents of rank {said} lost (no registration or heartbeat)"
+                log.warning("%s: %s", record.request_id, message)
+                self._ending.finish_run(record.request_id, record.attempt, EndReason.AGENT_LOST,
+                                        message)  # fmt: skip
+                released.append(record.request_id)
+        return released
+
+    def _lost_ranks(self, record: RequestRecord, now: datetime) -> list[int]:
+        """The ranks of ``record``'s current attempt lost for good by ``now`` (none exited)."""
+        assert record.since is not None
+        settings = self._settings
+        reports = {
+            report.rank: report
+            for report in self._ranks.ranks(record.request_id)
+            if report.attempt == record.attempt
+        }
+        lost: list[int] = []
+        for rank in range(record.request.gang.vm_count):
+            report = reports.get(rank)
+            if report is None:
+                deadline = record.since + settings.register_within + settings.lost_grace
+            elif report.state is RankState.EXITED:
+                continue
+            else:
+                deadline = report.seen_at + settings.lost_after + settings.lost_grace
+            if now >= deadline:
+                lost.append(rank)
+        return lost
 
     # Reading ----------------------------------------------------------------------------
 
