@@ -20,8 +20,8 @@ of its project that is ``RUNNING``:
   the VM's metadata server and none of the stack's own settings (``OPENDWS_*``,
   ``*_EMULATOR_HOST``) in its environment: a VM knows only its metadata.
 
-A VM that is gone, or no longer ``RUNNING`` (released, deleted at its run-time limit,
-stopped), is powered off: its agent's process group is sent SIGTERM, then every process the
+A VM that is gone (released, deleted at its run-time limit), or no longer ``RUNNING``, is
+powered off: its agent's process group is sent SIGTERM, then every process the
 VM ran — the agent's session and the sessions of everything it started (its job runs in a
 session of its own) — SIGKILL after ``stop_grace_s``; its metadata server stops. A VM whose
 agent died (:meth:`VmHost.kill_vm`) stays as it is until the cloud ends it: nothing restarts
