@@ -8,8 +8,8 @@ predefined-metadata-keys (``instance/name``, ``instance/id``, ``instance/zone`` 
 ``projects/NUMBER/zones/ZONE``, custom metadata under ``instance/attributes/``);
 compute/docs/instances/verifying-instance-identity (the identity token the agent presents:
 ``google.compute_engine.{project_id, zone, instance_name, instance_id}``);
-compute/docs/instances/create-use-flex-start-vms and the MIG resize request's
-``requestedRunDuration`` (the VMs are deleted when it ends).
+compute/docs/instance-groups/about-resize-requests-mig (``requestedRunDuration``: "At the end
+of the run duration, the MIG deletes the created VMs").
 
 The agent function here is a stand-in (an http.server) that answers the agent's protocol: a
 404 to ``/v1/register`` (no run: the agent idles) or a run whose job starts a child of its own.
