@@ -11,7 +11,12 @@ subscriptions wired as in Google Cloud, a default configuration, and the reconci
   deploys it (:data:`SERVICES`): the ``timer`` is internal-only and invokable by the tasks
   account alone, so the Cloud Tasks emulator calls it at the front's internal URL with a token
   for its ``run.app`` URL, and the function reads the claims Cloud Run checked
-  (``OPENDWS_INVOKER_CHECKED_BY_RUN``); ``ci_hook`` and ``api`` are public;
+  (``OPENDWS_INVOKER_CHECKED_BY_RUN``); ``ci_hook``, ``api`` and ``agent`` are public;
+- VMs that really run (:class:`emulators.vms.VmHost`): every VM of the simulated cloud that is
+  RUNNING gets its own loopback address (its internal IP), its own metadata server, whose
+  identity tokens the ``agent`` function is told to trust, and runs the agent as a process of
+  its own; a Secret Manager stand-in (:mod:`emulators.secrets`) holds the jobs' secrets, and
+  the jobs' output goes to a folder (``OPENDWS_JOB_LOGS_DIR``, read by ``dws logs``);
 - one request topic per configured tenant (``capacity-requests-{tenant}``), the admins'
   ``capacity-admin-requests`` and the shared ``capacity-requests`` (heard only when the
   configuration trusts it), each pushed to ``intake`` at a path naming the topic (so that
@@ -34,11 +39,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets as secrets_module
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,9 @@ from emulators.cloud_tasks import CloudTasksEmulator
 from emulators.compute import ComputeEmulator
 from emulators.functions import serving
 from emulators.official import free_port, running
+from emulators.secrets import SecretManagerEmulator
+from emulators.signing import LocalSigner
+from emulators.vms import LOOPBACK_RANGE, VmHost, VmSettings
 from opendws.clock import ManualClock
 from opendws.service.api import key_digest
 from opendws.sim import SimulatedCloud
@@ -71,9 +80,18 @@ SERVICES = {
     ),
     "ci_hook": Service("opendws-ci-hook"),
     "api": Service("opendws-api"),
+    # Public: the agents on the VMs carry VM identity tokens the function verifies itself.
+    "agent": Service("opendws-agent"),
 }  # fmt: skip
 # What each function's environment adds to the stack's.
 FUNCTION_ENVIRONMENT = {"timer": {"OPENDWS_INVOKER_CHECKED_BY_RUN": "true"}}
+# How the local agents are timed (short: everything runs on this machine; an agent is lost
+# after more than the 10 s between two heartbeats written, ports.runs.HEARTBEAT_WRITE_EVERY).
+LOCAL_AGENT_TIMING = {
+    "OPENDWS_AGENT_HEARTBEAT_SECONDS": "1", "OPENDWS_AGENT_LOST_AFTER_SECONDS": "12",
+    "OPENDWS_AGENT_LOST_GRACE_SECONDS": "2", "OPENDWS_AGENT_STOP_GRACE_SECONDS": "2",
+    "OPENDWS_AGENT_REGISTER_WITHIN_SECONDS": "60",
+}  # fmt: skip
 DELIVERY_ATTEMPTS = 5
 # Every function of functions/main.py and how it is triggered.
 FUNCTIONS = (
@@ -82,6 +100,7 @@ FUNCTIONS = (
     ("timer", "http"),
     ("ci_hook", "http"),
     ("api", "http"),
+    ("agent", "http"),
 )
 # Local-only credentials (the stack listens on 127.0.0.1): the admin's API key and one per
 # example tenant, and the CI hooks' shared secret.
@@ -113,13 +132,17 @@ class Stack:
     cloud: SimulatedCloud
     tasks: CloudTasksEmulator
     fronts: dict[str, CloudRunFront] = field(default_factory=dict)  # HTTP function → front
+    vms: VmHost | None = None  # runs the cloud's VMs: their metadata servers and agents
+    secrets: SecretManagerEmulator | None = None  # the Secret Manager stand-in
+    job_logs: Path | None = None  # where the jobs' output goes, by request and rank
     stop_ticker: threading.Event = field(default_factory=threading.Event)
 
     def client_environment(self) -> dict[str, str]:
         """The variables any real Google client needs to talk to the stack."""
         keys = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "OPENDWS_PROJECT",
                 "OPENDWS_COMPUTE_ENDPOINT", "CLOUD_TASKS_EMULATOR_HOST",
-                "OPENDWS_LOCAL_INTAKE_URL")  # fmt: skip
+                "OPENDWS_LOCAL_INTAKE_URL", "OPENDWS_JOB_LOGS_DIR",
+                "OPENDWS_SECRETS_ENDPOINT")  # fmt: skip
         return {key: self.environment[key] for key in keys}
 
 
@@ -142,7 +165,12 @@ def local_stack(
         progress("starting the Firestore and Pub/Sub emulators")
         official = stack.enter_context(running())
         progress("starting the Compute Engine / Cloud TPU emulator")
-        cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=latency)
+        # The VMs run here (VmHost): their internal addresses are loopback ones, so the
+        # address in a request's hosts is the one its job listens on.
+        cloud = SimulatedCloud(
+            ManualClock(running=True), provisioning_latency=latency,
+            internal_range=LOOPBACK_RANGE,
+        )  # fmt: skip
         cloud.set_review_delay(review_delay)
         for zone, shape, units in DEFAULT_STOCK:
             cloud.set_stock(zone, shape, units)
@@ -162,6 +190,12 @@ def local_stack(
         }  # fmt: skip
         functions = dict(urls)  # where each function's own server listens
         urls.update({name: front.url for name, front in fronts.items()})
+        progress("starting the Secret Manager stand-in")
+        secrets = stack.enter_context(SecretManagerEmulator(PROJECT, int(PROJECT_NUMBER)))
+        signer = LocalSigner("metadata", datetime.now(UTC))
+        agent_certs = Path(scratch) / "agent-certs.json"
+        agent_certs.write_text(json.dumps(signer.certs))
+        job_logs = Path(scratch) / "jobs"
         environment = {
             **official.environment(),
             "OPENDWS_PROJECT": PROJECT,
@@ -178,6 +212,15 @@ def local_stack(
             "OPENDWS_HOOK_SECRET": LOCAL_HOOK_SECRET,
             # Where a tenant's new topic is pushed to (dws config apply wires it locally).
             "OPENDWS_LOCAL_INTAKE_URL": urls["intake"],
+            # The agent function: its public URL (the VMs' tokens' audience), the local VMs'
+            # signing certificates, its session key, Secret Manager and the jobs' output.
+            "OPENDWS_AGENT_URL": urls["agent"],
+            "OPENDWS_AGENT_CERTS": str(agent_certs),
+            "OPENDWS_AGENT_SESSION_KEY": secrets_module.token_hex(32),
+            "OPENDWS_SECRETS_ENDPOINT": secrets.url,
+            "OPENDWS_JOB_LOGS_DIR": str(job_logs),
+            # Local agents report every second; one silent for 12 s (plus 2 s) is lost.
+            **LOCAL_AGENT_TIMING,
         }
         # The stack is this process's business from here on: its clients find it by these.
         stack.enter_context(_environment(environment))
@@ -192,9 +235,16 @@ def local_stack(
             progress(f"serving the {name} function on {functions[name]}{front}")
             own = {**environment, **FUNCTION_ENVIRONMENT.get(name, {})}
             stack.enter_context(serving(name, signature, own, port=ports[name], log=logs[name]))
+        progress("starting the VMs' host (each VM's metadata server and agent)")
+        vms = stack.enter_context(
+            VmHost(cloud, VmSettings(
+                agent_url=urls["agent"], signer=signer, run_folder=Path(scratch),
+                project_id=PROJECT, project_number=int(PROJECT_NUMBER),
+            ))
+        )  # fmt: skip
         running_stack = Stack(
             project=PROJECT, environment=environment, urls=urls, logs=logs, cloud=cloud,
-            tasks=tasks, fronts=fronts,
+            tasks=tasks, fronts=fronts, vms=vms, secrets=secrets, job_logs=job_logs,
         )  # fmt: skip
         ticker = threading.Thread(
             target=_tick, args=(running_stack, tick), name="reconcile-ticker", daemon=True

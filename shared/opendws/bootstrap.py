@@ -167,6 +167,10 @@ class Settings:
     agent_session_key: str | None = None
     secrets_endpoint: str | None = None
     job_logs_dir: str | None = None
+    # How agents are timed (OPENDWS_AGENT_HEARTBEAT_SECONDS, OPENDWS_AGENT_LOST_AFTER_SECONDS,
+    # OPENDWS_AGENT_LOST_GRACE_SECONDS, OPENDWS_AGENT_REGISTER_WITHIN_SECONDS,
+    # OPENDWS_AGENT_STOP_GRACE_SECONDS); AgentSettings' defaults when unset.
+    agent: AgentSettings = field(default_factory=AgentSettings)
     service: str = "opendws"  # the process's service, in its metrics and their instance id
     metrics_export: tuple[str, ...] = ("snapshots",)  # a subset of METRIC_EXPORTS
 
@@ -231,9 +235,32 @@ class Settings:
             agent_session_key=env("OPENDWS_AGENT_SESSION_KEY"),
             secrets_endpoint=env("OPENDWS_SECRETS_ENDPOINT"),
             job_logs_dir=env("OPENDWS_JOB_LOGS_DIR"),
+            agent=_agent_settings(env),
             service=env("K_SERVICE") or "opendws",
             metrics_export=_exports(env("OPENDWS_METRICS_EXPORT")),
         )
+
+
+def _agent_settings(env: Callable[[str], str | None]) -> AgentSettings:
+    """How agents are timed, from the OPENDWS_AGENT_*_SECONDS variables (unset: defaults)."""
+    default = AgentSettings()
+
+    def seconds(name: str, fallback: timedelta) -> timedelta:
+        text = env(f"OPENDWS_AGENT_{name}_SECONDS")
+        if text is None:
+            return fallback
+        value = float(text)
+        if value <= 0:
+            raise ValueError(f"OPENDWS_AGENT_{name}_SECONDS is {text!r}; it must be positive")
+        return timedelta(seconds=value)
+
+    return AgentSettings(
+        heartbeat=seconds("HEARTBEAT", default.heartbeat),
+        stop_grace=seconds("STOP_GRACE", default.stop_grace),
+        register_within=seconds("REGISTER_WITHIN", default.register_within),
+        lost_after=seconds("LOST_AFTER", default.lost_after),
+        lost_grace=seconds("LOST_GRACE", default.lost_grace),
+    )
 
 
 def _unique_name() -> str:
@@ -594,8 +621,8 @@ class Container:
             ),
             secrets=SecretManagerReader.on(settings.secrets_endpoint),
             logs=logs, ending=self.end,
-            sessions=Sessions(key, adapters.clock, AgentSettings().session_lifetime),
-            clock=adapters.clock,
+            sessions=Sessions(key, adapters.clock, settings.agent.session_lifetime),
+            clock=adapters.clock, settings=settings.agent,
         )  # fmt: skip
 
     @_Once

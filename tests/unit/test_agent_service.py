@@ -291,8 +291,9 @@ def test_ranks_that_never_register_are_lost_after_the_registration_time() -> Non
         k.call("/v1/heartbeat", zero, {"state": "waiting"})
         assert k.service.sweep() == []
     k.world.clock.advance(timedelta(seconds=30))
-    k.call("/v1/heartbeat", zero, {"state": "waiting"})
-    assert k.service.sweep() == ["train"]
+    # The live rank's heartbeat notices its lost peer: the run is released, the agent told.
+    assert k.call("/v1/heartbeat", zero, {"state": "waiting"}).status == 410
+    assert k.service.sweep() == []
     assert k.world.record("train").message.startswith("agents of rank 1 lost")
     assert k.world.record("train").reason == "AGENT_LOST"
 
@@ -306,3 +307,10 @@ def test_a_run_past_its_run_time_is_left_to_expire() -> None:
     k.world.clock.advance(timedelta(hours=6))
     assert k.service.sweep() == []
     assert k.world.state("train") is S.ACTIVE
+
+
+def test_an_agent_is_not_taken_for_lost_between_two_heartbeats_written() -> None:
+    """Heartbeats are written at most every 10 s (ports.runs): a lost_after within that
+    would lose live agents, so it is refused."""
+    with pytest.raises(ValueError, match="lost_after"):
+        AgentSettings(lost_after=timedelta(seconds=5))

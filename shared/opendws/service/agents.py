@@ -47,6 +47,7 @@ from opendws.domain.states import RequestState
 from opendws.ports import Clock, RequestRecord, RequestStore, order_name
 from opendws.ports.access import Forbidden, Unauthorized
 from opendws.ports.runs import (
+    HEARTBEAT_WRITE_EVERY,
     RankState,
     RankStore,
     Registration,
@@ -75,6 +76,15 @@ class AgentSettings:
     register_within: timedelta = timedelta(minutes=10)
     lost_after: timedelta = timedelta(seconds=45)
     lost_grace: timedelta = timedelta(seconds=30)
+
+    def __post_init__(self) -> None:
+        if self.lost_after <= HEARTBEAT_WRITE_EVERY + self.heartbeat:
+            raise ValueError(
+                f"lost_after ({self.lost_after}) must exceed the time between two heartbeats "
+                f"written ({HEARTBEAT_WRITE_EVERY}) plus the heartbeat ({self.heartbeat}): "
+                "live agents would be taken for lost"
+            )
+
     session_lifetime: timedelta = timedelta(days=8)  # longer than any run (7 d at most)
     barrier_retry: timedelta = timedelta(seconds=1)
 
@@ -278,6 +288,8 @@ class AgentService:
             self._ranks.heartbeat(
                 session.request_id, session.attempt, session.rank, state, self._clock.now()
             )
+        if self._release_lost(record, self._clock.now()):
+            return _over(session)  # a peer is lost: the run is released
         stop = self._ranks.stop_order(session.request_id)
         if stop is not None and stop.attempt == session.attempt:
             return Answer(200, {"stop": True, "grace_s": stop.grace.total_seconds()})
@@ -344,22 +356,27 @@ class AgentService:
         as EXPIRED (Google deletes flex-start VMs at their run-time limit). Returns the ids
         of the runs it released. Safe to repeat; the reconcile function calls it each pass."""
         now = self._clock.now()
-        released: list[str] = []
-        for record in self._store.in_states(S.ACTIVE):
-            run = record.request.run
-            if run is None or record.since is None:
-                continue
-            if now >= record.since + record.request.run_duration:
-                continue  # its run time is up: the reconciler expires it
-            lost = self._lost_ranks(record, now)
-            if lost:
-                said = ", ".join(str(rank) for rank in lost)
-                message = f"agents of rank {said} lost (no registration or heartbeat)"
-                log.warning("%s: %s", record.request_id, message)
-                self._ending.finish_run(record.request_id, record.attempt, EndReason.AGENT_LOST,
-                                        message)  # fmt: skip
-                released.append(record.request_id)
-        return released
+        return [
+            record.request_id
+            for record in self._store.in_states(S.ACTIVE)
+            if self._release_lost(record, now)
+        ]
+
+    def _release_lost(self, record: RequestRecord, now: datetime) -> bool:
+        """Release ``record``'s run if some of its agents are lost (see :meth:`sweep`); a
+        heartbeat looks at its own run this way too, so a live rank notices a lost peer."""
+        if record.request.run is None or record.since is None or record.state is not S.ACTIVE:
+            return False
+        if now >= record.since + record.request.run_duration:
+            return False  # its run time is up: the reconciler expires it
+        lost = self._lost_ranks(record, now)
+        if not lost:
+            return False
+        said = ", ".join(str(rank) for rank in lost)
+        message = f"agents of rank {said} lost (no registration or heartbeat)"
+        log.warning("%s: %s", record.request_id, message)
+        self._ending.finish_run(record.request_id, record.attempt, EndReason.AGENT_LOST, message)
+        return True
 
     def _lost_ranks(self, record: RequestRecord, now: datetime) -> list[int]:
         """The ranks of ``record``'s current attempt lost for good by ``now`` (none exited)."""
