@@ -17,6 +17,7 @@ locals {
     timer     = "opendws-timer"
     ci_hook   = "opendws-ci-hook"
     api       = "opendws-api"
+    agent     = "opendws-agent"
   }
   # Cloud Tasks calls the timer, whose ingress is internal-only, and such a service admits
   # Cloud Tasks of its project only at its default run.app URL, not at cloudfunctions.net
@@ -28,10 +29,11 @@ locals {
   timer_url = "https://${local.names.timer}-${data.google_project.this.number}.${var.region}.run.app"
 
   # The agent function's URL: where the job VMs' agents report (the instance attribute
-  # opendws-agent-url) and the audience of their identity tokens. The function is named
-  # opendws-agent; its deterministic run.app URL (as timer_url above) is known before it
-  # exists and keeps the VMs' templates from depending on the function's deployment.
-  agent_url = "https://opendws-agent-${data.google_project.this.number}.${var.region}.run.app"
+  # opendws-agent-url) and the audience of their identity tokens, which the function checks
+  # against its own OPENDWS_AGENT_URL: one value for both. Its deterministic run.app URL (as
+  # timer_url above) is known before the function exists, so the function's own environment,
+  # the reconciler's (templates, sweep) and the VMs' templates need not depend on it.
+  agent_url = "https://${local.names.agent}-${data.google_project.this.number}.${var.region}.run.app"
 
   # The api's URLs, the audiences a workload's Google ID token may name (the function's
   # cloudfunctions.net URL, its `url` output, and its service's deterministic run.app URL;
@@ -61,6 +63,7 @@ locals {
     timer     = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles)
     api       = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles) # cancel and release
     ci_hook   = concat(["roles/datastore.viewer"], local.metric_roles)                     # reads the CI mappings in config/scheduler
+    agent     = concat(["roles/datastore.user"], local.capacity_roles, local.metric_roles) # an order's VMs (instances.list); a run's end releases
   }
 
   # The account Cloud Build builds the functions as: the one named, or opendws-build with the
@@ -169,8 +172,8 @@ module "pubsub" {
   every_tenant_publishers = [local.member.ci_hook]
   shared_requests_topic   = var.shared_requests_topic
   request_publishers      = var.request_publishers
-  event_publishers        = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api]
-  tick_publishers         = [local.member.intake, local.member.timer, local.member.api]
+  event_publishers        = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api, local.member.agent]
+  tick_publishers         = [local.member.intake, local.member.timer, local.member.api, local.member.agent]
   event_subscribers       = var.event_subscribers
   dead_letter_readers     = var.operators
 
@@ -195,6 +198,8 @@ module "secrets" {
   api_tenants     = var.api_tenants
   hook_readers    = [local.member.ci_hook]
   api_key_readers = [local.member.api]
+  # The agent function signs sessions with it; the reconciler's sweep builds the same service.
+  agent_session_key_readers = [local.member.agent, local.member.reconcile]
 
   depends_on = [module.apis]
 }
@@ -208,6 +213,7 @@ module "tasks" {
   max_dispatches_per_second = var.timer_queue.max_dispatches_per_second
   max_concurrent_dispatches = var.timer_queue.max_concurrent_dispatches
   timer_setters             = [local.member.intake, local.member.reconcile, local.member.timer, local.member.api]
+  timer_deleters            = [local.member.agent] # a run's end disarms its timers
   invoker_account_name      = module.identities.names.tasks
 
   depends_on = [module.apis]
@@ -284,7 +290,7 @@ resource "google_service_account_iam_member" "act_as_vm_account" {
   for_each = {
     for pair in setproduct(
       distinct(compact([for pool in var.flex_pools : pool.service_account])),
-      ["intake", "reconcile", "timer", "api"],
+      ["intake", "reconcile", "timer", "api", "agent"],
     ) : "${pair[0]}/${pair[1]}" => pair
   }
 
@@ -294,9 +300,10 @@ resource "google_service_account_iam_member" "act_as_vm_account" {
 }
 
 # The functions that make VMs (templates, resize requests, calendar VMs) run them as the job
-# VMs' account, which takes acting as it (compute/docs/access/service-accounts).
+# VMs' account, which takes acting as it (compute/docs/access/service-accounts); those that
+# release them (the agent function when a run ends, as the api) hold the same.
 resource "google_service_account_iam_member" "act_as_job_vm_account" {
-  for_each = toset(["intake", "reconcile", "timer", "api"])
+  for_each = toset(["intake", "reconcile", "timer", "api", "agent"])
 
   service_account_id = module.identities.names.vm
   role               = "roles/iam.serviceAccountUser"
@@ -393,6 +400,10 @@ module "reconcile" {
   environment = merge(local.common_environment, {
     OPENDWS_RECONCILE_FOLLOW_UP_SECONDS = tostring(var.reconcile_follow_up_seconds)
   })
+  # After each pass it releases runs whose agents are lost, with the agent function's service.
+  secrets = {
+    OPENDWS_AGENT_SESSION_KEY = module.secrets.agent_session_key_secret_id
+  }
   memory          = "1Gi"
   timeout_seconds = var.reconcile_timeout_seconds
   concurrency     = 1
@@ -409,7 +420,7 @@ module "reconcile" {
   }
 
   # Built only once its build account holds its roles.
-  depends_on = [module.identities]
+  depends_on = [module.secrets, module.identities]
 }
 
 module "timer" {
@@ -506,6 +517,78 @@ module "api" {
   depends_on = [module.secrets, module.identities]
 }
 
+module "agent" {
+  source = "./modules/function"
+
+  project               = var.project
+  region                = var.region
+  name                  = local.names.agent
+  entry_point           = "agent"
+  description           = "The agents on the gangs' VMs: register with a VM identity token, barrier, heartbeats, output, exits; a run's end releases its capacity."
+  runtime               = var.runtime
+  build_service_account = local.build_service_account
+  source_bucket         = module.source.bucket
+  source_object         = module.source.object
+  service_account_email = module.identities.emails.agent
+  # OPENDWS_AGENT_URL (in the common environment) is its own run.app URL: the audience its
+  # callers' identity tokens must name.
+  environment = local.common_environment
+  secrets = {
+    OPENDWS_AGENT_SESSION_KEY = module.secrets.agent_session_key_secret_id
+  }
+  timeout_seconds = 30
+  concurrency     = 8
+  min_instances   = var.min_instances.agent
+  max_instances   = var.max_instances.agent
+  labels          = var.labels
+  # The agents call from the job VMs, whose identity tokens name the function's URL as their
+  # audience, not Cloud Run's invoker check: the function verifies each token (Google's
+  # signature, issuer, audience, expiry, the VM's project, zone, name and instance id) and each
+  # session it hands out.
+  ingress  = "ALLOW_ALL"
+  invokers = ["allUsers"]
+
+  depends_on = [module.secrets, module.identities]
+}
+
+# The agent function reads the secrets a run names, which lie within its tenant's secret_prefix
+# (the scheduler's configuration): secretAccessor on the prefix's project, held by an IAM
+# condition to the secrets whose resource name starts with it. Secret Manager's resource names
+# in conditions carry the project number (iam/docs/conditions-resource-attributes,
+# secret-manager/docs/access-control), so a prefix naming the project by id is turned into one
+# by number. The job VMs' account reads no secret.
+locals {
+  tenant_secrets = {
+    for tenant, prefix in var.tenant_secret_prefixes : tenant => {
+      project   = split("/", prefix)[1]
+      id_prefix = split("/", prefix)[3]
+      by_number = can(regex("^[0-9]+$", split("/", prefix)[1]))
+    }
+  }
+}
+
+data "google_project" "tenant_secrets" {
+  for_each = toset([for secrets in values(local.tenant_secrets) : secrets.project if !secrets.by_number])
+
+  project_id = each.value
+}
+
+resource "google_project_iam_member" "agent_reads_tenant_secrets" {
+  for_each = local.tenant_secrets
+
+  project = each.value.project
+  role    = "roles/secretmanager.secretAccessor"
+  member  = local.member.agent
+
+  condition {
+    title       = "opendws-secrets-of-${each.key}"
+    description = "Only the secrets of tenant ${each.key}'s secret_prefix."
+    expression  = "resource.name.startsWith(\"projects/${each.value.by_number ? each.value.project : data.google_project.tenant_secrets[each.value.project].number}/secrets/${each.value.id_prefix}\")"
+  }
+
+  depends_on = [module.identities]
+}
+
 module "monitoring" {
   source                    = "./modules/monitoring"
   project                   = var.project
@@ -550,6 +633,15 @@ check "timer_url_is_the_timer_services_run_app_url" {
   assert {
     condition     = reverse(split("/", module.timer.service))[0] == local.names.timer && length("${local.names.timer}-${data.google_project.this.number}") <= 63
     error_message = "The timer's Cloud Run service is ${module.timer.service}, not ${local.names.timer} with a deterministic URL: Cloud Tasks would call ${local.timer_url} in vain; set OPENDWS_TIMER_URL to its run.app URL."
+  }
+}
+
+# The same for the agent function: the VMs call it at local.agent_url and name that URL as
+# their identity tokens' audience.
+check "agent_url_is_the_agent_services_run_app_url" {
+  assert {
+    condition     = reverse(split("/", module.agent.service))[0] == local.names.agent && length("${local.names.agent}-${data.google_project.this.number}") <= 63
+    error_message = "The agent function's Cloud Run service is ${module.agent.service}, not ${local.names.agent} with a deterministic URL: the VMs would call ${local.agent_url} in vain; set OPENDWS_AGENT_URL to its run.app URL."
   }
 }
 

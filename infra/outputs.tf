@@ -47,6 +47,11 @@ output "timer_url" {
   value       = local.timer_url
 }
 
+output "agent_url" {
+  description = "The agent function's run.app URL, where the job VMs' agents report and the audience of their identity tokens (OPENDWS_AGENT_URL)."
+  value       = local.agent_url
+}
+
 output "timer_queue" {
   description = "The Cloud Tasks queue of the timers."
   value       = module.tasks.queue

@@ -88,6 +88,7 @@ variable "max_instances" {
     timer     = optional(number, 10)
     ci_hook   = optional(number, 10)
     api       = optional(number, 10)
+    agent     = optional(number, 10)
   })
   default = {}
 }
@@ -100,6 +101,7 @@ variable "min_instances" {
     timer     = optional(number, 0)
     ci_hook   = optional(number, 0)
     api       = optional(number, 0)
+    agent     = optional(number, 0)
   })
   default = {}
 }
@@ -216,6 +218,17 @@ variable "api_iap" {
   validation {
     condition     = var.api_iap == null ? true : length(var.api_iap.members) > 0 && alltrue([for m in var.api_iap.members : can(regex("^(user|group|serviceAccount|domain):.+$", m))])
     error_message = "api_iap.members must name at least one IAM member: user:EMAIL, group:EMAIL, serviceAccount:EMAIL or domain:DOMAIN."
+  }
+}
+
+variable "tenant_secret_prefixes" {
+  description = "Each tenant's secret_prefix, as the scheduler's configuration gives it (projects/PROJECT/secrets/ID_PREFIX, e.g. projects/my-ml-project/secrets/vision-): the agent function reads the secrets whose names start so, and no others (roles/secretmanager.secretAccessor on PROJECT with an IAM condition on the secret's name). A tenant left out may use no secrets in its runs."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for prefix in values(var.tenant_secret_prefixes) : can(regex("^projects/([a-z][a-z0-9-]{4,28}[a-z0-9]|[1-9][0-9]*)/secrets/[A-Za-z0-9_-]{0,254}$", prefix))])
+    error_message = "A tenant's secret prefix is projects/PROJECT/secrets/ followed by the start of the secrets' ids, if any (e.g. projects/my-ml-project/secrets/vision-), as its secret_prefix in the scheduler's configuration."
   }
 }
 

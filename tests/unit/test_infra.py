@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 MODULES = INFRA / "modules"
 BASIC_ROLES = {"roles/owner", "roles/editor", "roles/viewer"}
+# The functions of functions/main.py, by entry point.
+FUNCTION_NAMES = ("intake", "reconcile", "timer", "ci_hook", "api", "agent")
 
 
 def unquote(value: Any) -> Any:
@@ -125,13 +127,13 @@ def variable_default(path: Path, name: str) -> Any:
 
 
 def test_every_function_in_main_is_deployed_once() -> None:
-    assert set(signatures()) == {"intake", "reconcile", "timer", "ci_hook", "api"}
+    assert set(signatures()) == set(FUNCTION_NAMES)
     assert set(function_modules()) == set(signatures())
     names = [unquote(name) for name in root_locals()["names"].values()]
     assert len(set(names)) == len(names)
 
 
-@pytest.mark.parametrize("entry_point", ["intake", "reconcile", "timer", "ci_hook", "api"])
+@pytest.mark.parametrize("entry_point", FUNCTION_NAMES)
 def test_each_function_has_the_trigger_its_signature_needs(entry_point: str) -> None:
     deployment = function_modules()[entry_point]
     if signatures()[entry_point] == "cloud_event":
@@ -199,6 +201,10 @@ def test_http_functions_are_called_by_whom_the_code_expects() -> None:
     assert functions["api"]["invokers"] == (
         '${local.api_direct ? ["allUsers"] : [local.iap_service_agent]}'
     )
+    # The agents on the job VMs: each call carries a VM identity token (audience: the
+    # function's own URL) or the session it was exchanged for, which the function verifies.
+    assert functions["agent"]["invokers"] == ['"allUsers"']
+    assert unquote(functions["agent"]["ingress"]) == "ALLOW_ALL"
 
 
 def test_each_function_runs_as_its_own_service_account() -> None:
@@ -235,13 +241,15 @@ def test_each_publisher_may_publish_where_its_code_does() -> None:
     # matched: it publishes on every tenant's topic (and on no other).
     assert pubsub["every_tenant_publishers"] == ["${local.member.ci_hook}"]
     assert "ci_hook" not in str(pubsub["request_publishers"])
-    # Everything that changes a request's state publishes its events.
+    # Everything that changes a request's state publishes its events (the agent function: a
+    # run's end releases its capacity through the end service, as the api does).
     assert set(pubsub["event_publishers"]) == {
-        f"${{local.member.{name}}}" for name in ("intake", "reconcile", "timer", "api")
+        f"${{local.member.{name}}}" for name in ("intake", "reconcile", "timer", "api", "agent")
     }
-    # What ends a run nudges the reconciler (the nudger is intake's, the timer's and the API's).
+    # What ends a run nudges the reconciler (the nudger is intake's, the timer's, the API's
+    # and the agent function's).
     assert set(pubsub["tick_publishers"]) == {
-        f"${{local.member.{name}}}" for name in ("intake", "timer", "api")
+        f"${{local.member.{name}}}" for name in ("intake", "timer", "api", "agent")
     }
 
 
@@ -346,7 +354,8 @@ def test_project_roles_are_the_ones_each_function_needs() -> None:
     assert set(roles) == set(signatures())
     # Reads config/scheduler only, and writes its metrics.
     assert roles["ci_hook"] == '${concat(["roles/datastore.viewer"], local.metric_roles)}'
-    for name in ("intake", "reconcile", "timer", "api"):
+    # The agent function reads an order's VMs (instances.list) and a run's end releases them.
+    for name in ("intake", "reconcile", "timer", "api", "agent"):
         assert "roles/datastore.user" in roles[name]
         assert "local.capacity_roles" in roles[name]
 
@@ -356,6 +365,8 @@ def test_timer_setters_may_act_as_the_invoker_and_the_invoker_is_the_one_code_ex
     assert set(tasks["timer_setters"]) == {
         f"${{local.member.{name}}}" for name in ("intake", "reconcile", "timer", "api")
     }
+    # The agent function ends runs (disarming their timers) but arms none.
+    assert tasks["timer_deleters"] == ["${local.member.agent}"]
     identities = root_modules()["identities"]["accounts"]
     assert "opendws-tasks" in identities  # the code's default OPENDWS_TIMER_SERVICE_ACCOUNT
     default_account = Settings.from_environment().timer_service_account
@@ -385,6 +396,7 @@ def test_every_variable_the_functions_get_is_one_the_code_reads() -> None:
     assert {
         "OPENDWS_GITHUB_WEBHOOK_SECRET", "OPENDWS_GITLAB_WEBHOOK_TOKEN", "OPENDWS_HOOK_SECRET",
         "OPENDWS_API_KEYS", "OPENDWS_TIMER_URL", "OPENDWS_RECONCILE_FOLLOW_UP_SECONDS",
+        "OPENDWS_AGENT_URL", "OPENDWS_AGENT_SESSION_KEY",
     } <= opendws_names  # fmt: skip
 
 
@@ -461,9 +473,10 @@ def test_timers_are_called_at_the_timer_services_run_app_url() -> None:
     assert evaluated == f"https://opendws-timer-{project_number}.us-central1.run.app"
     assert re.fullmatch(r"https://[a-z0-9-]+-\d+\.[a-z0-9-]+\.run\.app", evaluated)
     # data "google_project" "this" gives the number, for the deployment's own project.
-    ((project,),) = [
-        entry['"google_project"'].values() for entry in parsed(INFRA / "main.tf")["data"]
-    ]
+    (project,) = [
+        entry['"google_project"']['"this"'] for entry in parsed(INFRA / "main.tf")["data"]
+        if '"this"' in entry.get('"google_project"', {})
+    ]  # fmt: skip
     assert project["project_id"] == "${var.project}"
     environment = locals_["common_environment"]
     assert environment["OPENDWS_TIMER_URL"] == "${local.timer_url}"
@@ -650,7 +663,8 @@ def test_every_variable_and_output_is_documented_and_typed() -> None:
 
 def test_outputs_include_the_topics_and_the_api_url() -> None:
     outputs = dict(blocks(INFRA / "outputs.tf", "output"))
-    assert {"topics", "api_url", "ci_hook_url", "dead_letter_subscription"} <= set(outputs)
+    expected = {"topics", "api_url", "ci_hook_url", "dead_letter_subscription", "agent_url"}
+    assert expected <= set(outputs)
     for secret in ("hook_secrets", "api_keys"):
         assert outputs[secret]["sensitive"] is True
 
@@ -727,7 +741,7 @@ def test_the_alerts_watch_the_longest_wait_and_the_reconcilers_passes() -> None:
 
 def test_functions_that_record_metrics_may_write_them_and_export_to_both() -> None:
     roles = root_locals()["project_roles"]
-    for name in ("intake", "reconcile", "timer", "ci_hook", "api"):  # each exports its meter
+    for name in FUNCTION_NAMES:  # each exports its meter
         assert "local.metric_roles" in roles[name]
     assert root_locals()["metric_roles"] == ['"roles/monitoring.metricWriter"']
     export = unquote(root_locals()["common_environment"]["OPENDWS_METRICS_EXPORT"])

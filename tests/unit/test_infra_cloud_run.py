@@ -1,8 +1,9 @@
 """Who may call each function, in infra/ and in the local stack alike: the timer's Cloud Run
 service is internal-only and invoked by the tasks account alone, so Cloud Run checks each
 call's ID token and hands it on with its signature removed, and the timer (and no other
-function) is told so; ci_hook and api are public and check their callers themselves; the local
-stack's Cloud Run fronts (emulators.stack.SERVICES) are set as Terraform sets the services.
+function) is told so; ci_hook, api and agent are public and check their callers themselves;
+the local stack's Cloud Run fronts (emulators.stack.SERVICES) are set as Terraform sets the
+services.
 
 Sources: run/docs/securing/ingress (internal-only admits Cloud Tasks of the same project);
 run/docs/authenticating/service-to-service and run/docs/troubleshooting#signature-removed (a
@@ -31,7 +32,7 @@ def test_only_the_timer_is_told_that_cloud_run_checked_its_caller() -> None:
     assert added_environment("timer") == {FLAG: "true"}
     assert "local.common_environment" in str(function_modules()["timer"]["environment"])
     assert Settings.from_environment({FLAG: "true"}).invoker_checked_by_run
-    for name in ("intake", "reconcile", "ci_hook", "api"):
+    for name in ("intake", "reconcile", "ci_hook", "api", "agent"):
         assert FLAG not in added_environment(name), name
     assert FLAG not in root_locals()["common_environment"]
 
@@ -63,7 +64,10 @@ def test_the_local_fronts_are_set_as_terraform_sets_the_services() -> None:
     # Public: allUsers invokes them (api: unless IAP closes its direct URL, not emulated).
     assert functions["ci_hook"]["invokers"] == ['"allUsers"']
     assert "allUsers" in str(functions["api"]["invokers"])
-    for name in ("ci_hook", "api"):
+    # The agent function too: the VMs' agents call it, and it verifies their tokens itself.
+    assert functions["agent"]["invokers"] == ['"allUsers"']
+    assert unquote(functions["agent"]["ingress"]) == "ALLOW_ALL"
+    for name in ("ci_hook", "api", "agent"):
         assert (SERVICES[name].ingress, SERVICES[name].invokers) == (Ingress.ALL, None), name
     assert set(SERVICES) == {
         name for name, body in functions.items() if "pubsub_trigger" not in body

@@ -37,7 +37,13 @@ ROOT = INFRA.parent
 ADAPTERS = ROOT / "shared" / "opendws" / "adapters"
 README = INFRA / "README.md"
 SECTION = "## Each Google call and the role it needs"
-FUNCTIONS = ("intake", "reconcile", "timer", "ci_hook", "api")
+FUNCTIONS = ("intake", "reconcile", "timer", "ci_hook", "api", "agent")
+# Tenants' secret prefixes (the scheduler's configuration's secret_prefix), one naming this
+# project by id and one another project by number: the agent function reads their secrets.
+SECRET_PREFIXES = {
+    "vision": "projects/my-ml-project/secrets/vision-",
+    "speech": "projects/123456789012/secrets/speech-",
+}
 
 # Where an IAM member resource grants its role.
 GRANTED_ON = {
@@ -155,12 +161,12 @@ def terraform_grants(root: Module) -> set[tuple[str, str, str]]:
 
 def with_a_vm_account() -> Module:
     """The example, with a flex pool whose VMs run as a service account (the functions that
-    make and delete them must act as it)."""
+    make and delete them must act as it), and tenants whose runs may name secrets."""
     pool = {
         "shape": "a3-highgpu-8g",
         "service_account": "vms@my-ml-project.iam.gserviceaccount.com",
     }
-    return root_with(flex_pools=[pool])
+    return root_with(flex_pools=[pool], tenant_secret_prefixes=SECRET_PREFIXES)
 
 
 def test_terraform_grants_each_function_the_roles_of_the_table_and_no_others() -> None:
@@ -178,7 +184,11 @@ def test_terraform_grants_each_function_the_roles_of_the_table_and_no_others() -
     assert not missing, f"the table names grants Terraform does not make: {missing}"
     assert not extra, f"Terraform grants what the table does not name: {extra}"
     # Without such a pool the same functions act as the timers' account (modules/tasks).
-    assert terraform_grants(root_with()) == expected
+    assert terraform_grants(root_with(tenant_secret_prefixes=SECRET_PREFIXES)) == expected
+    # Without secret prefixes no tenant's run may name a secret, and the agent reads none.
+    assert terraform_grants(root_with()) == expected - {
+        ("agent", "roles/secretmanager.secretAccessor", "project")
+    }
 
 
 # The adapters' Google calls --------------------------------------------------------------------
@@ -350,6 +360,22 @@ def exporter_calls(tree: ast.Module) -> set[str]:
     return found
 
 
+def type_checking_names(tree: ast.Module) -> dict[str, Any]:
+    """The names a module imports only for type checking (``if TYPE_CHECKING: from
+    google.cloud import secretmanager``), imported here so that annotations naming them are
+    seen too."""
+    names: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) in (
+            "TYPE_CHECKING", "typing.TYPE_CHECKING"
+        ):  # fmt: skip
+            imports: list[ast.stmt] = [
+                n for n in node.body if isinstance(n, (ast.Import, ast.ImportFrom))
+            ]
+            exec(compile(ast.Module(body=imports, type_ignores=[]), "<imports>", "exec"), names)
+    return names
+
+
 def adapter_calls() -> dict[str, set[str]]:
     """Every Google call the adapters make, by kind: ``client`` (``Class.method`` of a client
     library's client), ``firestore`` (methods of Firestore's references, queries, batches and
@@ -359,7 +385,8 @@ def adapter_calls() -> dict[str, set[str]]:
         if path.stem == "memory":  # the in-memory fakes call nothing
             continue
         tree = ast.parse(path.read_text())
-        namespace = vars(importlib.import_module(f"opendws.adapters.{path.stem}"))
+        module = importlib.import_module(f"opendws.adapters.{path.stem}")
+        namespace = {**type_checking_names(tree), **vars(module)}
         attributes = client_attributes(tree, namespace)
         firestore_roots = set()
         for name, (client, _) in attributes.items():
@@ -392,6 +419,8 @@ def test_the_scan_finds_the_calls_it_is_meant_to() -> None:
     assert "CloudTasksClient.create_task" in calls["client"]
     assert "MetricServiceClient.create_time_series" in calls["client"]
     assert "MetricServiceClient.common_project_path" not in calls["client"]
+    # A client annotated with a name imported only for type checking.
+    assert "SecretManagerServiceClient.access_secret_version" in calls["client"]
     assert {"get", "stream", "commit", "transactional"} <= calls["firestore"]
     assert {"queuedResources.create", "queuedResources.delete"} <= calls["rest"]
 

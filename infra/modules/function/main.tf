@@ -21,7 +21,7 @@ locals {
 }
 
 resource "google_cloudfunctions2_function" "this" {
-  # checkov:skip=CKV_GCP_124:ingress is the caller's choice (default ALLOW_INTERNAL_ONLY). Only ci_hook and api take ALLOW_ALL: GitHub, GitLab and users' browsers call them from the internet, and each call is authenticated by the function (HMAC signature, shared token, API key, Google ID token or IAP's signed header).
+  # checkov:skip=CKV_GCP_124:ingress is the caller's choice (default ALLOW_INTERNAL_ONLY). Only ci_hook, api and agent take ALLOW_ALL: GitHub, GitLab, users' browsers and the job VMs call them, and each call is authenticated by the function (HMAC signature, shared token, API key, Google ID token, IAP's signed header, or a VM identity token and the session it was exchanged for).
   project     = var.project
   name        = var.name
   location    = var.region
@@ -79,7 +79,7 @@ resource "google_cloudfunctions2_function" "this" {
 # Who may call the function's service: the Eventarc trigger's account, the Cloud Tasks
 # invoker, or allUsers for an HTTP function that authenticates its callers itself.
 resource "google_cloud_run_service_iam_member" "invoker" {
-  # checkov:skip=CKV_GCP_102:allUsers is granted only by ci_hook and api, whose callers (webhooks, browsers and scripts with API keys) need carry no Google identity; the functions authenticate every call themselves and answer 401 otherwise.
+  # checkov:skip=CKV_GCP_102:allUsers is granted only by ci_hook, api and agent, whose callers (webhooks, browsers and scripts with API keys, job VMs, whose calls after the first carry the function's own session token) carry no token Cloud Run's invoker check takes; the functions authenticate every call themselves and answer 401 otherwise.
   for_each = toset(var.invokers)
 
   project  = var.project

@@ -1,4 +1,4 @@
-# The CI hooks' shared secrets and the API's keys, in Secret Manager. Each secret starts with a
+# The CI hooks' shared secrets, the API's keys and the agents' session key, in Secret Manager. Each secret starts with a
 # generated value, so the first apply deploys working functions; rotate by adding a version
 # (the functions read the latest at instance start). Generated values are in the Terraform
 # state: keep the state in a protected bucket.
@@ -84,6 +84,42 @@ resource "google_secret_manager_secret_iam_member" "api_keys_reader" {
 
   project   = var.project
   secret_id = google_secret_manager_secret.api_keys.secret_id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = each.value
+}
+
+# OPENDWS_AGENT_SESSION_KEY: the HMAC key the agent function signs each agent's session token
+# with (bound to its order, rank and instance id). The reconciler builds the same service for
+# its sweep of lost agents, which refuses to start without the key. 48 random letters and digits (the code takes at least 16 bytes).
+resource "random_password" "agent_session_key" {
+  length  = 48
+  special = false
+}
+
+resource "google_secret_manager_secret" "agent_session_key" {
+  project   = var.project
+  secret_id = "opendws-agent-session-key"
+  labels    = var.labels
+
+  replication {
+    auto {}
+  }
+}
+
+resource "google_secret_manager_secret_version" "agent_session_key" {
+  secret      = google_secret_manager_secret.agent_session_key.id
+  secret_data = random_password.agent_session_key.result
+
+  lifecycle {
+    ignore_changes = [secret_data, enabled] # rotated out of band
+  }
+}
+
+resource "google_secret_manager_secret_iam_member" "agent_session_key_reader" {
+  for_each = toset(var.agent_session_key_readers)
+
+  project   = var.project
+  secret_id = google_secret_manager_secret.agent_session_key.secret_id
   role      = "roles/secretmanager.secretAccessor"
   member    = each.value
 }

@@ -8,6 +8,11 @@ output "api_keys_secret_id" {
   value       = google_secret_manager_secret.api_keys.secret_id
 }
 
+output "agent_session_key_secret_id" {
+  description = "The agents' session key's secret id."
+  value       = google_secret_manager_secret.agent_session_key.secret_id
+}
+
 output "hook_secrets" {
   description = "The generated hook secrets (to paste into GitHub's or GitLab's webhook settings)."
   value       = { for key, secret in random_password.hook : key => secret.result }

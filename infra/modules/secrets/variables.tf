@@ -21,6 +21,12 @@ variable "api_key_readers" {
   default     = []
 }
 
+variable "agent_session_key_readers" {
+  description = "Members that read the agents' session key (the agent and reconcile functions)."
+  type        = list(string)
+  default     = []
+}
+
 variable "labels" {
   description = "Labels on every secret."
   type        = map(string)

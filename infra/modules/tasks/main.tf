@@ -37,9 +37,9 @@ resource "google_cloud_tasks_queue_iam_member" "enqueuer" {
   member   = each.value
 }
 
-# Disarming a timer deletes its task.
+# Disarming a timer deletes its task: what arms timers, and what only ends runs.
 resource "google_cloud_tasks_queue_iam_member" "deleter" {
-  for_each = toset(var.timer_setters)
+  for_each = toset(concat(var.timer_setters, var.timer_deleters))
 
   project  = var.project
   location = var.region

@@ -50,6 +50,12 @@ variable "timer_setters" {
   default     = []
 }
 
+variable "timer_deleters" {
+  description = "Members that only disarm timers (the agent function, which ends runs but arms none): they may delete tasks, not create them or act as the invoker."
+  type        = list(string)
+  default     = []
+}
+
 variable "invoker_account_name" {
   description = "The timers' invoker account (projects/P/serviceAccounts/EMAIL), whose OIDC token each task carries."
   type        = string
