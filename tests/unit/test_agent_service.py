@@ -21,6 +21,7 @@ from opendws.adapters.vm_identity import EMULATOR_ISSUER, VmIdentityVerifier
 from opendws.domain.run import RunSpec
 from opendws.domain.states import RequestState
 from opendws.ports import order_name
+from opendws.ports.runs import UnknownSecret
 from opendws.service.agents import AgentService, AgentSettings, Answer, Sessions
 from opendws.service.release import EndService
 from tests.builders import A3, H100, flex, pool
@@ -58,7 +59,8 @@ class Logs:
 
 class Secrets:
     def read(self, version: str) -> str:
-        assert version == SECRET
+        if version != SECRET:
+            raise UnknownSecret(f"Secret [{version}] not found or has no versions.")
         return "hf_s3cr3t"
 
 
@@ -314,3 +316,14 @@ def test_an_agent_is_not_taken_for_lost_between_two_heartbeats_written() -> None
     would lose live agents, so it is refused."""
     with pytest.raises(ValueError, match="lost_after"):
         AgentSettings(lost_after=timedelta(seconds=5))
+
+
+def test_a_secret_that_cannot_be_read_fails_the_run_naming_it() -> None:
+    missing = "projects/demo-opendws/secrets/vision-gone/versions/1"
+    k = kit(RunSpec.of(["train"], secrets={"GONE": missing}))
+    sessions = [k.register(vm(rank)) for rank in range(2)]
+    answer = k.call("/v1/barrier", sessions[0])
+    assert answer.status == 410
+    record = k.world.record("train")
+    assert (record.state, record.reason) == (S.RELEASED, "JOB_FAILED")
+    assert record.message.startswith(f"secret GONE ({missing}) cannot be read")

@@ -51,7 +51,9 @@ from opendws.ports.runs import (
     RankState,
     RankStore,
     Registration,
+    SecretReader,
     StopOrder,
+    UnknownSecret,
     VmIdentity,
     bind,
 )
@@ -107,12 +109,6 @@ class OrderVms(Protocol):
     """What Compute Engine reports of an order's VMs now: ``{name: (zone, instance id)}``."""
 
     def vms(self, zone: str, order: str) -> dict[str, tuple[str, str]]: ...
-
-
-class SecretValues(Protocol):
-    """Reads a Secret Manager version's value (its version name → text)."""
-
-    def read(self, version: str) -> str: ...
 
 
 class JobLogs(Protocol):
@@ -184,7 +180,7 @@ class AgentService:
 
     def __init__(
         self, *, store: RequestStore, ranks: RankStore, verifier: IdentityVerifier,
-        order_vms: OrderVms, secrets: SecretValues, logs: JobLogs, ending: EndService,
+        order_vms: OrderVms, secrets: SecretReader, logs: JobLogs, ending: EndService,
         sessions: Sessions, clock: Clock, settings: AgentSettings | None = None,
     ) -> None:  # fmt: skip
         self._store = store
@@ -273,7 +269,15 @@ class AgentService:
         )
         env = {**dict(run.env), **job_environment(gang, session.rank)}
         for name, version in run.secrets:
-            env[name] = self._secrets.read(version)
+            try:
+                env[name] = self._secrets.read(version)
+            except UnknownSecret as error:
+                # The job cannot run without it: the run ends, saying which and why.
+                message = f"secret {name} ({version}) cannot be read: {error}"
+                self._ending.finish_run(
+                    record.request_id, session.attempt, EndReason.JOB_FAILED, message
+                )
+                return Answer(410, {"error": message})
         return Answer(200, {
             "ready": True, "command": list(run.command), "image": run.image, "env": env,
             "hostfile": hostfile(gang),
@@ -443,5 +447,5 @@ def _rank_state(value: object) -> RankState:
 
 __all__ = [
     "AgentService", "AgentSettings", "Answer", "IdentityVerifier", "JobLogs", "OrderVms",
-    "SecretValues", "Session", "Sessions",
+    "Session", "Sessions",
 ]  # fmt: skip
