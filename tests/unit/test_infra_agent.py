@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 
 from opendws.bootstrap import Settings
+from opendws.clock import ManualClock
+from opendws.service.agents import AgentSettings, Sessions
 from tests.unit.test_infra_iam import SECRET_PREFIXES, instances_of
 from tests.unit.test_infra_tenants import Module, Ref, instances, known, root_with
 
@@ -93,7 +95,12 @@ def test_the_agent_and_the_reconciler_read_the_session_key_and_no_other_function
         assert grant.attr("secret_id") == SESSION_SECRET
     module = root.module("secrets")
     key = module.resource("random_password", "agent_session_key")
-    assert key.attr("length") >= 16
+    length = key.attr("length")
+    # Letters and digits only (special = false): one byte each, as the service takes the key.
+    assert key.attr("special") is False
+    Sessions(b"k" * length, ManualClock(), AgentSettings().session_lifetime)
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        Sessions(b"k" * 15, ManualClock(), AgentSettings().session_lifetime)
     version = module.resource("google_secret_manager_secret_version", "agent_session_key")
     assert version.attr("secret_data") == Ref(
         "module.secrets.random_password.agent_session_key.result"
