@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import signal
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -45,9 +46,42 @@ sys.exit(int(os.environ.get("EXIT_OF_RANK_" + str(rank), "0")))
 """
 
 
+# A stand-in for torchrun (torch is not installed here): it checks the variables torchrun reads
+# (PET_*), meets its peer at PET_MASTER_ADDR:PET_MASTER_PORT as torchrun's rendezvous does, and
+# says what it would run.
+TORCHRUN = """#!{python}
+import os, socket, sys, time
+names = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+         "PET_NPROC_PER_NODE")
+missing = [name for name in names if not os.environ.get(name)]
+if missing:
+    print("torchrun: missing", " ".join(missing))
+    sys.exit(2)
+rank = int(os.environ["PET_NODE_RANK"])
+master = (os.environ["PET_MASTER_ADDR"], int(os.environ["PET_MASTER_PORT"]))
+if rank == 0:
+    peer, _ = socket.create_server(master).accept()
+else:
+    for _ in range(100):
+        try:
+            peer = socket.create_connection(master)
+            break
+        except OSError:
+            time.sleep(0.1)
+peer.sendall(b"rendezvous\\n")
+peer.makefile().readline()
+print(f"torchrun: node {{rank}} of {{os.environ['PET_NNODES']}}, "
+      f"{{os.environ['PET_NPROC_PER_NODE']}} processes, met its peer; runs", *sys.argv[1:])
+"""
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[dict[str, str]]:
-    process, environment = start_up()
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    tools = tmp_path_factory.mktemp("bin")
+    torchrun = tools / "torchrun"
+    torchrun.write_text(TORCHRUN.format(python=sys.executable))
+    torchrun.chmod(0o755)
+    process, environment = start_up(path=tools)
     _secret(environment, "vision-token", "s3cr3t")
     try:
         yield environment
@@ -170,3 +204,19 @@ def _agent_of(stack: dict[str, str], request_id: str, *, rank: int, timeout: flo
                     return int(entry.name)
         time.sleep(0.5)
     raise AssertionError(f"no running agent for {vm}")
+
+
+def test_the_readmes_torchrun_example_runs(stack: dict[str, str]) -> None:
+    """README, "Run a job on your gang": ``dws submit … -- torchrun train.py`` across two VMs;
+    torchrun needs no flags (a stand-in here, checking what torchrun reads)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index(".venv/bin/dws submit --id ddp")
+    command = readme[start : readme.index("\n.venv/bin/dws wait ddp", start)]
+    argv = command.replace("\\\n", " ").split()[1:]  # the words after the dws of the README
+    result = dws(stack, *argv)
+    assert result.returncode == 0, result.stderr
+    status = ended(stack, "ddp")
+    assert (status["state"], status["reason"]) == ("RELEASED", "JOB_SUCCEEDED"), status
+    lines = dws(stack, "logs", "ddp").stdout.splitlines()
+    assert "[0] torchrun: node 0 of 2, 8 processes, met its peer; runs train.py" in lines
+    assert "[1] torchrun: node 1 of 2, 8 processes, met its peer; runs train.py" in lines

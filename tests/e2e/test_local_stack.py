@@ -32,12 +32,14 @@ CI_CONFIG = ROOT / "tests" / "data" / "local-config-with-ci.yaml"
 
 
 def start_up(
-    scratch: Path | None = None, *, interrupt_ignored: bool = False
-) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    scratch: Path | None = None, *, interrupt_ignored: bool = False,
+    path: Path | None = None,
+) -> tuple[subprocess.Popen[str], dict[str, str]]:  # fmt: skip
     """``dws up`` in a session of its own, once it says it is up: the process, and the
     variables and function URLs it printed. ``scratch``: its temporary folder (TMPDIR), so that
     what it leaves there is its own, whatever else runs on the machine. ``interrupt_ignored``:
-    started with SIGINT ignored, as a non-interactive shell starts ``dws up &``."""
+    started with SIGINT ignored, as a non-interactive shell starts ``dws up &``. ``path``: a
+    folder put first on its PATH (and so its VMs', whose jobs find their commands there)."""
     reason = missing_reason()
     if reason is not None:
         pytest.skip(f"official emulators unavailable: {reason}")
@@ -46,7 +48,11 @@ def start_up(
     process = subprocess.Popen(
         [*ignoring, *DWS, "up", "--tick", "30"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        env=None if scratch is None else {**os.environ, "TMPDIR": str(scratch)},
+        env={
+            **os.environ,
+            **({} if scratch is None else {"TMPDIR": str(scratch)}),
+            **({} if path is None else {"PATH": f"{path}{os.pathsep}{os.environ['PATH']}"}),
+        },
     )  # fmt: skip
     assert process.stdout is not None
     environment: dict[str, str] = {}

@@ -208,6 +208,9 @@ def test_every_rank_exiting_zero_releases_the_run_as_succeeded() -> None:
     record = k.world.record("train")
     assert (record.state, record.reason) == (S.RELEASED, "JOB_SUCCEEDED")
     assert record.message == "rank 0 exited 0, rank 1 exited 0"
+    # Usage counts what the job used, not the 6 h asked: what ending early saved shows.
+    (usage,) = k.world.store.usage()
+    assert (usage.granted_hours, usage.used_hours) == (16 * 6.0, 0.0)
     # A redelivered exit, and a heartbeat after the end, change nothing; the agents stop.
     assert k.call("/v1/exit", sessions[1], {"code": 0}).status == 200
     assert k.call("/v1/heartbeat", sessions[0], {"state": "exited"}).status == 410
