@@ -14,6 +14,8 @@ every step a message on ``capacity-requests`` — ending with a summary table.
 5. ``oops`` (speech, 8 H100 VMs): cancelled while it waits.
 6. ``queued`` (vision, 1 A100 VM, us-central1-a only): Google has no A100 free, so it waits in
    Google's queue until Google frees capacity there, then runs — nothing cancels it meanwhile.
+7. ``job`` (vision, 2 H100 VMs in us-central1-b, with a ``run``): the agents on its VMs meet,
+   each rank prints where it is, and the run ends by itself: RELEASED, JOB_SUCCEEDED.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ STEP_TIMEOUT = 60.0
 # Google's review of a block (the stack's review delay) and the reconcile pass after it.
 REVIEW_TIMEOUT = 120.0
 # The lines run_demo says, one per step (what dws demo's progress bar counts).
-STEPS = 24
+STEPS = 26
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,8 +155,24 @@ def run_demo(stack: Stack, say: Callable[[str], None]) -> list[Outcome]:
     say("Google frees 2 × a2-ultragpu-8g in us-central1-a")
     stack.cloud.set_stock("us-central1-a", "a2-ultragpu-8g", 2)
     say(f"queued: {until('queued', 'ACTIVE')} (served from Google's queue)")
+    say("submit job: 2 × H100 VMs in us-central1-b that run a job and end by themselves")
+    submit(
+        "job",
+        "vision",
+        {"vm_count": 2, **h100},
+        locations=["us-central1-b"],
+        run={
+            "command": [
+                "sh",
+                "-c",
+                'echo "rank $OPENDWS_NODE_RANK of $OPENDWS_NUM_NODES '
+                'on $(hostname), master $MASTER_ADDR:$MASTER_PORT"',
+            ]
+        },
+    )
+    say(f"job: {until('job', 'RELEASED', timeout=2 * STEP_TIMEOUT)}: {reason_of('job')}")
     outcomes = []
-    for request_id in ("train", "nightly", "slice", "block", "later", "oops", "queued"):
+    for request_id in ("train", "nightly", "slice", "block", "later", "oops", "queued", "job"):
         record = store.get(request_id)
         assert record is not None
         recorded = store.events(request_id)

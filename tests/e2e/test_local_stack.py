@@ -207,8 +207,11 @@ def test_the_demo_drives_every_path_and_summarises_it() -> None:
     outcomes = {o["request_id"]: o for o in json.loads(result.stdout.strip().splitlines()[-1])}
     assert {name: o["state"] for name, o in outcomes.items()} == {
         "train": "ACTIVE", "nightly": "RELEASED", "slice": "ACTIVE", "block": "BOOKED",
-        "later": "CANCELLED", "oops": "CANCELLED", "queued": "ACTIVE",
+        "later": "CANCELLED", "oops": "CANCELLED", "queued": "ACTIVE", "job": "RELEASED",
     }  # fmt: skip
+    # Its agents ran the command on both VMs and the run ended by itself (DESIGN.md, "Work on
+    # the gang").
+    assert outcomes["job"]["reasons"].endswith("→ READY → JOB_SUCCEEDED")
     # Booked only once Google approved it (compute/docs/instances/future-reservations-
     # calendar-mode-overview); its cancel was refused (it starts within 4 days: billed in
     # full, delete-future-reservations-calendar-mode), so it stays booked. The one 40 days
