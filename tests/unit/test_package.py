@@ -94,7 +94,7 @@ def test_functions_framework_serves_every_function_from_the_unpacked_package(
         bundle.extractall(unpacked)
     probe = (
         "import functions_framework, opendws, sys\n"
-        "for target in ('intake', 'reconcile', 'timer', 'ci_hook', 'api'):\n"
+        "for target in ('intake', 'reconcile', 'timer', 'ci_hook', 'api', 'agent'):\n"
         "    functions_framework.create_app(target=target, source='main.py')\n"
         "import opendws\n"
         "print(opendws.__file__)\n"
