@@ -41,10 +41,11 @@ from enum import Enum
 from types import TracebackType
 from typing import Any, Self
 
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
 from emulators.official import HOST, EmulatorError
+from emulators.serving import QuietHandler
 
 # What Cloud Run puts in place of the signature of a token it checked.
 REMOVED_SIGNATURE = "SIGNATURE_REMOVED_BY_GOOGLE"
@@ -181,13 +182,6 @@ class _Application:
         return response(environ, start_response)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Do not log every request to stderr."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return None
-
-
 class CloudRunFront:
     """One service's Cloud Run front before the function at ``target`` (its URL), on two
     background listeners; a context manager. ``certs``/``issuers``: what the invoker check
@@ -259,7 +253,7 @@ class CloudRunFront:
         try:
             for internal, port in self._ports.items():
                 server = make_server(self._host, port, _Application(self, internal=internal),
-                                     threaded=True, request_handler=_QuietHandler)  # fmt: skip
+                                     threaded=True, request_handler=QuietHandler)  # fmt: skip
                 self._servers[internal] = server
                 thread = threading.Thread(target=server.serve_forever, daemon=True,
                                           name=f"cloud-run-{self.service.name}")  # fmt: skip

@@ -47,15 +47,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from datetime import timedelta
-from types import FrameType, TracebackType
-from typing import Any, Self
+from types import FrameType
+from typing import Any
 
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 from emulators.official import HOST, EmulatorError
+from emulators.serving import BackgroundServer
 from opendws.domain.calendar import CancellationRule
 from opendws.sim import FAILURE_KINDS, CloudError, SimulatedCloud
 from opendws.sim.cloud import CREATED_KINDS, REVIEW_DELAY
@@ -461,14 +461,7 @@ class _Application:
             return _error(500, "backendError", f"{type(error).__name__}: {error}")
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Do not log every request to stderr."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return None
-
-
-class ComputeEmulator:
+class ComputeEmulator(BackgroundServer):
     """The Compute/TPU REST emulator on a background thread; a context manager.
 
     ``endpoint`` (``http://HOST:PORT``) is what clients pass as ``api_endpoint``; ``cloud`` is
@@ -478,12 +471,12 @@ class ComputeEmulator:
     def __init__(
         self, cloud: SimulatedCloud | None = None, host: str = HOST, port: int = 0
     ) -> None:
+        super().__init__(host, port, what="the Compute emulator", thread_name="compute-emulator")
         self.cloud = cloud if cloud is not None else SimulatedCloud()
-        self._host = host
-        self._port = port
-        self._server: BaseWSGIServer | None = None
-        self._thread: threading.Thread | None = None
         self._application = _Application(self.cloud)
+
+    def application(self) -> _Application:
+        return self._application
 
     @property
     def round_trip(self) -> float:
@@ -499,46 +492,7 @@ class ComputeEmulator:
 
     @property
     def endpoint(self) -> str:
-        if self._server is None:
-            raise EmulatorError("the Compute emulator is not running")
-        return f"http://{self._host}:{self._server.server_port}"
-
-    def start(self) -> Self:
-        if self._server is not None:
-            return self
-        server = make_server(
-            self._host,
-            self._port,
-            self._application,
-            threaded=True,
-            request_handler=_QuietHandler,
-        )
-        self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, name="compute-emulator", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server, self._thread = None, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return f"http://{self.address}"
 
 
 class EmulatorAdmin:

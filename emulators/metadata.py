@@ -44,18 +44,16 @@ Not emulated: access tokens (``.../token``), ``alt=`` (answered 400 naming it),
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
-from emulators.official import HOST, EmulatorError
+from emulators.official import HOST
+from emulators.serving import BackgroundServer
 from emulators.signing import TOKEN_LIFETIME, LocalSigner, account_id
 from opendws.clock import SystemClock
 from opendws.ports import Clock
@@ -310,14 +308,7 @@ def _redirect(request: Request, path: str) -> Response:
     return response
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Do not log every request to stderr."""
-
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return None
-
-
-class MetadataServer:
+class MetadataServer(BackgroundServer):
     """One VM's metadata server on a background thread; a context manager.
 
     ``signer``: the local signer of identity tokens, shared by the VMs of one local cloud (its
@@ -336,58 +327,21 @@ class MetadataServer:
         host: str = HOST,
         port: int = 0,
     ) -> None:
+        super().__init__(host, port, what=f"the metadata server of {instance.name}",
+                         thread_name=f"metadata-{instance.name}")  # fmt: skip
         self.instance = instance
         self.signer = signer
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.tree = tree(instance)
-        self._host = host
-        self._port = port
-        self._server: BaseWSGIServer | None = None
-        self._thread: threading.Thread | None = None
+
+    def application(self) -> _Application:
+        return _Application(self)
 
     @property
     def host_port(self) -> str:
-        if self._server is None:
-            raise EmulatorError(f"the metadata server of {self.instance.name} is not running")
-        return f"{self._host}:{self._server.server_port}"
+        return self.address
 
     @property
     def url(self) -> str:
         """The metadata root, as ``http://metadata.google.internal/computeMetadata/v1/``."""
         return f"http://{self.host_port}{ROOT}"
-
-    def start(self) -> Self:
-        if self._server is not None:
-            return self
-        try:
-            server = make_server(self._host, self._port, _Application(self), threaded=True,
-                                 request_handler=_QuietHandler)  # fmt: skip
-        except OSError as error:
-            raise EmulatorError(
-                f"the metadata server of {self.instance.name} on {self._host}:{self._port}: {error}"
-            ) from None
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True,
-                                        name=f"metadata-{self.instance.name}")  # fmt: skip
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server, self._thread = None, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -26,14 +26,12 @@ import base64
 import binascii
 import json
 import re
-import threading
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
-from emulators.official import HOST, EmulatorError
+from emulators.official import HOST
+from emulators.serving import BackgroundServer
 from opendws.adapters.secrets import SecretRefused, SecretVersions, crc32c
 
 _ACCESS = re.compile(r"/v1/(projects/[^/]+/secrets/[^/]+/versions/[^/:]+):access")
@@ -115,62 +113,20 @@ def _payload(body: dict[str, Any]) -> bytes:
     return data
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        return None
-
-
-class SecretManagerEmulator:
+class SecretManagerEmulator(BackgroundServer):
     """The stand-in on a background thread (``url`` is the client's ``api_endpoint``); a
     context manager."""
 
     def __init__(
         self, project_id: str, project_number: int, *, host: str = HOST, port: int = 0
     ) -> None:
+        super().__init__(host, port, what="the Secret Manager stand-in",
+                         thread_name="secret-manager")  # fmt: skip
         self.versions = SecretVersions(project_id, project_number)
-        self._host = host
-        self._port = port
-        self._server: BaseWSGIServer | None = None
-        self._thread: threading.Thread | None = None
+
+    def application(self) -> _Application:
+        return _Application(self.versions)
 
     @property
     def url(self) -> str:
-        if self._server is None:
-            raise EmulatorError("the Secret Manager stand-in is not running")
-        return f"http://{self._host}:{self._server.server_port}"
-
-    def start(self) -> Self:
-        if self._server is not None:
-            return self
-        try:
-            server = make_server(self._host, self._port, _Application(self.versions),
-                                 threaded=True, request_handler=_QuietHandler)  # fmt: skip
-        except OSError as error:
-            raise EmulatorError(
-                f"the Secret Manager stand-in on {self._host}:{self._port}: {error}"
-            ) from None
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, daemon=True,
-                                        name="secret-manager")  # fmt: skip
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server, self._thread = None, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(10)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
+        return f"http://{self.address}"
