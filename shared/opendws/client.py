@@ -289,12 +289,8 @@ class Client:
 
     def status(self, request_id: str) -> RequestStatus:
         """Where the request is now; :class:`UnknownRequest` if none has this id."""
-        if not is_request_id(request_id):
-            raise UnknownRequest(request_id)
         store = self.container.adapters.store
-        record = store.get(request_id)
-        if record is None:
-            raise UnknownRequest(request_id)
+        record = self._stored(request_id)
         ready, ready_p90 = self.container.queries.ready_etas(record, self.now())
         return RequestStatus(
             record=record, events=tuple(store.events(request_id)), ready_eta=ready,
@@ -338,6 +334,15 @@ class Client:
                 return WaitResult(Waited.TIMEOUT, state, tuple(events))
             time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
 
+    def _stored(self, request_id: str) -> RequestRecord:
+        """The stored record of ``request_id``; :class:`UnknownRequest` if none has this id."""
+        if not is_request_id(request_id):
+            raise UnknownRequest(request_id)
+        record = self.container.adapters.store.get(request_id)
+        if record is None:
+            raise UnknownRequest(request_id)
+        return record
+
     # Logs -------------------------------------------------------------------------------------
 
     def logs(
@@ -348,12 +353,8 @@ class Client:
         Logging's entries on Google Cloud, the run folder on one machine. ``follow``: keep
         yielding new lines, looking every ``poll`` seconds, until the request has ended and
         no new line came. :class:`UnknownRequest` if no request has this id."""
-        if not is_request_id(request_id):
-            raise UnknownRequest(request_id)
         store = self.container.adapters.store
-        record = store.get(request_id)
-        if record is None:
-            raise UnknownRequest(request_id)
+        record = self._stored(request_id)
         reader = self.container.job_logs
         seen: dict[int, int] = {}
         while True:
