@@ -26,8 +26,11 @@ does with a request before the function's code sees it.
 Tokens are verified against the certificates given (the Cloud Tasks emulator's, whose tokens
 carry its own issuer) or, with none, against Google's.
 
-Not emulated: ``X-Serverless-Authorization``, custom audiences, IAM conditions, Cloud Run's own
-headers (``X-Cloud-Trace-Context`` and the like), request size and time limits.
+A request carrying ``X-Serverless-Authorization`` is checked on that header (its signature
+replaced the same way) and its ``Authorization`` handed on untouched, as Cloud Run does
+(:func:`opendws.adapters.oidc.invocation_token`). Not emulated: custom audiences, IAM
+conditions, Cloud Run's own headers (``X-Cloud-Trace-Context`` and the like), request size and
+time limits.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from werkzeug.wrappers import Request, Response
 
 from emulators.official import HOST, EmulatorError
 from emulators.serving import QuietHandler
+from opendws.adapters.oidc import SERVERLESS_AUTHORIZATION, invocation_token
 
 # What Cloud Run puts in place of the signature of a token it checked.
 REMOVED_SIGNATURE = "SIGNATURE_REMOVED_BY_GOOGLE"
@@ -224,16 +228,23 @@ class CloudRunFront:
         if self.service.ingress is Ingress.INTERNAL and not internal:
             raise Refusal(404, f"Page not found: {self.service.name} takes internal requests "
                           "only (ingress internal)")  # fmt: skip
-        authorization = self._check.checked(request.headers.get("Authorization"))
-        return self._forward(request, authorization)
+        # The header Cloud Run checks: X-Serverless-Authorization when given (then
+        # Authorization is the service's own, handed on untouched), else Authorization.
+        checked = (
+            SERVERLESS_AUTHORIZATION
+            if SERVERLESS_AUTHORIZATION in request.headers
+            else "Authorization"
+        )
+        authorization = self._check.checked(invocation_token(dict(request.headers)))
+        return self._forward(request, checked, authorization)
 
-    def _forward(self, request: Request, authorization: str | None) -> Response:
+    def _forward(self, request: Request, checked: str, authorization: str | None) -> Response:
         headers = {
             name: value for name, value in request.headers.items()
-            if name.lower() not in _HOP_BY_HOP and name.lower() != "authorization"
+            if name.lower() not in _HOP_BY_HOP and name.lower() != checked.lower()
         }  # fmt: skip
         if authorization is not None:
-            headers["Authorization"] = authorization
+            headers[checked] = authorization
         connection = http.client.HTTPConnection(*self._target, timeout=FORWARD_TIMEOUT)
         try:
             path = request.full_path if request.query_string else request.path

@@ -21,7 +21,7 @@ from cloudevents.http import CloudEvent
 
 from opendws import bootstrap
 from opendws.adapters import logs
-from opendws.adapters.oidc import Forbidden, Unauthorized
+from opendws.adapters.oidc import Forbidden, Unauthorized, invocation_token
 from opendws.ports import Timer, topic_of_source
 from opendws.service.hooks import MAX_BODY, too_large
 from opendws.service.intake import AnnouncementPending, Delivery
@@ -126,7 +126,7 @@ def timer(request: flask.Request) -> tuple[dict[str, Any], int]:
     ignored."""
     with invocation(logs.trace_of(dict(request.headers))) as container:
         try:
-            container.verifier.verify(request.headers.get("Authorization"))
+            container.verifier.verify(invocation_token(dict(request.headers)))
         except Unauthorized as error:
             return {"error": str(error)}, 401
         except Forbidden as error:

@@ -36,6 +36,7 @@ from emulators.cloud_run import (
 )
 from emulators.cloud_tasks import ISSUER
 from emulators.cloud_tasks.signer import TokenSigner
+from opendws.adapters.oidc import invocation_token
 
 INVOKER = "opendws-tasks@p.iam.gserviceaccount.com"
 RUN_APP = run_app_url("opendws-timer", "123456789012", "us-central1")
@@ -170,3 +171,33 @@ def test_a_public_service_passes_every_request_on_untouched(
 def test_a_service_that_requires_authentication_names_its_audiences() -> None:
     with pytest.raises(ValueError, match="needs its audiences"):
         Service("opendws-timer", Ingress.INTERNAL, frozenset({INVOKER}))
+
+
+def test_x_serverless_authorization_is_the_header_checked_when_given(
+    timer: CloudRunFront, function: tuple[str, list[dict[str, Any]]], signer: TokenSigner
+) -> None:
+    """When a request carries X-Serverless-Authorization, Cloud Run checks that header (its
+    signature replaced) and hands Authorization on as the caller sent it
+    (GoogleCloudPlatform/cloud-run-proxy#25). The timer reads the header Cloud Run checked
+    (oidc.invocation_token), so a stripped-looking Authorization beside it is never read."""
+    token = signer.token(INVOKER, RUN_APP, datetime.now(UTC))
+    forged = "Bearer e30.eyJlbWFpbCI6ImV2ZUBldmlsLmNvbSJ9." + REMOVED_SIGNATURE
+    request = urllib.request.Request(
+        timer.internal_url + "?kind=release", b'{"timer": 1}',
+        {"Content-Type": "application/json", "X-Serverless-Authorization": f"Bearer {token}",
+         "Authorization": forged},
+        method="POST",
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    [seen] = function[1]
+    header, claims, _ = token.split(".")
+    assert seen["headers"]["X-Serverless-Authorization"] == (
+        f"Bearer {header}.{claims}.{REMOVED_SIGNATURE}"
+    )
+    assert seen["headers"]["Authorization"] == forged  # the caller's own, untouched
+    assert invocation_token(seen["headers"]) == seen["headers"]["X-Serverless-Authorization"]
+    # Without a valid X-Serverless-Authorization the forged Authorization is what is checked.
+    function[1].clear()
+    assert post(timer.internal_url, forged.removeprefix("Bearer "))[0] == 403
+    assert function[1] == []

@@ -364,3 +364,14 @@ def test_bootstrap_reads_claims_only_where_the_deployment_says_cloud_run_checked
             verifying.verify(bearer(stripped(signer.token())))
     with pytest.raises(ValueError, match=r"OPENDWS_INVOKER_CHECKED_BY_RUN is 'yes'; it must be"):
         Settings.from_environment({**base, "OPENDWS_INVOKER_CHECKED_BY_RUN": "yes"})
+
+
+def test_the_token_read_behind_cloud_run_is_the_one_cloud_run_checked() -> None:
+    """X-Serverless-Authorization when present, else Authorization, names in any case
+    (GoogleCloudPlatform/cloud-run-proxy#25)."""
+    from opendws.adapters.oidc import invocation_token
+
+    assert invocation_token({"authorization": "Bearer a"}) == "Bearer a"
+    both = {"Authorization": "Bearer a", "x-serverless-authorization": "Bearer b"}
+    assert invocation_token(both) == "Bearer b"
+    assert invocation_token({}) is None

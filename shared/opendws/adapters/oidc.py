@@ -199,6 +199,23 @@ def checked_claims(token: str, skew: int) -> dict[str, Any]:
     return claims
 
 
+# The header Cloud Run checks instead of ``Authorization`` when a request carries it, leaving
+# ``Authorization`` to the service (GoogleCloudPlatform/cloud-run-proxy#25: "If
+# X-Serverless-Authorization and Authorization are both present, Cloud Run will use
+# X-Serverless-Authorization"; IAP takes it too).
+SERVERLESS_AUTHORIZATION = "X-Serverless-Authorization"
+
+
+def invocation_token(headers: Mapping[str, str]) -> str | None:
+    """The header whose ID token Cloud Run's invoker check verifies (and whose signature it
+    replaces): ``X-Serverless-Authorization`` when present, else ``Authorization`` (names in any
+    case). Behind Cloud Run that is the token to read: the other header, if any, is the
+    caller's own and was never checked."""
+    lowered = {name.lower(): value for name, value in headers.items()}
+    serverless = lowered.get(SERVERLESS_AUTHORIZATION.lower())
+    return serverless if serverless is not None else lowered.get("authorization")
+
+
 def invalid_token(error: Exception, skew: int) -> str:
     """What to say of a token google-auth refused: its validity period, if that was why
     (with the clock skew allowed), else google-auth's own words."""
