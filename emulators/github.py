@@ -1,0 +1,684 @@
+"""A fake GitHub REST API for a GitHub App and its just-in-time self-hosted runners, enough for
+:class:`opendws.adapters.github_app.GitHubApp` and a stand-in runner program to work locally as
+they would on github.com.
+
+Its routes and request bodies come from GitHub's published OpenAPI description, the part
+vendored in ``emulators/data/github-openapi-subset.json`` (``@octokit/openapi`` 23.0.2, whose
+``x-vendored`` field names the package, version and tarball): a request is routed by the
+description's path templates, its integer path parameters checked, and its JSON body checked
+against the operation's request schema (required keys, types, ``minItems``/``maxItems``,
+``enum``) before anything else happens.
+
+Served, as GitHub answers (JSON; errors ``{"message", "documentation_url", "status"}``, the
+status as a string):
+
+- ``POST /app/installations/{installation_id}/access_tokens`` with the App's JWT → 201
+  ``{token, expires_at, permissions, repository_selection}``; the token is good for 1 hour
+  (docs.github.com/en/rest/apps/apps#create-an-installation-access-token-for-an-app). The JWT
+  is checked as GitHub documents it
+  (docs.github.com/en/apps/creating-github-apps/authenticating-with-a-github-app/generating-a-json-web-token-jwt-for-a-github-app
+  ):
+  RS256 signed by the key of the App its ``iss`` names, else 401 "A JSON web token could not
+  be decoded"; ``iat`` not in the future; ``exp`` in the future and no more than 10 minutes
+  ahead ("'Expiration time' claim ('exp') is too far in the future"). An installation of
+  another App, or none, is 404.
+- ``POST /orgs/{org}/actions/runners/generate-jitconfig`` and
+  ``/repos/{owner}/{repo}/actions/runners/generate-jitconfig`` with an installation token →
+  201 ``{runner, encoded_jit_config}``
+  (docs.github.com/en/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-an-organization):
+  the runner ``offline``, not busy, its labels as given (``self-hosted`` and OS/architecture
+  names ``read-only``, the rest ``custom``); a body the description refuses → 422 "Invalid
+  request." and what is wrong; an unknown runner group → 404; a name already taken in that
+  scope → 409 "Already exists - A runner with the name NAME already exists.".
+- ``GET`` and ``DELETE /orgs/{org}/actions/runners/{runner_id}`` (and the repository's) → 200
+  the runner, 204; an unknown runner 404; deleting a runner that is running a job 422.
+- Credentials: a token this fake did not issue, or one past its hour, → 401 "Bad
+  credentials"; a scope outside the installation's account (or its selected repositories) →
+  404 "Not Found"; an installation without ``organization_self_hosted_runners`` (organization
+  runners) or ``administration`` (repository runners) → 403 "Resource not accessible by
+  integration".
+
+The admin side (``/_admin/…``, and the same as methods of :class:`GitHubState`): register an
+App (id, public key PEM, installations with their account, selected repositories, permissions
+and runner groups), queue a workflow job (repository, labels), list runners and jobs, let a
+runner — known by its JIT config, usable once — come online and take the first queued job its
+scope reaches whose labels it all has, complete that job (``success`` or ``failure``; the JIT
+runner is then removed, as GitHub removes a JIT runner after its one job), revoke an
+installation, and make the next API answers fail (a rate limit with its headers, a 5xx).
+
+The wording of the 422 messages for item counts and of a busy runner's refusal is this fake's;
+GitHub publishes the status, not the words. Not emulated: GitHub Enterprise Server's
+``/api/v3`` prefix (point the client at this server's root), primary rate-limit accounting
+(faults are injected instead), webhooks, pagination, listing runners, runner groups' APIs,
+the runner's own protocol.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from werkzeug.wrappers import Request, Response
+
+from emulators.official import HOST
+from emulators.serving import BackgroundServer
+
+DESCRIPTION = Path(__file__).parent / "data" / "github-openapi-subset.json"
+TOKEN_LIFETIME = timedelta(hours=1)  # "The installation access token will expire after 1 hour"
+JWT_MAX_AHEAD = timedelta(minutes=10)  # exp "no more than 10 minutes into the future"
+REST_DOCS = "https://docs.github.com/rest"
+IAT_REFUSED = (
+    "'Issued at' claim ('iat') must be an Integer representing the time that the assertion "
+    "was issued"
+)
+EXP_REFUSED = (
+    "'Expiration time' claim ('exp') must be a numeric value representing the future time at "
+    "which the assertion expires"
+)
+ADMIN = "/_admin"
+# Labels GitHub applies itself (read-only); the others a runner is given are custom.
+READ_ONLY_LABELS = frozenset({"self-hosted", "linux", "windows", "macos", "x64", "arm", "arm64"})
+ORG_PERMISSION = "organization_self_hosted_runners"
+REPO_PERMISSION = "administration"
+DEFAULT_GROUP = 1  # every organization's "Default" runner group; repository runners' group
+
+
+class GitHubRefusal(Exception):
+    """An answer other than success: ``status``, GitHub's ``message``."""
+
+    def __init__(self, status: int, message: str, documentation_url: str = REST_DOCS) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.documentation_url = documentation_url
+
+
+# The description, its routes and a validator for its schemas.
+
+
+@cache
+def description() -> dict[str, Any]:
+    """The vendored part of GitHub's OpenAPI description."""
+    loaded: dict[str, Any] = json.loads(DESCRIPTION.read_text())
+    return loaded
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    template: str
+    pattern: re.Pattern[str]
+    spec: Mapping[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.spec["operationId"])
+
+    @property
+    def documentation_url(self) -> str:
+        return str(self.spec.get("externalDocs", {}).get("url", REST_DOCS))
+
+
+@cache
+def operations() -> tuple[Operation, ...]:
+    found = []
+    for template, methods in description()["paths"].items():
+        regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template)
+        for method, spec in methods.items():
+            if method != "parameters":
+                found.append(Operation(method.upper(), template, re.compile(regex), spec))
+    return tuple(found)
+
+
+def request_schema(operation_id: str) -> dict[str, Any]:
+    """The JSON schema of an operation's request body."""
+    for operation in operations():
+        if operation.id == operation_id:
+            body: dict[str, Any] = operation.spec["requestBody"]["content"]["application/json"]
+            schema: dict[str, Any] = body["schema"]
+            return schema
+    raise KeyError(operation_id)
+
+
+def response_schema(operation_id: str, status: int) -> dict[str, Any]:
+    """The JSON schema of an operation's answer with ``status``."""
+    for operation in operations():
+        if operation.id == operation_id:
+            content = operation.spec["responses"][str(status)]["content"]["application/json"]
+            schema: dict[str, Any] = content["schema"]
+            return schema
+    raise KeyError(operation_id)
+
+
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+}
+_ARTICLES = {"object": "an object", "array": "an array", "integer": "an integer"}
+
+
+def _shown(value: Any) -> str:
+    """A value as GitHub's messages show it (``nil`` for null)."""
+    return "nil" if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def validate(schema: Mapping[str, Any], value: Any, where: str = "") -> list[str]:
+    """What ``value`` breaks of ``schema`` (the OpenAPI 3.0 subset the description uses:
+    type, nullable, required, properties, items, minItems, maxItems, enum, oneOf), worded as
+    GitHub words it: ``"name" wasn't supplied.``, ``For 'properties/labels', 5 is not an
+    array.``; empty if nothing."""
+    at = f"For '{where or 'items'}', "
+    if value is None:
+        return [] if schema.get("nullable") or "type" not in schema else [
+            f"{at}nil is not {_ARTICLES.get(schema['type'], 'a ' + schema['type'])}."
+        ]  # fmt: skip
+    if "oneOf" in schema:
+        if any(not validate(option, value, where) for option in schema["oneOf"]):
+            return []
+        return [f"{at}{_shown(value)} is not one of the allowed types."]
+    kind = schema.get("type")
+    if kind is not None and not _TYPES[kind](value):
+        return [f"{at}{_shown(value)} is not {_ARTICLES.get(kind, 'a ' + str(kind))}."]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{at}{_shown(value)} is not a member of {_shown(schema['enum'])}."]
+    errors: list[str] = []
+    if kind == "object":
+        missing = [key for key in schema.get("required", ()) if key not in value]
+        if missing:
+            names = ", ".join(f'"{key}"' for key in missing)
+            errors.append(f"{names} {'wasn' if len(missing) == 1 else 'weren'}'t supplied.")
+        for key, sub in schema.get("properties", {}).items():
+            if key in value:
+                errors += validate(sub, value[key], f"properties/{key}")
+    if kind == "array":
+        low, high = schema.get("minItems"), schema.get("maxItems")
+        if low is not None and len(value) < low:
+            errors.append(f"{at}{_shown(value)} has fewer than {low} items.")
+        if high is not None and len(value) > high:
+            errors.append(f"{at}an array of {len(value)} items has more than {high} items.")
+        for item in value:
+            errors += validate(schema.get("items", {}), item, f"{where}/items".lstrip("/"))
+    return errors
+
+
+# The state.
+
+
+@dataclass
+class Installation:
+    id: int
+    app_id: int
+    account: str  # the organization (or user) it is installed on
+    repositories: frozenset[str] | None  # selected repository names; None: all
+    permissions: dict[str, str]
+    runner_groups: set[int]
+
+    def reaches(self, org: str | None, owner: str | None, repo: str | None) -> bool:
+        if org is not None:
+            return org.lower() == self.account.lower()
+        return (owner or "").lower() == self.account.lower() and (
+            self.repositories is None or (repo or "") in self.repositories
+        )
+
+
+@dataclass
+class App:
+    id: int
+    public_key: rsa.RSAPublicKey
+
+
+@dataclass
+class FakeRunner:
+    id: int
+    scope: str  # "org/NAME" or "repo/OWNER/NAME"
+    name: str
+    runner_group_id: int
+    labels: tuple[str, ...]
+    jit_config: str = field(repr=False)
+    status: str = "offline"
+    busy: bool = False
+    used: bool = False  # its JIT config has been used
+    job_id: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "os": "Linux" if self.used else "unknown",
+            "status": self.status, "busy": self.busy, "ephemeral": True,
+            "runner_group_id": self.runner_group_id,
+            "labels": [
+                {"id": index + 1, "name": label,
+                 "type": "read-only" if label.lower() in READ_ONLY_LABELS else "custom"}
+                for index, label in enumerate(self.labels)
+            ],
+        }  # fmt: skip
+
+
+@dataclass
+class Job:
+    id: int
+    repository: str  # "owner/name"
+    labels: tuple[str, ...]
+    status: str = "queued"  # queued, in_progress, completed
+    conclusion: str | None = None
+    runner_id: int | None = None
+    runner_name: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "repository": self.repository, "labels": list(self.labels),
+                "status": self.status, "conclusion": self.conclusion,
+                "runner_id": self.runner_id, "runner_name": self.runner_name}  # fmt: skip
+
+
+@dataclass
+class Fault:
+    status: int
+    message: str
+    headers: dict[str, str]
+    times: int
+
+
+class GitHubState:
+    """What the fake knows (thread-safe): Apps, installations, tokens, runners, jobs.
+    ``now`` is its clock (timezone-aware)."""
+
+    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.now = now
+        self._lock = threading.RLock()
+        self._apps: dict[int, App] = {}
+        self._installations: dict[int, Installation] = {}
+        self._tokens: dict[str, tuple[int, datetime]] = {}
+        self._runners: dict[int, FakeRunner] = {}
+        self._jobs: dict[int, Job] = {}
+        self._faults: list[Fault] = []
+        self._ids = itertools.count(1)
+
+    # Admin.
+
+    def register_app(
+        self, app_id: int, public_key_pem: str, installations: Iterable[Mapping[str, Any]]
+    ) -> None:
+        """The App ``app_id`` with its public key and installations: each ``{id, account,
+        repositories?: [names], permissions?: {name: read|write}, runner_groups?: [ids]}``
+        (by default every repository, both runner permissions written, group 1)."""
+        key = serialization.load_pem_public_key(public_key_pem.encode())
+        if not isinstance(key, rsa.RSAPublicKey):
+            raise GitHubRefusal(400, "an App's public key is an RSA key")
+        with self._lock:
+            self._apps[int(app_id)] = App(int(app_id), key)
+            for spec in installations:
+                repositories = spec.get("repositories")
+                self._installations[int(spec["id"])] = Installation(
+                    int(spec["id"]), int(app_id), str(spec["account"]),
+                    None if repositories is None else frozenset(map(str, repositories)),
+                    dict(spec.get("permissions")
+                         or {ORG_PERMISSION: "write", REPO_PERMISSION: "write"}),
+                    {DEFAULT_GROUP, *map(int, spec.get("runner_groups", ()))},
+                )  # fmt: skip
+
+    def revoke_installation(self, installation_id: int) -> None:
+        """The App is uninstalled: the installation and its tokens are gone."""
+        with self._lock:
+            self._installations.pop(installation_id, None)
+            self._tokens = {t: v for t, v in self._tokens.items() if v[0] != installation_id}
+
+    def queue_job(self, repository: str, labels: Sequence[str]) -> dict[str, Any]:
+        """A workflow job queued in ``owner/name`` asking for ``labels``."""
+        if repository.count("/") != 1 or not labels:
+            raise GitHubRefusal(400, "a job has a repository 'owner/name' and labels")
+        with self._lock:
+            job = Job(next(self._ids), repository, tuple(labels))
+            self._jobs[job.id] = job
+            return job.as_json()
+
+    def runners(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{**r.as_json(), "scope": r.scope, "job_id": r.job_id}
+                    for r in self._runners.values()]  # fmt: skip
+
+    def jobs(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [job.as_json() for job in self._jobs.values()]
+
+    def take_job(self, jit_config: str) -> dict[str, Any]:
+        """The runner started with ``jit_config`` comes online (once: a JIT config is not
+        reusable) and takes the oldest queued job it can run, if any: ``{runner, job}``."""
+        with self._lock:
+            runner = next((r for r in self._runners.values() if r.jit_config == jit_config),
+                          None)  # fmt: skip
+            if runner is None:
+                raise GitHubRefusal(404, "no runner has this JIT config (deleted, or never made)")
+            if runner.used:
+                raise GitHubRefusal(409, f"the JIT config of runner {runner.name} was used")
+            runner.used, runner.status = True, "online"
+            job = next((j for j in self._jobs.values()
+                        if j.status == "queued" and _runs(runner, j)), None)  # fmt: skip
+            if job is not None:
+                job.status, job.runner_id, job.runner_name = "in_progress", runner.id, runner.name
+                runner.busy, runner.job_id = True, job.id
+            return {"runner": runner.as_json(), "job": None if job is None else job.as_json()}
+
+    def complete_job(self, job_id: int, conclusion: str) -> dict[str, Any]:
+        """The job ends with ``conclusion`` (``success`` or ``failure``); its JIT runner is
+        removed."""
+        if conclusion not in ("success", "failure", "cancelled"):
+            raise GitHubRefusal(400, f"a job's conclusion is success or failure, not {conclusion}")
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.status != "in_progress":
+                raise GitHubRefusal(404, f"no job {job_id} in progress")
+            job.status, job.conclusion = "completed", conclusion
+            if job.runner_id is not None:
+                self._runners.pop(job.runner_id, None)
+            return job.as_json()
+
+    def fail_next(
+        self, status: int, message: str, *, headers: Mapping[str, str] | None = None,
+        times: int = 1,
+    ) -> None:  # fmt: skip
+        """The next ``times`` API requests are answered ``status`` with ``message`` and
+        ``headers`` (a rate limit, an outage)."""
+        with self._lock:
+            self._faults.append(Fault(status, message, dict(headers or {}), times))
+
+    def fault(self) -> Fault | None:
+        with self._lock:
+            if not self._faults:
+                return None
+            fault = self._faults[0]
+            fault.times -= 1
+            if fault.times <= 0:
+                self._faults.pop(0)
+            return fault
+
+    # The API.
+
+    def app_of(self, bearer: str) -> App:
+        """The App whose JWT ``bearer`` is, checked as GitHub checks it."""
+        undecodable = GitHubRefusal(401, "A JSON web token could not be decoded")
+        try:
+            head, body, signature = bearer.split(".")
+            header, claims = _segment_json(head), _segment_json(body)
+            signed = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+        except (ValueError, binascii.Error):
+            raise undecodable from None
+        issuer = claims.get("iss")
+        with self._lock:
+            app = self._apps.get(int(str(issuer))) if str(issuer).isdigit() else None
+        if header.get("alg") != "RS256" or app is None:
+            raise undecodable
+        try:
+            app.public_key.verify(signed, f"{head}.{body}".encode("ascii"),
+                                  padding.PKCS1v15(), hashes.SHA256())  # fmt: skip
+        except InvalidSignature:
+            raise undecodable from None
+        now = self.now().timestamp()
+        issued, expires = claims.get("iat"), claims.get("exp")
+        if not isinstance(issued, int) or isinstance(issued, bool) or issued > now:
+            raise GitHubRefusal(401, IAT_REFUSED)
+        if not isinstance(expires, int) or isinstance(expires, bool) or expires <= now:
+            raise GitHubRefusal(401, EXP_REFUSED)
+        if expires > now + JWT_MAX_AHEAD.total_seconds():
+            raise GitHubRefusal(401, "'Expiration time' claim ('exp') is too far in the future")
+        return app
+
+    def issue_token(
+        self, app: App, installation_id: int, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        with self._lock:
+            installation = self._installations.get(installation_id)
+            if installation is None or installation.app_id != app.id:
+                raise GitHubRefusal(404, "Not Found")
+            token = "ghs_" + secrets.token_urlsafe(27)[:36]
+            expires = self.now().astimezone(UTC) + TOKEN_LIFETIME
+            self._tokens[token] = (installation_id, expires)
+            selection = "all" if installation.repositories is None else "selected"
+            return {"token": token, "expires_at": expires.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "permissions": dict(installation.permissions),
+                    "repository_selection": selection}  # fmt: skip
+
+    def installation_of(self, bearer: str) -> Installation:
+        with self._lock:
+            issued = self._tokens.get(bearer)
+            installation = None if issued is None else self._installations.get(issued[0])
+            if issued is None or installation is None or self.now() >= issued[1]:
+                raise GitHubRefusal(401, "Bad credentials")
+            return installation
+
+    def create_runner(
+        self, installation: Installation, scope: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        with self._lock:
+            group = int(body["runner_group_id"])
+            groups = installation.runner_groups if scope.startswith("org/") else {DEFAULT_GROUP}
+            if group not in groups:
+                raise GitHubRefusal(404, "Not Found")
+            name = str(body["name"])
+            if any(r.scope == scope and r.name == name for r in self._runners.values()):
+                raise GitHubRefusal(
+                    409, f"Already exists - A runner with the name {name} already exists."
+                )
+            runner = FakeRunner(next(self._ids), scope, name, group, tuple(body["labels"]),
+                                "jit_" + secrets.token_urlsafe(48))  # fmt: skip
+            self._runners[runner.id] = runner
+            return {"runner": runner.as_json(), "encoded_jit_config": runner.jit_config}
+
+    def runner(self, scope: str, runner_id: int) -> FakeRunner:
+        with self._lock:
+            runner = self._runners.get(runner_id)
+            if runner is None or runner.scope != scope:
+                raise GitHubRefusal(404, "Not Found")
+            return runner
+
+    def delete_runner(self, scope: str, runner_id: int) -> None:
+        with self._lock:
+            runner = self.runner(scope, runner_id)
+            if runner.busy:
+                raise GitHubRefusal(
+                    422, f'Bad request - Runner "{runner.name}" is still running a job"'
+                )
+            del self._runners[runner_id]
+
+
+def _segment_json(segment: str) -> dict[str, Any]:
+    decoded = json.loads(base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4)))
+    if not isinstance(decoded, dict):
+        raise ValueError("not a JSON object")
+    return decoded
+
+
+def _runs(runner: FakeRunner, job: Job) -> bool:
+    """Whether ``runner`` may take ``job``: its scope reaches the job's repository and it has
+    every label the job asks for (case-insensitive)."""
+    owner = job.repository.split("/")[0]
+    reaches = runner.scope.lower() in (f"org/{owner}".lower(), f"repo/{job.repository}".lower())
+    have = {label.lower() for label in runner.labels}
+    return reaches and all(label.lower() in have for label in job.labels)
+
+
+# HTTP.
+
+
+class _Application:
+    def __init__(self, state: GitHubState) -> None:
+        self.state = state
+
+    def __call__(self, environ: Any, start_response: Any) -> Any:
+        request = Request(environ)
+        headers: dict[str, str] = {}
+        try:
+            if request.path.startswith(ADMIN + "/"):
+                status, body = self._admin(request)
+            else:
+                status, body, headers = self._api(request)
+        except GitHubRefusal as refused:
+            status = refused.status
+            body = {"message": refused.message, "documentation_url": refused.documentation_url,
+                    "status": str(refused.status)}  # fmt: skip
+        text = "" if status == 204 else json.dumps(body)
+        response = Response(text, status, headers=headers, content_type="application/json")
+        return response(environ, start_response)
+
+    def _api(self, request: Request) -> tuple[int, Any, dict[str, str]]:
+        fault = self.state.fault()
+        if fault is not None:
+            body = {"message": fault.message, "documentation_url": REST_DOCS,
+                    "status": str(fault.status)}  # fmt: skip
+            return fault.status, body, fault.headers
+        operation, params = _route(request)
+        try:
+            bearer = _bearer(request)
+            status, body = self._operation(request, operation, params, bearer)
+        except GitHubRefusal as refused:
+            if refused.documentation_url == REST_DOCS and refused.status in (404, 409, 422):
+                refused.documentation_url = operation.documentation_url
+            raise
+        return status, body, {}
+
+    def _operation(
+        self, request: Request, operation: Operation, params: dict[str, str], bearer: str
+    ) -> tuple[int, Any]:
+        state = self.state
+        if operation.id == "apps/create-installation-access-token":
+            app = state.app_of(bearer)
+            body = _body(request, operation, required=False)
+            return 201, state.issue_token(app, int(params["installation_id"]), body)
+        installation = state.installation_of(bearer)
+        scope = _scope(installation, params, write=request.method != "GET")
+        if operation.id.startswith("actions/generate-runner-jitconfig"):
+            return 201, state.create_runner(installation, scope, _body(request, operation))
+        runner_id = int(params["runner_id"])
+        if request.method == "GET":
+            return 200, state.runner(scope, runner_id).as_json()
+        state.delete_runner(scope, runner_id)
+        return 204, None
+
+    def _admin(self, request: Request) -> tuple[int, Any]:
+        state, path, method = self.state, request.path[len(ADMIN) :], request.method
+        body = _json(request) if method == "POST" else {}
+        if (method, path) == ("POST", "/apps"):
+            state.register_app(int(body["id"]), str(body["public_key"]),
+                               body.get("installations", ()))  # fmt: skip
+            return 201, {"id": int(body["id"])}
+        if (method, path) == ("POST", "/jobs"):
+            return 201, state.queue_job(str(body.get("repository", "")), body.get("labels", []))
+        if (method, path) == ("GET", "/jobs"):
+            return 200, state.jobs()
+        if (method, path) == ("GET", "/runners"):
+            return 200, state.runners()
+        if (method, path) == ("POST", "/runner/take"):
+            return 200, state.take_job(str(body.get("jit_config", "")))
+        if method == "POST" and (match := re.fullmatch(r"/jobs/(\d+)/complete", path)):
+            return 200, state.complete_job(int(match[1]), str(body.get("conclusion", "")))
+        if method == "POST" and (match := re.fullmatch(r"/installations/(\d+)/revoke", path)):
+            state.revoke_installation(int(match[1]))
+            return 200, {}
+        if (method, path) == ("POST", "/faults"):
+            state.fail_next(
+                int(body["status"]), str(body.get("message", "")),
+                headers=body.get("headers"), times=int(body.get("times", 1)),
+            )  # fmt: skip
+            return 201, {}
+        raise GitHubRefusal(404, f"{method} {request.path} is not served by this fake")
+
+
+def _route(request: Request) -> tuple[Operation, dict[str, str]]:
+    """The described operation ``request`` asks for, and its path parameters."""
+    for operation in operations():
+        match = operation.pattern.fullmatch(request.path)
+        if match and operation.method == request.method:
+            params = match.groupdict()
+            for parameter in operation.spec.get("parameters", ()):
+                value = params.get(parameter["name"])
+                if parameter.get("in") == "path" and validate(parameter["schema"], _typed(value)):
+                    raise GitHubRefusal(404, "Not Found", operation.documentation_url)
+            return operation, params
+    raise GitHubRefusal(404, "Not Found")
+
+
+def _typed(value: str | None) -> Any:
+    return int(value) if value is not None and value.isdigit() else value
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("Authorization", "")
+    kind, _, credential = header.partition(" ")
+    if kind.lower() not in ("bearer", "token") or not credential.strip():
+        raise GitHubRefusal(401, "Requires authentication")
+    return credential.strip()
+
+
+def _scope(installation: Installation, params: Mapping[str, str], *, write: bool) -> str:
+    """The runners' scope the path names, if the installation reaches it and may act there."""
+    org, owner, repo = params.get("org"), params.get("owner"), params.get("repo")
+    if not installation.reaches(org, owner, repo):
+        raise GitHubRefusal(404, "Not Found")
+    permission = ORG_PERMISSION if org is not None else REPO_PERMISSION
+    granted = installation.permissions.get(permission)
+    if granted is None or (write and granted != "write"):
+        raise GitHubRefusal(403, "Resource not accessible by integration")
+    return f"org/{org}" if org is not None else f"repo/{owner}/{repo}"
+
+
+def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(request.get_data() or b"{}")
+    except ValueError:
+        raise GitHubRefusal(400, "Problems parsing JSON") from None
+    if not isinstance(body, dict):
+        raise GitHubRefusal(400, "Problems parsing JSON")
+    return body
+
+
+def _body(request: Request, operation: Operation, *, required: bool = True) -> dict[str, Any]:
+    """The request's JSON body, checked against the operation's request schema."""
+    if not request.get_data() and not required:
+        return {}
+    body = _json(request)
+    errors = validate(operation.spec["requestBody"]["content"]["application/json"]["schema"],
+                      body)  # fmt: skip
+    if errors:
+        raise GitHubRefusal(422, "Invalid request.\n\n" + "\n".join(errors),
+                            operation.documentation_url)  # fmt: skip
+    return body
+
+
+class GitHubEmulator(BackgroundServer):
+    """The fake on a background thread (``url`` is the client's API URL); a context
+    manager. ``state`` is what it knows, for a local caller to act on directly."""
+
+    def __init__(
+        self, *, now: Callable[[], datetime] | None = None, host: str = HOST, port: int = 0
+    ) -> None:
+        super().__init__(host, port, what="the fake GitHub API", thread_name="github")
+        self.state = GitHubState(now) if now is not None else GitHubState()
+
+    def application(self) -> _Application:
+        return _Application(self.state)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+
+__all__ = [
+    "DESCRIPTION", "GitHubEmulator", "GitHubRefusal", "GitHubState", "request_schema",
+    "response_schema", "validate",
+]  # fmt: skip
