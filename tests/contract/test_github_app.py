@@ -362,3 +362,61 @@ def test_a_jit_config_is_used_once(world: World) -> None:
     admin = requests.post(f"{world.github.url}/_admin/runner/take",
                           json={"jit_config": jit.encoded_jit_config}, timeout=10)  # fmt: skip
     assert admin.status_code == 409
+
+
+def test_repository_runners_need_the_repository_selected_and_administration(
+    keys: tuple[str, str],
+) -> None:
+    """Repository runners: the installation must cover the repository (else 404) and grant
+    ``administration`` write (else 403 "Resource not accessible by integration")."""
+    private, public = keys
+    clock = ManualClock(START)
+    with GitHubEmulator(now=clock.now) as github:
+        github.state.register_app(APP_ID, public, [
+            {"id": 1, "account": "octo", "repositories": ["train"]},
+            {"id": 2, "account": "octo", "permissions": {"organization_self_hosted_runners":
+                                                         "write"}},
+        ])  # fmt: skip
+        app = GitHubApp(APP_ID, private, api_url=github.url, now=clock.now)
+        train = RunnerScope.repository("octo", "train")
+        jit = app.generate_jit_config(1, train, name="r", runner_group_id=1, labels=JOB_LABELS)
+        assert app.runner(1, train, jit.runner_id) is not None
+        with pytest.raises(GitHubRefused) as elsewhere:
+            app.generate_jit_config(1, RunnerScope.repository("octo", "web"), name="r",
+                                    runner_group_id=1, labels=JOB_LABELS)  # fmt: skip
+        assert elsewhere.value.status == 404
+        with pytest.raises(GitHubRefused) as forbidden:
+            app.generate_jit_config(2, train, name="r2", runner_group_id=1, labels=JOB_LABELS)
+        assert forbidden.value.status == 403
+        assert forbidden.value.message == "Resource not accessible by integration"
+
+
+def test_the_admin_api_over_http(keys: tuple[str, str]) -> None:
+    """What a stand-in runner program and the local stack do over HTTP: register an App,
+    queue a job, take it with the runner's JIT config, complete it, see jobs and runners."""
+    private, public = keys
+    with GitHubEmulator() as github:
+        admin = f"{github.url}/_admin"
+        app_spec = {"id": APP_ID, "public_key": public,
+                    "installations": [{"id": INSTALLATION, "account": ORG}]}  # fmt: skip
+        assert requests.post(f"{admin}/apps", json=app_spec, timeout=10).status_code == 201
+        queued = {"repository": f"{ORG}/train", "labels": JOB_LABELS}
+        job = requests.post(f"{admin}/jobs", json=queued, timeout=10).json()
+        app = GitHubApp(APP_ID, private, api_url=github.url)
+        jit = app.generate_jit_config(INSTALLATION, ORG_SCOPE, name="req-1-0",
+                                      runner_group_id=1, labels=JOB_LABELS)  # fmt: skip
+        runners = requests.get(f"{admin}/runners", timeout=10).json()
+        assert [r["name"] for r in runners] == ["req-1-0"]
+        assert "encoded_jit_config" not in runners[0]
+        started = {"jit_config": jit.encoded_jit_config}
+        taken = requests.post(f"{admin}/runner/take", json=started, timeout=10).json()
+        assert taken["job"]["id"] == job["id"]
+        done = requests.post(f"{admin}/jobs/{job['id']}/complete",
+                             json={"conclusion": "success"}, timeout=10).json()  # fmt: skip
+        assert done["conclusion"] == "success"
+        assert requests.get(f"{admin}/jobs", timeout=10).json()[0]["status"] == "completed"
+        assert requests.get(f"{admin}/runners", timeout=10).json() == []
+        fault = {"status": 503, "message": "Service Unavailable", "times": 1}
+        assert requests.post(f"{admin}/faults", json=fault, timeout=10).status_code == 201
+        with pytest.raises(GitHubUnavailable):
+            app.runner(INSTALLATION, ORG_SCOPE, jit.runner_id)
