@@ -397,8 +397,9 @@ def test_the_admin_api_over_http(keys: tuple[str, str]) -> None:
     private, public = keys
     with GitHubEmulator() as github:
         admin = f"{github.url}/_admin"
-        app_spec = {"id": APP_ID, "public_key": public,
-                    "installations": [{"id": INSTALLATION, "account": ORG}]}  # fmt: skip
+        installations = [{"id": INSTALLATION, "account": ORG}]
+        app_spec: dict[str, Any] = {"id": APP_ID, "public_key": public,
+                                    "installations": installations}  # fmt: skip
         assert requests.post(f"{admin}/apps", json=app_spec, timeout=10).status_code == 201
         queued = {"repository": f"{ORG}/train", "labels": JOB_LABELS}
         job = requests.post(f"{admin}/jobs", json=queued, timeout=10).json()
@@ -416,7 +417,7 @@ def test_the_admin_api_over_http(keys: tuple[str, str]) -> None:
         assert done["conclusion"] == "success"
         assert requests.get(f"{admin}/jobs", timeout=10).json()[0]["status"] == "completed"
         assert requests.get(f"{admin}/runners", timeout=10).json() == []
-        fault = {"status": 503, "message": "Service Unavailable", "times": 1}
+        fault: dict[str, Any] = {"status": 503, "message": "Service Unavailable", "times": 1}
         assert requests.post(f"{admin}/faults", json=fault, timeout=10).status_code == 201
         with pytest.raises(GitHubUnavailable):
             app.runner(INSTALLATION, ORG_SCOPE, jit.runner_id)
