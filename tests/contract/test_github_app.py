@@ -421,3 +421,19 @@ def test_the_admin_api_over_http(keys: tuple[str, str]) -> None:
         assert requests.post(f"{admin}/faults", json=fault, timeout=10).status_code == 201
         with pytest.raises(GitHubUnavailable):
             app.runner(INSTALLATION, ORG_SCOPE, jit.runner_id)
+
+
+def test_a_secondary_limit_without_headers_waits_a_minute(world: World) -> None:
+    """ "Otherwise, wait for at least one minute before retrying"."""
+    world.token()
+    world.github.state.fail_next(403, "You have exceeded a secondary rate limit.")
+    with pytest.raises(GitHubRateLimited) as limited:
+        world.app.runner(INSTALLATION, ORG_SCOPE, 1)
+    assert limited.value.retry_at == START + timedelta(minutes=1)
+
+
+def test_no_answer_at_all_is_unavailable(keys: tuple[str, str]) -> None:
+    with GitHubEmulator() as github:
+        url = github.url  # a port nothing listens on once it stops
+    with pytest.raises(GitHubUnavailable):
+        GitHubApp(APP_ID, keys[0], api_url=url).installation_token(INSTALLATION)
