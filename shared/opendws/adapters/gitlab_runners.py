@@ -190,7 +190,7 @@ class GitLabRunners:
 
     def create(self, spec: RunnerSpec) -> CreatedRunner:
         """``POST /user/runners``: a new runner and its token."""
-        reply = self._call("POST", "/user/runners", spec.body())
+        reply = self._request("POST", "/user/runners", spec.body())
         if not isinstance(reply, dict) or not isinstance(reply.get("token"), str):
             raise GitLabUnavailable(201, "the created runner's answer has no token")
         expires = reply.get("token_expires_at")
@@ -202,7 +202,7 @@ class GitLabRunners:
 
     def get(self, runner_id: int) -> RunnerState:
         """``GET /runners/:id``: GitLabNotFound when there is no such runner."""
-        reply = self._call("GET", f"/runners/{int(runner_id)}")
+        reply = self._request("GET", f"/runners/{int(runner_id)}")
         if not isinstance(reply, dict):
             raise GitLabUnavailable(200, "the runner's details are not a JSON object")
         contacted = reply.get("contacted_at")
@@ -217,11 +217,11 @@ class GitLabRunners:
     def delete(self, runner_id: int) -> None:
         """``DELETE /runners/:id``; a runner already gone is deleted too (safe to repeat)."""
         try:
-            self._call("DELETE", f"/runners/{int(runner_id)}")
+            self._request("DELETE", f"/runners/{int(runner_id)}")
         except GitLabNotFound:
             return
 
-    def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self._api + path, data=data, method=method)
         request.add_header("PRIVATE-TOKEN", self._token)
