@@ -126,11 +126,16 @@ def test_an_unknown_token_is_unauthorized(gitlab: FakeGitLab, clock: ManualClock
 
 
 def test_an_expired_token_is_unauthorized_saying_so(gitlab: FakeGitLab, clock: ManualClock) -> None:
-    """api_guard.rb: an expired token is 401 ``invalid_token``, "Token is expired. …"."""
+    """api_guard.rb: an expired (or revoked) token is 401 ``invalid_token``, "Token is
+    expired. …" ("Token was revoked. …")."""
     gitlab.add_token("glpat-old", scopes={"create_runner"}, owner_of_groups={GROUP},
                      expired=True)  # fmt: skip
     with pytest.raises(GitLabUnauthorized, match="invalid_token: Token is expired"):
         client(gitlab, "glpat-old", clock).create(GPU)
+    gitlab.add_token("glpat-revoked", scopes={"create_runner"}, revoked=True)
+    with pytest.raises(GitLabUnauthorized, match="invalid_token: Token was revoked"):
+        client(gitlab, "glpat-revoked", clock).create(GPU)
+    assert gitlab.runners() == []
 
 
 def test_a_token_without_create_runner_is_forbidden(gitlab: FakeGitLab, clock: ManualClock) -> None:
