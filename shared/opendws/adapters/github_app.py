@@ -196,7 +196,7 @@ class GitHubApp:
             if cached is not None and self._now() < cached[1] - TOKEN_MARGIN:
                 return cached[0]
             bearer = app_jwt(self.app_id, self._key, self._now())
-            body = self._call("POST", f"/app/installations/{int(installation_id)}/access_tokens",
+            body = self._send("POST", f"/app/installations/{int(installation_id)}/access_tokens",
                               bearer)  # fmt: skip
             token, expires = str(body["token"]), _timestamp(str(body["expires_at"]))
             self._tokens[installation_id] = (token, expires)
@@ -287,7 +287,7 @@ class GitHubApp:
         call itself (not of the token's)."""
         token = self.installation_token(installation_id)
         try:
-            return self._call(method, path, token, body)
+            return self._send(method, path, token, body)
         except GitHubUnauthorized:
             self.forget_token(installation_id)  # the next call asks for a new one
             raise
@@ -296,7 +296,7 @@ class GitHubApp:
                 return None
             raise
 
-    def _call(self, method: str, path: str, bearer: str, body: Any = None) -> dict[str, Any]:
+    def _send(self, method: str, path: str, bearer: str, body: Any = None) -> dict[str, Any]:
         headers = {
             "Accept": "application/vnd.github+json",
             "X-GitHub-Api-Version": API_VERSION,
