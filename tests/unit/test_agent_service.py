@@ -330,3 +330,16 @@ def test_a_secret_that_cannot_be_read_fails_the_run_naming_it() -> None:
     record = k.world.record("train")
     assert (record.state, record.reason) == (S.RELEASED, "JOB_FAILED")
     assert record.message.startswith(f"secret GONE ({missing}) cannot be read")
+
+
+def test_only_rank_zero_looks_after_its_peers_and_the_sweep_after_rank_zero() -> None:
+    """A heartbeat of rank 1 does not read the gang (rank 0's does); a lost rank 0 is found by
+    the sweep of the reconcile pass."""
+    k = kit(RUN)
+    sessions = [k.register(vm(rank)) for rank in range(2)]
+    for _ in range(3):  # rank 0 silent: only rank 1 reports
+        k.world.clock.advance(timedelta(seconds=30))
+        assert k.call("/v1/heartbeat", sessions[1], {"state": "running"}).status == 200
+    assert k.world.state("train") is S.ACTIVE
+    assert k.service.sweep() == ["train"]
+    assert k.world.record("train").message.startswith("agents of rank 0 lost")

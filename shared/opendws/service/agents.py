@@ -292,7 +292,9 @@ class AgentService:
             self._ranks.heartbeat(
                 session.request_id, session.attempt, session.rank, state, self._clock.now()
             )
-        if self._release_lost(record, self._clock.now()):
+        # Rank 0 looks after its peers (one reader of the gang's documents per heartbeat, not
+        # one per rank); the reconcile pass's sweep looks after a lost rank 0.
+        if session.rank == 0 and self._release_lost(record, self._clock.now()):
             return _over(session)  # a peer is lost: the run is released
         stop = self._ranks.stop_order(session.request_id)
         if stop is not None and stop.attempt == session.attempt:
@@ -367,8 +369,8 @@ class AgentService:
         ]
 
     def _release_lost(self, record: RequestRecord, now: datetime) -> bool:
-        """Release ``record``'s run if some of its agents are lost (see :meth:`sweep`); a
-        heartbeat looks at its own run this way too, so a live rank notices a lost peer."""
+        """Release ``record``'s run if some of its agents are lost (see :meth:`sweep`); rank 0's
+        heartbeat looks at its own run this way too, so a lost peer is noticed within seconds."""
         if record.request.run is None or record.since is None or record.state is not S.ACTIVE:
             return False
         if now >= record.since + record.request.run_duration:
