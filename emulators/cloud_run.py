@@ -36,7 +36,6 @@ time limits.
 from __future__ import annotations
 
 import http.client
-import threading
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,12 +43,11 @@ from enum import Enum
 from types import TracebackType
 from typing import Any, Self
 
-from werkzeug.serving import BaseWSGIServer, make_server
 from werkzeug.wrappers import Request, Response
 
 from emulators.official import HOST, EmulatorError
-from emulators.serving import QuietHandler
-from opendws.adapters.oidc import SERVERLESS_AUTHORIZATION, invocation_token
+from emulators.serving import BackgroundServer
+from opendws.adapters.oidc import invocation_header, invocation_token
 
 # What Cloud Run puts in place of the signature of a token it checked.
 REMOVED_SIGNATURE = "SIGNATURE_REMOVED_BY_GOOGLE"
@@ -202,10 +200,10 @@ class CloudRunFront:
         self.service = service
         self._target = (parts.hostname, parts.port)
         self._check = InvokerCheck(service, certs=certs, issuers=issuers)
-        self._host = host
-        self._ports = {False: port, True: internal_port}
-        self._servers: dict[bool, BaseWSGIServer] = {}
-        self._threads: list[threading.Thread] = []
+        self._listeners = {
+            internal: _Listener(self, host, listening, internal=internal)
+            for internal, listening in ((False, port), (True, internal_port))
+        }
 
     @property
     def url(self) -> str:
@@ -218,10 +216,7 @@ class CloudRunFront:
         return self._url(internal=True)
 
     def _url(self, *, internal: bool) -> str:
-        server = self._servers.get(internal)
-        if server is None:
-            raise EmulatorError(f"the Cloud Run front of {self.service.name} is not running")
-        return f"http://{self._host}:{server.server_port}/"
+        return f"http://{self._listeners[internal].address}/"
 
     def handle(self, request: Request, *, internal: bool) -> Response:
         """Cloud Run's answer to ``request``: a refusal, or the function's answer."""
@@ -230,12 +225,9 @@ class CloudRunFront:
                           "only (ingress internal)")  # fmt: skip
         # The header Cloud Run checks: X-Serverless-Authorization when given (then
         # Authorization is the service's own, handed on untouched), else Authorization.
-        checked = (
-            SERVERLESS_AUTHORIZATION
-            if SERVERLESS_AUTHORIZATION in request.headers
-            else "Authorization"
-        )
-        authorization = self._check.checked(invocation_token(dict(request.headers)))
+        headers = dict(request.headers)
+        checked = invocation_header(headers)
+        authorization = self._check.checked(invocation_token(headers))
         return self._forward(request, checked, authorization)
 
     def _forward(self, request: Request, checked: str, authorization: str | None) -> Response:
@@ -259,30 +251,17 @@ class CloudRunFront:
             connection.close()
 
     def start(self) -> Self:
-        if self._servers:
-            return self
         try:
-            for internal, port in self._ports.items():
-                server = make_server(self._host, port, _Application(self, internal=internal),
-                                     threaded=True, request_handler=QuietHandler)  # fmt: skip
-                self._servers[internal] = server
-                thread = threading.Thread(target=server.serve_forever, daemon=True,
-                                          name=f"cloud-run-{self.service.name}")  # fmt: skip
-                thread.start()
-                self._threads.append(thread)
-        except OSError as error:
+            for listener in self._listeners.values():
+                listener.start()
+        except EmulatorError:
             self.stop()
-            raise EmulatorError(f"the Cloud Run front of {self.service.name}: {error}") from None
+            raise
         return self
 
     def stop(self) -> None:
-        servers, threads = list(self._servers.values()), self._threads
-        self._servers, self._threads = {}, []
-        for server in servers:
-            server.shutdown()
-            server.server_close()
-        for thread in threads:
-            thread.join(10)
+        for listener in self._listeners.values():
+            listener.stop()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -294,3 +273,21 @@ class CloudRunFront:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class _Listener(BackgroundServer):
+    """One of the front's two listeners: the internet's, or Google's network's."""
+
+    def __init__(self, front: CloudRunFront, host: str, port: int, *, internal: bool) -> None:
+        where = "internal " if internal else ""
+        super().__init__(
+            host,
+            port,
+            what=f"the Cloud Run front of {front.service.name} ({where}listener)",
+            thread_name=f"cloud-run-{front.service.name}",
+        )
+        self._front = front
+        self._internal = internal
+
+    def application(self) -> _Application:
+        return _Application(self._front, internal=self._internal)

@@ -206,14 +206,20 @@ def checked_claims(token: str, skew: int) -> dict[str, Any]:
 SERVERLESS_AUTHORIZATION = "X-Serverless-Authorization"
 
 
+def invocation_header(headers: Mapping[str, str]) -> str:
+    """The name of the header whose ID token Cloud Run's invoker check verifies (and whose
+    signature it replaces): ``X-Serverless-Authorization`` when present, else
+    ``Authorization`` (names in any case)."""
+    present = {name.lower() for name in headers}
+    serverless = SERVERLESS_AUTHORIZATION.lower() in present
+    return SERVERLESS_AUTHORIZATION if serverless else "Authorization"
+
+
 def invocation_token(headers: Mapping[str, str]) -> str | None:
-    """The header whose ID token Cloud Run's invoker check verifies (and whose signature it
-    replaces): ``X-Serverless-Authorization`` when present, else ``Authorization`` (names in any
-    case). Behind Cloud Run that is the token to read: the other header, if any, is the
-    caller's own and was never checked."""
-    lowered = {name.lower(): value for name, value in headers.items()}
-    serverless = lowered.get(SERVERLESS_AUTHORIZATION.lower())
-    return serverless if serverless is not None else lowered.get("authorization")
+    """The value of :func:`invocation_header`. Behind Cloud Run that is the token to read: the
+    other header, if any, is the caller's own and was never checked."""
+    wanted = invocation_header(headers).lower()
+    return next((value for name, value in headers.items() if name.lower() == wanted), None)
 
 
 def invalid_token(error: Exception, skew: int) -> str:
