@@ -27,6 +27,17 @@ leave it open, GitLab's own sources and their request specs (``lib/api/user_runn
 - ``DELETE /api/v4/runners/:id`` → 204; an unknown runner 404 ``{"message": "404 Not
   found"}``; a user who may not manage it 403 ``{"message": "403 Forbidden - No access
   granted"}``.
+- ``GET /api/v4/runners/:id/jobs`` (docs.gitlab.com/api/runners/#list-jobs-processed-by-a-runner;
+  ``lib/api/ci/runners.rb``) → the jobs the runner took, as GitLab's ``JobBasicWithProject``
+  (a subset: ``id``, ``status``, ``stage``, ``name``, ``ref``, ``tag``, ``allow_failure``,
+  ``created_at``, ``started_at``, ``finished_at``, ``duration``, ``queued_duration``,
+  ``failure_reason``, ``pipeline``, ``project``), only of projects the user may read;
+  ``status`` filters (400 ``status does not have a valid value`` for one outside
+  ``Ci::HasStatus::AVAILABLE_STATUSES``), ``order_by=id`` with ``sort`` (default ``desc``)
+  orders, else ascending ids; ``page``/``per_page`` (default 20, at most 100) paginate with
+  ``X-Page``, ``X-Per-Page``, ``X-Next-Page``, ``X-Total``. Scopes as reading a runner
+  (``manage_runner`` covers every ``/runners/:id`` path); an unknown runner 404, a user who
+  may not read its jobs 403 "No access granted".
 
 Authentication (``PRIVATE-TOKEN`` header or ``Authorization: Bearer``): no token or an
 unknown one → 401 ``{"message": "401 Unauthorized"}``; an expired one → 401 ``{"error":
@@ -59,26 +70,57 @@ The runner's side (GitLab's ``lib/api/ci/runner.rb``; gitlab-runner's ``network/
   or a wrong token → 403 ``{"message": "403 Forbidden"}``; a job no longer running → 403
   ``{"message": "403 Forbidden - Job is not processing on runner"}``; another state → 400.
 
-Not emulated: job logs (``PATCH /jobs/:id/trace``), artifacts, caches, pipelines, webhooks,
-listing runners, runner managers, token expiry and rotation of runner tokens, the ``stale``
-status, ``access_level`` rules and protected branches.
+Job Hook webhooks (docs.gitlab.com/user/project/integrations/webhook_events/#job-events,
+GitLab's ``lib/gitlab/data_builder/build.rb``; headers from
+docs.gitlab.com/user/project/integrations/webhooks/#delivery-headers): with a webhook URL set
+(``webhook_url``/``webhook_token`` or :meth:`FakeGitLab.set_webhook`), each change of a job's
+status is POSTed there — ``pending`` when it is queued (``runner`` null), ``running`` when a
+runner takes it (``runner``: ``id``, ``description``, ``runner_type``, ``active``,
+``is_shared``, ``tags``), then ``success``, ``failed`` (with ``build_failure_reason``) or
+``canceled`` — with ``Content-Type: application/json``, ``User-Agent: GitLab/<version>``,
+``X-Gitlab-Event: Job Hook``, ``X-Gitlab-Token`` (when a token is set),
+``X-Gitlab-Instance``, ``X-Gitlab-Webhook-UUID`` (one per webhook),
+``X-Gitlab-Event-UUID`` and ``Idempotency-Key`` (one per event, the same on every retry and
+redelivery). The body has the documented fields (``object_kind: "build"``, ``ref``, ``tag``,
+``before_sha``, ``sha``, ``retries_count``, ``build_*``, ``pipeline_id``, ``runner``,
+``project_id``, ``project_name``, ``user``, ``commit`` — whose ``id`` is the pipeline's —,
+``repository``, ``project`` with ``visibility_level`` 0/10/20 for private/internal/public,
+``environment``); the documented payload has no job ``tags`` of its own (only the runner's).
+Deliveries leave one background thread in the order the events happened; one that is not
+answered 2xx is tried again (``webhook_attempts`` in all, ``webhook_retry_delay`` seconds
+apart). :meth:`FakeGitLab.deliveries` lists them, :meth:`FakeGitLab.redeliver` sends one
+again as it was, :meth:`FakeGitLab.wait_for_deliveries` waits for the queue to empty. This
+fake's jobs are queued ``pending`` (no ``created`` event before).
+
+Not emulated: job logs (``PATCH /jobs/:id/trace``), artifacts, caches, pipelines, other
+webhooks, GitLab's own webhook auto-disabling, listing runners, runner managers, token expiry
+and rotation of runner tokens, the ``stale`` status, ``access_level`` rules and protected
+branches.
 
 The administrator's side is Python: :meth:`FakeGitLab.add_token`, :meth:`~FakeGitLab.add_group`,
-:meth:`~FakeGitLab.add_project`, :meth:`~FakeGitLab.queue_job`, :meth:`~FakeGitLab.job`,
-:meth:`~FakeGitLab.runner` and :meth:`~FakeGitLab.throttle`.
+:meth:`~FakeGitLab.add_project`, :meth:`~FakeGitLab.queue_job`, :meth:`~FakeGitLab.cancel_job`,
+:meth:`~FakeGitLab.job`, :meth:`~FakeGitLab.runner`, :meth:`~FakeGitLab.throttle`,
+:meth:`~FakeGitLab.set_webhook`, :meth:`~FakeGitLab.deliveries`,
+:meth:`~FakeGitLab.redeliver` and :meth:`~FakeGitLab.wait_for_deliveries`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import queue
 import secrets
 import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from werkzeug.wrappers import Request, Response
 
@@ -100,6 +142,20 @@ DELETE_SCOPES = ("api", "manage_runner")
 INSUFFICIENT_SCOPE = "The request requires higher privileges than provided by the access token."
 EXPIRED = "Token is expired. You can either do re-authorization or token refresh."
 REVOKED = "Token was revoked. You have to re-authorize from the user."
+
+# Gitlab::VisibilityLevel: PRIVATE = 0, INTERNAL = 10, PUBLIC = 20.
+VISIBILITY_LEVELS = {"private": 0, "internal": 10, "public": 20}
+# Ci::HasStatus::AVAILABLE_STATUSES: the values GET /runners/:id/jobs takes for ``status``.
+JOB_STATUSES = ("created", "waiting_for_resource", "preparing", "waiting_for_callback",
+                "pending", "running", "success", "failed", "canceled", "canceling",
+                "skipped", "manual", "scheduled")  # fmt: skip
+FINISHED = ("success", "failed", "canceled")
+PER_PAGE, MAX_PER_PAGE = 20, 100  # GitLab's pagination defaults
+GITLAB_VERSION = "17.11.0"  # what User-Agent says
+HOOK_TIMEOUT_S = 10.0  # GitLab's default webhook timeout
+# The user who started every job here (User#hook_attrs); GitLab redacts a private email.
+HOOK_USER = {"id": 1, "name": "Administrator", "username": "root", "avatar_url": None,
+             "email": "[REDACTED]"}  # fmt: skip
 
 
 class _Refused(Exception):
@@ -168,26 +224,87 @@ class Job:
     runner_id: int | None = None
     failure_reason: str | None = None
     exit_code: int | None = None
+    pipeline_id: int = 0
+    sha: str = "0" * 40
+    ref: str = "main"
+    stage: str = "test"
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """One Job Hook event sent (or being sent) to the webhook: its request as sent — the
+    token is in ``token``, not in ``headers`` — and how its last attempt went. A redelivery
+    is a delivery of its own whose ``redelivery_of`` names the first, with the same
+    ``event_uuid``, ``idempotency_key`` and body."""
+
+    number: int
+    job_id: int
+    build_status: str
+    url: str
+    token: str = field(repr=False)
+    headers: Mapping[str, str]
+    body: Mapping[str, Any]
+    redelivery_of: int | None = None
+    attempts: int = 0
+    response_status: int | None = None
+    error: str | None = None
+    delivered: bool = False
+    done: bool = False
+
+    @property
+    def event_uuid(self) -> str:
+        return self.headers["X-Gitlab-Event-UUID"]
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.headers["Idempotency-Key"]
 
 
 class FakeGitLab(BackgroundServer):
     """The stand-in on a background thread; ``url`` is the instance's address (the API is under
     ``/api/v4``). A context manager."""
 
-    def __init__(self, *, host: str = HOST, port: int = 0, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = HOST,
+        port: int = 0,
+        clock: Clock | None = None,
+        webhook_url: str | None = None,
+        webhook_token: str | None = None,
+        webhook_attempts: int = 4,
+        webhook_retry_delay: float = 1.0,
+    ) -> None:
         super().__init__(host, port, what="the GitLab stand-in", thread_name="gitlab")
+        if webhook_attempts < 1 or webhook_retry_delay < 0:
+            raise ValueError("webhook_attempts must be at least 1, webhook_retry_delay >= 0")
         self._clock: Clock = clock or SystemClock()
         self._lock = threading.Lock()
         self._tokens: dict[str, AccessToken] = {}
         self._groups: set[int] = set()
         self._projects: dict[int, int | None] = {}  # project id → its group's
+        self._visibility: dict[int, str] = {}  # project id → private | internal | public
         self._runners: dict[int, Runner] = {}
         self._jobs: dict[int, Job] = {}
         self._next_runner = 9171
         self._next_job = 4001
+        self._next_pipeline = 2301
         self._throttled = 0
         self._retry_after = 60
         self._send_retry_after = True
+        self._webhook_url: str | None = None
+        self._webhook_token = ""
+        self._webhook_uuid = ""
+        self._webhook_attempts = webhook_attempts
+        self._webhook_retry_delay = webhook_retry_delay
+        self._deliveries: dict[int, Delivery] = {}
+        self._outbox: queue.Queue[int | None] = queue.Queue()
+        self._sender: threading.Thread | None = None
+        if webhook_url is not None:
+            self.set_webhook(webhook_url, webhook_token)
 
     @property
     def url(self) -> str:
@@ -222,12 +339,17 @@ class FakeGitLab(BackgroundServer):
         with self._lock:
             self._groups.add(group_id)
 
-    def add_project(self, project_id: int, *, group_id: int | None = None) -> None:
-        """A project, in ``group_id`` if given (the group is added too)."""
+    def add_project(
+        self, project_id: int, *, group_id: int | None = None, visibility: str = "private"
+    ) -> None:
+        """A project, in ``group_id`` if given (the group is added too), ``private``,
+        ``internal`` or ``public``."""
+        level = _visibility(visibility)
         with self._lock:
             if group_id is not None:
                 self._groups.add(group_id)
             self._projects[project_id] = group_id
+            self._visibility[project_id] = level
 
     def queue_job(
         self,
@@ -237,18 +359,40 @@ class FakeGitLab(BackgroundServer):
         script: Iterable[str] = ("true",),
         variables: Mapping[str, str] | None = None,
         name: str = "build",
+        visibility: str | None = None,
     ) -> int:
-        """A pending job of ``project_id`` (added if unknown); its id."""
+        """A pending job of ``project_id`` (added if unknown; ``visibility``, if given, is
+        the project's from now on); its id. Its ``pending`` Job Hook is sent."""
+        level = None if visibility is None else _visibility(visibility)
         with self._lock:
             self._projects.setdefault(project_id, None)
+            if level is not None:
+                self._visibility[project_id] = level
             job_id = self._next_job
             self._next_job += 1
-            self._jobs[job_id] = Job(
+            pipeline_id = self._next_pipeline
+            self._next_pipeline += 1
+            job = Job(
                 id=job_id, token="glcbt-" + secrets.token_urlsafe(15), project_id=project_id,
                 name=name, tags=tuple(tags), script=tuple(script),
-                variables=tuple(sorted((variables or {}).items())),
+                variables=tuple(sorted((variables or {}).items())), pipeline_id=pipeline_id,
+                sha=secrets.token_hex(20), created_at=self._clock.now(),
             )  # fmt: skip
+            self._jobs[job_id] = job
+            self._announce(job)
             return job_id
+
+    def cancel_job(self, job_id: int) -> Job:
+        """Cancel a pending or running job (as a user cancelling it would); a finished one
+        stays as it is. Its ``canceled`` Job Hook is sent."""
+        with self._lock:
+            job = self._jobs[job_id]
+            if job.state in FINISHED:
+                return job
+            job = replace(job, state="canceled", finished_at=self._clock.now())
+            self._jobs[job_id] = job
+            self._announce(job)
+            return job
 
     def job(self, job_id: int) -> Job:
         with self._lock:
@@ -261,6 +405,52 @@ class FakeGitLab(BackgroundServer):
     def runners(self) -> list[Runner]:
         with self._lock:
             return sorted(self._runners.values(), key=lambda runner: runner.id)
+
+    def set_webhook(self, url: str | None, token: str | None = None) -> None:
+        """Send Job Hooks to ``url`` (``None``: send none) with ``X-Gitlab-Token: token``
+        (none if not given). A new webhook gets a new ``X-Gitlab-Webhook-UUID``."""
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook URL {url!r}: an http(s) address")
+        with self._lock:
+            self._webhook_url = url
+            self._webhook_token = token or ""
+            self._webhook_uuid = str(uuid.uuid4())
+
+    def deliveries(self, job_id: int | None = None) -> list[Delivery]:
+        """Every Job Hook delivery (of ``job_id`` only, if given), oldest first."""
+        with self._lock:
+            return [delivery for _, delivery in sorted(self._deliveries.items())
+                    if job_id is None or delivery.job_id == job_id]  # fmt: skip
+
+    def redeliver(self, number: int) -> Delivery:
+        """Send delivery ``number`` again as it was (same body, event UUID and idempotency
+        key, to the same URL with the same token), as a new delivery; returns it."""
+        with self._lock:
+            first = self._deliveries[number]
+            again = replace(
+                first, number=self._next_delivery(), redelivery_of=first.redelivery_of or number,
+                attempts=0, response_status=None, error=None, delivered=False, done=False,
+            )  # fmt: skip
+            self._queue_delivery(again)
+            return again
+
+    def wait_for_deliveries(self, timeout: float = 10.0) -> bool:
+        """Wait until every delivery is done (delivered, or out of attempts); whether it
+        happened within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if all(delivery.done for delivery in self._deliveries.values()):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def stop(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            self._outbox.put(None)
+            sender.join(HOOK_TIMEOUT_S)
+        super().stop()
 
     def throttle(
         self, requests: int = 1, *, retry_after: int = 60, send_retry_after: bool = True
@@ -310,6 +500,8 @@ class FakeGitLab(BackgroundServer):
         parts = path.split("/")
         if method == "POST" and path == "/api/v4/user/runners":
             return 201, self._create_runner(request), {}
+        if method == "GET" and path.startswith("/api/v4/runners/") and parts[5:] == ["jobs"]:
+            return self._runner_jobs(request, _path_id(parts[4]))
         if path.startswith("/api/v4/runners/") and len(parts) == 5:
             runner_id = _path_id(parts[4])
             if method == "GET":
@@ -380,10 +572,14 @@ class FakeGitLab(BackgroundServer):
         runner = self._runners.get(runner_id)
         if runner is None:
             raise _message(404)
-        if not (token.admin or runner.group_id in token.owner_of_groups
-                or runner.project_id in token.owner_of_projects):  # fmt: skip
+        if not self._may_manage(token, runner):
             raise _message(403, "No access granted")
         return runner
+
+    @staticmethod
+    def _may_manage(token: AccessToken, runner: Runner) -> bool:
+        return (token.admin or runner.group_id in token.owner_of_groups
+                or runner.project_id in token.owner_of_projects)  # fmt: skip
 
     def _runner_details(self, request: Request, runner_id: int) -> dict[str, Any]:
         runner = self._managed_runner(request, runner_id, READ_SCOPES)
@@ -428,8 +624,9 @@ class FakeGitLab(BackgroundServer):
                     if j.state == "pending" and self._takes(runner, j)), None)  # fmt: skip
         if job is None:
             return 204, None, last_update
-        job = replace(job, state="running", runner_id=runner.id)
+        job = replace(job, state="running", runner_id=runner.id, started_at=self._clock.now())
         self._jobs[job.id] = job
+        self._announce(job)
         return 201, self._job_payload(job, runner), {}
 
     def _takes(self, runner: Runner, job: Job) -> bool:
@@ -455,10 +652,10 @@ class FakeGitLab(BackgroundServer):
                       for key, value in job.variables]  # fmt: skip
         return {
             "id": job.id, "token": job.token, "allow_git_fetch": False,
-            "job_info": {"id": job.id, "name": job.name, "stage": "test",
+            "job_info": {"id": job.id, "name": job.name, "stage": job.stage,
                          "project_id": job.project_id,
                          "project_name": f"project-{job.project_id}"},
-            "git_info": {"repo_url": "", "ref": "main", "sha": zero, "before_sha": zero,
+            "git_info": {"repo_url": "", "ref": job.ref, "sha": job.sha, "before_sha": zero,
                          "ref_type": "branch", "refspecs": [], "depth": 20},
             "runner_info": {"timeout": timeout},
             "variables": variables,
@@ -482,12 +679,239 @@ class FakeGitLab(BackgroundServer):
         if state not in ("success", "failed"):
             return 400, "400", {"Job-Status": job.state}
         exit_code = params.get("exit_code")
+        failure_reason = params.get("failure_reason") or "unknown_failure"
         job = replace(
-            job, state=str(state), failure_reason=params.get("failure_reason"),
+            job, state=str(state), finished_at=self._clock.now(),
+            failure_reason=failure_reason if state == "failed" else None,
             exit_code=exit_code if isinstance(exit_code, int) else None,
         )  # fmt: skip
         self._jobs[job.id] = job
+        self._announce(job)
         return 200, "200", {"Job-Status": job.state}
+
+    # The runner's jobs.
+
+    def _runner_jobs(self, request: Request, runner_id: int) -> tuple[int, Any, dict[str, str]]:
+        """``GET /runners/:id/jobs`` (runners.rb: ``authenticate_list_runners_jobs!`` — 403
+        "No access granted" without ``read_builds`` on the runner; RunnerJobsFinder lists
+        only the jobs of projects the user may read)."""
+        token = self._authenticate(request, READ_SCOPES)
+        runner = self._runners.get(runner_id)
+        if runner is None:
+            raise _message(404)
+        if not self._may_manage(token, runner):
+            raise _message(403, "No access granted")
+        args = request.args
+        status = args.get("status")
+        errors = []
+        if status is not None and status not in JOB_STATUSES:
+            errors.append("status does not have a valid value")
+        order_by, sort = args.get("order_by"), args.get("sort", "desc")
+        if order_by is not None and order_by != "id":
+            errors.append("order_by does not have a valid value")
+        if sort not in ("asc", "desc"):
+            errors.append("sort does not have a valid value")
+        page, per_page = _integer(args.get("page", "1")), _integer(args.get("per_page", "20"))
+        if page is None or page < 1:
+            errors.append("page is invalid")
+        if per_page is None or per_page < 1:
+            errors.append("per_page is invalid")
+        if errors or page is None or per_page is None:
+            raise _Refused(400, {"error": ", ".join(errors)})
+        jobs = [job for _, job in sorted(self._jobs.items())
+                if job.runner_id == runner_id and (status is None or job.state == status)
+                and (token.admin or job.project_id in token.owner_of_projects
+                     or self._projects.get(job.project_id) in token.owner_of_groups)]  # fmt: skip
+        if order_by == "id" and sort == "desc":
+            jobs.reverse()
+        per_page = min(per_page, MAX_PER_PAGE)
+        shown = jobs[(page - 1) * per_page : page * per_page]
+        headers = {"X-Page": str(page), "X-Per-Page": str(per_page), "X-Total": str(len(jobs)),
+                   "X-Next-Page": str(page + 1) if page * per_page < len(jobs) else ""}  # fmt: skip
+        return 200, [self._job_basic(job) for job in shown], headers
+
+    def _job_basic(self, job: Job) -> dict[str, Any]:
+        """Entities::Ci::JobBasicWithProject, the fields this fake has."""
+        project = self._project_attrs(job.project_id)
+        return {
+            "id": job.id, "status": job.state, "stage": job.stage, "name": job.name,
+            "ref": job.ref, "tag": False, "coverage": None, "allow_failure": False,
+            "created_at": _iso_ms(job.created_at), "started_at": _iso_ms(job.started_at),
+            "finished_at": _iso_ms(job.finished_at), "duration": self._duration(job),
+            "queued_duration": self._queued_duration(job),
+            "failure_reason": job.failure_reason, "user": HOOK_USER,
+            "pipeline": {"id": job.pipeline_id, "project_id": job.project_id, "sha": job.sha,
+                         "ref": job.ref, "status": job.state},
+            "project": {"id": job.project_id, "name": project["name"],
+                        "description": project["description"],
+                        "path_with_namespace": project["path_with_namespace"]},
+        }  # fmt: skip
+
+    def _duration(self, job: Job) -> float | None:
+        if job.started_at is None:
+            return None
+        return ((job.finished_at or self._clock.now()) - job.started_at).total_seconds()
+
+    def _queued_duration(self, job: Job) -> float | None:
+        if job.created_at is None:
+            return None
+        return ((job.started_at or self._clock.now()) - job.created_at).total_seconds()
+
+    # Job Hooks.
+
+    def _announce(self, job: Job) -> None:
+        """Queue ``job``'s Job Hook for its current status, if a webhook is set (called
+        under the lock, so deliveries are queued in the order the changes happened)."""
+        if self._webhook_url is None:
+            return
+        headers = {
+            "Content-Type": "application/json", "User-Agent": f"GitLab/{GITLAB_VERSION}",
+            "X-Gitlab-Event": "Job Hook", "X-Gitlab-Instance": self._instance(),
+            "X-Gitlab-Webhook-UUID": self._webhook_uuid,
+            "X-Gitlab-Event-UUID": str(uuid.uuid4()), "Idempotency-Key": str(uuid.uuid4()),
+        }  # fmt: skip
+        self._queue_delivery(Delivery(
+            number=self._next_delivery(), job_id=job.id, build_status=job.state,
+            url=self._webhook_url, token=self._webhook_token, headers=headers,
+            body=self._job_hook(job),
+        ))  # fmt: skip
+
+    def _next_delivery(self) -> int:
+        return len(self._deliveries) + 1
+
+    def _queue_delivery(self, delivery: Delivery) -> None:
+        self._deliveries[delivery.number] = delivery
+        self._outbox.put(delivery.number)
+        if self._sender is None:
+            self._sender = threading.Thread(target=self._send_deliveries, daemon=True,
+                                            name="gitlab-webhooks")  # fmt: skip
+            self._sender.start()
+
+    def _send_deliveries(self) -> None:
+        """The sender: one delivery at a time, in the order queued, each tried until it is
+        answered 2xx or out of attempts."""
+        while (number := self._outbox.get()) is not None:
+            for attempt in range(1, self._webhook_attempts + 1):
+                with self._lock:
+                    delivery = self._deliveries[number]
+                status, error = _post(delivery)
+                delivered = status is not None and 200 <= status < 300
+                with self._lock:
+                    self._deliveries[number] = replace(
+                        delivery, attempts=attempt, response_status=status, error=error,
+                        delivered=delivered,
+                        done=delivered or attempt == self._webhook_attempts,
+                    )  # fmt: skip
+                if delivered:
+                    break
+                if attempt < self._webhook_attempts:
+                    time.sleep(self._webhook_retry_delay)
+
+    def _instance(self) -> str:
+        """``X-Gitlab-Instance``: this instance's address (a placeholder when not serving)."""
+        try:
+            return self.url
+        except Exception:  # not serving
+            return "http://gitlab.invalid"
+
+    def _project_attrs(self, project_id: int) -> dict[str, Any]:
+        """Project#hook_attrs(backward: false), for the names this fake gives projects."""
+        group_id = self._projects.get(project_id)
+        namespace = f"group-{group_id}" if group_id is not None else "root"
+        name = f"project-{project_id}"
+        path = f"{namespace}/{name}"
+        base = self._instance()
+        host = urlsplit(base).hostname or "gitlab.invalid"
+        web_url, ssh_url = f"{base}/{path}", f"git@{host}:{path}.git"
+        return {
+            "id": project_id, "name": name, "description": "", "web_url": web_url,
+            "avatar_url": None, "git_ssh_url": ssh_url, "git_http_url": f"{web_url}.git",
+            "namespace": namespace,
+            "visibility_level": VISIBILITY_LEVELS[self._visibility.get(project_id, "private")],
+            "path_with_namespace": path, "default_branch": "main", "ci_config_path": None,
+            "homepage": web_url, "url": ssh_url, "ssh_url": ssh_url,
+            "http_url": f"{web_url}.git",
+        }  # fmt: skip
+
+    def _job_hook(self, job: Job) -> dict[str, Any]:
+        """The Job Hook body (Gitlab::DataBuilder::Build; the documented example's fields)."""
+        project = self._project_attrs(job.project_id)
+        runner = self._runners.get(job.runner_id) if job.runner_id is not None else None
+        return {
+            "object_kind": "build", "ref": job.ref, "tag": False, "before_sha": "0" * 40,
+            "sha": job.sha, "retries_count": 0, "build_id": job.id, "build_name": job.name,
+            "build_stage": job.stage, "build_status": job.state,
+            "build_created_at": _iso_ms(job.created_at),
+            "build_created_at_iso": _iso(job.created_at),
+            "build_started_at": _iso_ms(job.started_at),
+            "build_started_at_iso": _iso(job.started_at),
+            "build_finished_at": _iso_ms(job.finished_at),
+            "build_finished_at_iso": _iso(job.finished_at),
+            "build_duration": self._duration(job),
+            "build_queued_duration": self._queued_duration(job),
+            "build_allow_failure": False, "build_failure_reason": job.failure_reason,
+            "pipeline_id": job.pipeline_id,
+            "runner": None if runner is None else {
+                "id": runner.id, "description": runner.description,
+                "runner_type": runner.runner_type, "active": not runner.paused,
+                "is_shared": runner.runner_type == "instance_type", "tags": list(runner.tags),
+            },
+            "project_id": job.project_id, "project_name": project["path_with_namespace"],
+            "user": HOOK_USER,
+            "commit": {
+                "id": job.pipeline_id, "name": None, "sha": job.sha, "message": "CI\n",
+                "author_name": HOOK_USER["name"], "author_email": "admin@example.com",
+                "author_url": "mailto:admin@example.com", "status": job.state,
+                "duration": self._duration(job) if job.state in FINISHED else None,
+                "started_at": _iso_ms(job.started_at), "started_at_iso": _iso(job.started_at),
+                "finished_at": _iso_ms(job.finished_at),
+                "finished_at_iso": _iso(job.finished_at),
+            },
+            "repository": {
+                "name": project["name"], "url": project["url"],
+                "description": project["description"], "homepage": project["homepage"],
+                "git_http_url": project["git_http_url"], "git_ssh_url": project["git_ssh_url"],
+                "visibility_level": project["visibility_level"],
+            },
+            "project": project,
+            "environment": None,
+        }  # fmt: skip
+
+
+def _visibility(name: str) -> str:
+    if name not in VISIBILITY_LEVELS:
+        raise ValueError(f"visibility {name!r}: one of {', '.join(VISIBILITY_LEVELS)}")
+    return name
+
+
+def _iso_ms(moment: datetime | None) -> str | None:
+    """A time as the documented Job Hook shows it: ``2021-02-23T02:41:37.886Z``."""
+    if moment is None:
+        return None
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _iso(moment: datetime | None) -> str | None:
+    """The ``…_iso`` form: ``2021-02-23T02:41:37Z``."""
+    return None if moment is None else moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _post(delivery: Delivery) -> tuple[int | None, str | None]:
+    """One attempt at ``delivery``: (the answer's status, or None and what went wrong)."""
+    headers = dict(delivery.headers)
+    if delivery.token:
+        headers["X-Gitlab-Token"] = delivery.token
+    request = urllib.request.Request(
+        delivery.url, data=json.dumps(delivery.body).encode(), method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=HOOK_TIMEOUT_S) as reply:
+            reply.read()
+            return reply.status, None
+    except urllib.error.HTTPError as error:
+        return error.code, f"answered {error.code}"
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+        return None, f"no answer ({error})"
 
 
 def _path_id(text: str) -> int:
@@ -601,4 +1025,4 @@ def _tags(value: Any) -> tuple[str, ...] | None:
     return tuple(tag.strip() for tag in value if tag.strip())
 
 
-__all__ = ["AccessToken", "FakeGitLab", "Job", "Runner"]
+__all__ = ["AccessToken", "Delivery", "FakeGitLab", "Job", "Runner"]
