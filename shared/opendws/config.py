@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -163,10 +164,7 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
             for tenant in configuration.tenants
         ],
         "access": [{"principal": r.principal, "tenant": r.tenant} for r in configuration.access],
-        "ci": [
-            {"provider": m.provider, "labels": sorted(m.labels), "request": m.template}
-            for m in configuration.ci
-        ],
+        "ci": [_ci(mapping) for mapping in configuration.ci],
         "prices": [
             {
                 "accelerator": price.accelerator,
@@ -177,6 +175,21 @@ def configuration_to_document(configuration: Configuration) -> dict[str, Any]:
             for price in configuration.prices
         ],
     }
+
+
+def _ci(mapping: CiMapping) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "provider": mapping.provider, "labels": sorted(mapping.labels),
+        "request": mapping.template, "idle_timeout": format_duration(mapping.idle_timeout),
+    }  # fmt: skip
+    if mapping.max_vms is not None:
+        document["max_vms"] = mapping.max_vms
+    for name, block in (("github", mapping.github), ("gitlab", mapping.gitlab)):
+        if block is not None:
+            document[name] = {
+                key: value for key, value in asdict(block).items() if value is not None
+            }
+    return document
 
 
 def _pool(pool: Pool) -> dict[str, Any]:

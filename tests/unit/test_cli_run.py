@@ -67,7 +67,7 @@ def test_without_dashes_a_submission_carries_no_run(system: System) -> None:
     ("args", "words"),
     [
         (["--"], "run.command: must not be empty"),
-        (["--image", "python:3.12"], "run.command: Field required"),
+        (["--image", "python:3.12"], "run.command: must not be empty"),
         (["--env", "MASTER_ADDR=h", "--", "true"], "run.env.MASTER_ADDR: is set by opendws"),
         (["--env", "WANDB_MODE", "--", "true"], "--env 'WANDB_MODE': give NAME=VALUE"),
         (["--secret", "HF_TOKEN=hf-token", "--", "true"], "run.secrets.HF_TOKEN:"),

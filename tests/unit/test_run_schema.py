@@ -74,7 +74,7 @@ def test_a_request_without_run_is_capacity_only() -> None:
         ({"command": []}, "run.command", "must not be empty"),
         ({"command": ["python", ""]}, "run.command[1]", "must not be empty"),
         ({"command": "python train.py"}, "run.command", "valid array"),
-        ({"image": "trainer:1.4"}, "run.command", "Field required"),
+        ({"image": "trainer:1.4"}, "run.command", "must not be empty"),
         ({"command": ["x"], "env": {"OPENDWS_NODE_RANK": "0"}}, "run.env.OPENDWS_NODE_RANK",
          "set by opendws"),
         ({"command": ["x"], "env": {"MASTER_ADDR": "h"}}, "run.env.MASTER_ADDR", "set by opendws"),

@@ -72,6 +72,59 @@ class EndsWhen(StrEnum):
     RANK0_EXITED = "rank0_exited"  # rank 0's command has exited (the others are stopped)
 
 
+class CiProvider(StrEnum):
+    """Whose one-job runner a CI run is."""
+
+    GITHUB = "github"
+    GITLAB = "gitlab"
+
+
+# GitHub refuses a just-in-time runner with more than 100 labels (the generate-jitconfig
+# operation's ``labels``: minItems 1, maxItems 100, in GitHub's OpenAPI description).
+MAX_RUNNER_LABELS = 100
+MAX_LABEL_LENGTH = 256
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CiRunner:
+    """A CI run: the gang's VM becomes a one-job runner of ``provider`` for a job asking for
+    ``labels`` (GitHub ``runs-on``, GitLab tags), queued in ``source`` (GitHub ``owner/name``,
+    GitLab the project id). opendws builds the runner's command when the VM is up (the
+    runner's credential is minted then, never stored); the runner's exit ends the run."""
+
+    provider: CiProvider
+    labels: tuple[str, ...]  # sorted
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.labels or len(self.labels) > MAX_RUNNER_LABELS:
+            raise InvalidModel(
+                "run.runner.labels", f"holds {len(self.labels)}; give 1 to {MAX_RUNNER_LABELS}"
+            )
+        for label in self.labels:
+            if not label or len(label) > MAX_LABEL_LENGTH or "\0" in label:
+                raise InvalidModel(
+                    "run.runner.labels",
+                    f"{label!r}: a label is 1 to {MAX_LABEL_LENGTH} characters, no NUL",
+                )
+        if not self.source or len(self.source) > 512:
+            raise InvalidModel("run.runner.source", "must name the repository or project")
+
+    @classmethod
+    def of(cls, provider: CiProvider | str, labels: Any, source: str) -> CiRunner:
+        """A runner from text (``provider``) and any iterable of labels."""
+        try:
+            kind = CiProvider(provider)
+        except ValueError:
+            known = " or ".join(repr(member.value) for member in CiProvider)
+            raise InvalidModel("run.runner.provider", f"is {provider!r}; give {known}") from None
+        return cls(provider=kind, labels=tuple(sorted(set(labels))), source=str(source))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"provider": self.provider.value, "labels": list(self.labels),
+                "source": self.source}  # fmt: skip
+
+
 def reserved(name: str) -> bool:
     """Whether opendws sets the environment variable ``name`` for the job itself."""
     return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
@@ -89,9 +142,17 @@ class RunSpec:
     env: tuple[tuple[str, str], ...] = ()
     secrets: tuple[tuple[str, str], ...] = ()
     ends_when: EndsWhen = EndsWhen.ALL_EXITED
+    runner: CiRunner | None = None  # a CI run: no command of its own (see CiRunner)
 
     def __post_init__(self) -> None:
-        _check_command(self.command)
+        if self.runner is None:
+            _check_command(self.command)
+        elif self.command or self.image is not None or self.secrets:
+            raise InvalidModel(
+                "run.runner",
+                "a CI runner's run has no command, image or secrets of its own: opendws "
+                "builds the runner's command when the VM is up",
+            )
         if self.image is not None:
             _check_image(self.image)
         _check_names("run.env", self.env)
@@ -124,6 +185,7 @@ class RunSpec:
         env: Mapping[str, str] | None = None,
         secrets: Mapping[str, str] | None = None,
         ends_when: EndsWhen | str = EndsWhen.ALL_EXITED,
+        runner: CiRunner | None = None,
     ) -> RunSpec:
         """A run from mappings (``env``, ``secrets``) and text (``ends_when``)."""
         try:
@@ -133,7 +195,7 @@ class RunSpec:
             raise InvalidModel("run.ends_when", f"is {ends_when!r}; give {known}") from None
         return cls(
             command=tuple(command), image=image, env=tuple(sorted((env or {}).items())),
-            secrets=tuple(sorted((secrets or {}).items())), ends_when=ending,
+            secrets=tuple(sorted((secrets or {}).items())), ends_when=ending, runner=runner,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
@@ -144,14 +206,18 @@ class RunSpec:
             "env": dict(self.env),
             "secrets": dict(self.secrets),
             "ends_when": self.ends_when.value,
+            **({} if self.runner is None else {"runner": self.runner.to_json()}),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunSpec:
         """Read back what :meth:`to_json` wrote."""
+        runner = data.get("runner")
         return cls.of(
-            data["command"], image=data.get("image"), env=data.get("env"),
+            data.get("command") or (), image=data.get("image"), env=data.get("env"),
             secrets=data.get("secrets"), ends_when=data.get("ends_when", EndsWhen.ALL_EXITED),
+            runner=None if runner is None else CiRunner.of(
+                runner["provider"], runner["labels"], runner["source"]),
         )  # fmt: skip
 
 

@@ -4,6 +4,7 @@ API with a Google identity), and the port where it lives."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from opendws.domain.model import Mode, PolicySettings, Pool, Tenant
@@ -25,15 +26,89 @@ class Price:
         return accelerator_hours * self.per_hour * factor
 
 
+# A runner that takes no job within this of being handed to its VM is deleted and the VM
+# released (a mapping's idle_timeout); GitHub gives a queued job 24 hours to find a runner.
+DEFAULT_IDLE_TIMEOUT = timedelta(minutes=10)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GitHubRunners:
+    """A GitHub App that makes just-in-time runners for a mapping's jobs: its id, the
+    installation it acts as, the Secret Manager version holding its private key (read by the
+    agent function when it mints a runner, never stored), and where its runners live — an
+    organization (``organization``) or one repository (``repository``, ``owner/name``) — in
+    ``runner_group_id``. ``api_url`` is GitHub's REST API (``https://HOST/api/v3`` for GitHub
+    Enterprise Server)."""
+
+    app_id: int
+    installation_id: int
+    private_key_secret: str
+    organization: str | None = None
+    repository: str | None = None
+    runner_group_id: int = 1  # every organization's Default group; a repository's runners'
+    api_url: str = "https://api.github.com"
+    allow_public_repositories: bool = False  # self-hosted runners run strangers' code there
+
+    def reaches(self, repository: str) -> bool:
+        """Whether a job of ``owner/name`` can take this App's runners."""
+        if self.repository is not None:
+            return repository.lower() == self.repository.lower()
+        owner = repository.partition("/")[0]
+        return self.organization is not None and owner.lower() == self.organization.lower()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GitLabRunners:
+    """A GitLab that makes one-job runners for a mapping's jobs: its URL, the Secret Manager
+    version holding a token with ``create_runner`` and ``manage_runner``, and for group
+    runners the group (else each runner is the job's project's)."""
+
+    url: str = "https://gitlab.com"
+    token_secret: str
+    group_id: int | None = None
+    executor: str = "shell"  # run-single's --executor: shell or docker
+    allow_public_projects: bool = False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CiMapping:
     """Which CI jobs get capacity, and what they ask for: a job of ``provider`` whose labels
     (GitHub ``runs-on``, GitLab tags) include every one of ``labels`` is submitted as
-    ``template`` (the fields of a submit message but its id, which comes from the job)."""
+    ``template`` (the fields of a submit message but its id, which comes from the job).
+
+    With ``github`` (or ``gitlab``) the VM a job gets runs it: it becomes a one-job runner, and
+    lives as long as its runner (the runner's exit ends the run; a runner that takes no job
+    within ``idle_timeout`` is deleted and the VM released). Without, the capacity is the
+    job's to use, released when the job completes. ``max_vms`` caps the VMs the mapping's
+    requests hold at once (None: no cap)."""
 
     provider: str  # github, gitlab or generic
     labels: frozenset[str]
     template: dict[str, Any] = field(hash=False)
+    github: GitHubRunners | None = None
+    gitlab: GitLabRunners | None = None
+    max_vms: int | None = None
+    idle_timeout: timedelta = DEFAULT_IDLE_TIMEOUT
+
+    @property
+    def runs_jobs(self) -> bool:
+        """Whether the mapping's VMs run their jobs (as one-job runners)."""
+        return self.github is not None or self.gitlab is not None
+
+    @property
+    def tenant(self) -> str:
+        return str(self.template.get("tenant", ""))
+
+
+def ci_mapping(
+    mappings: tuple[CiMapping, ...], provider: str, labels: frozenset[str] | tuple[str, ...]
+) -> CiMapping | None:
+    """The first mapping of ``provider`` all of whose labels a job asking for ``labels`` has."""
+    asked = frozenset(labels)
+    for mapping in mappings:
+        if mapping.provider == provider and mapping.labels <= asked:
+            return mapping
+    return None
 
 
 # The ``tenant`` of an access rule whose principal acts as an admin (as the admins' API key).

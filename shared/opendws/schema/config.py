@@ -9,9 +9,11 @@ reuses these parts). Each part builds its domain value; a broken domain rule rai
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, StrictBool, StrictInt, field_validator
+from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
 from opendws.domain import (
     InvalidModel,
@@ -23,9 +25,14 @@ from opendws.domain import (
     Tenant,
 )
 from opendws.domain.calendar import CancellationRule
-from opendws.domain.run import check_secret_prefix
+from opendws.domain.run import SECRET_VERSION, SECRET_VERSION_RULE, check_secret_prefix
 from opendws.ports import AccessRule, CiMapping, Price
-from opendws.ports.configuration import DOMAIN_PREFIX
+from opendws.ports.configuration import (
+    DEFAULT_IDLE_TIMEOUT,
+    DOMAIN_PREFIX,
+    GitHubRunners,
+    GitLabRunners,
+)
 from opendws.schema.common import Document, Duration, ScenarioError, Spec, Timestamp
 
 
@@ -125,17 +132,118 @@ class PriceSpec(Spec):
         )
 
 
+# A secret's version as the agent function reads it (projects/P/secrets/S/versions/V).
+_SECRET_RULE = SECRET_VERSION_RULE
+
+
+def _secret_version(value: str) -> str:
+    if SECRET_VERSION.fullmatch(value) is None:
+        raise ValueError(f"{value!r} {_SECRET_RULE}")
+    return value
+
+
+def _api_url(value: str) -> str:
+    """An https URL (http only for a loopback host: the local fakes), without a trailing /."""
+    parsed = urlsplit(value)
+    loopback = parsed.hostname in ("localhost", "127.0.0.1", "::1")
+    if parsed.scheme != "https" and not (parsed.scheme == "http" and loopback):
+        raise ValueError(f"{value!r} must be an https:// URL")
+    if not parsed.hostname or parsed.query or parsed.fragment:
+        raise ValueError(f"{value!r} must be a URL such as https://api.github.com")
+    return value.rstrip("/")
+
+
+class GitHubSpec(Spec):
+    """``ci[i].github``: the GitHub App that makes the mapping's just-in-time runners."""
+
+    app_id: StrictInt = Field(gt=0)
+    installation_id: StrictInt = Field(gt=0)
+    private_key_secret: str
+    organization: str | None = Field(default=None, pattern=r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})$")
+    repository: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9-]{1,39}/[A-Za-z0-9._-]{1,100}$"
+    )
+    runner_group_id: StrictInt = Field(default=1, gt=0)
+    api_url: str = "https://api.github.com"
+    allow_public_repositories: StrictBool = False
+
+    _key = field_validator("private_key_secret")(_secret_version)
+    _url = field_validator("api_url")(_api_url)
+
+    @model_validator(mode="after")
+    def _one_scope(self) -> GitHubSpec:
+        if (self.organization is None) == (self.repository is None):
+            raise ValueError(
+                "give organization (organization runners) or repository (owner/name: that "
+                "repository's runners), exactly one"
+            )
+        return self
+
+    def build(self) -> GitHubRunners:
+        return GitHubRunners(
+            app_id=self.app_id, installation_id=self.installation_id,
+            private_key_secret=self.private_key_secret, organization=self.organization,
+            repository=self.repository, runner_group_id=self.runner_group_id,
+            api_url=self.api_url, allow_public_repositories=self.allow_public_repositories,
+        )  # fmt: skip
+
+
+class GitLabSpec(Spec):
+    """``ci[i].gitlab``: the GitLab that makes the mapping's one-job runners."""
+
+    url: str = "https://gitlab.com"
+    token_secret: str
+    group_id: StrictInt | None = Field(default=None, gt=0)
+    executor: Literal["shell", "docker"] = "shell"
+    allow_public_projects: StrictBool = False
+
+    _token = field_validator("token_secret")(_secret_version)
+    _url = field_validator("url")(_api_url)
+
+    def build(self) -> GitLabRunners:
+        return GitLabRunners(
+            url=self.url, token_secret=self.token_secret, group_id=self.group_id,
+            executor=self.executor, allow_public_projects=self.allow_public_projects,
+        )  # fmt: skip
+
+
 class CiSpec(Spec):
-    """``ci[i]``: CI jobs that get capacity and the request they make."""
+    """``ci[i]``: CI jobs that get capacity and the request they make; with ``github`` or
+    ``gitlab``, the VM runs the job as a one-job runner."""
 
     provider: Literal["github", "gitlab", "generic"]
     labels: list[str] = Field(min_length=1)
     request: dict[str, Any]
+    github: GitHubSpec | None = None
+    gitlab: GitLabSpec | None = None
+    max_vms: StrictInt | None = Field(default=None, gt=0)
+    idle_timeout: Duration = DEFAULT_IDLE_TIMEOUT
+
+    @model_validator(mode="after")
+    def _runner_of_its_provider(self) -> CiSpec:
+        for name, block in (("github", self.github), ("gitlab", self.gitlab)):
+            if block is not None and self.provider != name:
+                raise ValueError(f"{name}: a {self.provider} mapping's runners cannot be {name}'s")
+        if self.idle_timeout < timedelta(minutes=1) or self.idle_timeout > timedelta(hours=24):
+            raise ValueError("idle_timeout: between 1 minute and 24 hours")
+        if self.runs_jobs and "run" in self.request:
+            raise ValueError(
+                "request.run: a mapping with github or gitlab runs the job itself (the VM "
+                "becomes its runner); give no run"
+            )
+        return self
+
+    @property
+    def runs_jobs(self) -> bool:
+        return self.github is not None or self.gitlab is not None
 
     def build(self) -> CiMapping:
         return CiMapping(
-            provider=self.provider, labels=frozenset(self.labels), template=dict(self.request)
-        )
+            provider=self.provider, labels=frozenset(self.labels), template=dict(self.request),
+            github=None if self.github is None else self.github.build(),
+            gitlab=None if self.gitlab is None else self.gitlab.build(),
+            max_vms=self.max_vms, idle_timeout=self.idle_timeout,
+        )  # fmt: skip
 
 
 # A DNS name: labels of letters, digits and inner hyphens, and a top-level label of letters.

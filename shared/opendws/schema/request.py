@@ -46,8 +46,10 @@ from opendws.domain.model import (
 from opendws.domain.run import (
     ENV_NAME,
     IMAGE_RULE,
+    MAX_RUNNER_LABELS,
     SECRET_VERSION,
     SECRET_VERSION_RULE,
+    CiRunner,
     EndsWhen,
     RunSpec,
 )
@@ -142,14 +144,26 @@ class Gang(_Strict):
         return self
 
 
+class Runner(_Strict):
+    """A CI run: the VM becomes a one-job runner (the ``ci_hook`` function writes these)."""
+
+    provider: Literal["github", "gitlab"]
+    labels: list[str] = Field(min_length=1, max_length=MAX_RUNNER_LABELS)
+    source: str = Field(min_length=1, max_length=512,
+                        description="The job's repository (owner/name) or project id.")  # fmt: skip
+
+
 class Run(_Strict):
     """The job run on every VM of the gang once the whole gang is up (its rules are
     :class:`~opendws.domain.run.RunSpec`'s, each refusal naming the field)."""
 
     command: Annotated[list[str], WithJsonSchema({
-        "type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
-        "description": "The program and its arguments (argv), run on every VM.",
-    })]  # fmt: skip
+        "type": "array", "items": {"type": "string", "minLength": 1},
+        "description": (
+            "The program and its arguments (argv), run on every VM; required but for a CI "
+            "runner's run (runner), which has none."
+        ),
+    })] = Field(default_factory=list)  # fmt: skip
     image: Annotated[str | None, WithJsonSchema({
         "anyOf": [{"type": "string"}, {"type": "null"}], "default": None,
         "description": (
@@ -180,6 +194,10 @@ class Run(_Strict):
         default="all_exited",
         description="When the run is over and its capacity released: every rank exited, or rank 0.",
     )
+    runner: Runner | None = Field(
+        default=None,
+        description="A CI job's run: the VM runs one job as a runner of its CI system.",
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> Run:
@@ -192,6 +210,8 @@ class Run(_Strict):
             return RunSpec.of(
                 self.command, image=self.image, env=self.env, secrets=self.secrets,
                 ends_when=EndsWhen(self.ends_when),
+                runner=None if self.runner is None else CiRunner.of(
+                    self.runner.provider, self.runner.labels, self.runner.source),
             )  # fmt: skip
         except InvalidModel as error:
             raise FieldProblem(error.field.removeprefix("run."), error.rule) from None
