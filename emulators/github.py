@@ -26,10 +26,13 @@ status as a string):
   ``/repos/{owner}/{repo}/actions/runners/generate-jitconfig`` with an installation token →
   201 ``{runner, encoded_jit_config}``
   (docs.github.com/en/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-an-organization):
-  the runner ``offline``, not busy, its labels as given (``self-hosted`` and OS/architecture
-  names ``read-only``, the rest ``custom``); a body the description refuses → 422 "Invalid
-  request." and what is wrong; an unknown runner group → 404; a name already taken in that
-  scope → 409 "Already exists - A runner with the name NAME already exists.".
+  the config shaped as GitHub's (:func:`encoded_jit_config`: the runner's ``.runner``,
+  ``.credentials`` and ``.credentials_rsaparams`` files, ``.runner``'s ``serverUrl`` this
+  fake's address as the caller reached it), the runner ``offline``, not busy, its labels as
+  given (``self-hosted`` and OS/architecture names ``read-only``, the rest ``custom``); a
+  body the description refuses → 422 "Invalid request." and what is wrong; an unknown
+  runner group → 404; a name already taken in that scope → 409 "Already exists - A runner
+  with the name NAME already exists.".
 - ``GET`` and ``DELETE /orgs/{org}/actions/runners/{runner_id}`` (and the repository's) → 200
   the runner, 204; an unknown runner 404; deleting a runner that is running a job 422.
 - Credentials: a token this fake did not issue, or one past its hour, → 401 "Bad
@@ -62,6 +65,7 @@ import json
 import re
 import secrets
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -171,8 +175,9 @@ _TYPES: dict[str, Callable[[Any], bool]] = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
 }
-_ARTICLES = {"object": "an object", "array": "an array", "integer": "an integer"}
+_ARTICLES = {"object": "an object", "array": "an array", "integer": "an integer", "null": "nil"}
 
 
 def _shown(value: Any) -> str:
@@ -180,27 +185,48 @@ def _shown(value: Any) -> str:
     return "nil" if value is None else json.dumps(value, separators=(",", ":"))
 
 
+def _kinds(schema: Mapping[str, Any]) -> list[str] | None:
+    """The types a schema allows (OpenAPI 3.1 may list several), or None if any."""
+    kind = schema.get("type")
+    return None if kind is None else [kind] if isinstance(kind, str) else list(kind)
+
+
+def _article(kinds: Sequence[str]) -> str:
+    return " or ".join(_ARTICLES.get(kind, "a " + kind) for kind in kinds)
+
+
+def _combined(schema: Mapping[str, Any], value: Any, where: str) -> list[str]:
+    """What ``value`` breaks of the schema's ``allOf`` (each), ``oneOf`` and ``anyOf`` (one
+    of them, at least)."""
+    errors = [error for part in schema.get("allOf", ()) for error in validate(part, value, where)]
+    for keyword in ("oneOf", "anyOf"):
+        options = schema.get(keyword)
+        if options and all(validate(option, value, where) for option in options):
+            errors.append(f"For '{where or 'items'}', {_shown(value)} is not one of the allowed "
+                          "types.")  # fmt: skip
+    return errors
+
+
 def validate(schema: Mapping[str, Any], value: Any, where: str = "") -> list[str]:
-    """What ``value`` breaks of ``schema`` (the OpenAPI 3.0 subset the description uses:
-    type, nullable, required, properties, items, minItems, maxItems, enum, oneOf), worded as
+    """What ``value`` breaks of ``schema`` (the subset of OpenAPI 3.0 and 3.1 schemas the
+    vendored descriptions use: type (one or a list), nullable, required, properties, items,
+    minItems, maxItems, enum, allOf, oneOf, anyOf; ``$ref`` resolved beforehand), worded as
     GitHub words it: ``"name" wasn't supplied.``, ``For 'properties/labels', 5 is not an
     array.``; empty if nothing."""
     at = f"For '{where or 'items'}', "
+    errors = _combined(schema, value, where)
+    kinds = _kinds(schema)
     if value is None:
-        return [] if schema.get("nullable") or "type" not in schema else [
-            f"{at}nil is not {_ARTICLES.get(schema['type'], 'a ' + schema['type'])}."
-        ]  # fmt: skip
-    if "oneOf" in schema:
-        if any(not validate(option, value, where) for option in schema["oneOf"]):
-            return []
-        return [f"{at}{_shown(value)} is not one of the allowed types."]
-    kind = schema.get("type")
-    if kind is not None and not _TYPES[kind](value):
-        return [f"{at}{_shown(value)} is not {_ARTICLES.get(kind, 'a ' + str(kind))}."]
+        if kinds is not None and "null" not in kinds and not schema.get("nullable"):
+            errors.append(f"{at}nil is not {_article(kinds)}.")
+        elif kinds is not None and "null" in kinds and None not in schema.get("enum", [None]):
+            errors.append(f"{at}nil is not a member of {_shown(schema['enum'])}.")
+        return errors
+    if kinds is not None and not any(_TYPES[kind](value) for kind in kinds):
+        return [*errors, f"{at}{_shown(value)} is not {_article(kinds)}."]
     if "enum" in schema and value not in schema["enum"]:
-        return [f"{at}{_shown(value)} is not a member of {_shown(schema['enum'])}."]
-    errors: list[str] = []
-    if kind == "object":
+        return [*errors, f"{at}{_shown(value)} is not a member of {_shown(schema['enum'])}."]
+    if isinstance(value, dict):
         missing = [key for key in schema.get("required", ()) if key not in value]
         if missing:
             names = ", ".join(f'"{key}"' for key in missing)
@@ -208,7 +234,7 @@ def validate(schema: Mapping[str, Any], value: Any, where: str = "") -> list[str
         for key, sub in schema.get("properties", {}).items():
             if key in value:
                 errors += validate(sub, value[key], f"properties/{key}")
-    if kind == "array":
+    if isinstance(value, list):
         low, high = schema.get("minItems"), schema.get("maxItems")
         if low is not None and len(value) < low:
             errors.append(f"{at}{_shown(value)} has fewer than {low} items.")
@@ -463,8 +489,10 @@ class GitHubState:
             return installation
 
     def create_runner(
-        self, installation: Installation, scope: str, body: Mapping[str, Any]
+        self, installation: Installation, scope: str, body: Mapping[str, Any], server_url: str
     ) -> dict[str, Any]:
+        """A JIT runner (``body`` checked against the description already); its config names
+        ``server_url`` (this fake's address as the caller reached it) as the runner's server."""
         with self._lock:
             group = int(body["runner_group_id"])
             groups = installation.runner_groups if scope.startswith("org/") else {DEFAULT_GROUP}
@@ -475,8 +503,9 @@ class GitHubState:
                 raise GitHubRefusal(
                     409, f"Already exists - A runner with the name {name} already exists."
                 )
-            runner = FakeRunner(next(self._ids), scope, name, group, tuple(body["labels"]),
-                                "jit_" + secrets.token_urlsafe(48))  # fmt: skip
+            runner_id = next(self._ids)
+            config = encoded_jit_config(runner_id, name, group, scope, server_url)
+            runner = FakeRunner(runner_id, scope, name, group, tuple(body["labels"]), config)
             self._runners[runner.id] = runner
             return {"runner": runner.as_json(), "encoded_jit_config": runner.jit_config}
 
@@ -495,6 +524,41 @@ class GitHubState:
                     422, f'Bad request - Runner "{runner.name}" is still running a job"'
                 )
             del self._runners[runner_id]
+
+
+def _b64_json(value: Mapping[str, Any]) -> str:
+    return base64.b64encode(json.dumps(value, separators=(",", ":")).encode()).decode("ascii")
+
+
+def encoded_jit_config(runner_id: int, name: str, group: int, scope: str, server_url: str) -> str:
+    """A runner's ``encoded_jit_config`` shaped as GitHub's: base64 of a JSON object mapping
+    the runner's configuration files to their base64 contents (actions/runner
+    src/Runner.Listener/Runner.cs decodes it so and writes each file; the files are
+    ``.runner``, ``.credentials`` and ``.credentials_rsaparams``,
+    ChristopherHX/github-act-runner#138). ``.runner`` holds the runner's settings as
+    src/Runner.Common/ConfigurationStore.cs ``RunnerSettings`` names them; here ``serverUrl``
+    and ``gitHubUrl`` are this fake's address, so a runner needs only its config to find it.
+    The credentials are random (nothing here checks them)."""
+    path = scope.split("/", 1)[1]
+    runner = {
+        "agentId": runner_id, "agentName": name, "poolId": group,
+        "poolName": "Default" if group == DEFAULT_GROUP else f"runner-group-{group}",
+        "serverUrl": f"{server_url}/", "gitHubUrl": f"{server_url}/{path}",
+        "workFolder": "_work", "ephemeral": True, "disableUpdate": True,
+    }  # fmt: skip
+    credentials = {
+        "scheme": "OAuth",
+        "data": {"clientId": str(uuid.uuid4()),
+                 "authorizationUrl": f"{server_url}/_apis/oauth2/token/{uuid.uuid4()}",
+                 "requireFipsCryptography": "False"},
+    }  # fmt: skip
+    rsa_parameters = {
+        key: base64.b64encode(secrets.token_bytes(size)).decode("ascii")
+        for key, size in (("d", 256), ("dp", 128), ("dq", 128), ("exponent", 3),
+                          ("inverseQ", 128), ("modulus", 256), ("p", 128), ("q", 128))
+    }  # fmt: skip
+    return _b64_json({".runner": _b64_json(runner), ".credentials": _b64_json(credentials),
+                      ".credentials_rsaparams": _b64_json(rsa_parameters)})  # fmt: skip
 
 
 def _segment_json(segment: str) -> dict[str, Any]:
@@ -563,7 +627,9 @@ class _Application:
         installation = state.installation_of(bearer)
         scope = _scope(installation, params, write=request.method != "GET")
         if operation.id.startswith("actions/generate-runner-jitconfig"):
-            return 201, state.create_runner(installation, scope, _body(request, operation))
+            server_url = request.host_url.rstrip("/")
+            return 201, state.create_runner(installation, scope, _body(request, operation),
+                                            server_url)  # fmt: skip
         runner_id = int(params["runner_id"])
         if request.method == "GET":
             return 200, state.runner(scope, runner_id).as_json()
@@ -679,6 +745,6 @@ class GitHubEmulator(BackgroundServer):
 
 
 __all__ = [
-    "DESCRIPTION", "GitHubEmulator", "GitHubRefusal", "GitHubState", "request_schema",
-    "response_schema", "validate",
+    "DESCRIPTION", "GitHubEmulator", "GitHubRefusal", "GitHubState", "encoded_jit_config",
+    "request_schema", "response_schema", "validate",
 ]  # fmt: skip
