@@ -14,8 +14,11 @@ declaration; ``forbidden!``/``bad_request!`` with the service's message) and
 ``spec/requests/api/user_runners_spec.rb`` (400 ``"group_id is missing"``, ``"runner_type is
 missing, runner_type does not have a valid value"``; 403 ``insufficient_scope`` for a
 ``read_api`` token; ``"Tags list can not be empty"``); ``lib/api/ci/runners.rb``
-(``allow_access_with_scope :manage_runner`` on ``/runners/:id``); ``lib/api/api_guard.rb``
-(the ``insufficient_scope`` and ``invalid_token`` bodies);
+(``allow_access_with_scope :manage_runner`` on ``/runners/:id`` and below;
+``authenticate_list_runners_jobs!``: 403 "No access granted" without ``read_builds`` on the
+runner); docs.gitlab.com/api/runners/#list-jobs-processed-by-a-runner (``status`` filter,
+``order_by``/``sort``, jobs of projects where the user has at least the Reporter role);
+``lib/api/api_guard.rb`` (the ``insufficient_scope`` and ``invalid_token`` bodies);
 docs.gitlab.com/administration/settings/user_and_ip_rate_limits, "Response headers"
 (``Retry-After``, ``RateLimit-Reset``);
 gitlab-runner ``commands/single.go`` (``--wait-timeout``, ``--max-builds``; a failed build is
@@ -47,6 +50,7 @@ from opendws.adapters.gitlab_runners import (
     GitLabRunners,
     GitLabUnauthorized,
     GitLabUnavailable,
+    RunnerJob,
     RunnerSpec,
     run_single_argv,
     run_single_environment,
@@ -327,3 +331,80 @@ def test_the_job_api_refuses_unknown_runners_and_foreign_job_tokens(gitlab: Fake
         == 403
     )
     assert gitlab.job(job).state == "running"
+
+
+def take_and_finish(gitlab: FakeGitLab, runner_token: str, state: str, **extra: Any) -> int:
+    """The runner's side over HTTP: take the next job, report it ``state``; its id."""
+    status, job = raw(gitlab, "POST", "/api/v4/jobs/request", {"token": runner_token})
+    assert status == 201
+    update = {"token": job["token"], "state": state, **extra}
+    assert raw(gitlab, "PUT", f"/api/v4/jobs/{job['id']}", update)[0] == 200
+    return int(job["id"])
+
+
+def test_the_runner_jobs_say_how_its_job_ended(gitlab: FakeGitLab, clock: ManualClock) -> None:
+    """``GET /runners/:id/jobs``: the job the runner took, its status and project, and why it
+    failed; ``status`` filters; another runner's jobs are not listed."""
+    runners = client(gitlab, OWNER, clock)
+    created, other = runners.create(GPU), runners.create(GPU)
+    assert runners.jobs(created.id) == []
+    gitlab.queue_job(PROJECT, tags=["gpu-a100"])
+    job = take_and_finish(gitlab, created.token, "failed", failure_reason="script_failure",
+                          exit_code=3)  # fmt: skip
+    gitlab.queue_job(PROJECT, tags=["gpu-a100"])
+    take_and_finish(gitlab, other.token, "success")
+    failed = RunnerJob(id=job, status="failed", project_id=PROJECT,
+                       failure_reason="script_failure")  # fmt: skip
+    assert runners.jobs(created.id) == [failed]
+    assert failed.finished
+    assert runners.jobs(created.id, status="failed") == [failed]
+    assert runners.jobs(created.id, status="success") == []
+    with pytest.raises(ValueError, match="job status"):
+        runners.jobs(created.id, status="done")  # type: ignore[arg-type]
+
+
+def test_the_runner_jobs_of_an_unknown_runner_are_not_found(
+    gitlab: FakeGitLab, clock: ManualClock
+) -> None:
+    """runners.rb ``get_runner``: 404 for a runner that does not exist (or was deleted)."""
+    runners = client(gitlab, OWNER, clock)
+    created = runners.create(GPU)
+    runners.delete(created.id)
+    with pytest.raises(GitLabNotFound):
+        runners.jobs(created.id)
+
+
+def test_the_runner_jobs_need_a_reading_scope_and_access_to_the_runner(
+    gitlab: FakeGitLab, clock: ManualClock
+) -> None:
+    """A ``create_runner``-only token is 403 ``insufficient_scope`` (``manage_runner``,
+    ``api`` or, for a GET, ``read_api`` would do); a token whose user may not read the
+    runner's builds is 403 "No access granted"; a ``read_api`` token of the group's owner
+    reads them."""
+    created = client(gitlab, OWNER, clock).create(GPU)
+    gitlab.add_token("glpat-create", scopes={"create_runner"}, owner_of_groups={GROUP})
+    with pytest.raises(GitLabForbidden, match="insufficient_scope"):
+        client(gitlab, "glpat-create", clock).jobs(created.id)
+    gitlab.add_token("glpat-stranger", scopes={"api"}, owner_of_groups={OTHER_GROUP})
+    with pytest.raises(GitLabForbidden, match="403 Forbidden - No access granted"):
+        client(gitlab, "glpat-stranger", clock).jobs(created.id)
+    gitlab.add_token("glpat-reader", scopes={"read_api"}, owner_of_groups={GROUP})
+    assert client(gitlab, "glpat-reader", clock).jobs(created.id) == []
+    with pytest.raises(GitLabUnauthorized):
+        client(gitlab, "glpat-nobody", clock).jobs(created.id)
+
+
+def test_the_runner_jobs_are_read_page_by_page(gitlab: FakeGitLab, clock: ManualClock) -> None:
+    """GitLab gives at most 100 jobs a page and names the next (``X-Next-Page``): all 101
+    are read, oldest first; an unknown ``status`` is GitLab's 400."""
+    runners = client(gitlab, OWNER, clock)
+    spec = RunnerSpec(runner_type="group_type", group_id=GROUP, run_untagged=True)
+    created = runners.create(spec)
+    for _ in range(101):
+        gitlab.queue_job(PROJECT)
+        take_and_finish(gitlab, created.token, "success")
+    jobs = runners.jobs(created.id)
+    assert len(jobs) == 101
+    assert [job.id for job in jobs] == sorted(job.id for job in jobs)
+    status, body = raw(gitlab, "GET", f"/api/v4/runners/{created.id}/jobs?status=done", None)
+    assert (status, body) == (400, {"error": "status does not have a valid value"})

@@ -15,9 +15,16 @@ docs.gitlab.com/api/runners/; GitLab's ``lib/api/user_runners.rb`` and ``lib/api
   ``offline``, ``stale`` or ``never_contacted``; ``paused``; ``contacted_at``; ``tag_list``).
 - ``DELETE /api/v4/runners/:id`` answers 204. A runner already gone (404) counts as deleted,
   so a repeated delete is safe.
-  Reading and deleting a runner need the ``manage_runner`` scope (or ``api``; ``read_api``
-  reads): a token with ``create_runner`` alone creates runners it may not delete (GitLab's
-  ``lib/api/ci/runners.rb``: ``allow_access_with_scope :manage_runner`` on ``/runners/:id``).
+- ``GET /api/v4/runners/:id/jobs`` (docs.gitlab.com/api/runners/#list-jobs-processed-by-a-runner)
+  answers the jobs the runner took, with their ``status`` (``running``, ``success``,
+  ``failed``, ``canceled``, …): how a one-job runner's job ended, which ``gitlab-runner
+  run-single`` does not say (it exits 0 after a failed build too). Only the jobs of projects
+  the token's user may read (at least the Reporter role) are listed; a user without access to
+  the runner gets 403 "No access granted". Pages are followed (``X-Next-Page``).
+  Reading a runner or its jobs and deleting it need the ``manage_runner`` scope (or
+  ``api``; ``read_api`` reads): a token with ``create_runner`` alone creates runners it may
+  not delete (GitLab's ``lib/api/ci/runners.rb``: ``allow_access_with_scope :manage_runner``
+  on ``/runners/:id`` and the paths under it).
 
 The access token (a personal, group or project access token) travels in the ``PRIVATE-TOKEN``
 header, as docs.gitlab.com/api/rest/authentication documents for those tokens.
@@ -63,6 +70,13 @@ from opendws.ports.timers import Clock
 RunnerType = Literal["instance_type", "group_type", "project_type"]
 RUNNER_TYPES: tuple[str, ...] = get_args(RunnerType)
 RunnerStatus = Literal["online", "offline", "stale", "never_contacted"]
+# A job's status (Ci::HasStatus::AVAILABLE_STATUSES), which GET /runners/:id/jobs filters by.
+JobStatus = Literal["created", "waiting_for_resource", "preparing", "waiting_for_callback",
+                    "pending", "running", "success", "failed", "canceled", "canceling",
+                    "skipped", "manual", "scheduled"]  # fmt: skip
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
+FINISHED_JOB_STATUSES = ("success", "failed", "canceled")
+JOBS_PER_PAGE = 100  # the most GitLab gives in one page
 Executor = Literal["shell", "docker"]
 EXECUTORS: tuple[str, ...] = get_args(Executor)
 
@@ -168,6 +182,20 @@ class RunnerState:
     tags: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerJob:
+    """A job a runner took, as ``GET /runners/:id/jobs`` lists it."""
+
+    id: int
+    status: str  # one of JOB_STATUSES
+    project_id: int
+    failure_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINISHED_JOB_STATUSES
+
+
 class GitLabRunners:
     """GitLab's runner API at ``url`` (``https://gitlab.com`` or a self-managed instance's
     address; ``/api/v4`` is added), with an access token that has the ``create_runner`` scope
@@ -214,6 +242,26 @@ class GitLabRunners:
             tags=tuple(str(tag) for tag in reply.get("tag_list") or ()),
         )
 
+    def jobs(self, runner_id: int, status: JobStatus | None = None) -> list[RunnerJob]:
+        """``GET /runners/:id/jobs``: the jobs the runner took (with ``status`` only, if
+        given), oldest first; GitLabNotFound when there is no such runner."""
+        if status is not None and status not in JOB_STATUSES:
+            raise ValueError(f"job status {status!r}: one of {', '.join(JOB_STATUSES)}")
+        query = {"order_by": "id", "sort": "asc", "per_page": str(JOBS_PER_PAGE)}
+        if status is not None:
+            query["status"] = status
+        jobs: list[RunnerJob] = []
+        page = "1"
+        while page:
+            query["page"] = page
+            path = f"/runners/{int(runner_id)}/jobs?" + urllib.parse.urlencode(query)
+            reply, headers = self._exchange("GET", path)
+            if not isinstance(reply, list):
+                raise GitLabUnavailable(200, "the runner's jobs are not a JSON array")
+            jobs += [_runner_job(item) for item in reply]
+            page = (headers.get("X-Next-Page") or "").strip()
+        return jobs
+
     def delete(self, runner_id: int) -> None:
         """``DELETE /runners/:id``; a runner already gone is deleted too (safe to repeat)."""
         try:
@@ -222,6 +270,12 @@ class GitLabRunners:
             return
 
     def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        return self._exchange(method, path, body)[0]
+
+    def _exchange(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None
+    ) -> tuple[Any, Any]:
+        """One call: (the answer's JSON, its headers), or the refusal as a GitLabError."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self._api + path, data=data, method=method)
         request.add_header("PRIVATE-TOKEN", self._token)
@@ -230,12 +284,12 @@ class GitLabRunners:
             request.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as reply:
-                text = reply.read()
+                text, headers = reply.read(), reply.headers
         except urllib.error.HTTPError as error:
             raise self._refusal(error) from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             raise GitLabUnavailable(0, f"{method} {self._api}{path}: no answer ({error})") from None
-        return json.loads(text) if text.strip() else None
+        return (json.loads(text) if text.strip() else None), headers
 
     def _refusal(self, error: urllib.error.HTTPError) -> GitLabError:
         status = error.code
@@ -289,6 +343,20 @@ def _message(body: bytes) -> str:
     return message if isinstance(message, str) else json.dumps(message, sort_keys=True)
 
 
+def _runner_job(item: Any) -> RunnerJob:
+    """One entry of ``GET /runners/:id/jobs`` (``JobBasicWithProject``)."""
+    if not (isinstance(item, dict) and "id" in item and "status" in item
+            and isinstance(item.get("project"), dict) and "id" in item["project"]):  # fmt: skip
+        raise GitLabUnavailable(200, "a runner's job has no id, status or project")
+    reason = item.get("failure_reason")
+    return RunnerJob(
+        id=int(item["id"]),
+        status=str(item["status"]),
+        project_id=int(item["project"]["id"]),
+        failure_reason=reason if isinstance(reason, str) else None,
+    )
+
+
 def _timestamp(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
 
@@ -325,9 +393,9 @@ def run_single_environment(token: str) -> dict[str, str]:
 
 
 __all__ = [
-    "EXECUTORS", "MINIMUM_TIMEOUT", "RUNNER_TYPES", "TOKEN_VARIABLE", "CreatedRunner",
-    "Executor", "GitLabError", "GitLabForbidden", "GitLabInvalid", "GitLabNotFound",
-    "GitLabRateLimited", "GitLabRunners", "GitLabUnauthorized", "GitLabUnavailable",
-    "RunnerSpec", "RunnerState", "RunnerStatus", "RunnerType", "run_single_argv",
-    "run_single_environment",
+    "EXECUTORS", "FINISHED_JOB_STATUSES", "JOB_STATUSES", "MINIMUM_TIMEOUT", "RUNNER_TYPES",
+    "TOKEN_VARIABLE", "CreatedRunner", "Executor", "GitLabError", "GitLabForbidden",
+    "GitLabInvalid", "GitLabNotFound", "GitLabRateLimited", "GitLabRunners",
+    "GitLabUnauthorized", "GitLabUnavailable", "JobStatus", "RunnerJob", "RunnerSpec",
+    "RunnerState", "RunnerStatus", "RunnerType", "run_single_argv", "run_single_environment",
 ]  # fmt: skip
