@@ -138,3 +138,26 @@ def test_a_stop_order_stands_for_its_attempt(ranks: RankStore) -> None:
                        grace=timedelta(seconds=30))  # fmt: skip
     assert ranks.order_stop(second) == first  # the first reason stands
     assert ranks.stop_order("job") == first
+
+
+def test_the_runner_handed_to_a_rank_is_recorded_by_id_and_a_new_one_replaces_it(
+    ranks: RankStore,
+) -> None:
+    """A CI run's rank keeps the id of the runner whose credential its agent got (never the
+    credential); a repeat writes nothing, a runner minted again for the same VM replaces it,
+    and neither another attempt nor an exited rank takes one."""
+    ranks.register(registration())
+    first = ranks.runner_handed("job", 1, 0, "101", NOW)
+    assert first is not None
+    assert (first.runner_id, first.runner_at) == ("101", NOW)
+    assert ranks.runner_handed("job", 1, 0, "101", NOW + timedelta(seconds=5)) == first
+    again = ranks.runner_handed("job", 1, 0, "102", NOW + timedelta(seconds=9))
+    assert again is not None
+    assert (again.runner_id, again.runner_at) == ("102", NOW + timedelta(seconds=9))
+    assert ranks.runner_handed("job", 2, 0, "103", NOW) == again  # another attempt's
+    ranks.exited("job", 1, 0, 0, False, NOW + timedelta(minutes=1))
+    after = ranks.runner_handed("job", 1, 0, "104", NOW + timedelta(minutes=2))
+    assert after is not None
+    assert after.runner_id == "102"
+    assert ranks.runner_handed("job", 1, 5, "105", NOW) is None  # no such rank
+    assert ranks.ranks("job")[0].runner_id == "102"

@@ -23,6 +23,7 @@ from opendws.ports.runs import (
     exited,
     heartbeat,
     registered,
+    runner_handed,
     stop_ordered,
 )
 
@@ -58,6 +59,13 @@ class MemoryRankStore:
         key = (request_id, rank)
         with self._lock:
             return self._put(key, exited(self._ranks.get(key), attempt, code, stopped, at))
+
+    def runner_handed(
+        self, request_id: str, attempt: int, rank: int, runner_id: str, at: datetime
+    ) -> RankReport | None:
+        key = (request_id, rank)
+        with self._lock:
+            return self._put(key, runner_handed(self._ranks.get(key), attempt, runner_id, at))
 
     def ranks(self, request_id: str) -> list[RankReport]:
         with self._lock:
@@ -106,6 +114,12 @@ class FirestoreRankStore:
     ) -> RankReport | None:
         ref = self._rank(request_id, rank)
         return self._apply(ref, lambda current: exited(current, attempt, code, stopped, at))
+
+    def runner_handed(
+        self, request_id: str, attempt: int, rank: int, runner_id: str, at: datetime
+    ) -> RankReport | None:
+        ref = self._rank(request_id, rank)
+        return self._apply(ref, lambda current: runner_handed(current, attempt, runner_id, at))
 
     def ranks(self, request_id: str) -> list[RankReport]:
         collection = self._db.collection("requests").document(request_id).collection("ranks")

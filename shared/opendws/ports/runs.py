@@ -46,6 +46,10 @@ class RankReport:
     exit_code: int | None = None
     stopped: bool = False  # its job was stopped by opendws (its exit is not a failure)
     exited_at: datetime | None = None
+    # A CI run: the runner minted for this VM (its id at GitHub or GitLab, never its
+    # credential) and when its credential was handed to the agent.
+    runner_id: str | None = None
+    runner_at: datetime | None = None
 
     def to_document(self) -> dict[str, Any]:
         return {
@@ -60,6 +64,8 @@ class RankReport:
             "exit_code": self.exit_code,
             "stopped": self.stopped,
             "exited_at": self.exited_at,
+            "runner_id": self.runner_id,
+            "runner_at": self.runner_at,
         }
 
     @staticmethod
@@ -76,6 +82,8 @@ class RankReport:
             exit_code=None if document.get("exit_code") is None else int(document["exit_code"]),
             stopped=bool(document.get("stopped", False)),
             exited_at=document.get("exited_at"),
+            runner_id=None if document.get("runner_id") is None else str(document["runner_id"]),
+            runner_at=document.get("runner_at"),
         )
 
 
@@ -139,6 +147,18 @@ def exited(
         current, state=RankState.EXITED, exit_code=code, stopped=stopped, exited_at=at,
         seen_at=max(at, current.seen_at),
     )  # fmt: skip
+
+
+def runner_handed(
+    current: RankReport | None, attempt: int, runner_id: str, at: datetime
+) -> RankReport | None:
+    """The rank's document after the runner ``runner_id`` was handed to its agent at ``at``;
+    None: nothing to write (another attempt's, an exited rank's, or this runner already)."""
+    if current is None or current.attempt != attempt or current.state is RankState.EXITED:
+        return None
+    if current.runner_id == runner_id:
+        return None
+    return replace(current, runner_id=runner_id, runner_at=at)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +268,12 @@ class RankStore(Protocol):
         """Record an exit; the rank's document as it stands after (None: no such rank)."""
         ...
 
+    def runner_handed(
+        self, request_id: str, attempt: int, rank: int, runner_id: str, at: datetime
+    ) -> RankReport | None:
+        """Record the runner handed to the rank's agent; the document after (None: no rank)."""
+        ...
+
     def ranks(self, request_id: str) -> list[RankReport]:
         """Every rank document of ``request_id``, by rank."""
         ...
@@ -263,7 +289,8 @@ class RankStore(Protocol):
 
 __all__ = [
     "HEARTBEAT_WRITE_EVERY", "JobLogReader", "RankReport", "RankState", "RankStore", "Registration",
-    "StopOrder", "VmIdentity", "bind", "exited", "heartbeat", "registered", "stop_ordered",
+    "StopOrder", "VmIdentity", "bind", "exited", "heartbeat", "registered", "runner_handed",
+    "stop_ordered",
 ]  # fmt: skip
 
 
