@@ -4,10 +4,12 @@ It finds the agent function's URL (``--agent-url``, else the instance attribute
 ``opendws-agent-url``) and its identity token in the metadata server
 (``instance/service-accounts/default/identity?audience=URL&format=full``; the host is
 ``$GCE_METADATA_HOST`` where set, as google-auth reads it), registers, waits at the gang's
-barrier, runs the command (in ``image`` with ``docker run --gpus all --network host --ipc
-host`` when one is given), streams its output, heartbeats, stops it when told (SIGTERM to its
-process group, the grace period, then SIGKILL) and reports its exit code, retrying with backoff
-(0.5 s doubling to 30 s, with jitter) while the function is unreachable.
+barrier, installs what the barrier's answer says the command needs (a checked ``.tar.gz``,
+once per VM: :mod:`opendws.agent.install`; a failure is the job's exit, 126), runs the command
+(in ``image`` with ``docker run --gpus all --network host --ipc host`` when one is given),
+streams its output, heartbeats, stops it when told (SIGTERM to its process group, the grace
+period, then SIGKILL) and reports its exit code, retrying with backoff (0.5 s doubling to 30 s,
+with jitter) while the function is unreachable.
 
 Standard library only (an import-linter contract in pyproject.toml holds it to that), and no
 newer than Python 3.8 (CI checks it with vermin): it runs on the image's own ``python3``. The

@@ -13,13 +13,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 from opendws.agent import transport
 from opendws.agent.backoff import Backoff
+from opendws.agent.install import Cancelled, Install, InstallFailed, ensure
 from opendws.agent.job import Job
 from opendws.agent.logs import Line, LogShipper
 from opendws.agent.transport import Refused, Unreachable
@@ -30,6 +31,10 @@ HEARTBEAT_TIMEOUT_S = 5.0
 SHUTDOWN_REPORT_S = 10.0  # how long a stopping agent keeps trying to report the exit
 LOG_FLUSH_S = 10.0
 GONE = 410  # the run is over
+# What is needed for the command could not be installed: the command cannot run, which a shell
+# says with 126 (found but not runnable).
+INSTALL_FAILED = 126
+STOPPED_WHILE_INSTALLING = 128 + int(signal.SIGTERM)  # as a shell says a job stopped by SIGTERM
 
 
 def log(message: str) -> None:
@@ -67,6 +72,7 @@ class Start:
     command: tuple[str, ...]
     image: str | None
     env: Mapping[str, str]
+    install: Install | None = None
 
     @classmethod
     def parse(cls, reply: Mapping[str, Any]) -> Start:
@@ -82,11 +88,17 @@ class Start:
             or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
         ):
             raise Unreachable("malformed barrier reply: command, image or env")
+        install = None
+        if reply.get("install") is not None:
+            try:
+                install = Install.parse(reply["install"])
+            except ValueError as error:
+                raise Unreachable(f"malformed barrier reply: {error}") from None
         job_env = dict(env)
         hostfile = reply.get("hostfile")
         if isinstance(hostfile, str) and hostfile:
             job_env["OPENDWS_HOSTFILE"] = write_hostfile(hostfile)
-        return cls(tuple(command), image or None, job_env)
+        return cls(tuple(command), image or None, job_env, install)
 
 
 def write_hostfile(content: str) -> str:
@@ -128,6 +140,12 @@ class Agent:
         if start is None:
             return 0
         shipper = LogShipper(lambda lines: self.send_logs(session, lines))
+        if start.install is not None:
+            failed = self.install(session, start.install, shipper.add)
+            if failed is not None:
+                shipper.start()
+                shipper.close(LOG_FLUSH_S)
+                return self.finish(session, *failed)
         where = f" in {start.image}" if start.image else ""
         log(f"the gang is up: running {list(start.command)!r}{where}")
         job = Job.start(start.command, start.image, start.env, shipper.add, self.wake.set)
@@ -139,7 +157,11 @@ class Agent:
                 job.kill()
         shipper.close(LOG_FLUSH_S)
         log(f"the job exited with {job.code}" + (" (stopped)" if stopped else ""))
-        if not self.report_exit(session, job.code, stopped):
+        return self.finish(session, job.code, stopped)
+
+    def finish(self, session: Session, code: int, stopped: bool) -> int:
+        """Report the exit, then linger until the run is over; the agent's own exit code."""
+        if not self.report_exit(session, code, stopped):
             return 1
         self.linger(session)
         return 0
@@ -197,6 +219,56 @@ class Agent:
                 retry_after = 1.0
             self.pause(min(max(float(retry_after), 0.05), 30.0))
         return None
+
+    def install(
+        self, session: Session, install: Install, on_line: Callable[[str, str], None]
+    ) -> tuple[int, bool] | None:
+        """Install what the command needs (:mod:`opendws.agent.install`) on a thread of its
+        own, heartbeating meanwhile as the job does; None once installed, else the exit to
+        report (code, stopped): :data:`INSTALL_FAILED` with a line saying what failed, or
+        stopped when told to stop first."""
+        cancelled = threading.Event()
+        outcome: list[BaseException | None] = []
+
+        def say(text: str) -> None:
+            on_line("stderr", "[opendws agent] " + text)
+
+        def work() -> None:
+            try:
+                ensure(install, say, cancelled)
+                outcome.append(None)
+            except BaseException as error:  # whatever it is, the main thread reports it
+                outcome.append(error)
+            finally:
+                self.wake.set()
+
+        worker = threading.Thread(target=work, name="opendws-install", daemon=True)
+        worker.start()
+        next_beat = time.monotonic()
+        while not outcome:
+            self.wake.clear()
+            if outcome:
+                break
+            reason = "the agent is stopping" if self.stopping.is_set() else None
+            if reason is None and time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + session.heartbeat_s
+                reason = self.heartbeat(session, "running")
+            if reason is not None:
+                log(f"stopping the install: {reason}")
+                cancelled.set()
+                return STOPPED_WHILE_INSTALLING, True
+            self.wake.wait(max(0.0, next_beat - time.monotonic()))
+        worker.join()  # the job starts with no other thread running (Job.start)
+        error = outcome[0]
+        if error is None:
+            return None
+        if isinstance(error, Cancelled):
+            return STOPPED_WHILE_INSTALLING, True
+        if not isinstance(error, InstallFailed):
+            error = InstallFailed(f"install: {error!r}")
+        say(f"cannot install {install.url} in {install.dir}: {error}")
+        log(f"install failed: {error}")
+        return INSTALL_FAILED, False
 
     def heartbeat(self, session: Session, state: str) -> str | None:
         """One heartbeat; the reason to stop when the function says so, else None."""
