@@ -106,14 +106,13 @@ The administrator's side is Python: :meth:`FakeGitLab.add_token`, :meth:`~FakeGi
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import queue
 import secrets
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -897,21 +896,24 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 def _post(delivery: Delivery) -> tuple[int | None, str | None]:
-    """One attempt at ``delivery``: (the answer's status, or None and what went wrong)."""
+    """One attempt at ``delivery``: (the answer's status, or None and what went wrong). Sent
+    with http.client, which keeps the headers' case as GitLab writes them."""
     headers = dict(delivery.headers)
     if delivery.token:
         headers["X-Gitlab-Token"] = delivery.token
-    request = urllib.request.Request(
-        delivery.url, data=json.dumps(delivery.body).encode(), method="POST", headers=headers
-    )
+    target = urlsplit(delivery.url)
+    kind = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+    connection = kind(target.netloc, timeout=HOOK_TIMEOUT_S)
+    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
     try:
-        with urllib.request.urlopen(request, timeout=HOOK_TIMEOUT_S) as reply:
-            reply.read()
-            return reply.status, None
-    except urllib.error.HTTPError as error:
-        return error.code, f"answered {error.code}"
-    except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+        connection.request("POST", path, body=json.dumps(delivery.body).encode(), headers=headers)
+        reply = connection.getresponse()
+        reply.read()
+    except (OSError, http.client.HTTPException) as error:
         return None, f"no answer ({error})"
+    finally:
+        connection.close()
+    return reply.status, None if 200 <= reply.status < 300 else f"answered {reply.status}"
 
 
 def _path_id(text: str) -> int:
