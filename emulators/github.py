@@ -41,30 +41,67 @@ status as a string):
   runners) or ``administration`` (repository runners) → 403 "Resource not accessible by
   integration".
 
-The admin side (``/_admin/…``, and the same as methods of :class:`GitHubState`): register an
-App (id, public key PEM, installations with their account, selected repositories, permissions
-and runner groups), queue a workflow job (repository, labels), list runners and jobs, let a
-runner — known by its JIT config, usable once — come online and take the first queued job its
-scope reaches whose labels it all has, complete that job (``success`` or ``failure``; the JIT
-runner is then removed, as GitHub removes a JIT runner after its one job), revoke an
-installation, and make the next API answers fail (a rate limit with its headers, a 5xx).
+Webhooks: given a URL (and a secret), the fake sends the App's ``workflow_job`` webhook as
+GitHub does (docs.github.com/en/webhooks/webhook-events-and-payloads#workflow_job) when a job
+is queued, when a runner takes it (``in_progress``, with ``runner_id``, ``runner_name``,
+``runner_group_id``) and when it completes (with its ``conclusion``): ``POST`` with
+``X-GitHub-Event: workflow_job``, ``X-GitHub-Delivery`` (a GUID), ``X-GitHub-Hook-ID``,
+``X-GitHub-Hook-Installation-Target-Type``/``-ID``, ``User-Agent: GitHub-Hookshot/…``,
+``Content-Type: application/json`` and, with a secret, ``X-Hub-Signature-256`` (and the
+legacy SHA-1 ``X-Hub-Signature``). Each body is checked against the schema of
+``@octokit/openapi-webhooks`` 12.1.0 vendored in
+``emulators/data/github-webhooks-workflow-job.json`` before it is sent. Deliveries leave one
+at a time, in order, from a background thread (:class:`Webhooks`); a failed one is recorded,
+not retried (as GitHub), unless ``webhook_attempts`` asks for more.
+
+The admin side (``/_admin/…``, and the same as methods of :class:`GitHubState`):
+
+- ``POST /_admin/apps`` ``{id, public_key, installations}``: register an App (id, public key
+  PEM, installations with their account, selected repositories, permissions and runner
+  groups).
+- ``POST /_admin/jobs`` ``{repository, labels, script?, private?}`` → 201 the job: queue a
+  workflow job (``script``: its steps as one shell script, run by the stand-in runner;
+  ``private``: whether the repository is, default true); ``GET /_admin/jobs``.
+- ``GET /_admin/runners``; ``GET /_admin/runners/{id}`` → 200 the runner, 404 once deleted.
+- ``POST /_admin/runner/take`` ``{jit_config}`` → ``{runner, job}``: the runner started with
+  that JIT config (usable once: again → 409; deleted or unknown → 404) comes online and takes
+  the first queued job its scope reaches whose labels it all has, if any.
+- ``POST /_admin/runner/poll`` ``{jit_config}`` → ``{runner, job}``: the online runner asks
+  again (its job, or the next queued one it can run); 404 once deleted.
+- ``POST /_admin/jobs/{id}/complete`` ``{conclusion}``: ``success``, ``failure`` or
+  ``cancelled``; the JIT runner is then removed, as GitHub removes a JIT runner after its
+  one job.
+- ``POST /_admin/webhook`` ``{url, secret}``: where the App's webhook goes (null: nowhere).
+- ``GET /_admin/deliveries``: each delivery ``{id, guid, action, job_id, status
+  ("pending", "OK", "Invalid HTTP Response: N", ...), status_code, redelivery,
+  delivered_at, attempts, ...}``; ``POST /_admin/deliveries/{id}/attempts`` → 202: send it
+  again (same ``X-GitHub-Delivery``, a new delivery marked ``redelivery``), as GitHub's
+  "Redeliver a delivery for an App webhook" does.
+- ``POST /_admin/installations/{id}/revoke``; ``POST /_admin/faults`` ``{status, message,
+  headers?, times?}``: make the next API answers fail (a rate limit with its headers, a 5xx).
 
 The wording of the 422 messages for item counts and of a busy runner's refusal is this fake's;
 GitHub publishes the status, not the words. Not emulated: GitHub Enterprise Server's
 ``/api/v3`` prefix (point the client at this server's root), primary rate-limit accounting
-(faults are injected instead), webhooks, pagination, listing runners, runner groups' APIs,
-the runner's own protocol.
+(faults are injected instead), other webhook events, the webhook REST API, pagination,
+listing runners, runner groups' APIs, the runner's own protocol (the stand-in runner uses the
+admin side).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
 import itertools
 import json
 import re
 import secrets
 import threading
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -300,15 +337,26 @@ class FakeRunner:
 @dataclass
 class Job:
     id: int
+    run_id: int
     repository: str  # "owner/name"
     labels: tuple[str, ...]
+    created_at: datetime
+    script: str = field(default="exit 0", repr=False)  # the job's steps as one shell script
+    private: bool = True  # whether its repository is private
+    name: str = "build"
+    head_sha: str = field(default_factory=lambda: secrets.token_hex(20))
     status: str = "queued"  # queued, in_progress, completed
     conclusion: str | None = None
     runner_id: int | None = None
     runner_name: str | None = None
+    runner_group_id: int | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "repository": self.repository, "labels": list(self.labels),
+        return {"id": self.id, "run_id": self.run_id, "name": self.name,
+                "repository": self.repository, "private": self.private,
+                "labels": list(self.labels), "script": self.script,
                 "status": self.status, "conclusion": self.conclusion,
                 "runner_id": self.runner_id, "runner_name": self.runner_name}  # fmt: skip
 
@@ -322,11 +370,17 @@ class Fault:
 
 
 class GitHubState:
-    """What the fake knows (thread-safe): Apps, installations, tokens, runners, jobs.
-    ``now`` is its clock (timezone-aware)."""
+    """What the fake knows (thread-safe): Apps, installations, tokens, runners, jobs, and
+    the App's webhook (:class:`Webhooks`: ``webhook_url``, ``webhook_secret``,
+    ``webhook_attempts``). ``now`` is its clock (timezone-aware)."""
 
-    def __init__(self, now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+    def __init__(
+        self, now: Callable[[], datetime] = lambda: datetime.now(UTC), *,
+        webhook_url: str | None = None, webhook_secret: str | None = None,
+        webhook_attempts: int = 1,
+    ) -> None:  # fmt: skip
         self.now = now
+        self.webhooks = Webhooks(now, webhook_url, webhook_secret, attempts=webhook_attempts)
         self._lock = threading.RLock()
         self._apps: dict[int, App] = {}
         self._installations: dict[int, Installation] = {}
@@ -335,6 +389,7 @@ class GitHubState:
         self._jobs: dict[int, Job] = {}
         self._faults: list[Fault] = []
         self._ids = itertools.count(1)
+        self._named_ids: dict[str, int] = {}  # repositories' and accounts' ids
 
     # Admin.
 
@@ -365,14 +420,37 @@ class GitHubState:
             self._installations.pop(installation_id, None)
             self._tokens = {t: v for t, v in self._tokens.items() if v[0] != installation_id}
 
-    def queue_job(self, repository: str, labels: Sequence[str]) -> dict[str, Any]:
-        """A workflow job queued in ``owner/name`` asking for ``labels``."""
-        if repository.count("/") != 1 or not labels:
+    def queue_job(
+        self, repository: str, labels: Sequence[str], *, script: str = "exit 0",
+        private: bool = True,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A workflow job queued in ``owner/name`` asking for ``labels``; ``script`` is what
+        a runner that takes it runs (its steps as one shell script), ``private`` whether the
+        repository is. The App's webhook is sent ``workflow_job`` ``queued``."""
+        if repository.count("/") != 1 or not all(repository.split("/")) or not labels:
             raise GitHubRefusal(400, "a job has a repository 'owner/name' and labels")
+        if not all(isinstance(label, str) and label for label in labels):
+            raise GitHubRefusal(400, "a job's labels are non-empty strings")
+        if not isinstance(script, str) or not isinstance(private, bool):
+            raise GitHubRefusal(400, "a job's script is a string and private a boolean")
         with self._lock:
-            job = Job(next(self._ids), repository, tuple(labels))
+            job = Job(next(self._ids), next(self._ids), repository, tuple(labels), self.now(),
+                      script=script, private=private)  # fmt: skip
             self._jobs[job.id] = job
+            self._hook("queued", job)
             return job.as_json()
+
+    def set_webhook(self, url: str | None, secret: str | None) -> None:
+        """Where the App's webhook goes (None: nowhere) and the secret it is signed with."""
+        self.webhooks.configure(url, secret)
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        return self.webhooks.deliveries()
+
+    def redeliver(self, delivery_id: int) -> dict[str, Any]:
+        """Send delivery ``delivery_id`` again (same ``X-GitHub-Delivery``, a new delivery
+        marked ``redelivery``), as GitHub's "Redeliver a delivery" does."""
+        return self.webhooks.redeliver(delivery_id)
 
     def runners(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -387,33 +465,80 @@ class GitHubState:
         """The runner started with ``jit_config`` comes online (once: a JIT config is not
         reusable) and takes the oldest queued job it can run, if any: ``{runner, job}``."""
         with self._lock:
-            runner = next((r for r in self._runners.values() if r.jit_config == jit_config),
-                          None)  # fmt: skip
-            if runner is None:
-                raise GitHubRefusal(404, "no runner has this JIT config (deleted, or never made)")
+            runner = self._runner_of(jit_config)
             if runner.used:
                 raise GitHubRefusal(409, f"the JIT config of runner {runner.name} was used")
             runner.used, runner.status = True, "online"
+            return self._next_job(runner)
+
+    def poll(self, jit_config: str) -> dict[str, Any]:
+        """The online runner started with ``jit_config`` asks for a job again (as a listener
+        long-polls): ``{runner, job}``, its job if it has one, else the oldest queued job it
+        can run, if any. 404 once the runner is deleted; 409 before it took its config."""
+        with self._lock:
+            runner = self._runner_of(jit_config)
+            if not runner.used:
+                raise GitHubRefusal(409, f"runner {runner.name} has not started")
+            return self._next_job(runner)
+
+    def runner_by_id(self, runner_id: int) -> dict[str, Any]:
+        with self._lock:
+            runner = self._runners.get(runner_id)
+            if runner is None:
+                raise GitHubRefusal(404, f"no runner {runner_id}")
+            return {**runner.as_json(), "scope": runner.scope, "job_id": runner.job_id}
+
+    def _runner_of(self, jit_config: str) -> FakeRunner:
+        runner = next((r for r in self._runners.values() if r.jit_config == jit_config), None)
+        if runner is None:
+            raise GitHubRefusal(404, "no runner has this JIT config (deleted, or never made)")
+        return runner
+
+    def _next_job(self, runner: FakeRunner) -> dict[str, Any]:
+        job = None if runner.job_id is None else self._jobs[runner.job_id]
+        if job is None:
             job = next((j for j in self._jobs.values()
                         if j.status == "queued" and _runs(runner, j)), None)  # fmt: skip
             if job is not None:
                 job.status, job.runner_id, job.runner_name = "in_progress", runner.id, runner.name
+                job.runner_group_id, job.started_at = runner.runner_group_id, self.now()
                 runner.busy, runner.job_id = True, job.id
-            return {"runner": runner.as_json(), "job": None if job is None else job.as_json()}
+                self._hook("in_progress", job)
+        return {"runner": runner.as_json(), "job": None if job is None else job.as_json()}
 
     def complete_job(self, job_id: int, conclusion: str) -> dict[str, Any]:
-        """The job ends with ``conclusion`` (``success`` or ``failure``); its JIT runner is
-        removed."""
+        """The job ends with ``conclusion`` (``success``, ``failure`` or ``cancelled``); its
+        JIT runner is removed. The App's webhook is sent ``workflow_job`` ``completed``."""
         if conclusion not in ("success", "failure", "cancelled"):
             raise GitHubRefusal(400, f"a job's conclusion is success or failure, not {conclusion}")
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None or job.status != "in_progress":
                 raise GitHubRefusal(404, f"no job {job_id} in progress")
-            job.status, job.conclusion = "completed", conclusion
+            job.status, job.conclusion, job.completed_at = "completed", conclusion, self.now()
             if job.runner_id is not None:
                 self._runners.pop(job.runner_id, None)
+            self._hook("completed", job)
             return job.as_json()
+
+    def _hook(self, action: str, job: Job) -> None:
+        """Queue the ``workflow_job`` ``action`` webhook of ``job`` (under the lock, so hooks
+        leave in the order the job changed)."""
+        owner = job.repository.split("/")[0]
+        installation = next((i for i in self._installations.values()
+                             if i.reaches(None, owner, job.repository.split("/")[1])),
+                            None)  # fmt: skip
+        ids = {key: self._stable_id(key) for key in (f"repo/{job.repository}", f"org/{owner}")}
+        self.webhooks.send(workflow_job_payload(
+            action, job, repository_id=ids[f"repo/{job.repository}"],
+            owner_id=ids[f"org/{owner}"],
+            installation_id=None if installation is None else installation.id,
+        ), app_id=None if installation is None else installation.app_id)  # fmt: skip
+
+    def _stable_id(self, key: str) -> int:
+        if key not in self._named_ids:
+            self._named_ids[key] = next(self._ids)
+        return self._named_ids[key]
 
     def fail_next(
         self, status: int, message: str, *, headers: Mapping[str, str] | None = None,
@@ -577,6 +702,341 @@ def _runs(runner: FakeRunner, job: Job) -> bool:
     return reaches and all(label.lower() in have for label in job.labels)
 
 
+# Webhooks.
+
+WEBHOOKS = Path(__file__).parent / "data" / "github-webhooks-workflow-job.json"
+HOOKSHOT = "GitHub-Hookshot/7a1b2c3"  # GitHub's deliveries' User-Agent: GitHub-Hookshot/<id>
+HOOK_ID = 1  # the App's one webhook
+HOOK_TIMEOUT = 10.0  # "takes longer than 10 seconds to respond": a failed delivery
+RETRY_DELAY = 1.0  # between attempts, when more than one is asked for
+API = "https://api.github.com"
+WEB = "https://github.com"
+SENDER = ("octocat", 583231)  # the user whose push queued the jobs
+
+
+@cache
+def webhooks_description() -> dict[str, Any]:
+    """The vendored part of GitHub's webhooks description (``@octokit/openapi-webhooks``)."""
+    loaded: dict[str, Any] = json.loads(WEBHOOKS.read_text())
+    return loaded
+
+
+def _resolved(schema: Any, components: Mapping[str, Any], seen: tuple[str, ...] = ()) -> Any:
+    """``schema`` with each ``$ref`` to ``#/components/schemas/NAME`` replaced by its target."""
+    if isinstance(schema, list):
+        return [_resolved(item, components, seen) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        name = str(schema["$ref"]).rsplit("/", 1)[1]
+        if name in seen:
+            raise ValueError(f"the schema {name} refers to itself")
+        return _resolved(components[name], components, (*seen, name))
+    return {key: _resolved(value, components, seen) for key, value in schema.items()}
+
+
+@cache
+def webhook_operation(action: str) -> dict[str, Any]:
+    """The description of the ``workflow_job`` ``action`` webhook (``queued``,
+    ``in_progress``, ``completed``), its references resolved."""
+    document = webhooks_description()
+    name = "workflow-job-" + action.replace("_", "-")
+    operation: dict[str, Any] = _resolved(document["webhooks"][name]["post"],
+                                          document["components"]["schemas"])  # fmt: skip
+    return operation
+
+
+def webhook_schema(action: str) -> dict[str, Any]:
+    """The JSON schema of the ``workflow_job`` ``action`` webhook's body."""
+    schema: dict[str, Any] = webhook_operation(action)["requestBody"]["content"][
+        "application/json"]["schema"]  # fmt: skip
+    return schema
+
+
+def webhook_headers(action: str) -> list[str]:
+    """The headers the description says every ``workflow_job`` ``action`` delivery has."""
+    return [parameter["name"] for parameter in webhook_operation(action)["parameters"]
+            if parameter.get("in") == "header" and parameter.get("required")]  # fmt: skip
+
+
+def _stamp(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _user(login: str, user_id: int, kind: str) -> dict[str, Any]:
+    """A ``simple-user`` as GitHub sends it."""
+    url = f"{API}/users/{login}"
+    return {
+        "login": login, "id": user_id, "node_id": f"U_{user_id}", "type": kind,
+        "avatar_url": f"https://avatars.githubusercontent.com/u/{user_id}?v=4",
+        "gravatar_id": "", "url": url, "html_url": f"{WEB}/{login}",
+        "followers_url": f"{url}/followers", "following_url": f"{url}/following{{/other_user}}",
+        "gists_url": f"{url}/gists{{/gist_id}}", "starred_url": f"{url}/starred{{/owner}}{{/repo}}",
+        "subscriptions_url": f"{url}/subscriptions", "organizations_url": f"{url}/orgs",
+        "repos_url": f"{url}/repos", "events_url": f"{url}/events{{/privacy}}",
+        "received_events_url": f"{url}/received_events", "site_admin": False,
+    }  # fmt: skip
+
+
+def _organization(login: str, org_id: int) -> dict[str, Any]:
+    """An ``organization-simple-webhooks`` as GitHub sends it."""
+    url = f"{API}/orgs/{login}"
+    return {
+        "login": login, "id": org_id, "node_id": f"O_{org_id}", "url": url,
+        "repos_url": f"{url}/repos", "events_url": f"{url}/events", "hooks_url": f"{url}/hooks",
+        "issues_url": f"{url}/issues", "members_url": f"{url}/members{{/member}}",
+        "public_members_url": f"{url}/public_members{{/member}}",
+        "avatar_url": f"https://avatars.githubusercontent.com/u/{org_id}?v=4",
+        "description": None,
+    }  # fmt: skip
+
+
+def _repository(full_name: str, repository_id: int, owner: Mapping[str, Any], private: bool,
+                created: datetime) -> dict[str, Any]:  # fmt: skip
+    """A ``repository-webhooks`` as GitHub sends it."""
+    url, html = f"{API}/repos/{full_name}", f"{WEB}/{full_name}"
+    templated = {  # the repository's API links, as GitHub templates them
+        "archive_url": "/{archive_format}{/ref}", "assignees_url": "/assignees{/user}",
+        "blobs_url": "/git/blobs{/sha}", "branches_url": "/branches{/branch}",
+        "collaborators_url": "/collaborators{/collaborator}", "comments_url": "/comments{/number}",
+        "commits_url": "/commits{/sha}", "compare_url": "/compare/{base}...{head}",
+        "contents_url": "/contents/{+path}", "contributors_url": "/contributors",
+        "deployments_url": "/deployments", "downloads_url": "/downloads",
+        "events_url": "/events", "forks_url": "/forks", "git_commits_url": "/git/commits{/sha}",
+        "git_refs_url": "/git/refs{/sha}", "git_tags_url": "/git/tags{/sha}",
+        "hooks_url": "/hooks", "issue_comment_url": "/issues/comments{/number}",
+        "issue_events_url": "/issues/events{/number}", "issues_url": "/issues{/number}",
+        "keys_url": "/keys{/key_id}", "labels_url": "/labels{/name}",
+        "languages_url": "/languages", "merges_url": "/merges",
+        "milestones_url": "/milestones{/number}",
+        "notifications_url": "/notifications{?since,all,participating}",
+        "pulls_url": "/pulls{/number}", "releases_url": "/releases{/id}",
+        "stargazers_url": "/stargazers", "statuses_url": "/statuses/{sha}",
+        "subscribers_url": "/subscribers", "subscription_url": "/subscription",
+        "tags_url": "/tags", "teams_url": "/teams", "trees_url": "/git/trees{/sha}",
+    }  # fmt: skip
+    stamp = _stamp(created)
+    return {
+        "id": repository_id, "node_id": f"R_{repository_id}", "name": full_name.split("/")[1],
+        "full_name": full_name, "private": private,
+        "visibility": "private" if private else "public", "owner": dict(owner),
+        "html_url": html, "description": None, "fork": False, "url": url,
+        **{key: url + suffix for key, suffix in templated.items()},
+        "created_at": stamp, "updated_at": stamp, "pushed_at": stamp,
+        "git_url": f"git://github.com/{full_name}.git",
+        "ssh_url": f"git@github.com:{full_name}.git",
+        "clone_url": f"{html}.git", "svn_url": html, "homepage": None, "size": 0,
+        "stargazers_count": 0, "watchers_count": 0, "language": None, "has_issues": True,
+        "has_projects": True, "has_downloads": True, "has_wiki": True, "has_pages": False,
+        "forks_count": 0, "mirror_url": None, "archived": False, "disabled": False,
+        "open_issues_count": 0, "license": None, "forks": 0, "open_issues": 0,
+        "watchers": 0, "default_branch": "main",
+    }  # fmt: skip
+
+
+def workflow_job_payload(
+    action: str, job: Job, *, repository_id: int, owner_id: int, installation_id: int | None
+) -> dict[str, Any]:
+    """The body of the ``workflow_job`` ``action`` webhook GitHub sends for ``job``: the
+    fields and nullability of ``@octokit/openapi-webhooks``' ``workflow-job-ACTION``
+    (docs.github.com/en/webhooks/webhook-events-and-payloads#workflow_job). The repository's
+    owner is taken to be an organization (so ``organization`` is sent too)."""
+    owner = job.repository.split("/")[0]
+    url = f"{API}/repos/{job.repository}"
+    done = job.status == "completed"
+    steps = [] if job.started_at is None else [{
+        "name": "Run script", "status": job.status, "conclusion": job.conclusion, "number": 1,
+        "started_at": _stamp(job.started_at), "completed_at": _stamp(job.completed_at),
+    }]  # fmt: skip
+    workflow_job = {
+        "id": job.id, "run_id": job.run_id, "workflow_name": "CI", "head_branch": "main",
+        "run_url": f"{url}/actions/runs/{job.run_id}", "run_attempt": 1,
+        "node_id": f"CR_{job.id}", "head_sha": job.head_sha, "url": f"{url}/actions/jobs/{job.id}",
+        "html_url": f"{WEB}/{job.repository}/actions/runs/{job.run_id}/job/{job.id}",
+        "status": job.status, "conclusion": job.conclusion if done else None,
+        "created_at": _stamp(job.created_at),
+        "started_at": _stamp(job.started_at or job.created_at),
+        "completed_at": _stamp(job.completed_at), "name": job.name, "steps": steps,
+        "check_run_url": f"{url}/check-runs/{job.id}", "labels": list(job.labels),
+        "runner_id": job.runner_id, "runner_name": job.runner_name,
+        "runner_group_id": job.runner_group_id,
+        "runner_group_name": None if job.runner_group_id is None else (
+            "Default" if job.runner_group_id == DEFAULT_GROUP
+            else f"runner-group-{job.runner_group_id}"),
+    }  # fmt: skip
+    payload: dict[str, Any] = {
+        "action": action, "workflow_job": workflow_job,
+        "repository": _repository(job.repository, repository_id,
+                                  _user(owner, owner_id, "Organization"), job.private,
+                                  job.created_at),
+        "organization": _organization(owner, owner_id),
+        "sender": _user(*SENDER, "User"),
+    }  # fmt: skip
+    if installation_id is not None:
+        payload["installation"] = {"id": installation_id, "node_id": f"MDIz_{installation_id}"}
+    return payload
+
+
+def signature_256(secret: str, body: bytes) -> str:
+    """``X-Hub-Signature-256``: "sha256=" and the hex HMAC-SHA256 of the body keyed by the
+    webhook's secret (docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries)."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+@dataclass
+class Delivery:
+    id: int
+    guid: str  # X-GitHub-Delivery; a redelivery keeps it
+    action: str
+    job_id: int
+    body: bytes = field(repr=False)
+    app_id: int | None
+    installation_id: int | None
+    repository_id: int
+    redelivery: bool = False
+    status: str = "pending"  # then "OK", "Invalid HTTP Response: N" or why it failed
+    status_code: int = 0
+    attempts: int = 0
+    delivered_at: datetime | None = None
+    duration: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "guid": self.guid, "delivered_at": _stamp(self.delivered_at),
+            "redelivery": self.redelivery, "duration": self.duration, "status": self.status,
+            "status_code": self.status_code, "event": "workflow_job", "action": self.action,
+            "installation_id": self.installation_id, "repository_id": self.repository_id,
+            "job_id": self.job_id, "attempts": self.attempts,
+        }  # fmt: skip
+
+
+class Webhooks:
+    """The App's webhook: deliveries sent one at a time, in the order they were made, by a
+    background thread (so a job's ``queued``, ``in_progress`` and ``completed`` arrive in
+    that order). A delivery is tried ``attempts`` times (GitHub: once — "GitHub does not
+    automatically redeliver failed deliveries",
+    docs.github.com/en/webhooks/using-webhooks/handling-failed-webhook-deliveries); a
+    non-2xx answer, no answer or one slower than 10 s fails it, and the failure is recorded.
+    With no URL, nothing is sent or recorded (there is no webhook)."""
+
+    def __init__(
+        self, now: Callable[[], datetime], url: str | None, secret: str | None, *,
+        attempts: int = 1,
+    ) -> None:  # fmt: skip
+        if attempts < 1:
+            raise ValueError("a delivery is attempted at least once")
+        self._now = now
+        self._url, self._secret, self._attempts = url, secret, attempts
+        self._lock = threading.Condition()
+        self._deliveries: dict[int, Delivery] = {}
+        self._outbox: list[Delivery] = []
+        self._ids = itertools.count(1)
+        self._sender: threading.Thread | None = None
+
+    def configure(self, url: str | None, secret: str | None) -> None:
+        with self._lock:
+            self._url, self._secret = url or None, secret or None
+
+    def send(self, payload: Mapping[str, Any], *, app_id: int | None) -> None:
+        """Queue ``payload`` (checked against the description first: a payload it refuses
+        is this fake's bug)."""
+        errors = validate(webhook_schema(str(payload["action"])), payload)
+        if errors:
+            raise RuntimeError("the fake's workflow_job payload breaks its schema: "
+                               + "; ".join(errors))  # fmt: skip
+        with self._lock:
+            if self._url is None:
+                return
+            installation = payload.get("installation")
+            self._queue(Delivery(
+                next(self._ids), str(uuid.uuid4()), str(payload["action"]),
+                int(payload["workflow_job"]["id"]), json.dumps(payload).encode(), app_id,
+                None if installation is None else int(installation["id"]),
+                int(payload["repository"]["id"]),
+            ))  # fmt: skip
+
+    def redeliver(self, delivery_id: int) -> dict[str, Any]:
+        with self._lock:
+            original = self._deliveries.get(delivery_id)
+            if original is None:
+                raise GitHubRefusal(404, "Not Found")
+            again = Delivery(next(self._ids), original.guid, original.action, original.job_id,
+                             original.body, original.app_id, original.installation_id,
+                             original.repository_id, redelivery=True)  # fmt: skip
+            self._queue(again)
+            return again.as_json()
+
+    def deliveries(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [delivery.as_json() for delivery in self._deliveries.values()]
+
+    def wait(self, timeout: float = 10.0) -> bool:
+        """Wait until every queued delivery has been attempted; whether they all were."""
+        with self._lock:
+            return self._lock.wait_for(
+                lambda: (
+                    not self._outbox
+                    and all(d.status != "pending" for d in self._deliveries.values())
+                ),
+                timeout,
+            )
+
+    def _queue(self, delivery: Delivery) -> None:
+        self._deliveries[delivery.id] = delivery
+        self._outbox.append(delivery)
+        if self._sender is None or not self._sender.is_alive():
+            self._sender = threading.Thread(target=self._run, name="github-webhooks", daemon=True)
+            self._sender.start()
+        self._lock.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: bool(self._outbox))
+                delivery = self._outbox[0]
+                url, secret = self._url, self._secret
+            for attempt in range(self._attempts):
+                if attempt:
+                    time.sleep(RETRY_DELAY)
+                if url is not None and self._post(delivery, url, secret):
+                    break
+            with self._lock:
+                if delivery.status == "pending":  # the webhook was removed meanwhile
+                    delivery.status = "no webhook URL"
+                self._outbox.pop(0)
+                self._lock.notify_all()
+
+    def _post(self, delivery: Delivery, url: str, secret: str | None) -> bool:
+        headers = {
+            "Content-Type": "application/json", "User-Agent": HOOKSHOT,
+            "X-GitHub-Event": "workflow_job", "X-GitHub-Delivery": delivery.guid,
+            "X-GitHub-Hook-ID": str(HOOK_ID),
+            "X-GitHub-Hook-Installation-Target-Type":
+                "repository" if delivery.app_id is None else "integration",
+            "X-GitHub-Hook-Installation-Target-ID":
+                str(delivery.repository_id if delivery.app_id is None else delivery.app_id),
+        }  # fmt: skip
+        if secret is not None:
+            headers["X-Hub-Signature"] = "sha1=" + hmac.new(
+                secret.encode(), delivery.body, hashlib.sha1).hexdigest()  # fmt: skip
+            headers["X-Hub-Signature-256"] = signature_256(secret, delivery.body)
+        started = time.monotonic()
+        request = urllib.request.Request(url, data=delivery.body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=HOOK_TIMEOUT) as answer:
+                code, status = int(answer.status), "OK"
+        except urllib.error.HTTPError as error:
+            code, status = error.code, f"Invalid HTTP Response: {error.code}"
+        except (OSError, ValueError) as error:
+            timed_out = isinstance(error, TimeoutError) or "timed out" in str(error)
+            code, status = 0, "timed out" if timed_out else f"failed to connect to host: {error}"
+        with self._lock:
+            delivery.attempts += 1
+            delivery.status, delivery.status_code = status, code
+            delivery.delivered_at, delivery.duration = self._now(), time.monotonic() - started
+        return 200 <= code < 300
+
+
 # HTTP.
 
 
@@ -644,7 +1104,20 @@ class _Application:
                                body.get("installations", ()))  # fmt: skip
             return 201, {"id": int(body["id"])}
         if (method, path) == ("POST", "/jobs"):
-            return 201, state.queue_job(str(body.get("repository", "")), body.get("labels", []))
+            return 201, state.queue_job(str(body.get("repository", "")), body.get("labels", []),
+                                        script=body.get("script", "exit 0"),
+                                        private=body.get("private", True))  # fmt: skip
+        if (method, path) == ("POST", "/webhook"):
+            state.set_webhook(body.get("url"), body.get("secret"))
+            return 200, {"url": body.get("url")}
+        if (method, path) == ("GET", "/deliveries"):
+            return 200, state.deliveries()
+        if method == "POST" and (match := re.fullmatch(r"/deliveries/(\d+)/attempts", path)):
+            return 202, state.redeliver(int(match[1]))
+        if (method, path) == ("POST", "/runner/poll"):
+            return 200, state.poll(str(body.get("jit_config", "")))
+        if method == "GET" and (match := re.fullmatch(r"/runners/(\d+)", path)):
+            return 200, state.runner_by_id(int(match[1]))
         if (method, path) == ("GET", "/jobs"):
             return 200, state.jobs()
         if (method, path) == ("GET", "/runners"):
@@ -731,10 +1204,14 @@ class GitHubEmulator(BackgroundServer):
     manager. ``state`` is what it knows, for a local caller to act on directly."""
 
     def __init__(
-        self, *, now: Callable[[], datetime] | None = None, host: str = HOST, port: int = 0
-    ) -> None:
+        self, *, now: Callable[[], datetime] | None = None, host: str = HOST, port: int = 0,
+        webhook_url: str | None = None, webhook_secret: str | None = None,
+        webhook_attempts: int = 1,
+    ) -> None:  # fmt: skip
         super().__init__(host, port, what="the fake GitHub API", thread_name="github")
-        self.state = GitHubState(now) if now is not None else GitHubState()
+        hooks: dict[str, Any] = {"webhook_url": webhook_url, "webhook_secret": webhook_secret,
+                                 "webhook_attempts": webhook_attempts}  # fmt: skip
+        self.state = GitHubState(now, **hooks) if now is not None else GitHubState(**hooks)
 
     def application(self) -> _Application:
         return _Application(self.state)

@@ -7,26 +7,78 @@ actions/runner src/Runner.Listener/Runner.cs (the JIT config is base64 of a JSON
 the runner's files, each base64; ``.runner`` and ``.credentials`` as
 src/Runner.Common/ConfigurationStore.cs and CredentialData.cs name their fields;
 ChristopherHX/github-act-runner#138 lists the three files);
-docs.github.com/en/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-an-organization.
+docs.github.com/en/rest/actions/self-hosted-runners#create-configuration-for-a-just-in-time-runner-for-an-organization;
+docs.github.com/en/webhooks/webhook-events-and-payloads#workflow_job and its schema in
+``@octokit/openapi-webhooks`` 12.1.0 (vendored in
+emulators/data/github-webhooks-workflow-job.json: the body's fields and nullability, the
+headers every delivery has);
+docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries (X-Hub-Signature-256);
+docs.github.com/en/webhooks/using-webhooks/handling-failed-webhook-deliveries (a failed
+delivery is recorded, not retried; a redelivery is asked for).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
+import requests
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from werkzeug.wrappers import Request, Response
 
-from emulators.github import GitHubEmulator
+from emulators.github import GitHubEmulator, validate, webhook_headers, webhook_schema
+from emulators.serving import BackgroundServer
 from opendws.adapters.github_app import GitHubApp, JitRunner, RunnerScope
 
 APP_ID, INSTALLATION, ORG, GROUP = 4321, 99, "acme", 3
 REPOSITORY = f"{ORG}/train"
 LABELS = ["self-hosted", "gpu-h100"]
+SECRET = "It's a Secret to Everybody"
+
+
+@dataclass
+class Hook:
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.body)
+        return loaded
+
+
+@dataclass
+class Receiver(BackgroundServer):
+    """A webhook endpoint recording what it is sent; answers ``status``."""
+
+    status: int = 200
+    hooks: list[Hook] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        super().__init__("127.0.0.1", 0, what="the webhook receiver", thread_name="hooks")
+        self.arrived = threading.Condition()
+
+    def application(self) -> Any:
+        def receive(environ: Any, start_response: Any) -> Any:
+            request = Request(environ)
+            with self.arrived:
+                self.hooks.append(Hook(dict(request.headers), request.get_data()))
+                self.arrived.notify_all()
+            return Response("", self.status)(environ, start_response)
+
+        return receive
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}/hooks"
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +106,15 @@ class World:
 
 
 @pytest.fixture
-def world(app_key: tuple[str, str]) -> Iterator[World]:
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as started:
+        yield started
+
+
+@pytest.fixture
+def world(app_key: tuple[str, str], receiver: Receiver) -> Iterator[World]:
     private, public = app_key
-    with GitHubEmulator() as github:
+    with GitHubEmulator(webhook_url=receiver.url, webhook_secret=SECRET) as github:
         github.state.register_app(APP_ID, public, [
             {"id": INSTALLATION, "account": ORG, "runner_groups": [GROUP]},
         ])  # fmt: skip
@@ -84,3 +142,116 @@ def test_a_jit_config_holds_the_runners_files_naming_the_server(world: World) ->
     assert runner["ephemeral"] is True
     assert files[".credentials"]["scheme"] == "OAuth"
     assert world.runner("req-1-1").encoded_jit_config != jit.encoded_jit_config
+
+
+# Webhooks.
+
+
+def run_one_job(world: World, conclusion: str) -> dict[str, Any]:
+    state = world.github.state
+    job = state.queue_job(REPOSITORY, LABELS, script="echo hi", private=True)
+    jit = world.runner()
+    assert state.take_job(jit.encoded_jit_config)["job"]["id"] == job["id"]
+    state.complete_job(job["id"], conclusion)
+    assert state.webhooks.wait(5)
+    return job
+
+
+def test_a_jobs_hooks_arrive_in_order_signed_and_as_described(
+    world: World, receiver: Receiver
+) -> None:
+    """queued → in_progress (with the runner's name and group) → completed (with the
+    conclusion), each signed with the secret (``X-Hub-Signature-256`` = "sha256=" + hex
+    HMAC-SHA256 of the body), with every header the description requires, and a body the
+    description's schema for that action accepts."""
+    job = run_one_job(world, "failure")
+    hooks = receiver.hooks
+    actions = [hook.payload["action"] for hook in hooks]
+    assert actions == ["queued", "in_progress", "completed"]
+    for hook in hooks:
+        action, payload = hook.payload["action"], hook.payload
+        headers = {name.lower(): value for name, value in hook.headers.items()}
+        assert {name.lower() for name in webhook_headers(action)} <= set(headers)
+        assert headers["x-github-event"] == "workflow_job"
+        assert headers["user-agent"].startswith("GitHub-Hookshot/")
+        assert headers["content-type"] == "application/json"
+        expected = hmac.new(SECRET.encode(), hook.body, hashlib.sha256).hexdigest()
+        assert headers["x-hub-signature-256"] == f"sha256={expected}"
+        assert validate(webhook_schema(action), payload) == []
+        assert payload["workflow_job"]["id"] == job["id"]
+        assert payload["repository"]["full_name"] == REPOSITORY
+        assert (payload["repository"]["private"], payload["repository"]["visibility"]) == (
+            True, "private")  # fmt: skip
+        assert payload["installation"]["id"] == INSTALLATION
+    assert len({hook.headers["X-Github-Delivery"] for hook in hooks}) == 3
+    queued, started, completed = (hook.payload["workflow_job"] for hook in hooks)
+    assert (queued["status"], queued["runner_name"], queued["conclusion"]) == (
+        "queued", None, None)  # fmt: skip
+    assert (started["status"], started["runner_name"], started["runner_group_id"]) == (
+        "in_progress", "req-1-0", GROUP)  # fmt: skip
+    assert (completed["status"], completed["conclusion"]) == ("completed", "failure")
+    assert completed["labels"] == LABELS
+
+
+def test_the_schema_check_refuses_what_github_would_not_send(
+    world: World, receiver: Receiver
+) -> None:
+    """The vendored schema bites: a completed job without a conclusion, a runner id that is
+    a string, a repository without its owner."""
+    schema = webhook_schema("completed")
+    run_one_job(world, "success")
+    payload = receiver.hooks[2].payload
+    assert validate(schema, payload) == []
+    for broken in (
+        {**payload, "workflow_job": {**payload["workflow_job"], "conclusion": None}},
+        {**payload, "workflow_job": {**payload["workflow_job"], "runner_id": "7"}},
+        {**payload, "repository": {k: v for k, v in payload["repository"].items()
+                                   if k != "owner"}},
+    ):  # fmt: skip
+        assert validate(schema, broken)
+
+
+def test_a_redelivered_hook_keeps_its_delivery_guid(world: World, receiver: Receiver) -> None:
+    run_one_job(world, "success")
+    state = world.github.state
+    completed = state.deliveries()[-1]
+    again = state.redeliver(completed["id"])
+    assert state.webhooks.wait(5)
+    assert (again["guid"], again["redelivery"]) == (completed["guid"], True)
+    first, last = receiver.hooks[2], receiver.hooks[3]
+    assert last.headers["X-Github-Delivery"] == first.headers["X-Github-Delivery"]
+    assert last.body == first.body
+    assert state.deliveries()[-1]["status"] == "OK"
+
+
+def test_a_failed_delivery_is_recorded_and_not_retried(world: World, receiver: Receiver) -> None:
+    """GitHub does not redeliver a failed delivery by itself: one attempt, its status kept."""
+    receiver.status = 500
+    world.github.state.queue_job(REPOSITORY, LABELS)
+    assert world.github.state.webhooks.wait(5)
+    [delivery] = world.github.state.deliveries()
+    assert (delivery["status"], delivery["status_code"]) == ("Invalid HTTP Response: 500", 500)
+    assert len(receiver.hooks) == 1
+
+
+def test_the_webhook_admin_api_over_http(app_key: tuple[str, str], receiver: Receiver) -> None:
+    """``POST /_admin/webhook {url, secret}``, ``POST /_admin/jobs`` with ``script`` and
+    ``private``, ``GET /_admin/deliveries``, ``POST /_admin/deliveries/{id}/attempts``."""
+    with GitHubEmulator() as github:
+        admin = f"{github.url}/_admin"
+        hook = {"url": receiver.url, "secret": SECRET}
+        assert requests.post(f"{admin}/webhook", json=hook, timeout=10).status_code == 200
+        body: dict[str, Any] = {"repository": "octo/web", "labels": LABELS, "script": "true",
+                                "private": False}  # fmt: skip
+        job = requests.post(f"{admin}/jobs", json=body, timeout=10).json()
+        assert (job["script"], job["private"]) == ("true", False)
+        assert github.state.webhooks.wait(5)
+        [delivery] = requests.get(f"{admin}/deliveries", timeout=10).json()
+        assert (delivery["action"], delivery["status"]) == ("queued", "OK")
+        again = requests.post(f"{admin}/deliveries/{delivery['id']}/attempts", timeout=10)
+        assert again.status_code == 202
+        assert github.state.webhooks.wait(5)
+        assert [h.headers["X-Github-Delivery"] for h in receiver.hooks] == [delivery["guid"]] * 2
+        assert receiver.hooks[0].payload["repository"]["visibility"] == "public"
+        bad = {"repository": "octo/web", "labels": LABELS, "private": "no"}
+        assert requests.post(f"{admin}/jobs", json=bad, timeout=10).status_code == 400
