@@ -232,6 +232,17 @@ variable "tenant_secret_prefixes" {
   }
 }
 
+variable "ci_secrets" {
+  description = "The Secret Manager secrets the scheduler's CI mappings name: a GitHub App's private key (ci[i].github.private_key_secret) and a GitLab token (ci[i].gitlab.token_secret), each given as projects/PROJECT/secrets/SECRET (the mapping's version name without /versions/VERSION). The agent function, which mints the CI runners, reads exactly these (roles/secretmanager.secretAccessor on each secret); the ci_hook function reads none of them. [] (the default): no CI mapping names a secret."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for name in var.ci_secrets : can(regex("^projects/([a-z][a-z0-9-]{4,28}[a-z0-9]|[1-9][0-9]*)/secrets/[A-Za-z0-9_-]{1,255}$", name))])
+    error_message = "A CI secret is projects/PROJECT/secrets/SECRET: the secret a CI mapping's private_key_secret or token_secret names, without /versions/VERSION."
+  }
+}
+
 variable "vm_boot_image" {
   description = "The job VMs' boot image (OPENDWS_BOOT_IMAGE): it must carry the NVIDIA driver, Docker with the NVIDIA Container Toolkit and python3 3.8 or later for the agent. The default is a Deep Learning VM GPU family (cloud.google.com/deep-learning-vm/docs/images); a flex pool's boot_image overrides it for that machine type."
   type        = string

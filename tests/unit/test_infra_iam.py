@@ -45,6 +45,12 @@ SECRET_PREFIXES = {
     "speech": "projects/123456789012/secrets/speech-",
 }
 
+# The secrets the CI mappings name (a GitHub App's key, a GitLab token), in two projects.
+CI_SECRETS = [
+    "projects/my-ml-project/secrets/github-app-key",
+    "projects/123456789012/secrets/gitlab_runner-token",
+]
+
 # Where an IAM member resource grants its role.
 GRANTED_ON = {
     "google_project_iam_member": "project",
@@ -161,12 +167,15 @@ def terraform_grants(root: Module) -> set[tuple[str, str, str]]:
 
 def with_a_vm_account() -> Module:
     """The example, with a flex pool whose VMs run as a service account (the functions that
-    make and delete them must act as it), and tenants whose runs may name secrets."""
+    make and delete them must act as it), tenants whose runs may name secrets, and CI mappings
+    naming theirs."""
     pool = {
         "shape": "a3-highgpu-8g",
         "service_account": "vms@my-ml-project.iam.gserviceaccount.com",
     }
-    return root_with(flex_pools=[pool], tenant_secret_prefixes=SECRET_PREFIXES)
+    return root_with(
+        flex_pools=[pool], tenant_secret_prefixes=SECRET_PREFIXES, ci_secrets=CI_SECRETS
+    )
 
 
 def test_terraform_grants_each_function_the_roles_of_the_table_and_no_others() -> None:
@@ -185,10 +194,64 @@ def test_terraform_grants_each_function_the_roles_of_the_table_and_no_others() -
     assert not extra, f"Terraform grants what the table does not name: {extra}"
     # Without such a pool the same functions act as the timers' account (modules/tasks).
     assert terraform_grants(root_with(tenant_secret_prefixes=SECRET_PREFIXES)) == expected
-    # Without secret prefixes no tenant's run may name a secret, and the agent reads none.
+    # Without secret prefixes no tenant's run may name a secret, and the agent reads none. (It
+    # reads the session key on its secret, so secretAccessor on a secret stays without CI
+    # secrets: the test below holds the CI secrets' grants.)
     assert terraform_grants(root_with()) == expected - {
         ("agent", "roles/secretmanager.secretAccessor", "project")
     }
+
+
+def test_the_agent_function_alone_reads_the_ci_mappings_secrets_each_on_its_secret() -> None:
+    """The CI mappings' GitHub App keys and GitLab tokens: secretAccessor for the agent
+    function (which mints the runners) on each secret ``ci_secrets`` names, in its project, and
+    on nothing wider; no other function (the CI hook among them) is granted any of them.
+    ``google_secret_manager_secret_iam_member`` takes the secret's id as ``secret_id`` and its
+    project as ``project``, as magic-modules documents it
+    (mmv1/templates/terraform/resource_iam.html.markdown.tmpl, with
+    mmv1/products/secretmanager/Secret.yaml: ``iam_policy.parent_resource_attribute:
+    secret_id``, ``projects/{{project}}/secrets/{{secret_id}}``)."""
+    root = with_a_vm_account()
+    grants = instances_of(root, "google_secret_manager_secret_iam_member", "agent_reads_ci_secrets")
+    read = {
+        f"projects/{grant.attr('project')}/secrets/{grant.attr('secret_id')}": grant
+        for grant in grants
+    }
+    assert sorted(read) == sorted(CI_SECRETS)
+    for grant in read.values():
+        assert grant.attr("role") == "roles/secretmanager.secretAccessor"
+        account = ACCOUNT.search(str(grant.attr("member")))
+        assert account is not None
+        assert account[1] == "agent"
+    # Every secret-level grant naming a CI secret goes to the agent function.
+    for module in modules_of(root):
+        for kind, name in module.of("resource"):
+            if kind != "google_secret_manager_secret_iam_member":
+                continue
+            for grant in instances_of(module, kind, name):
+                secret = f"projects/{grant.attr('project')}/secrets/{grant.attr('secret_id')}"
+                if secret in CI_SECRETS:
+                    assert name == "agent_reads_ci_secrets", (kind, name)
+    assert instances_of(root_with(), "google_secret_manager_secret_iam_member",
+                        "agent_reads_ci_secrets") == []  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "projects/my-ml-project/secrets/github-app-key/versions/3",
+        "projects/my-ml-project/secrets/",
+        "github-app-key",
+        "projects/My_Project/secrets/github-app-key",
+        "projects/my-ml-project/secrets/github.app.key",
+    ],
+)
+def test_a_ci_secret_that_is_not_a_secrets_resource_name_is_refused(name: str) -> None:
+    """Secret Manager's secret names: projects/PROJECT/secrets/SECRET_ID, an id of letters,
+    digits, dashes and underscores (secret-manager/docs/reference/rest/v1/projects.secrets/
+    create, ``secretId``); a version name is refused with a word on dropping the version."""
+    assert all(ok for ok, _ in root_with(ci_secrets=CI_SECRETS).validations("ci_secrets"))
+    assert not all(ok for ok, _ in root_with(ci_secrets=[name]).validations("ci_secrets"))
 
 
 # The adapters' Google calls --------------------------------------------------------------------
