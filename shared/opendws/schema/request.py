@@ -283,6 +283,13 @@ class Release(_Strict):
             "tenant are this release's."
         ),
     )
+    unless_running: bool = Field(
+        default=False,
+        description=(
+            "Leave the request be if it is running (a CI job that completed, whose own VM is a "
+            "one-job runner that may have taken another job: its runner's exit ends it)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _same_request(self) -> Release:

@@ -19,6 +19,18 @@ The protocol (all POST, JSON; the agent in :mod:`opendws.agent` speaks it):
 
 A run that is over or not this attempt's answers 410 (the agent stops). Every call is safe to
 repeat: a redelivered report changes nothing.
+
+**CI runs** (``run.runner``: a CI job's VM, DESIGN "Work on the gang": the VM lives as long as
+its runner). At the barrier the VM's runner is minted (:class:`~opendws.ports.ci.CiRunners`,
+for the CI mapping of the request's tenant whose labels the job has) and its command and
+credential handed to the agent, once: the rank's document keeps the runner's id, never the
+credential. An agent that asks again (it restarted before using it) gets a new runner and
+the old one is deleted. The runner's exit ends the run like any job's, and the runner is
+deleted. A runner that took no job within the mapping's ``idle_timeout`` is deleted and the
+run released (RUNNER_IDLE, by :meth:`AgentService.sweep`). A refusal that asking again will
+not mend (a revoked installation: 401; a token without its scope) ends the run JOB_FAILED
+with GitHub's or GitLab's words, in the event and the log; a rate limit or an outage makes
+the agent ask again, not before the time the CI system named.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from opendws.domain.run import (
+    CiRunner,
     Gang,
     RankExit,
     RunVerdict,
@@ -44,8 +57,11 @@ from opendws.domain.run import (
     run_verdict,
 )
 from opendws.domain.states import RequestState
+from opendws.durations import format_duration
 from opendws.ports import Clock, RequestRecord, RequestStore, order_name
 from opendws.ports.access import Forbidden, Unauthorized
+from opendws.ports.ci import CiRunners, RunnerRefused
+from opendws.ports.configuration import CiMapping, ConfigStore, ci_mapping
 from opendws.ports.runs import (
     HEARTBEAT_WRITE_EVERY,
     RankState,
@@ -182,6 +198,7 @@ class AgentService:
         self, *, store: RequestStore, ranks: RankStore, verifier: IdentityVerifier,
         order_vms: OrderVms, secrets: SecretReader, logs: JobLogs, ending: EndService,
         sessions: Sessions, clock: Clock, settings: AgentSettings | None = None,
+        config: ConfigStore | None = None, runners: CiRunners | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._ranks = ranks
@@ -193,6 +210,8 @@ class AgentService:
         self._sessions = sessions
         self._clock = clock
         self._settings = settings or AgentSettings()
+        self._config = config
+        self._runners = runners
 
     def handle(self, path: str, authorization: str | None, body: Mapping[str, Any]) -> Answer:
         """One call of the protocol; errors are answers saying what is wrong."""
@@ -268,6 +287,8 @@ class AgentService:
             gpus=record.request.gang.accelerators_per_vm is not None,
         )
         env = {**dict(run.env), **job_environment(gang, session.rank)}
+        if run.runner is not None:
+            return self._hand_runner(session, record, run.runner, env, hostfile(gang))
         for name, version in run.secrets:
             try:
                 env[name] = self._secrets.read(version)
@@ -282,6 +303,73 @@ class AgentService:
             "ready": True, "command": list(run.command), "image": run.image, "env": env,
             "hostfile": hostfile(gang),
         })  # fmt: skip
+
+    def _hand_runner(
+        self, session: Session, record: RequestRecord, runner: CiRunner, env: dict[str, str],
+        hosts: str,
+    ) -> Answer:  # fmt: skip
+        """The barrier's answer for a CI run: mint the VM's runner (deleting one an earlier
+        call handed out) and hand its command and credential to the agent."""
+        mapping = self._mapping_of(record, runner)
+        if isinstance(mapping, str):
+            return self._runner_failed(session, record, mapping)
+        assert self._runners is not None  # _mapping_of says so otherwise
+        mine = (session.rank, session.attempt)
+        report = next(
+            (r for r in self._ranks.ranks(session.request_id) if (r.rank, r.attempt) == mine),
+            None,
+        )
+        if report is None:
+            raise Forbidden("register first: this rank has no registration")
+        try:
+            if report.runner_id is not None and not self._runners.delete(mapping, report.runner_id):
+                # It is running a job its agent lost: wait for that job to end.
+                return Answer(200, {"ready": False, "retry_after_s": 30.0,
+                                    "registered": 0, "num_nodes": 0})  # fmt: skip
+            launch = self._runners.launch(mapping, runner, report.vm, record.request.run_duration)
+        except RunnerRefused as refused:
+            if refused.permanent:
+                return self._runner_failed(session, record, str(refused))
+            wait = self._settings.barrier_retry.total_seconds()
+            if refused.retry_at is not None:
+                wait = max(wait, (refused.retry_at - self._clock.now()).total_seconds())
+            log.warning("%s: %s; asking again in %.0f s", record.request_id, refused, wait)
+            return Answer(200, {"ready": False, "retry_after_s": wait,
+                                "registered": 0, "num_nodes": 0})  # fmt: skip
+        self._ranks.runner_handed(
+            session.request_id, session.attempt, session.rank, launch.runner_id,
+            self._clock.now(),
+        )  # fmt: skip
+        log.info(
+            "runner %s minted for %s (%s)", launch.runner_id, report.vm, record.request_id,
+            extra={"fields": {"request_id": record.request_id, "runner_id": launch.runner_id}},
+        )  # fmt: skip
+        answer: dict[str, Any] = {
+            "ready": True, "command": list(launch.command), "image": None,
+            "env": {**env, **launch.env}, "hostfile": hosts,
+        }  # fmt: skip
+        if launch.install is not None:
+            answer["install"] = launch.install.to_json()
+        return Answer(200, answer)
+
+    def _mapping_of(self, record: RequestRecord, runner: CiRunner) -> CiMapping | str:
+        """The CI mapping a CI run's runner is minted for (its provider's, of the request's
+        tenant, whose labels the job has, that runs jobs), or what is wrong."""
+        if self._config is None or self._runners is None:
+            return "this deployment mints no CI runners (the agent function has no CI set up)"
+        mapping = ci_mapping(self._config.load().ci, runner.provider.value, runner.labels)
+        if mapping is None or not mapping.runs_jobs or mapping.tenant != record.tenant:
+            return (
+                f"no {runner.provider.value} CI mapping of tenant {record.tenant!r} that runs "
+                f"jobs matches labels {list(runner.labels)}"
+            )
+        return mapping
+
+    def _runner_failed(self, session: Session, record: RequestRecord, message: str) -> Answer:
+        """A CI run whose runner cannot be had: ended JOB_FAILED saying why (410)."""
+        log.error("%s: %s", record.request_id, message)
+        self._ending.finish_run(record.request_id, session.attempt, EndReason.JOB_FAILED, message)
+        return Answer(410, {"error": message})
 
     def heartbeat(self, authorization: str | None, body: Mapping[str, Any]) -> Answer:
         session, record = self._session(authorization)
@@ -354,19 +442,75 @@ class AgentService:
                 EndReason.JOB_FAILED)  # fmt: skip
             result = self._ending.finish_run(record.request_id, attempt, reason, said)
             log.info("run of %s over: %s (%s)", record.request_id, reason, result.outcome)
+            self._delete_runners(record, attempt)
 
     def sweep(self) -> list[str]:
         """Release the runs whose agents are lost (AGENT_LOST, naming the ranks): ranks not
         registered within ``register_within`` of ACTIVE, or silent for ``lost_after``, for
-        ``lost_grace`` more. A run past its run time is left to the reconciler, which ends it
-        as EXPIRED (Google deletes flex-start VMs at their run-time limit). Returns the ids
-        of the runs it released. Safe to repeat; the reconcile function calls it each pass."""
+        ``lost_grace`` more; and the CI runs whose runner took no job within their mapping's
+        idle time (RUNNER_IDLE, the runner deleted). A run past its run time is left to the
+        reconciler, which ends it as EXPIRED (Google deletes flex-start VMs at their run-time
+        limit). Returns the ids of the runs it released. Safe to repeat; the reconcile
+        function calls it each pass."""
         now = self._clock.now()
         return [
             record.request_id
             for record in self._store.in_states(S.ACTIVE)
-            if self._release_lost(record, now)
+            if self._release_lost(record, now) or self._release_idle(record, now)
         ]
+
+    def _release_idle(self, record: RequestRecord, now: datetime) -> bool:
+        """Release ``record``'s CI run if a runner of it took no job within the idle time
+        (deleting it first: a runner GitHub says is running a job is left running)."""
+        run = record.request.run
+        if run is None or run.runner is None or record.state is not S.ACTIVE:
+            return False
+        mapping = self._mapping_of(record, run.runner)
+        if isinstance(mapping, str):
+            return False
+        assert self._runners is not None
+        for report in self._ranks.ranks(record.request_id):
+            if (
+                report.attempt != record.attempt
+                or report.state is RankState.EXITED
+                or report.runner_id is None
+                or report.runner_at is None
+                or now < report.runner_at + mapping.idle_timeout
+            ):
+                continue
+            try:
+                if self._runners.took_job(mapping, report.runner_id) is not False:
+                    continue  # it runs a job, or is done with one and its exit comes
+                if not self._runners.delete(mapping, report.runner_id):
+                    continue  # it took one meanwhile
+            except RunnerRefused as refused:
+                log.warning("%s: idle runner not checked: %s", record.request_id, refused)
+                continue
+            waited = format_duration(mapping.idle_timeout)
+            message = f"runner {report.runner_id} on {report.vm} took no job within {waited}"
+            log.info("%s: %s: deleted, released", record.request_id, message)
+            self._ending.finish_run(
+                record.request_id, record.attempt, EndReason.RUNNER_IDLE, message
+            )
+            return True
+        return False
+
+    def _delete_runners(self, record: RequestRecord, attempt: int) -> None:
+        """Delete the runners of a CI run that is over (one GitHub removed already is gone
+        already); a failure is logged, and the runner's idle check is GitHub's own."""
+        run = record.request.run
+        if run is None or run.runner is None:
+            return
+        mapping = self._mapping_of(record, run.runner)
+        if isinstance(mapping, str):
+            return
+        assert self._runners is not None
+        for report in self._ranks.ranks(record.request_id):
+            if report.attempt == attempt and report.runner_id is not None:
+                try:
+                    self._runners.delete(mapping, report.runner_id)
+                except RunnerRefused as refused:
+                    log.warning("%s: runner not deleted: %s", record.request_id, refused)
 
     def _release_lost(self, record: RequestRecord, now: datetime) -> bool:
         """Release ``record``'s run if some of its agents are lost (see :meth:`sweep`); rank 0's

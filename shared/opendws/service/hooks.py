@@ -8,6 +8,13 @@ generic signed JSON hook become request messages on ``capacity-requests``.
   out of order), recorded as already ended, so that the late queued event starts nothing.
 - The request id comes from the job (``gh-…``, ``gl-…``, ``hook-…``), so a redelivered hook —
   the same delivery twice — publishes the same request, which intake stores once.
+- A mapping with a runner (``github``/``gitlab``) makes the job's VM run it: the submission's
+  ``run`` is a CI runner's (the job's labels and repository or project), and a finished job
+  releases its request only if it is not running yet — a one-job runner takes any queued job
+  its labels match, so the VM a job asked for may be running another job, and its runner's
+  exit ends it. Such a mapping refuses jobs of public repositories and projects unless it
+  allows them (a self-hosted runner there runs strangers' code), and jobs of repositories its
+  GitHub App's runners do not serve.
 - Every call is authenticated before anything is read: GitHub's ``X-Hub-Signature-256``
   (HMAC-SHA256 of the body), GitLab's ``X-Gitlab-Token``, the generic hook's
   ``X-Opendws-Signature`` (HMAC-SHA256), each compared in constant time. A bad or missing one
@@ -19,14 +26,19 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from opendws.ports import CiMapping, ConfigStore, RequestPublisher
+from opendws.ports.configuration import ci_mapping
+
+log = logging.getLogger(__name__)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+PUBLIC_LEVEL = 20  # GitLab's visibility_level of a public project
 GITLAB_DONE = frozenset({"success", "failed", "canceled", "cancelled", "skipped"})
 # A job event is a few kilobytes (GitHub caps any webhook payload at 25 MB and a workflow_job
 # one is ~10 KB): a body larger than this is refused before it is read as JSON or checked.
@@ -59,6 +71,8 @@ class _Job:
     job_id: str  # unique per provider (repository or project included)
     labels: frozenset[str]
     queued: bool  # True: it waits for a runner; False: it finished
+    source: str = ""  # GitHub owner/name, GitLab the project id
+    public: bool = False  # its repository or project is public
 
 
 class HookService:
@@ -110,16 +124,16 @@ class HookService:
             name = repository.get("full_name", "repo")
             if not isinstance(name, str):
                 raise _Malformed("repository.full_name", "must be a string")
+            # "private": false, or "visibility": "public" (webhook payload's repository)
+            public = repository.get("private") is False or repository.get("visibility") == "public"
         except _Malformed as error:
             return error.result()
         return self._act(
             _Job(
-                provider="github",
-                job_id=f"gh-{name}-{job_id}",
-                labels=labels,
-                queued=action == "queued",
+                provider="github", job_id=f"gh-{name}-{job_id}", labels=labels,
+                queued=action == "queued", source=name, public=public,
             )
-        )
+        )  # fmt: skip
 
     def _gitlab(self, headers: Mapping[str, str], body: bytes) -> HookResult:
         secret = self._secrets.gitlab
@@ -146,16 +160,20 @@ class HookService:
             tags = _labels(payload.get("tags"), "tags") or _labels(
                 runner.get("tags"), "runner.tags"
             )
+            # visibility_level 20 is public (Gitlab::VisibilityLevel), in the Job Hook's
+            # project (and its repository)
+            levels = {
+                _object(payload, key, required=False).get("visibility_level")
+                for key in ("project", "repository")
+            }
         except _Malformed as error:
             return error.result()
         return self._act(
             _Job(
-                provider="gitlab",
-                job_id=f"gl-{project}-{build_id}",
-                labels=tags,
-                queued=status == "pending",
+                provider="gitlab", job_id=f"gl-{project}-{build_id}", labels=tags,
+                queued=status == "pending", source=str(project), public=PUBLIC_LEVEL in levels,
             )
-        )
+        )  # fmt: skip
 
     def _generic(self, headers: Mapping[str, str], body: bytes) -> HookResult:
         secret = self._secrets.generic
@@ -187,8 +205,12 @@ class HookService:
         if mapping is None:
             return HookResult(202, f"no CI mapping matches labels {sorted(job.labels)}")
         request_id = _request_id(job.job_id)
-        tenant = str(mapping.template.get("tenant", ""))
+        tenant = mapping.tenant
         if job.queued:
+            refused = _runner_refusal(mapping, job)
+            if refused is not None:
+                log.warning("%s: %s", request_id, refused)
+                return HookResult(202, refused, request_id)
             self._publisher.publish(self._submission(mapping, job, request_id))
             return HookResult(202, f"capacity requested as {request_id}", request_id)
         # Webhooks come in no promised order: a job's finished event may come before its
@@ -197,22 +219,45 @@ class HookService:
         submission = self._submission(mapping, job, request_id)
         self._publisher.publish({"schema": "opendws.request/v1", "action": "release",
                                  "request_id": request_id, "tenant": tenant,
-                                 "if_absent": submission})  # fmt: skip
+                                 "if_absent": submission,
+                                 "unless_running": mapping.runs_jobs})  # fmt: skip
         return HookResult(202, f"release of {request_id} requested", request_id)
 
     def _submission(self, mapping: CiMapping, job: _Job, request_id: str) -> dict[str, object]:
         """The submission a queued event of ``job`` publishes (the mapping's template)."""
         labels = {**(mapping.template.get("labels") or {}), "ci": job.provider}
-        return {
+        submission: dict[str, object] = {
             "schema": "opendws.request/v1", "action": "submit", **mapping.template,
             "request_id": request_id, "labels": labels,
         }  # fmt: skip
+        if mapping.runs_jobs:
+            runner = {"provider": job.provider, "labels": sorted(job.labels), "source": job.source}
+            submission["run"] = {"runner": runner}
+        return submission
 
     def _mapping(self, job: _Job) -> CiMapping | None:
-        for mapping in self._config.load().ci:
-            if mapping.provider == job.provider and mapping.labels <= job.labels:
-                return mapping
-        return None
+        return ci_mapping(self._config.load().ci, job.provider, job.labels)
+
+
+def _runner_refusal(mapping: CiMapping, job: _Job) -> str | None:
+    """Why a runner mapping gives ``job`` no VM (None: it does)."""
+    if mapping.github is not None:
+        if job.public and not mapping.github.allow_public_repositories:
+            return (
+                f"{job.source} is a public repository: its jobs get no self-hosted runner "
+                "(strangers' pull requests would run on it) unless the CI mapping's github "
+                "block says allow_public_repositories: true"
+            )
+        if not mapping.github.reaches(job.source):
+            scope = mapping.github.repository or mapping.github.organization
+            return f"{job.source} is outside the CI mapping's GitHub runners' scope ({scope})"
+    if mapping.gitlab is not None and job.public and not mapping.gitlab.allow_public_projects:
+        return (
+            f"project {job.source} is public: its jobs get no runner (strangers' merge "
+            "requests would run on it) unless the CI mapping's gitlab block says "
+            "allow_public_projects: true"
+        )
+    return None
 
 
 def too_large(size: int | None) -> HookResult:

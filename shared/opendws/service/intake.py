@@ -173,6 +173,13 @@ class IntakeService:
                     recorded = self._record_finished(delivery, message.if_absent, message)
                     if recorded is not None:
                         return recorded
+                if isinstance(message, Release) and message.unless_running:
+                    current = self._store.get(message.request_id)
+                    if current is not None and current.state is RequestState.ACTIVE:
+                        return IntakeResult(
+                            IntakeOutcome.APPLIED, message.request_id,
+                            "running: its runner's exit ends it (it may run another job)",
+                        )  # fmt: skip
                 ending = self._ending()
                 act = ending.cancel if message.action == "cancel" else ending.release
                 admin = identity.speaker is Speaker.ADMIN

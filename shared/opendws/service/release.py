@@ -86,6 +86,8 @@ class EndReason(StrEnum):
     JOB_SUCCEEDED = "JOB_SUCCEEDED"
     JOB_FAILED = "JOB_FAILED"
     AGENT_LOST = "AGENT_LOST"
+    # A CI run's runner took no job within its mapping's idle time: deleted, and released.
+    RUNNER_IDLE = "RUNNER_IDLE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,8 +204,8 @@ class EndService:
         self, request_id: str, attempt: int, reason: EndReason, message: str
     ) -> EndResult:
         """The job of ``request_id``'s ``attempt`` is over (``reason``: JOB_SUCCEEDED,
-        JOB_FAILED or AGENT_LOST): release its capacity now, as a tenant's release would
-        (RELEASED, with the reason and ``message``). A run of another attempt, or a request
+        JOB_FAILED, AGENT_LOST or RUNNER_IDLE): release its capacity now, as a tenant's
+        release would (RELEASED, with the reason and ``message``). A run of another attempt, or a request
         not running, is left as it is (IGNORED); one already ended is ALREADY_ENDED. Safe to
         repeat."""
         for _ in range(ATTEMPTS):

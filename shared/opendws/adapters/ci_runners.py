@@ -1,0 +1,287 @@
+"""The CiRunners port (opendws.ports.ci) on GitHub's and GitLab's APIs.
+
+- **GitHub**: the mapping's App (its private key read from Secret Manager when first needed,
+  kept in memory only) mints a just-in-time runner named after the VM with the job's labels
+  in the mapping's runner group (:class:`~opendws.adapters.github_app.GitHubApp`). The agent
+  runs ``DIR/run.sh`` with the config in ``ACTIONS_RUNNER_INPUT_JITCONFIG``: the runner reads
+  any of its flags from ``ACTIONS_RUNNER_INPUT_<FLAG>`` (actions/runner
+  ``src/Runner.Listener/CommandSettings.cs``; actions-runner-controller starts its runners
+  so), which keeps the credential off the process list. ``RUNNER_ALLOW_RUNASROOT=1``: the
+  agent runs as root on the VM, and ``run.sh``'s ``config.sh`` refuses root without it. The
+  runner is installed by the agent at :data:`GITHUB_RUNNER_VERSION` unless the image has it.
+- **GitLab**: ``POST /user/runners`` with the mapping's token (Secret Manager) makes a runner
+  for the job's project (or the mapping's group) with the job's tags, locked, not running
+  untagged jobs, ``maximum_timeout`` the request's run time; the agent runs ``gitlab-runner
+  run-single --max-builds 1 --wait-timeout IDLE`` with the runner's token in
+  ``CI_SERVER_TOKEN``.
+
+Errors become :class:`~opendws.ports.ci.RunnerRefused`: 401 and 403 (a revoked installation,
+a token without the scope it needs) and refused bodies are permanent; rate limits carry when
+to come back; 5xx and no answer are worth another try.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import cast
+
+from opendws.adapters.github_app import (
+    GitHubApp,
+    GitHubError,
+    GitHubInvalid,
+    GitHubRateLimited,
+    GitHubUnavailable,
+    RunnerScope,
+)
+from opendws.adapters.gitlab_runners import (
+    MINIMUM_TIMEOUT,
+    Executor,
+    GitLabError,
+    GitLabNotFound,
+    GitLabRateLimited,
+    GitLabRunners,
+    GitLabUnavailable,
+    RunnerSpec,
+    run_single_argv,
+    run_single_environment,
+)
+from opendws.domain.run import CiProvider, CiRunner
+from opendws.ports.ci import RunnerInstall, RunnerLaunch, RunnerRefused
+from opendws.ports.configuration import CiMapping, GitHubRunners
+from opendws.ports.configuration import GitLabRunners as GitLabSettings
+from opendws.ports.runs import SecretReader, UnknownSecret
+
+# The actions runner a VM installs when its image has none: GitHub's release of the Linux x64
+# runner and the SHA-256 GitHub publishes beside it (github.com/actions/runner/releases,
+# "Validate the hash" of the new-runner instructions). GitHub stops sending jobs to runners
+# that fall too far behind its newest release: keep this current, or bake a current runner
+# into the VMs' image (OPENDWS_GITHUB_RUNNER_DIR).
+GITHUB_RUNNER_VERSION = "2.324.0"
+GITHUB_RUNNER_SHA256 = "e8e24a3477da17040b4d6fa6d34c6ecb9a2879e800aa532518ec21e49e21d7b4"
+GITHUB_RUNNER_URL = (
+    "https://github.com/actions/runner/releases/download/v{version}/"
+    "actions-runner-linux-x64-{version}.tar.gz"
+)
+JITCONFIG_VARIABLE = "ACTIONS_RUNNER_INPUT_JITCONFIG"
+GITHUB_RUNNER_DIR = "/opt/actions-runner"
+GITHUB_RUNNER_INSTALL = RunnerInstall(
+    url=GITHUB_RUNNER_URL.format(version=GITHUB_RUNNER_VERSION),
+    sha256=GITHUB_RUNNER_SHA256,
+    dir=GITHUB_RUNNER_DIR,
+    creates="run.sh",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerPrograms:
+    """Where the runners are on the VMs: GitHub's runner directory (installed there by the
+    agent at ``github_install``'s version when missing; None: the image has it) and the
+    ``gitlab-runner`` program."""
+
+    github_dir: str = GITHUB_RUNNER_DIR
+    github_install: RunnerInstall | None = GITHUB_RUNNER_INSTALL
+    gitlab_runner: str = "gitlab-runner"
+
+    @classmethod
+    def of(cls, github_dir: str | None, gitlab_runner: str | None) -> RunnerPrograms:
+        """Defaults but where given (a runner directory given is the image's: nothing is
+        installed)."""
+        return cls(
+            github_dir=github_dir or GITHUB_RUNNER_DIR,
+            github_install=GITHUB_RUNNER_INSTALL if github_dir is None else None,
+            gitlab_runner=gitlab_runner or "gitlab-runner",
+        )
+
+
+class ProviderRunners:
+    """See the module docstring. ``github_app`` and ``gitlab`` make the API clients (tests
+    give fakes' addresses through the mapping); one client per App or token, kept."""
+
+    def __init__(
+        self,
+        secrets: SecretReader,
+        programs: RunnerPrograms | None = None,
+        *,
+        github_app: Callable[[GitHubRunners, str], GitHubApp] | None = None,
+        gitlab: Callable[[GitLabSettings, str], GitLabRunners] | None = None,
+    ) -> None:
+        self._secrets = secrets
+        self._programs = programs or RunnerPrograms()
+        self._make_app = github_app or (lambda s, key: GitHubApp(s.app_id, key, api_url=s.api_url))
+        self._make_gitlab = gitlab or (lambda s, token: GitLabRunners(s.url, token))
+        self._apps: dict[tuple[str, int, str], GitHubApp] = {}
+        self._gitlabs: dict[tuple[str, str], GitLabRunners] = {}
+        self._lock = threading.Lock()
+
+    # The port.
+
+    def launch(
+        self, mapping: CiMapping, runner: CiRunner, vm: str, max_run: timedelta
+    ) -> RunnerLaunch:
+        if runner.provider is CiProvider.GITHUB:
+            return self._github_launch(_github(mapping), runner, vm)
+        return self._gitlab_launch(mapping, _gitlab(mapping), runner, vm, max_run)
+
+    def took_job(self, mapping: CiMapping, runner_id: str) -> bool | None:
+        if mapping.github is not None:
+            settings = mapping.github
+            app = self._app(settings)
+            try:
+                found = app.runner(settings.installation_id, _scope(settings), int(runner_id))
+            except GitHubError as error:
+                raise _github_refused(f"read runner {runner_id}", error) from error
+            return None if found is None else found.busy
+        client = self._gitlab(_gitlab(mapping))
+        try:
+            return bool(client.jobs(int(runner_id)))
+        except GitLabNotFound:
+            return None
+        except GitLabError as error:
+            raise _gitlab_refused(f"read runner {runner_id}", error) from error
+
+    def delete(self, mapping: CiMapping, runner_id: str) -> bool:
+        if mapping.github is not None:
+            settings = mapping.github
+            app = self._app(settings)
+            try:
+                app.delete_runner(settings.installation_id, _scope(settings), int(runner_id))
+            except GitHubInvalid:
+                return False  # 422: the runner is running a job
+            except GitHubError as error:
+                raise _github_refused(f"delete runner {runner_id}", error) from error
+            return True
+        client = self._gitlab(_gitlab(mapping))
+        try:
+            client.delete(int(runner_id))
+        except GitLabError as error:
+            raise _gitlab_refused(f"delete runner {runner_id}", error) from error
+        return True
+
+    # GitHub.
+
+    def _github_launch(self, settings: GitHubRunners, runner: CiRunner, vm: str) -> RunnerLaunch:
+        app = self._app(settings)
+        try:
+            jit = app.generate_jit_config(
+                settings.installation_id, _scope(settings), name=vm,
+                runner_group_id=settings.runner_group_id, labels=list(runner.labels),
+            )  # fmt: skip
+        except GitHubError as error:
+            raise _github_refused(f"mint a just-in-time runner for {vm}", error) from error
+        programs = self._programs
+        install = programs.github_install
+        if install is not None and install.dir != programs.github_dir:
+            install = RunnerInstall(url=install.url, sha256=install.sha256,
+                                    dir=programs.github_dir, creates=install.creates)  # fmt: skip
+        return RunnerLaunch(
+            runner_id=str(jit.runner_id), command=(f"{programs.github_dir}/run.sh",),
+            env={JITCONFIG_VARIABLE: jit.encoded_jit_config, "RUNNER_ALLOW_RUNASROOT": "1"},
+            install=install,
+        )  # fmt: skip
+
+    def _app(self, settings: GitHubRunners) -> GitHubApp:
+        key = (settings.api_url, settings.app_id, settings.private_key_secret)
+        with self._lock:
+            app = self._apps.get(key)
+        if app is None:
+            pem = self._secret(settings.private_key_secret, "the GitHub App's private key")
+            try:
+                app = self._make_app(settings, pem)
+            except ValueError as error:
+                raise RunnerRefused(str(error), permanent=True) from None
+            with self._lock:
+                app = self._apps.setdefault(key, app)
+        return app
+
+    # GitLab.
+
+    def _gitlab_launch(
+        self, mapping: CiMapping, settings: GitLabSettings, runner: CiRunner, vm: str,
+        max_run: timedelta,
+    ) -> RunnerLaunch:  # fmt: skip
+        client = self._gitlab(settings)
+        if settings.group_id is not None:
+            spec = RunnerSpec(runner_type="group_type", group_id=settings.group_id,
+                              tags=runner.labels, maximum_timeout=max(max_run, MINIMUM_TIMEOUT),
+                              description=vm)  # fmt: skip
+        else:
+            try:
+                project = int(runner.source)
+            except ValueError:
+                raise RunnerRefused(
+                    f"the job's project {runner.source!r} is not a GitLab project id",
+                    permanent=True,
+                ) from None
+            spec = RunnerSpec(
+                runner_type="project_type", project_id=project, tags=runner.labels,
+                maximum_timeout=max(max_run, MINIMUM_TIMEOUT), description=vm,
+            )  # fmt: skip
+        try:
+            created = client.create(spec)
+        except GitLabError as error:
+            raise _gitlab_refused(f"create a runner for {vm}", error) from error
+        argv = run_single_argv(settings.url, cast(Executor, settings.executor),
+                               mapping.idle_timeout)  # fmt: skip
+        argv[0] = self._programs.gitlab_runner
+        return RunnerLaunch(runner_id=str(created.id), command=tuple(argv),
+                            env=run_single_environment(created.token))  # fmt: skip
+
+    def _gitlab(self, settings: GitLabSettings) -> GitLabRunners:
+        key = (settings.url, settings.token_secret)
+        with self._lock:
+            client = self._gitlabs.get(key)
+        if client is None:
+            token = self._secret(settings.token_secret, "the GitLab token").strip()
+            client = self._make_gitlab(settings, token)
+            with self._lock:
+                client = self._gitlabs.setdefault(key, client)
+        return client
+
+    def _secret(self, version: str, what: str) -> str:
+        try:
+            return self._secrets.read(version)
+        except UnknownSecret as error:
+            raise RunnerRefused(f"{what} ({version}) cannot be read: {error}",
+                                permanent=True) from None  # fmt: skip
+
+
+def _github(mapping: CiMapping) -> GitHubRunners:
+    if mapping.github is None:
+        raise RunnerRefused("the job's CI mapping names no GitHub App", permanent=True)
+    return mapping.github
+
+
+def _gitlab(mapping: CiMapping) -> GitLabSettings:
+    if mapping.gitlab is None:
+        raise RunnerRefused("the job's CI mapping names no GitLab", permanent=True)
+    return mapping.gitlab
+
+
+def _scope(settings: GitHubRunners) -> RunnerScope:
+    if settings.repository is not None:
+        owner, _, name = settings.repository.partition("/")
+        return RunnerScope.repository(owner, name)
+    assert settings.organization is not None  # the configuration names one or the other
+    return RunnerScope.organization(settings.organization)
+
+
+def _github_refused(doing: str, error: GitHubError) -> RunnerRefused:
+    """GitHub's error as RunnerRefused saying what was being done."""
+    said = f"GitHub refused to {doing}: {error}"
+    if isinstance(error, GitHubRateLimited):
+        return RunnerRefused(said, permanent=False, retry_at=error.retry_at)
+    return RunnerRefused(said, permanent=not isinstance(error, GitHubUnavailable))
+
+
+def _gitlab_refused(doing: str, error: GitLabError) -> RunnerRefused:
+    """GitLab's error as RunnerRefused saying what was being done."""
+    said = f"GitLab refused to {doing}: {error}"
+    if isinstance(error, GitLabRateLimited):
+        return RunnerRefused(said, permanent=False, retry_at=error.retry_at)
+    return RunnerRefused(said, permanent=not isinstance(error, GitLabUnavailable))
+
+
+__all__ = ["GITHUB_RUNNER_VERSION", "ProviderRunners", "RunnerPrograms"]
