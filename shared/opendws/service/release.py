@@ -205,9 +205,9 @@ class EndService:
     ) -> EndResult:
         """The job of ``request_id``'s ``attempt`` is over (``reason``: JOB_SUCCEEDED,
         JOB_FAILED, AGENT_LOST or RUNNER_IDLE): release its capacity now, as a tenant's
-        release would (RELEASED, with the reason and ``message``). A run of another attempt, or a request
-        not running, is left as it is (IGNORED); one already ended is ALREADY_ENDED. Safe to
-        repeat."""
+        release would (RELEASED, with the reason and ``message``). A run of another attempt,
+        or a request not running, is left as it is (IGNORED); one already ended is
+        ALREADY_ENDED. Safe to repeat."""
         for _ in range(ATTEMPTS):
             record = self._store.get(request_id)
             if record is None:
