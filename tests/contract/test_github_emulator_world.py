@@ -14,7 +14,12 @@ emulators/data/github-webhooks-workflow-job.json: the body's fields and nullabil
 headers every delivery has);
 docs.github.com/en/webhooks/using-webhooks/validating-webhook-deliveries (X-Hub-Signature-256);
 docs.github.com/en/webhooks/using-webhooks/handling-failed-webhook-deliveries (a failed
-delivery is recorded, not retried; a redelivery is asked for).
+delivery is recorded, not retried; a redelivery is asked for);
+for the stand-in runner: actions/runner src/Runner.Listener/CommandSettings.cs (any flag from
+``ACTIONS_RUNNER_INPUT_<NAME>``), src/Runner.Listener/Runner.cs (an ephemeral runner's
+listener returns Success after its one job, whatever its result, and when its registration
+is gone), src/Misc/layoutroot/run-helper.sh.template and run.sh (the listener's 0, 1 and 5
+all end run.sh with 0).
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ import base64
 import hashlib
 import hmac
 import json
+import os
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -255,3 +264,109 @@ def test_the_webhook_admin_api_over_http(app_key: tuple[str, str], receiver: Rec
         assert receiver.hooks[0].payload["repository"]["visibility"] == "public"
         bad = {"repository": "octo/web", "labels": LABELS, "private": "no"}
         assert requests.post(f"{admin}/jobs", json=bad, timeout=10).status_code == 400
+
+
+# The stand-in runner.
+
+RUN_SH = Path(__file__).parents[2] / "emulators" / "runners" / "actions-runner" / "run.sh"
+
+
+def start_runner(config: str, *, in_env: bool = True) -> subprocess.Popen[str]:
+    """run.sh as an agent starts it: the config in ACTIONS_RUNNER_INPUT_JITCONFIG."""
+    environment = {**os.environ, "RUNNER_ALLOW_RUNASROOT": "1"}
+    argv = [str(RUN_SH)]
+    if in_env:
+        environment["ACTIONS_RUNNER_INPUT_JITCONFIG"] = config
+    else:
+        argv += ["--jitconfig", config]
+    return subprocess.Popen(argv, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 4) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def test_the_runner_runs_its_job_and_exits_0(world: World, tmp_path: Path) -> None:
+    """The config alone (from the environment) leads the runner to the fake; it takes the
+    job, runs its script with its output on stdout, completes it ``success``, exits 0; the
+    config's variable is not in the job's environment."""
+    marker = tmp_path / "ran"
+    script = f'echo "hello from $RUNNER_NAME"\nenv > {marker}'
+    job = world.github.state.queue_job(REPOSITORY, LABELS, script=script)
+    code, out, err = finish(start_runner(world.runner().encoded_jit_config))
+    assert code == 0, err
+    assert "hello from req-1-0" in out
+    assert marker.exists()
+    assert "ACTIONS_RUNNER_INPUT_JITCONFIG" not in marker.read_text()
+    [done] = [j for j in world.github.state.jobs() if j["id"] == job["id"]]
+    assert (done["status"], done["conclusion"], done["runner_name"]) == (
+        "completed", "success", "req-1-0")  # fmt: skip
+
+
+def test_a_failing_script_fails_the_job_and_the_runner_still_exits_0(
+    world: World, receiver: Receiver
+) -> None:
+    """An ephemeral runner exits 0 after its one job, whatever the job's result; the job's
+    conclusion is ``failure`` (and the ``completed`` hook says so)."""
+    job = world.github.state.queue_job(REPOSITORY, LABELS, script="echo broken\nexit 3")
+    code, out, _ = finish(start_runner(world.runner().encoded_jit_config, in_env=False))
+    assert code == 0
+    assert "completed with result: Failed" in out
+    [done] = [j for j in world.github.state.jobs() if j["id"] == job["id"]]
+    assert done["conclusion"] == "failure"
+    assert world.github.state.webhooks.wait(5)
+    assert receiver.hooks[-1].payload["workflow_job"]["conclusion"] == "failure"
+
+
+def test_a_used_or_unreadable_config_is_refused_on_stderr(world: World) -> None:
+    """A used config (its runner gone after its job), one in use, one that does not
+    decode: the listener's error on stderr, no job taken, and run.sh's exit 0 (run-helper
+    maps the listener's TerminatedError and SessionConflict to 0)."""
+    world.github.state.queue_job(REPOSITORY, LABELS)
+    config = world.runner().encoded_jit_config
+    assert finish(start_runner(config))[0] == 0
+    code, _, err = finish(start_runner(config))
+    assert code == 0
+    assert "The runner no longer exists on the server. Please reconfigure the runner." in err
+    idle = world.runner("req-1-1").encoded_jit_config
+    world.github.state.take_job(idle)
+    code, out, err = finish(start_runner(idle))
+    assert (code, "A session for this runner already exists.") == (0, err.strip())
+    assert "Session Conflict" in out
+    code, out, err = finish(start_runner("not a config"))
+    assert code == 0
+    assert "JIT config could not be read" in err
+    assert "terminated error" in out
+    assert [j["status"] for j in world.github.state.jobs()] == ["completed"]
+
+
+def test_a_deleted_idle_runners_process_exits(world: World) -> None:
+    """A runner with no job listens until its registration is deleted, then ends."""
+    jit = world.runner()
+    process = start_runner(jit.encoded_jit_config)
+    try:
+        deadline = time.monotonic() + 3
+        while world.github.state.runner_by_id(jit.runner_id)["status"] != "online":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(1.2)
+        assert process.poll() is None  # still listening
+        world.app.delete_runner(INSTALLATION, RunnerScope.organization(ORG), jit.runner_id)
+        code, _, err = finish(process, timeout=3)
+    finally:
+        process.kill()
+    assert code == 0
+    assert "The runner no longer exists on the server. Cleaning up local configuration." in err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_as_root_it_needs_runner_allow_runasroot(world: World) -> None:
+    environment = {k: v for k, v in os.environ.items() if k != "RUNNER_ALLOW_RUNASROOT"}
+    environment["ACTIONS_RUNNER_INPUT_JITCONFIG"] = world.runner().encoded_jit_config
+    done = subprocess.run([str(RUN_SH)], env=environment, capture_output=True, text=True,
+                          timeout=4, check=False)  # fmt: skip
+    assert (done.returncode, done.stdout.splitlines()[0]) == (
+        0, "Must not run interactively with sudo")  # fmt: skip
+    assert world.github.state.runners()[0]["status"] == "offline"
