@@ -85,7 +85,9 @@ redelivery). The body has the documented fields (``object_kind: "build"``, ``ref
 ``before_sha``, ``sha``, ``retries_count``, ``build_*``, ``pipeline_id``, ``runner``,
 ``project_id``, ``project_name``, ``user``, ``commit`` — whose ``id`` is the pipeline's —,
 ``repository``, ``project`` with ``visibility_level`` 0/10/20 for private/internal/public,
-``environment``); the documented payload has no job ``tags`` of its own (only the runner's).
+``environment``) and the job's own ``tags`` (added in GitLab 16.8 by gitlab-org/gitlab!140760,
+"Include job tags in build webhook event payload", so that autoscalers see them while the job
+is pending; the documented example predates it).
 Deliveries leave one background thread in the order the events happened; one that is not
 answered 2xx is tried again (``webhook_attempts`` in all, ``webhook_retry_delay`` seconds
 apart). :meth:`FakeGitLab.deliveries` lists them, :meth:`FakeGitLab.redeliver` sends one
@@ -833,7 +835,8 @@ class FakeGitLab(BackgroundServer):
         }  # fmt: skip
 
     def _job_hook(self, job: Job) -> dict[str, Any]:
-        """The Job Hook body (Gitlab::DataBuilder::Build; the documented example's fields)."""
+        """The Job Hook body (Gitlab::DataBuilder::Build; the documented example's fields,
+        and the job's ``tags``)."""
         project = self._project_attrs(job.project_id)
         runner = self._runners.get(job.runner_id) if job.runner_id is not None else None
         return {
@@ -874,6 +877,9 @@ class FakeGitLab(BackgroundServer):
             },
             "project": project,
             "environment": None,
+            # The job's own tags, pending or not (GitLab 16.8, gitlab-org/gitlab!140760:
+            # "Include job tags in build webhook event payload").
+            "tags": list(job.tags),
         }  # fmt: skip
 
 
