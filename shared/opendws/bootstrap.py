@@ -75,6 +75,7 @@ from opendws.ports import (
     RequestStore,
     TimerQueue,
 )
+from opendws.ports.ci import Overrides, RunnerPrograms
 from opendws.ports.runs import JobLogReader, RankStore
 from opendws.ports.telemetry import Metrics, MetricSnapshots
 from opendws.service.access import GoogleAccess
@@ -171,6 +172,12 @@ class Settings:
     # OPENDWS_AGENT_LOST_GRACE_SECONDS, OPENDWS_AGENT_REGISTER_WITHIN_SECONDS,
     # OPENDWS_AGENT_STOP_GRACE_SECONDS); AgentSettings' defaults when unset.
     agent: AgentSettings = field(default_factory=AgentSettings)
+    # CI runners: other servers and, locally, an App and a token from files
+    # (OPENDWS_GITHUB_API_URL, OPENDWS_GITHUB_APP_ID, OPENDWS_GITHUB_APP_KEY_FILE,
+    # OPENDWS_GITLAB_URL, OPENDWS_GITLAB_TOKEN_FILE), and where the runners are on the VMs
+    # (OPENDWS_GITHUB_RUNNER_DIR: an image's runner, else installed; OPENDWS_GITLAB_RUNNER).
+    ci_overrides: Overrides = field(default_factory=Overrides)
+    ci_programs: RunnerPrograms = field(default_factory=RunnerPrograms)
     service: str = "opendws"  # the process's service, in its metrics and their instance id
     metrics_export: tuple[str, ...] = ("snapshots",)  # a subset of METRIC_EXPORTS
 
@@ -236,9 +243,29 @@ class Settings:
             secrets_endpoint=env("OPENDWS_SECRETS_ENDPOINT"),
             job_logs_dir=env("OPENDWS_JOB_LOGS_DIR"),
             agent=_agent_settings(env),
+            ci_overrides=Overrides(
+                github_api_url=env("OPENDWS_GITHUB_API_URL"),
+                github_app_id=_integer(env, "OPENDWS_GITHUB_APP_ID"),
+                github_app_key_file=env("OPENDWS_GITHUB_APP_KEY_FILE"),
+                gitlab_url=env("OPENDWS_GITLAB_URL"),
+                gitlab_token_file=env("OPENDWS_GITLAB_TOKEN_FILE"),
+            ),
+            ci_programs=RunnerPrograms.of(
+                env("OPENDWS_GITHUB_RUNNER_DIR"), env("OPENDWS_GITLAB_RUNNER")
+            ),
             service=env("K_SERVICE") or "opendws",
             metrics_export=_exports(env("OPENDWS_METRICS_EXPORT")),
         )
+
+
+def _integer(env: Callable[[str], str | None], name: str) -> int | None:
+    """A whole number from ``name`` (unset: None); ValueError naming the variable."""
+    text = env(name)
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise ValueError(f"{name} is {text!r}; it must be a whole number")
+    return int(text)
 
 
 def _agent_settings(env: Callable[[str], str | None]) -> AgentSettings:
@@ -589,6 +616,7 @@ class Container:
         Cloud Logging (or OPENDWS_JOB_LOGS_DIR). Refuses to start without an agent URL or a
         session key of at least 16 bytes."""
         from opendws.adapters import clients
+        from opendws.adapters.ci_runners import ProviderRunners
         from opendws.adapters.jobs import CloudLoggingJobLogs, ComputeOrderVms, FolderJobLogs
         from opendws.adapters.oidc import GOOGLE_ISSUERS
         from opendws.adapters.ranks import MemoryRankStore
@@ -605,6 +633,7 @@ class Container:
             certs = json.loads(Path(settings.agent_certs).read_text())
             issuers = frozenset({EMULATOR_ISSUER})
         adapters = self.adapters
+        secrets = SecretManagerReader.on(settings.secrets_endpoint)
         logs = (
             FolderJobLogs(Path(settings.job_logs_dir))
             if settings.job_logs_dir
@@ -619,10 +648,10 @@ class Container:
             order_vms=ComputeOrderVms(
                 clients.instances_client(settings.compute_endpoint), settings.project
             ),
-            secrets=SecretManagerReader.on(settings.secrets_endpoint),
-            logs=logs, ending=self.end,
+            secrets=secrets, logs=logs, ending=self.end,
             sessions=Sessions(key, adapters.clock, settings.agent.session_lifetime),
-            clock=adapters.clock, settings=settings.agent,
+            clock=adapters.clock, settings=settings.agent, config=adapters.config,
+            runners=ProviderRunners(secrets, settings.ci_programs, overrides=settings.ci_overrides),
         )  # fmt: skip
 
     @_Once

@@ -8,7 +8,8 @@
   ``src/Runner.Listener/CommandSettings.cs``; actions-runner-controller starts its runners
   so), which keeps the credential off the process list. ``RUNNER_ALLOW_RUNASROOT=1``: the
   agent runs as root on the VM, and ``run.sh``'s ``config.sh`` refuses root without it. The
-  runner is installed by the agent at :data:`GITHUB_RUNNER_VERSION` unless the image has it.
+  runner is installed by the agent at :data:`~opendws.ports.ci.GITHUB_RUNNER_VERSION` unless
+  the image has it.
 - **GitLab**: ``POST /user/runners`` with the mapping's token (Secret Manager) makes a runner
   for the job's project (or the mapping's group) with the job's tags, locked, not running
   untagged jobs, ``maximum_timeout`` the request's run time; the agent runs ``gitlab-runner
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import cast
 
 from opendws.adapters.github_app import (
@@ -49,51 +50,12 @@ from opendws.adapters.gitlab_runners import (
     run_single_environment,
 )
 from opendws.domain.run import CiProvider, CiRunner
-from opendws.ports.ci import RunnerInstall, RunnerLaunch, RunnerRefused
+from opendws.ports.ci import Overrides, RunnerInstall, RunnerLaunch, RunnerPrograms, RunnerRefused
 from opendws.ports.configuration import CiMapping, GitHubRunners
 from opendws.ports.configuration import GitLabRunners as GitLabSettings
 from opendws.ports.runs import SecretReader, UnknownSecret
 
-# The actions runner a VM installs when its image has none: GitHub's release of the Linux x64
-# runner and the SHA-256 GitHub publishes beside it (github.com/actions/runner/releases,
-# "Validate the hash" of the new-runner instructions). GitHub stops sending jobs to runners
-# that fall too far behind its newest release: keep this current, or bake a current runner
-# into the VMs' image (OPENDWS_GITHUB_RUNNER_DIR).
-GITHUB_RUNNER_VERSION = "2.324.0"
-GITHUB_RUNNER_SHA256 = "e8e24a3477da17040b4d6fa6d34c6ecb9a2879e800aa532518ec21e49e21d7b4"
-GITHUB_RUNNER_URL = (
-    "https://github.com/actions/runner/releases/download/v{version}/"
-    "actions-runner-linux-x64-{version}.tar.gz"
-)
 JITCONFIG_VARIABLE = "ACTIONS_RUNNER_INPUT_JITCONFIG"
-GITHUB_RUNNER_DIR = "/opt/actions-runner"
-GITHUB_RUNNER_INSTALL = RunnerInstall(
-    url=GITHUB_RUNNER_URL.format(version=GITHUB_RUNNER_VERSION),
-    sha256=GITHUB_RUNNER_SHA256,
-    dir=GITHUB_RUNNER_DIR,
-    creates="run.sh",
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunnerPrograms:
-    """Where the runners are on the VMs: GitHub's runner directory (installed there by the
-    agent at ``github_install``'s version when missing; None: the image has it) and the
-    ``gitlab-runner`` program."""
-
-    github_dir: str = GITHUB_RUNNER_DIR
-    github_install: RunnerInstall | None = GITHUB_RUNNER_INSTALL
-    gitlab_runner: str = "gitlab-runner"
-
-    @classmethod
-    def of(cls, github_dir: str | None, gitlab_runner: str | None) -> RunnerPrograms:
-        """Defaults but where given (a runner directory given is the image's: nothing is
-        installed)."""
-        return cls(
-            github_dir=github_dir or GITHUB_RUNNER_DIR,
-            github_install=GITHUB_RUNNER_INSTALL if github_dir is None else None,
-            gitlab_runner=gitlab_runner or "gitlab-runner",
-        )
 
 
 class ProviderRunners:
@@ -105,16 +67,30 @@ class ProviderRunners:
         secrets: SecretReader,
         programs: RunnerPrograms | None = None,
         *,
+        overrides: Overrides | None = None,
         github_app: Callable[[GitHubRunners, str], GitHubApp] | None = None,
         gitlab: Callable[[GitLabSettings, str], GitLabRunners] | None = None,
     ) -> None:
         self._secrets = secrets
         self._programs = programs or RunnerPrograms()
+        self._overrides = overrides or Overrides()
         self._make_app = github_app or (lambda s, key: GitHubApp(s.app_id, key, api_url=s.api_url))
         self._make_gitlab = gitlab or (lambda s, token: GitLabRunners(s.url, token))
         self._apps: dict[tuple[str, int, str], GitHubApp] = {}
         self._gitlabs: dict[tuple[str, str], GitLabRunners] = {}
         self._lock = threading.Lock()
+
+    # The mapping's settings, as overridden.
+
+    def _github(self, mapping: CiMapping) -> GitHubRunners:
+        if mapping.github is None:
+            raise RunnerRefused("the job's CI mapping names no GitHub App", permanent=True)
+        return self._overrides.github(mapping.github)
+
+    def _gitlab_of(self, mapping: CiMapping) -> GitLabSettings:
+        if mapping.gitlab is None:
+            raise RunnerRefused("the job's CI mapping names no GitLab", permanent=True)
+        return self._overrides.gitlab(mapping.gitlab)
 
     # The port.
 
@@ -122,19 +98,19 @@ class ProviderRunners:
         self, mapping: CiMapping, runner: CiRunner, vm: str, max_run: timedelta
     ) -> RunnerLaunch:
         if runner.provider is CiProvider.GITHUB:
-            return self._github_launch(_github(mapping), runner, vm)
-        return self._gitlab_launch(mapping, _gitlab(mapping), runner, vm, max_run)
+            return self._github_launch(self._github(mapping), runner, vm)
+        return self._gitlab_launch(mapping, self._gitlab_of(mapping), runner, vm, max_run)
 
     def took_job(self, mapping: CiMapping, runner_id: str) -> bool | None:
         if mapping.github is not None:
-            settings = mapping.github
+            settings = self._github(mapping)
             app = self._app(settings)
             try:
                 found = app.runner(settings.installation_id, _scope(settings), int(runner_id))
             except GitHubError as error:
                 raise _github_refused(f"read runner {runner_id}", error) from error
             return None if found is None else found.busy
-        client = self._gitlab(_gitlab(mapping))
+        client = self._gitlab(self._gitlab_of(mapping))
         try:
             return bool(client.jobs(int(runner_id)))
         except GitLabNotFound:
@@ -144,7 +120,7 @@ class ProviderRunners:
 
     def delete(self, mapping: CiMapping, runner_id: str) -> bool:
         if mapping.github is not None:
-            settings = mapping.github
+            settings = self._github(mapping)
             app = self._app(settings)
             try:
                 app.delete_runner(settings.installation_id, _scope(settings), int(runner_id))
@@ -153,7 +129,7 @@ class ProviderRunners:
             except GitHubError as error:
                 raise _github_refused(f"delete runner {runner_id}", error) from error
             return True
-        client = self._gitlab(_gitlab(mapping))
+        client = self._gitlab(self._gitlab_of(mapping))
         try:
             client.delete(int(runner_id))
         except GitLabError as error:
@@ -187,7 +163,11 @@ class ProviderRunners:
         with self._lock:
             app = self._apps.get(key)
         if app is None:
-            pem = self._secret(settings.private_key_secret, "the GitHub App's private key")
+            pem = self._secret(
+                settings.private_key_secret,
+                self._overrides.github_app_key_file,
+                "the GitHub App's private key",
+            )
             try:
                 app = self._make_app(settings, pem)
             except ValueError as error:
@@ -234,30 +214,27 @@ class ProviderRunners:
         with self._lock:
             client = self._gitlabs.get(key)
         if client is None:
-            token = self._secret(settings.token_secret, "the GitLab token").strip()
+            token = self._secret(
+                settings.token_secret, self._overrides.gitlab_token_file, "the GitLab token"
+            ).strip()
             client = self._make_gitlab(settings, token)
             with self._lock:
                 client = self._gitlabs.setdefault(key, client)
         return client
 
-    def _secret(self, version: str, what: str) -> str:
+    def _secret(self, version: str, file: str | None, what: str) -> str:
+        """The secret's value: from ``file`` when given (local use), else Secret Manager."""
+        if file is not None:
+            try:
+                return Path(file).read_text()
+            except OSError as error:
+                raise RunnerRefused(f"{what} cannot be read from {file}: {error}",
+                                    permanent=True) from None  # fmt: skip
         try:
             return self._secrets.read(version)
         except UnknownSecret as error:
             raise RunnerRefused(f"{what} ({version}) cannot be read: {error}",
                                 permanent=True) from None  # fmt: skip
-
-
-def _github(mapping: CiMapping) -> GitHubRunners:
-    if mapping.github is None:
-        raise RunnerRefused("the job's CI mapping names no GitHub App", permanent=True)
-    return mapping.github
-
-
-def _gitlab(mapping: CiMapping) -> GitLabSettings:
-    if mapping.gitlab is None:
-        raise RunnerRefused("the job's CI mapping names no GitLab", permanent=True)
-    return mapping.gitlab
 
 
 def _scope(settings: GitHubRunners) -> RunnerScope:
@@ -284,4 +261,4 @@ def _gitlab_refused(doing: str, error: GitLabError) -> RunnerRefused:
     return RunnerRefused(said, permanent=not isinstance(error, GitLabUnavailable))
 
 
-__all__ = ["GITHUB_RUNNER_VERSION", "ProviderRunners", "RunnerPrograms"]
+__all__ = ["JITCONFIG_VARIABLE", "ProviderRunners"]
