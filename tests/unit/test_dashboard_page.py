@@ -11,6 +11,7 @@ from opendws.domain.reasons import Expiry
 from opendws.domain.sweep import SweepReason
 from opendws.ports.records import FINISHED_FIRST
 from opendws.service.api import dashboard_html
+from opendws.service.intake import CiJobReason
 from opendws.service.reconcile import ReconcileReason
 from opendws.service.release import EndReason
 
@@ -25,7 +26,9 @@ def reason_words() -> dict[str, str]:
 
 
 def test_every_reason_code_has_words_on_the_page() -> None:
-    enums: tuple[type[StrEnum], ...] = (Reason, SweepReason, ReconcileReason, EndReason, Expiry)
+    enums: tuple[type[StrEnum], ...] = (
+        Reason, SweepReason, ReconcileReason, EndReason, Expiry, CiJobReason,
+    )  # fmt: skip
     codes = {member.value for enum in enums for member in enum} | {FINISHED_FIRST}
     words = reason_words()
     assert sorted(codes - set(words)) == []

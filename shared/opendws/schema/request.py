@@ -301,8 +301,25 @@ class Release(_Strict):
         return self
 
 
-RequestMessage = Annotated[Submit | Cancel | Release, Field(discriminator="action")]
-_ADAPTER: TypeAdapter[Submit | Cancel | Release] = TypeAdapter(RequestMessage)
+class CiJob(_Strict):
+    """A CI job a one-job runner took or finished (the ``ci_hook`` function sends these, from
+    GitHub's ``workflow_job`` and GitLab's Job Hook): the request whose VM the runner is
+    records which job ran on it; the job's own request, when it is not running, is released
+    (its job runs on another runner)."""
+
+    schema_: Literal["opendws.request/v1"] = Field(alias="schema")
+    action: Literal["ci_job"]
+    request_id: str = Field(pattern=_NAME, description="The job's own request.")
+    tenant: str = Field(pattern=_NAME)
+    status: Literal["in_progress", "completed"]
+    runner_name: str | None = Field(
+        default=None, max_length=255, description="The runner that took the job (a VM's name)."
+    )
+    conclusion: str | None = Field(default=None, max_length=64)
+
+
+RequestMessage = Annotated[Submit | Cancel | Release | CiJob, Field(discriminator="action")]
+_ADAPTER: TypeAdapter[Submit | Cancel | Release | CiJob] = TypeAdapter(RequestMessage)
 
 
 class MessageError(ValueError):
@@ -313,7 +330,7 @@ class MessageError(ValueError):
         super().__init__("; ".join(f"{field}: {rule}" for field, rule in problems))
 
 
-def parse_message(data: bytes | str | dict[str, Any]) -> Submit | Cancel | Release:
+def parse_message(data: bytes | str | dict[str, Any]) -> Submit | Cancel | Release | CiJob:
     """Validate one message (JSON bytes or text, or an already decoded object)."""
     if isinstance(data, bytes):
         try:

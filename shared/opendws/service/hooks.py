@@ -12,7 +12,11 @@ generic signed JSON hook become request messages on ``capacity-requests``.
   ``run`` is a CI runner's (the job's labels and repository or project), and a finished job
   releases its request only if it is not running yet — a one-job runner takes any queued job
   its labels match, so the VM a job asked for may be running another job, and its runner's
-  exit ends it. Such a mapping refuses jobs of public repositories and projects unless it
+  exit ends it. The runner taking a job (GitHub ``in_progress``, GitLab ``running``) and the
+  job's end are sent on as ``ci_job`` messages naming the runner (GitHub ``runner_name``,
+  GitLab ``runner.description``: the VM's name), so that the request whose VM ran a job
+  records it, and a job taken by another VM's runner releases its own request if it is not
+  running yet. Such a mapping refuses jobs of public repositories and projects unless it
   allows them (a self-hosted runner there runs strangers' code), and jobs of repositories its
   GitHub App's runners do not serve.
 - Every call is authenticated before anything is read: GitHub's ``X-Hub-Signature-256``
@@ -70,9 +74,12 @@ class _Job:
     provider: str
     job_id: str  # unique per provider (repository or project included)
     labels: frozenset[str]
-    queued: bool  # True: it waits for a runner; False: it finished
+    queued: bool  # True: it waits for a runner; False: it runs or finished
     source: str = ""  # GitHub owner/name, GitLab the project id
     public: bool = False  # its repository or project is public
+    running: bool = False  # a runner took it (it has not finished)
+    runner_name: str | None = None  # the runner that took it, once one did
+    conclusion: str | None = None  # how it finished (GitHub conclusion, GitLab status)
 
 
 class HookService:
@@ -114,7 +121,7 @@ class HookService:
         if isinstance(payload, HookResult):
             return payload
         action = payload.get("action")
-        if action not in ("queued", "completed"):
+        if action not in ("queued", "in_progress", "completed"):
             return HookResult(202, f"workflow_job {action!r}: nothing to do")
         try:
             job = _object(payload, "workflow_job")
@@ -126,12 +133,15 @@ class HookService:
                 raise _Malformed("repository.full_name", "must be a string")
             # "private": false, or "visibility": "public" (webhook payload's repository)
             public = repository.get("private") is False or repository.get("visibility") == "public"
+            runner_name = _text(job, "runner_name", "workflow_job.runner_name")
+            conclusion = _text(job, "conclusion", "workflow_job.conclusion")
         except _Malformed as error:
             return error.result()
         return self._act(
             _Job(
                 provider="github", job_id=f"gh-{name}-{job_id}", labels=labels,
                 queued=action == "queued", source=name, public=public,
+                running=action == "in_progress", runner_name=runner_name, conclusion=conclusion,
             )
         )  # fmt: skip
 
@@ -148,7 +158,7 @@ class HookService:
         if payload.get("object_kind") != "build" or "build_id" not in payload:
             return HookResult(202, "only job events (Job Hook) are used")
         status = payload.get("build_status")
-        if status != "pending" and status not in GITLAB_DONE:
+        if status not in ("pending", "running") and status not in GITLAB_DONE:
             return HookResult(202, f"job {status!r}: nothing to do")
         try:
             build_id = _identifier(payload, "build_id", "build_id")
@@ -166,12 +176,15 @@ class HookService:
                 _object(payload, key, required=False).get("visibility_level")
                 for key in ("project", "repository")
             }
+            runner_name = _text(runner, "description", "runner.description")
         except _Malformed as error:
             return error.result()
         return self._act(
             _Job(
                 provider="gitlab", job_id=f"gl-{project}-{build_id}", labels=tags,
                 queued=status == "pending", source=str(project), public=PUBLIC_LEVEL in levels,
+                running=status == "running", runner_name=runner_name,
+                conclusion=status if status in GITLAB_DONE else None,
             )
         )  # fmt: skip
 
@@ -213,6 +226,11 @@ class HookService:
                 return HookResult(202, refused, request_id)
             self._publisher.publish(self._submission(mapping, job, request_id))
             return HookResult(202, f"capacity requested as {request_id}", request_id)
+        if job.running:
+            if not (mapping.runs_jobs and job.runner_name):
+                return HookResult(202, f"{request_id} runs: nothing to do", request_id)
+            self._publisher.publish(self._ci_job(job, request_id, tenant, "in_progress"))
+            return HookResult(202, f"{request_id} runs on {job.runner_name}", request_id)
         # Webhooks come in no promised order: a job's finished event may come before its
         # queued one. The release then records the request already ended, so
         # that the late queued event submits a duplicate that starts nothing.
@@ -221,6 +239,8 @@ class HookService:
                                  "request_id": request_id, "tenant": tenant,
                                  "if_absent": submission,
                                  "unless_running": mapping.runs_jobs})  # fmt: skip
+        if mapping.runs_jobs and job.runner_name:
+            self._publisher.publish(self._ci_job(job, request_id, tenant, "completed"))
         return HookResult(202, f"release of {request_id} requested", request_id)
 
     def _submission(self, mapping: CiMapping, job: _Job, request_id: str) -> dict[str, object]:
@@ -234,6 +254,14 @@ class HookService:
             runner = {"provider": job.provider, "labels": sorted(job.labels), "source": job.source}
             submission["run"] = {"runner": runner}
         return submission
+
+    def _ci_job(self, job: _Job, request_id: str, tenant: str, status: str) -> dict[str, object]:
+        """The ``ci_job`` message saying a runner took or finished ``job``."""
+        return {
+            "schema": "opendws.request/v1", "action": "ci_job", "request_id": request_id,
+            "tenant": tenant, "status": status, "runner_name": job.runner_name,
+            "conclusion": job.conclusion,
+        }  # fmt: skip
 
     def _mapping(self, job: _Job) -> CiMapping | None:
         return ci_mapping(self._config.load().ci, job.provider, job.labels)
@@ -293,6 +321,16 @@ def _identifier(payload: dict[str, Any], key: str, field: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (int, str)) or value == "":
         raise _Malformed(field, "must be a number or a non-empty string")
     return str(value)
+
+
+def _text(payload: dict[str, Any], key: str, field: str) -> str | None:
+    """An optional string field (null or absent: None)."""
+    value = payload.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Malformed(field, "must be a string or null")
+    return value or None
 
 
 def _labels(value: object, field: str) -> frozenset[str]:

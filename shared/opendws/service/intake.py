@@ -41,6 +41,7 @@ from opendws.domain.states import RequestState
 from opendws.ports import (
     SHARED_REQUESTS_TOPIC,
     AnnouncedRequests,
+    Change,
     Clock,
     ConfigStore,
     Configuration,
@@ -50,14 +51,18 @@ from opendws.ports import (
     Nudger,
     RequestRecord,
     Speaker,
+    StaleWrite,
     StatusEvent,
     TimerQueue,
     accepted,
     finished_first,
     identity_of_topic,
+    order_name,
     requests_topic,
+    vm_order,
 )
 from opendws.schema.request import (
+    CiJob,
     MessageError,
     Release,
     Submit,
@@ -91,6 +96,13 @@ class IntakeOutcome(StrEnum):
     DUPLICATE = "DUPLICATE"  # the same request was already stored: nothing changed
     REFUSED = "REFUSED"  # bad input or a conflicting id: a REJECTED event says why
     APPLIED = "APPLIED"  # a cancel or release was carried out (or had been, for a repeat)
+
+
+class CiJobReason(StrEnum):
+    """Reasons of the events a running CI request gets when its runner takes or ends a job."""
+
+    CI_JOB_RUNNING = "CI_JOB_RUNNING"  # its runner took a CI job
+    CI_JOB_COMPLETED = "CI_JOB_COMPLETED"  # that job completed (its conclusion is said)
 
 
 class AnnouncementPending(RuntimeError):
@@ -162,6 +174,8 @@ class IntakeService:
                     "tenant only, so nothing was done",
                     tenant=identity.tenant,
                 )  # fmt: skip
+            if isinstance(message, CiJob):
+                return self._ci_job(message)
             if not isinstance(message, Submit):
                 if self._ending is None:
                     return self._refuse(
@@ -231,6 +245,67 @@ class IntakeService:
             )
         self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _ci_job(self, message: CiJob) -> IntakeResult:
+        """A CI job a runner took or finished: the running request whose VM the runner is
+        records it (once: a redelivered hook adds nothing); a job taken by a runner not of
+        its own request releases its own request unless that one is running (its VM will
+        idle: its runner takes another job, or none and is released)."""
+        host = self._runner_host(message)
+        said = "no request of this deployment runs that runner"
+        if host is not None:
+            said = self._note_job(host, message)
+        taken_elsewhere = host is None or host.request_id != message.request_id
+        if message.status == "in_progress" and taken_elsewhere and self._ending is not None:
+            own = self._store.get(message.request_id)
+            if own is not None and not own.state.is_final and own.state is not RequestState.ACTIVE:
+                ended = self._ending().release(message.request_id, message.tenant, admin=False)
+                said += f"; its own request: {ended.message}"
+        return IntakeResult(IntakeOutcome.APPLIED, message.request_id, said)
+
+    def _runner_host(self, message: CiJob) -> RequestRecord | None:
+        """The running request of the message's tenant whose VM the runner is named after."""
+        if not message.runner_name:
+            return None
+        order = vm_order(message.runner_name)
+        for record in self._store.in_states(RequestState.ACTIVE):
+            if record.tenant == message.tenant and any(
+                order_name(record.request_id, lane.attempt) == order for lane in record.orders
+            ):
+                return record
+        return None
+
+    def _note_job(self, host: RequestRecord, message: CiJob) -> str:
+        """Record on ``host`` that its runner took (or finished) the message's job."""
+        job, runner = message.request_id, message.runner_name
+        reason, said = CiJobReason.CI_JOB_RUNNING, f"its runner {runner} runs CI job {job}"
+        if message.status == "completed":
+            outcome = message.conclusion or "unknown"
+            reason = CiJobReason.CI_JOB_COMPLETED
+            said = f"CI job {job} on its runner {runner} completed: {outcome}"
+        for _ in range(3):
+            record = self._store.get(host.request_id)
+            if record is None or record.state is not RequestState.ACTIVE:
+                return f"{host.request_id} no longer runs"
+            if any(event.message == said for event in self._store.events(host.request_id)):
+                return said  # a redelivered hook
+            event = StatusEvent(
+                request_id=record.request_id, tenant=record.tenant, state=record.state,
+                previous_state=record.state, at=self._clock.now(), reason=reason.value,
+                message=said, pool=record.pool,
+            )  # fmt: skip
+            try:
+                changed = self._store.change(
+                    record.request_id,
+                    Change(expected_version=record.version, state=record.state, event=event,
+                           reason=reason.value, message=said, pool=record.pool),
+                )  # fmt: skip
+            except StaleWrite:
+                continue  # the reconciler wrote it meanwhile: read it again
+            self._bus.publish(event)
+            self._store.mark_announced(record.request_id, changed.events)
+            return said
+        raise StaleWrite(f"{host.request_id} kept changing; the job's hook is redelivered")
 
     def _record_finished(
         self, delivery: Delivery, submission: Submit, release: Release
