@@ -589,19 +589,28 @@ resource "google_project_iam_member" "agent_reads_tenant_secrets" {
   depends_on = [module.identities]
 }
 
-# The agent function mints the CI runners: it reads the secrets the CI mappings name (a GitHub
-# App's private key, a GitLab token with create_runner and manage_runner), granted on each of
-# those secrets alone (ci_secrets). secret_id takes the secret's id and project its project, as
-# magic-modules documents the Secret Manager secret IAM resources (resource_iam.html.markdown.tmpl
-# with Secret.yaml's iam_policy: parent secret_id, projects/{{project}}/secrets/{{secret_id}}).
-# The ci_hook function reads none of them.
-resource "google_secret_manager_secret_iam_member" "agent_reads_ci_secrets" {
-  for_each = toset(var.ci_secrets)
+# The agent function mints the CI runners and the reconcile function's sweep deletes the idle
+# ones: both read the secrets the CI mappings name (a GitHub App's private key, a GitLab token
+# with create_runner and manage_runner), granted on each of those secrets alone (ci_secrets).
+# secret_id takes the secret's id and project its project, as magic-modules documents the
+# Secret Manager secret IAM resources (resource_iam.html.markdown.tmpl with Secret.yaml's
+# iam_policy: parent secret_id, projects/{{project}}/secrets/{{secret_id}}). The ci_hook
+# function reads none of them.
+locals {
+  ci_secret_readers = { agent = local.member.agent, reconcile = local.member.reconcile }
+  ci_secret_grants = {
+    for pair in setproduct(var.ci_secrets, keys(local.ci_secret_readers)) :
+    "${pair[1]} ${pair[0]}" => { secret = pair[0], member = local.ci_secret_readers[pair[1]] }
+  }
+}
 
-  project   = split("/", each.value)[1]
-  secret_id = split("/", each.value)[3]
+resource "google_secret_manager_secret_iam_member" "reads_ci_secrets" {
+  for_each = local.ci_secret_grants
+
+  project   = split("/", each.value.secret)[1]
+  secret_id = split("/", each.value.secret)[3]
   role      = "roles/secretmanager.secretAccessor"
-  member    = local.member.agent
+  member    = each.value.member
 
   depends_on = [module.identities]
 }

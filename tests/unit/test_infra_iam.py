@@ -202,28 +202,27 @@ def test_terraform_grants_each_function_the_roles_of_the_table_and_no_others() -
     }
 
 
-def test_the_agent_function_alone_reads_the_ci_mappings_secrets_each_on_its_secret() -> None:
+def test_the_agent_and_reconcile_functions_alone_read_the_ci_mappings_secrets() -> None:
     """The CI mappings' GitHub App keys and GitLab tokens: secretAccessor for the agent
-    function (which mints the runners) on each secret ``ci_secrets`` names, in its project, and
-    on nothing wider; no other function (the CI hook among them) is granted any of them.
+    function (which mints the runners) and the reconcile function (whose sweep deletes idle
+    runners), each on each secret ``ci_secrets`` names, in its project, and on nothing wider;
+    no other function (the CI hook among them) is granted any of them.
     ``google_secret_manager_secret_iam_member`` takes the secret's id as ``secret_id`` and its
     project as ``project``, as magic-modules documents it
     (mmv1/templates/terraform/resource_iam.html.markdown.tmpl, with
     mmv1/products/secretmanager/Secret.yaml: ``iam_policy.parent_resource_attribute:
     secret_id``, ``projects/{{project}}/secrets/{{secret_id}}``)."""
     root = with_a_vm_account()
-    grants = instances_of(root, "google_secret_manager_secret_iam_member", "agent_reads_ci_secrets")
-    read = {
-        f"projects/{grant.attr('project')}/secrets/{grant.attr('secret_id')}": grant
-        for grant in grants
-    }
-    assert sorted(read) == sorted(CI_SECRETS)
-    for grant in read.values():
+    grants = instances_of(root, "google_secret_manager_secret_iam_member", "reads_ci_secrets")
+    read: set[tuple[str, str]] = set()
+    for grant in grants:
         assert grant.attr("role") == "roles/secretmanager.secretAccessor"
         account = ACCOUNT.search(str(grant.attr("member")))
         assert account is not None
-        assert account[1] == "agent"
-    # Every secret-level grant naming a CI secret goes to the agent function.
+        secret = f"projects/{grant.attr('project')}/secrets/{grant.attr('secret_id')}"
+        read.add((account[1], secret))
+    assert read == {(reader, secret) for reader in ("agent", "reconcile") for secret in CI_SECRETS}
+    # Every secret-level grant naming a CI secret is one of those.
     for module in modules_of(root):
         for kind, name in module.of("resource"):
             if kind != "google_secret_manager_secret_iam_member":
@@ -231,9 +230,9 @@ def test_the_agent_function_alone_reads_the_ci_mappings_secrets_each_on_its_secr
             for grant in instances_of(module, kind, name):
                 secret = f"projects/{grant.attr('project')}/secrets/{grant.attr('secret_id')}"
                 if secret in CI_SECRETS:
-                    assert name == "agent_reads_ci_secrets", (kind, name)
+                    assert name == "reads_ci_secrets", (kind, name)
     assert instances_of(root_with(), "google_secret_manager_secret_iam_member",
-                        "agent_reads_ci_secrets") == []  # fmt: skip
+                        "reads_ci_secrets") == []  # fmt: skip
 
 
 @pytest.mark.parametrize(
