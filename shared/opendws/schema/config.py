@@ -226,6 +226,11 @@ class CiSpec(Spec):
                 raise ValueError(f"{name}: a {self.provider} mapping's runners cannot be {name}'s")
         if self.idle_timeout < timedelta(minutes=1) or self.idle_timeout > timedelta(hours=24):
             raise ValueError("idle_timeout: between 1 minute and 24 hours")
+        if self.max_vms is not None and not self.runs_jobs:
+            raise ValueError(
+                "max_vms: caps the VMs of a mapping whose VMs run its jobs; give a github or "
+                "gitlab block (the runners), or cap the tenant's quota instead"
+            )
         if self.runs_jobs and "run" in self.request:
             raise ValueError(
                 "request.run: a mapping with github or gitlab runs the job itself (the VM "

@@ -114,6 +114,7 @@ from opendws.ports import (
 )
 from opendws.ports.telemetry import Metrics
 from opendws.service import telemetry
+from opendws.service.ci_cap import within_caps
 from opendws.service.mirror import RequestMirror, in_flight
 from opendws.service.parts import SnapshotParts, moves_with_clock, racing
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
@@ -882,6 +883,7 @@ class _Cycle:
         if parts.moving:
             grants = (*grants, *self._moving_grants(parts.moving))
         pending, commitments = parts.pending, parts.commitments
+        pending = within_caps(pending, self.records.values(), self.config.ci)
         if without is not None:
             pending = tuple(r for r in pending if r.request_id != without)
             grants = tuple(g for g in grants if g.request_id != without)
