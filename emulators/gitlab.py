@@ -103,7 +103,11 @@ The administrator's side is Python: :meth:`FakeGitLab.add_token`, :meth:`~FakeGi
 :meth:`~FakeGitLab.add_project`, :meth:`~FakeGitLab.queue_job`, :meth:`~FakeGitLab.cancel_job`,
 :meth:`~FakeGitLab.job`, :meth:`~FakeGitLab.runner`, :meth:`~FakeGitLab.throttle`,
 :meth:`~FakeGitLab.set_webhook`, :meth:`~FakeGitLab.deliveries`,
-:meth:`~FakeGitLab.redeliver` and :meth:`~FakeGitLab.wait_for_deliveries`.
+:meth:`~FakeGitLab.redeliver` and :meth:`~FakeGitLab.wait_for_deliveries`; for processes
+outside this one (``dws up``'s users), the same over HTTP under ``/_admin`` (not GitLab's):
+``POST /_admin/jobs {project_id, tags, script, visibility?}`` (201, the job), ``GET
+/_admin/jobs/ID`` (its ``state``, ``runner_id``, ``failure_reason``), ``GET /_admin/runners``,
+``GET /_admin/deliveries`` and ``POST /_admin/deliveries/N/redeliver``.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ import http.client
 import json
 import math
 import queue
+import re
 import secrets
 import threading
 import time
@@ -157,6 +162,9 @@ HOOK_TIMEOUT_S = 10.0  # GitLab's default webhook timeout
 # The user who started every job here (User#hook_attrs); GitLab redacts a private email.
 HOOK_USER = {"id": 1, "name": "Administrator", "username": "root", "avatar_url": None,
              "email": "[REDACTED]"}  # fmt: skip
+
+
+ADMIN = "/_admin"  # the stand-in's own calls (not GitLab's API)
 
 
 class _Refused(Exception):
@@ -469,9 +477,12 @@ class FakeGitLab(BackgroundServer):
     def _serve(self, environ: Any, start_response: Any) -> Any:
         request = Request(environ)
         try:
-            with self._lock:
-                self._check_throttle()
-                status, body, headers = self._answer(request)
+            if request.path.startswith(ADMIN):
+                status, body, headers = self._admin(request)
+            else:
+                with self._lock:
+                    self._check_throttle()
+                    status, body, headers = self._answer(request)
         except _Refused as refused:
             status, body, headers = refused.status, refused.body, refused.headers
         if isinstance(body, str):
@@ -482,6 +493,38 @@ class FakeGitLab(BackgroundServer):
             response = Response(json.dumps(body), status, content_type="application/json",
                                 headers=headers)  # fmt: skip
         return response(environ, start_response)
+
+    def _admin(self, request: Request) -> tuple[int, Any, dict[str, str]]:
+        """The stand-in's own HTTP side (not GitLab's API), for what runs outside this
+        process (``dws up``'s users, end-to-end tests): queue a job, read jobs, runners and
+        hook deliveries, redeliver one."""
+        path, method = request.path[len(ADMIN) :].rstrip("/"), request.method
+        body = _admin_body(request) if method == "POST" else {}
+        if (method, path) == ("POST", "/jobs"):
+            script = body.get("script", ["true"])
+            job_id = self.queue_job(
+                int(body["project_id"]), tags=[str(tag) for tag in body.get("tags", ())],
+                script=[script] if isinstance(script, str) else [str(line) for line in script],
+                visibility=body.get("visibility"),
+            )  # fmt: skip
+            return 201, _job_json(self.job(job_id)), {}
+        if method == "GET" and (match := re.fullmatch(r"/jobs/(\d+)", path)):
+            try:
+                return 200, _job_json(self.job(int(match[1]))), {}
+            except KeyError:
+                raise _Refused(404, {"message": f"no job {match[1]}"}) from None
+        if (method, path) == ("GET", "/runners"):
+            return 200, [{"id": r.id, "description": r.description, "tags": list(r.tags),
+                          "runner_type": r.runner_type} for r in self.runners()], {}  # fmt: skip
+        if (method, path) == ("GET", "/deliveries"):
+            return 200, [{
+                "number": d.number, "job_id": d.job_id, "build_status": d.build_status,
+                "response_status": d.response_status, "delivered": d.delivered,
+                "redelivery_of": d.redelivery_of, "event_uuid": d.event_uuid,
+            } for d in self.deliveries()], {}  # fmt: skip
+        if method == "POST" and (match := re.fullmatch(r"/deliveries/(\d+)/redeliver", path)):
+            return 201, {"number": self.redeliver(int(match[1])).number}, {}
+        raise _Refused(404, {"message": f"{method} {request.path} is not served by this stand-in"})
 
     def _check_throttle(self) -> None:
         if self._throttled <= 0:
@@ -881,6 +924,22 @@ class FakeGitLab(BackgroundServer):
             # "Include job tags in build webhook event payload").
             "tags": list(job.tags),
         }  # fmt: skip
+
+
+def _admin_body(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(request.get_data() or b"{}")
+    except ValueError:
+        raise _Refused(400, {"message": "the body is not JSON"}) from None
+    if not isinstance(body, dict):
+        raise _Refused(400, {"message": "the body is not a JSON object"})
+    return body
+
+
+def _job_json(job: Job) -> dict[str, Any]:
+    return {"id": job.id, "project_id": job.project_id, "tags": list(job.tags),
+            "state": job.state, "runner_id": job.runner_id,
+            "failure_reason": job.failure_reason, "exit_code": job.exit_code}  # fmt: skip
 
 
 def _visibility(name: str) -> str:

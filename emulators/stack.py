@@ -17,6 +17,13 @@ subscriptions wired as in Google Cloud, a default configuration, and the reconci
   identity tokens the ``agent`` function is told to trust, and runs the agent as a process of
   its own; a Secret Manager stand-in (:mod:`emulators.secrets`) holds the jobs' secrets, and
   the jobs' output goes to a folder (``OPENDWS_JOB_LOGS_DIR``, read by ``dws logs``);
+- a fake GitHub API (:mod:`emulators.github`) with a GitHub App installed on the
+  ``example-org`` organization and a fake GitLab (:mod:`emulators.gitlab`) with a token that
+  may create runners in group 42; both send their job webhooks to ``ci_hook`` (signed with
+  the stack's hook secret). opendws is pointed at them (``OPENDWS_GITHUB_API_URL``,
+  ``OPENDWS_GITLAB_URL``, the App's key and the token in files), and a CI job's VM runs the
+  stand-in runners of ``emulators/runners/`` (``OPENDWS_GITHUB_RUNNER_DIR``,
+  ``OPENDWS_GITLAB_RUNNER``), which take one job from the fakes, run its script and exit;
 - one request topic per configured tenant (``capacity-requests-{tenant}``), the admins'
   ``capacity-admin-requests`` and the shared ``capacity-requests`` (heard only when the
   configuration trusts it), each pushed to ``intake`` at a path naming the topic (so that
@@ -48,11 +55,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from emulators.cloud_run import CloudRunFront, Ingress, Service, function_url, run_app_url
 from emulators.cloud_tasks import ISSUER as TASKS_ISSUER
 from emulators.cloud_tasks import CloudTasksEmulator
 from emulators.compute import ComputeEmulator
 from emulators.functions import serving
+from emulators.github import GitHubEmulator
+from emulators.gitlab import FakeGitLab
 from emulators.official import free_port, running
 from emulators.secrets import SecretManagerEmulator
 from emulators.signing import LocalSigner
@@ -119,6 +131,13 @@ DEFAULT_STOCK = (
     ("us-west4-a", "V5LITE_POD", 64),
 )
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "shared/opendws/examples/local-config.yaml"
+# The CI systems of the example configuration's mappings, as the local fakes serve them.
+LOCAL_GITHUB_APP = 1001
+LOCAL_GITHUB_INSTALLATION = 2002
+LOCAL_GITHUB_ORG = "example-org"
+LOCAL_GITLAB_GROUP = 42
+LOCAL_GITLAB_PROJECT = 7  # a project of that group
+RUNNERS = Path(__file__).resolve().parent / "runners"
 
 
 @dataclass
@@ -135,6 +154,8 @@ class Stack:
     vms: VmHost | None = None  # runs the cloud's VMs: their metadata servers and agents
     secrets: SecretManagerEmulator | None = None  # the Secret Manager stand-in
     job_logs: Path | None = None  # where the jobs' output goes, by request and rank
+    github: GitHubEmulator | None = None  # the fake GitHub the CI mappings' App lives on
+    gitlab: FakeGitLab | None = None  # the fake GitLab
     stop_ticker: threading.Event = field(default_factory=threading.Event)
 
     def client_environment(self) -> dict[str, str]:
@@ -142,7 +163,8 @@ class Stack:
         keys = ("FIRESTORE_EMULATOR_HOST", "PUBSUB_EMULATOR_HOST", "OPENDWS_PROJECT",
                 "OPENDWS_COMPUTE_ENDPOINT", "CLOUD_TASKS_EMULATOR_HOST",
                 "OPENDWS_LOCAL_INTAKE_URL", "OPENDWS_JOB_LOGS_DIR",
-                "OPENDWS_SECRETS_ENDPOINT")  # fmt: skip
+                "OPENDWS_SECRETS_ENDPOINT", "OPENDWS_GITHUB_API_URL",
+                "OPENDWS_GITLAB_URL")  # fmt: skip
         return {key: self.environment[key] for key in keys}
 
 
@@ -196,6 +218,8 @@ def local_stack(
         agent_certs = Path(scratch) / "agent-certs.json"
         agent_certs.write_text(json.dumps(signer.certs))
         job_logs = Path(scratch) / "jobs"
+        progress("starting the fake GitHub and GitLab (their job webhooks go to ci_hook)")
+        github, gitlab, ci_files = _ci_systems(stack, Path(scratch), urls["ci_hook"])
         environment = {
             **official.environment(),
             "OPENDWS_PROJECT": PROJECT,
@@ -221,6 +245,13 @@ def local_stack(
             "OPENDWS_JOB_LOGS_DIR": str(job_logs),
             # Local agents report every second; one silent for 12 s (plus 2 s) is lost.
             **LOCAL_AGENT_TIMING,
+            # The CI mappings' GitHub and GitLab: the fakes, the App's key and the token in
+            # files, and the stand-in runners the VMs run.
+            "OPENDWS_GITHUB_API_URL": github.url,
+            "OPENDWS_GITLAB_URL": gitlab.url,
+            **ci_files,
+            "OPENDWS_GITHUB_RUNNER_DIR": str(RUNNERS / "actions-runner"),
+            "OPENDWS_GITLAB_RUNNER": str(RUNNERS / "gitlab-runner"),
         }
         # The stack is this process's business from here on: its clients find it by these.
         stack.enter_context(_environment(environment))
@@ -245,6 +276,7 @@ def local_stack(
         running_stack = Stack(
             project=PROJECT, environment=environment, urls=urls, logs=logs, cloud=cloud,
             tasks=tasks, fronts=fronts, vms=vms, secrets=secrets, job_logs=job_logs,
+            github=github, gitlab=gitlab,
         )  # fmt: skip
         ticker = threading.Thread(
             target=_tick, args=(running_stack, tick), name="reconcile-ticker", daemon=True
@@ -256,6 +288,43 @@ def local_stack(
         finally:
             running_stack.stop_ticker.set()
             ticker.join(timeout=10)
+
+
+def _ci_systems(
+    stack: contextlib.ExitStack, scratch: Path, hook_url: str
+) -> tuple[GitHubEmulator, FakeGitLab, dict[str, str]]:
+    """The fake GitHub (an App installed on the example organization, its key in a file) and
+    GitLab (a token that may create and delete runners of the example group, in a file), both
+    sending their job webhooks to ``hook_url`` with the stack's hook secret; and the variables
+    that point opendws at the key and the token."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption()).decode()  # fmt: skip
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    key_file = scratch / "github-app.pem"
+    key_file.write_text(pem)
+    key_file.chmod(0o600)
+    github = stack.enter_context(
+        GitHubEmulator(webhook_url=hook_url, webhook_secret=LOCAL_HOOK_SECRET)
+    )
+    github.state.register_app(LOCAL_GITHUB_APP, public, [
+        {"id": LOCAL_GITHUB_INSTALLATION, "account": LOCAL_GITHUB_ORG},
+    ])  # fmt: skip
+    token = "glpat-" + secrets_module.token_urlsafe(20)
+    token_file = scratch / "gitlab-token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    gitlab = stack.enter_context(FakeGitLab(webhook_url=hook_url, webhook_token=LOCAL_HOOK_SECRET))
+    gitlab.add_project(LOCAL_GITLAB_PROJECT, group_id=LOCAL_GITLAB_GROUP)
+    gitlab.add_token(token, scopes=("create_runner", "manage_runner"),
+                     owner_of_groups=(LOCAL_GITLAB_GROUP,))  # fmt: skip
+    files = {"OPENDWS_GITHUB_APP_KEY_FILE": str(key_file),
+             "OPENDWS_GITLAB_TOKEN_FILE": str(token_file)}  # fmt: skip
+    return github, gitlab, files
 
 
 @contextlib.contextmanager

@@ -285,3 +285,22 @@ def test_with_no_job_the_runner_exits_0_after_its_wait_timeout_read_from_the_env
     missing = subprocess.run(command, env=environment, capture_output=True, text=True,
                              timeout=30, check=False)  # fmt: skip
     assert (missing.returncode, "Missing Token" in missing.stderr) == (1, True)
+
+
+def test_the_admin_side_over_http_queues_a_job_and_shows_it_runners_and_deliveries() -> None:
+    """What ``dws up``'s users and end-to-end tests drive from another process."""
+    import requests
+
+    with FakeGitLab() as gitlab:
+        gitlab.add_project(7, group_id=42)
+        queued = requests.post(f"{gitlab.url}/_admin/jobs", timeout=10, json={
+            "project_id": 7, "tags": ["gpu-a100"], "script": "echo hi"})  # fmt: skip
+        assert queued.status_code == 201
+        job = queued.json()
+        assert (job["state"], job["tags"]) == ("pending", ["gpu-a100"])
+        shown = requests.get(f"{gitlab.url}/_admin/jobs/{job['id']}", timeout=10).json()
+        assert shown["id"] == job["id"]
+        assert requests.get(f"{gitlab.url}/_admin/jobs/999", timeout=10).status_code == 404
+        assert requests.get(f"{gitlab.url}/_admin/runners", timeout=10).json() == []
+        assert requests.get(f"{gitlab.url}/_admin/deliveries", timeout=10).json() == []
+        assert requests.post(f"{gitlab.url}/_admin/nope", timeout=10).status_code == 404

@@ -52,7 +52,7 @@ def test_a_github_mapping_names_its_app_and_caps_and_reads_back_the_same() -> No
 def test_a_gitlab_mapping_names_its_url_token_and_group() -> None:
     [mapping] = load(provider="gitlab", labels=["gpu-a100"], gitlab=GITLAB).ci
     assert mapping.gitlab == GitLabRunners(
-        url="https://gitlab.example.com", token_secret=GITLAB["token_secret"], group_id=42
+        url="https://gitlab.example.com", token_secret=TOKEN, group_id=42
     )
     assert mapping.idle_timeout == timedelta(minutes=10)
 
