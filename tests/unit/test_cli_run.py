@@ -132,6 +132,18 @@ def test_status_shows_the_run_wide_and_in_json_secrets_as_version_names(system: 
     assert json.loads(shown.stdout)["run"] == run.to_json()
 
 
+def test_status_shows_a_ci_runs_runner(system: System) -> None:
+    from opendws.domain.run import CiRunner
+
+    runner = CiRunner.of("github", ["self-hosted", "gpu-h100"], "acme/trainer")
+    system.stored(replace(flex("gh-1", tenant="vision"), run=RunSpec(command=(), runner=runner)))
+    wide = CliRunner().invoke(main, ["status", "gh-1", "--wide"])
+    assert wide.exit_code == 0, wide.output
+    assert "run: a one-job github runner for acme/trainer\n  labels gpu-h100, self-hosted" in (
+        wide.stdout
+    )
+
+
 def test_status_of_a_capacity_only_request_has_no_run(system: System) -> None:
     system.stored(flex("capacity-1", tenant="vision"))
     wide = CliRunner().invoke(main, ["status", "capacity-1", "--wide"])

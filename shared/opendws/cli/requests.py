@@ -258,7 +258,14 @@ def status(request_id: str, wide: bool, as_json: bool) -> None:
 
 def _run_lines(run: RunSpec) -> list[str]:
     """The job as ``dws status`` shows it: its command as a shell would read it, then its
-    image, ending, environment names and secrets (version names: never a value)."""
+    image, ending, environment names and secrets (version names: never a value); a CI run,
+    whose runner is its job: the CI system, the job's labels and its repository or project."""
+    if run.runner is not None:
+        runner = run.runner
+        return [
+            f"run: a one-job {runner.provider.value} runner for {runner.source}",
+            "  labels " + ", ".join(runner.labels),
+        ]
     details = [f"image {run.image}"] if run.image else []
     details.append(f"ends when {run.ends_when.value}")
     if run.env:
