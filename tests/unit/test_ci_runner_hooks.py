@@ -149,14 +149,38 @@ def test_two_jobs_whose_runners_take_each_others_job_both_run_and_each_vm_record
     assert len(world.store.events(second)) == before
 
 
-def test_a_job_taken_by_another_runner_releases_its_own_request_while_it_waits() -> None:
+def test_a_job_another_vms_runner_ran_leaves_its_own_waiting_vm_for_that_vms_job() -> None:
+    """Job 101's request waits for capacity while the VM of job 202's request runs job 101:
+    job 202 still needs a runner, and 101's VM, when it comes, is the one that serves it."""
     service, publisher = hooks()
-    world, _, intake = ci_world(stock=0)  # nothing free: the job's own request waits
-    send(service, github_event("queued"))
-    send(service, github_event("in_progress", runner="some-other-runner"))
-    for number, message in enumerate(publisher.messages):
-        intake.handle(delivery(message, number, publisher.topics[number]))
-    assert world.state(JOB_ID) is S.CANCELLED  # a release of a waiting request cancels it
+    world, _, intake = ci_world(stock=1)  # room for one VM now
+    first, second = "gh-example-org-vision-models-101", "gh-example-org-vision-models-202"
+    send(service, github_event("queued", job_id=202))
+    messages = list(enumerate(publisher.messages))
+    intake.handle(delivery(messages[0][1], 0, publisher.topics[0]))
+    run_to_active(world, second)
+    send(service, github_event("queued", job_id=101))
+    send(service, github_event("in_progress", job_id=101, runner=vm_of(second)))
+    send(service, github_event("completed", job_id=101, runner=vm_of(second),
+                               conclusion="success"))  # fmt: skip
+    for number, message in list(enumerate(publisher.messages))[1:]:
+        result = intake.handle(delivery(message, number, publisher.topics[number]))
+        assert result.outcome is not IntakeOutcome.REFUSED, result
+    assert world.state(first) is S.PENDING  # kept: it will serve job 202
+    assert world.state(second) is S.ACTIVE  # its runner's exit ends it
+
+
+def test_a_job_no_runner_of_ours_took_releases_its_own_waiting_request() -> None:
+    """Cancelled while queued (``completed`` with no runner), or run by a runner that is not
+    one of opendws's VMs: its own request is one VM too many."""
+    for runner in (None, "someone-elses-runner"):
+        service, publisher = hooks()
+        world, _, intake = ci_world(stock=0)  # nothing free: the job's own request waits
+        send(service, github_event("queued"))
+        send(service, github_event("completed", runner=runner, conclusion="cancelled"))
+        for number, message in enumerate(publisher.messages):
+            intake.handle(delivery(message, number, publisher.topics[number]))
+        assert world.state(JOB_ID) is S.CANCELLED  # a release of a waiting request cancels it
 
 
 def test_a_gitlab_job_taken_by_a_runner_names_the_vm_by_the_runners_description() -> None:

@@ -287,8 +287,13 @@ class Release(_Strict):
         default=False,
         description=(
             "Leave the request be if it is running (a CI job that completed, whose own VM is a "
-            "one-job runner that may have taken another job: its runner's exit ends it)."
+            "one-job runner that may have taken another job: its runner's exit ends it), or if "
+            "the job ran on the runner of another running request (ran_on): this one's VM will "
+            "serve the job that request was made for."
         ),
+    )
+    ran_on: str | None = Field(
+        default=None, max_length=255, description="The runner that ran the completed job."
     )
 
     @model_validator(mode="after")

@@ -15,8 +15,9 @@ generic signed JSON hook become request messages on ``capacity-requests``.
   exit ends it. The runner taking a job (GitHub ``in_progress``, GitLab ``running``) and the
   job's end are sent on as ``ci_job`` messages naming the runner (GitHub ``runner_name``,
   GitLab ``runner.description``: the VM's name), so that the request whose VM ran a job
-  records it, and a job taken by another VM's runner releases its own request if it is not
-  running yet. Such a mapping refuses jobs of public repositories and projects unless it
+  records it. A finished job's own request is released only if it is not running and no
+  running request's runner ran the job: a job another VM's runner took leaves its own VM to
+  serve that VM's job. Such a mapping refuses jobs of public repositories and projects unless it
   allows them (a self-hosted runner there runs strangers' code), and jobs of repositories its
   GitHub App's runners do not serve.
 - Every call is authenticated before anything is read: GitHub's ``X-Hub-Signature-256``
@@ -235,10 +236,13 @@ class HookService:
         # queued one. The release then records the request already ended, so
         # that the late queued event submits a duplicate that starts nothing.
         submission = self._submission(mapping, job, request_id)
-        self._publisher.publish({"schema": "opendws.request/v1", "action": "release",
-                                 "request_id": request_id, "tenant": tenant,
-                                 "if_absent": submission,
-                                 "unless_running": mapping.runs_jobs})  # fmt: skip
+        release: dict[str, object] = {
+            "schema": "opendws.request/v1", "action": "release", "request_id": request_id,
+            "tenant": tenant, "if_absent": submission,
+        }  # fmt: skip
+        if mapping.runs_jobs:
+            release.update(unless_running=True, ran_on=job.runner_name)
+        self._publisher.publish(release)
         if mapping.runs_jobs and job.runner_name:
             self._publisher.publish(self._ci_job(job, request_id, tenant, "completed"))
         return HookResult(202, f"release of {request_id} requested", request_id)

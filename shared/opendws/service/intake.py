@@ -188,12 +188,9 @@ class IntakeService:
                     if recorded is not None:
                         return recorded
                 if isinstance(message, Release) and message.unless_running:
-                    current = self._store.get(message.request_id)
-                    if current is not None and current.state is RequestState.ACTIVE:
-                        return IntakeResult(
-                            IntakeOutcome.APPLIED, message.request_id,
-                            "running: its runner's exit ends it (it may run another job)",
-                        )  # fmt: skip
+                    kept = self._kept_for_another_job(message)
+                    if kept is not None:
+                        return IntakeResult(IntakeOutcome.APPLIED, message.request_id, kept)
                 ending = self._ending()
                 act = ending.cancel if message.action == "cancel" else ending.release
                 admin = identity.speaker is Speaker.ADMIN
@@ -246,30 +243,39 @@ class IntakeService:
         self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
 
+    def _kept_for_another_job(self, release: Release) -> str | None:
+        """Why a finished CI job's request stays (None: release it): it runs (its runner's
+        exit ends it), or the job ran on another running request's runner — whose own job
+        this request's VM will serve, since a one-job runner takes any job its labels
+        match. A job no runner of ours took (cancelled while queued, or run elsewhere)
+        leaves one VM too many: its own request goes."""
+        current = self._store.get(release.request_id)
+        if current is not None and current.state is RequestState.ACTIVE:
+            return "running: its runner's exit ends it (it may run another job)"
+        host = self._runner_host(release.tenant, release.ran_on)
+        if host is not None and host.request_id != release.request_id:
+            return (
+                f"its job ran on {host.request_id}'s runner: kept for the job that request "
+                "was made for"
+            )
+        return None
+
     def _ci_job(self, message: CiJob) -> IntakeResult:
         """A CI job a runner took or finished: the running request whose VM the runner is
-        records it (once: a redelivered hook adds nothing); a job taken by a runner not of
-        its own request releases its own request unless that one is running (its VM will
-        idle: its runner takes another job, or none and is released)."""
-        host = self._runner_host(message)
-        said = "no request of this deployment runs that runner"
+        records it (once: a redelivered hook adds nothing)."""
+        host = self._runner_host(message.tenant, message.runner_name)
+        said = "no running request of this deployment has that runner"
         if host is not None:
             said = self._note_job(host, message)
-        taken_elsewhere = host is None or host.request_id != message.request_id
-        if message.status == "in_progress" and taken_elsewhere and self._ending is not None:
-            own = self._store.get(message.request_id)
-            if own is not None and not own.state.is_final and own.state is not RequestState.ACTIVE:
-                ended = self._ending().release(message.request_id, message.tenant, admin=False)
-                said += f"; its own request: {ended.message}"
         return IntakeResult(IntakeOutcome.APPLIED, message.request_id, said)
 
-    def _runner_host(self, message: CiJob) -> RequestRecord | None:
-        """The running request of the message's tenant whose VM the runner is named after."""
-        if not message.runner_name:
+    def _runner_host(self, tenant: str, runner_name: str | None) -> RequestRecord | None:
+        """The running request of ``tenant`` whose VM the runner is named after."""
+        if not runner_name:
             return None
-        order = vm_order(message.runner_name)
+        order = vm_order(runner_name)
         for record in self._store.in_states(RequestState.ACTIVE):
-            if record.tenant == message.tenant and any(
+            if record.tenant == tenant and any(
                 order_name(record.request_id, lane.attempt) == order for lane in record.orders
             ):
                 return record
