@@ -206,3 +206,26 @@ def test_a_public_gitlab_projects_job_gets_no_runner(level: int) -> None:
     result = service.handle({"X-Gitlab-Event": "Job Hook", "X-Gitlab-Token": "gl-token"}, body)
     assert "is public" in result.message
     assert publisher.messages == []
+
+
+def test_a_jobs_end_that_comes_after_its_runners_exit_is_still_recorded_on_its_vms_request() -> (
+    None
+):
+    """GitHub sends ``completed`` when the runner reports the job done, and the runner exits
+    right after: the run may be released before the webhook arrives. The event is recorded on
+    the ended request; its state, reason and message stay those of its end."""
+    service, publisher = hooks()
+    world, _, intake = ci_world(stock=4)
+    send(service, github_event("queued"))
+    intake.handle(delivery(publisher.messages[0], 0, publisher.topics[0]))
+    run_to_active(world, JOB_ID)
+    world.ending().release(JOB_ID, "ci", admin=False)
+    ended = world.record(JOB_ID)
+    send(service, github_event("completed", runner=vm_of(JOB_ID), conclusion="failure"))
+    for number, message in list(enumerate(publisher.messages))[1:]:
+        intake.handle(delivery(message, number, publisher.topics[number]))
+    after = world.record(JOB_ID)
+    assert (after.state, after.reason, after.message) == (ended.state, ended.reason, ended.message)
+    last = world.store.events(JOB_ID)[-1]
+    said = f"CI job {JOB_ID} on its runner {vm_of(JOB_ID)} completed: failure"
+    assert (last.reason, last.message) == (CiJobReason.CI_JOB_COMPLETED, said)

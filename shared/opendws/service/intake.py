@@ -263,26 +263,38 @@ class IntakeService:
     def _ci_job(self, message: CiJob) -> IntakeResult:
         """A CI job a runner took or finished: the running request whose VM the runner is
         records it (once: a redelivered hook adds nothing)."""
-        host = self._runner_host(message.tenant, message.runner_name)
+        host = self._runner_host(message.tenant, message.runner_name, message.request_id)
         said = "no running request of this deployment has that runner"
         if host is not None:
             said = self._note_job(host, message)
         return IntakeResult(IntakeOutcome.APPLIED, message.request_id, said)
 
-    def _runner_host(self, tenant: str, runner_name: str | None) -> RequestRecord | None:
-        """The running request of ``tenant`` whose VM the runner is named after."""
+    def _runner_host(
+        self, tenant: str, runner_name: str | None, own: str | None = None
+    ) -> RequestRecord | None:
+        """The request of ``tenant`` whose VM the runner is named after: ``own`` (the job's
+        own request) in any state — its runner's exit may have ended it before GitHub's
+        word of the job's end came — or else a running one."""
         if not runner_name:
             return None
         order = vm_order(runner_name)
+
+        def hosts(record: RequestRecord) -> bool:
+            return any(order_name(record.request_id, lane.attempt) == order
+                       for lane in record.orders)  # fmt: skip
+
+        mine = None if own is None else self._store.get(own)
+        if mine is not None and mine.tenant == tenant and hosts(mine):
+            return mine
         for record in self._store.in_states(RequestState.ACTIVE):
-            if record.tenant == tenant and any(
-                order_name(record.request_id, lane.attempt) == order for lane in record.orders
-            ):
+            if record.tenant == tenant and hosts(record):
                 return record
         return None
 
     def _note_job(self, host: RequestRecord, message: CiJob) -> str:
-        """Record on ``host`` that its runner took (or finished) the message's job."""
+        """Record on ``host`` that its runner took (or finished) the message's job: an event
+        of its own; the request's state, reason and message stay as they are (a run that
+        ended stays ended)."""
         job, runner = message.request_id, message.runner_name
         reason, said = CiJobReason.CI_JOB_RUNNING, f"its runner {runner} runs CI job {job}"
         if message.status == "completed":
@@ -291,8 +303,8 @@ class IntakeService:
             said = f"CI job {job} on its runner {runner} completed: {outcome}"
         for _ in range(3):
             record = self._store.get(host.request_id)
-            if record is None or record.state is not RequestState.ACTIVE:
-                return f"{host.request_id} no longer runs"
+            if record is None or not (record.state.is_final or record.state is RequestState.ACTIVE):
+                return f"{host.request_id} does not run"
             if any(event.message == said for event in self._store.events(host.request_id)):
                 return said  # a redelivered hook
             event = StatusEvent(
@@ -304,7 +316,8 @@ class IntakeService:
                 changed = self._store.change(
                     record.request_id,
                     Change(expected_version=record.version, state=record.state, event=event,
-                           reason=reason.value, message=said, pool=record.pool),
+                           reason=record.reason, message=record.message, pool=record.pool,
+                           eta=record.eta, position=record.position),
                 )  # fmt: skip
             except StaleWrite:
                 continue  # the reconciler wrote it meanwhile: read it again
