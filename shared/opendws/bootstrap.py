@@ -587,6 +587,7 @@ class Container:
         return IntakeService(
             adapters.store, self.events, adapters.clock, config=adapters.config,
             ending=lambda: self.end, timers=self.timers, nudger=adapters.nudger,
+            ranks=adapters.ranks,
         )  # fmt: skip
 
     @_Once

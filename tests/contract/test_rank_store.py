@@ -161,3 +161,18 @@ def test_the_runner_handed_to_a_rank_is_recorded_by_id_and_a_new_one_replaces_it
     assert after.runner_id == "102"
     assert ranks.runner_handed("job", 1, 5, "105", NOW) is None  # no such rank
     assert ranks.ranks("job")[0].runner_id == "102"
+
+
+def test_a_vm_is_found_by_its_name_with_the_rank_it_registered_for(ranks: RankStore) -> None:
+    """A CI runner is named after its VM: the rank its agent registered for names the
+    request that VM serves, whatever that request's state now."""
+    ranks.register(registration(0))
+    ranks.register(registration(1))
+    found = ranks.of_vm("odws-job-abc-1-1")
+    assert found is not None
+    assert (found.request_id, found.rank, found.attempt) == ("job", 1, 1)
+    ranks.exited("job", 1, 1, 0, False, NOW)
+    found = ranks.of_vm("odws-job-abc-1-1")
+    assert found is not None
+    assert found.state is R.EXITED
+    assert ranks.of_vm("odws-other-1-0") is None

@@ -229,3 +229,38 @@ def test_a_jobs_end_that_comes_after_its_runners_exit_is_still_recorded_on_its_v
     last = world.store.events(JOB_ID)[-1]
     said = f"CI job {JOB_ID} on its runner {vm_of(JOB_ID)} completed: failure"
     assert (last.reason, last.message) == (CiJobReason.CI_JOB_COMPLETED, said)
+
+
+def test_a_swapped_jobs_news_that_comes_after_the_vm_was_released_is_recorded_there() -> None:
+    """The VM that ran another request's job is found by its name (the rank its agent
+    registered for), not only among running requests: the hooks may come after its runner's
+    exit released it."""
+    from datetime import UTC, datetime
+
+    from opendws.adapters.ranks import MemoryRankStore
+    from opendws.ports.runs import Registration
+    from opendws.service.intake import IntakeService
+
+    service, publisher = hooks()
+    world, _, _ = ci_world(stock=4)
+    ranks = MemoryRankStore()
+    intake = IntakeService(world.store, world.bus, world.clock, config=world.config,
+                           ending=world.ending, ranks=ranks)  # fmt: skip
+    first, second = "gh-example-org-vision-models-101", "gh-example-org-vision-models-202"
+    for job in (101, 202):
+        send(service, github_event("queued", job_id=job))
+    for number, message in enumerate(publisher.messages):
+        intake.handle(delivery(message, number, publisher.topics[number]))
+    run_to_active(world, first, second)
+    ranks.register(Registration(request_id=second, attempt=1, rank=0, vm=vm_of(second),
+                                instance_id="9", at=datetime.now(UTC)))  # fmt: skip
+    world.ending().release(second, "ci", admin=False)  # its runner exited: released
+    sent = len(publisher.messages)
+    send(service, github_event("in_progress", job_id=101, runner=vm_of(second)))
+    send(service, github_event("completed", job_id=101, runner=vm_of(second),
+                               conclusion="success"))  # fmt: skip
+    for number, message in list(enumerate(publisher.messages))[sent:]:
+        intake.handle(delivery(message, number, publisher.topics[number]))
+    said = [(e.reason, e.message) for e in world.store.events(second)]
+    assert (CiJobReason.CI_JOB_RUNNING, f"its runner {vm_of(second)} runs CI job {first}") in said
+    assert world.state(first) is S.ACTIVE  # its own VM will serve job 202's place

@@ -16,6 +16,7 @@ import hcl2
 import pytest
 
 import opendws.adapters.firestore as firestore_adapter
+import opendws.adapters.ranks as ranks_adapter
 from opendws.adapters import mig
 from opendws.adapters.gce import boot_disk, network
 from opendws.adapters.mig import BASE_LABEL, base_template_name
@@ -749,3 +750,20 @@ def test_functions_that_record_metrics_may_write_them_and_export_to_both() -> No
     assert settings.metrics_export == ("snapshots", "cloud_monitoring")
     services = variable_default(MODULES / "apis" / "variables.tf", "services")
     assert '"monitoring.googleapis.com"' in services or "monitoring.googleapis.com" in services
+
+
+def test_the_rank_stores_collection_group_query_has_its_single_field_index() -> None:
+    """``FirestoreRankStore.of_vm`` queries the ``ranks`` collection group on ``vm``: Firestore
+    keeps no single-field index of collection-group scope unless told
+    (firestore/docs/query-data/index-overview), so Terraform declares it."""
+    source = Path(ranks_adapter.__file__).read_text()
+    assert 'collection_group("ranks")' in source
+    assert 'FieldFilter("vm", "==", vm)' in source
+    fields = {
+        (unquote(body["collection"]), unquote(body["field"])): body
+        for _, _, body in all_resources("google_firestore_field")
+    }
+    [config] = fields[("ranks", "vm")]["index_config"]
+    indexes = [{k: unquote(v) for k, v in index.items() if not k.startswith("__")}
+               for index in config["indexes"]]  # fmt: skip
+    assert {"order": "ASCENDING", "query_scope": "COLLECTION_GROUP"} in indexes

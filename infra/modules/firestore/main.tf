@@ -8,6 +8,7 @@
 #   requests/{id}/events order by seq                      -> automatic single-field index
 #   requests where changed_at >= T order by changed_at     -> automatic single-field index
 #   requests order by changed_at desc limit 1              -> automatic single-field index
+#   collection group ranks where vm == V                   -> field override below
 # changed_at (every write's commit time) is what the reconciler reads changes by. A collection
 # with an indexed, sequentially increasing field takes at most 500 writes per second
 # (firestore/docs/best-practices, "Index exemptions"); requests already index submitted_at and
@@ -55,4 +56,24 @@ resource "google_firestore_field" "event_expiry" {
   ttl_config {}
 
   index_config {}
+}
+
+# The agents' rank documents (requests/{id}/ranks/{rank}) are found by their VM's name across
+# every request (a CI job's webhook names the runner, which is named after its VM): an
+# equality query on vm in the ranks collection group. Single-field indexes of collection-group
+# scope are not kept by default (firestore/docs/query-data/index-overview, "Single-field
+# indexes"); this field's is, as magic-modules' firestore_field example declares one
+# (index_config.indexes with query_scope COLLECTION_GROUP).
+resource "google_firestore_field" "rank_vm" {
+  project    = var.project
+  database   = google_firestore_database.this.name
+  collection = "ranks"
+  field      = "vm"
+
+  index_config {
+    indexes {
+      order       = "ASCENDING"
+      query_scope = "COLLECTION_GROUP"
+    }
+  }
 }

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from google.cloud import firestore
+from google.cloud.firestore_v1.base_query import FieldFilter
 
 from opendws.ports.runs import (
     RankReport,
@@ -22,6 +23,7 @@ from opendws.ports.runs import (
     StopOrder,
     exited,
     heartbeat,
+    latest,
     registered,
     runner_handed,
     stop_ordered,
@@ -66,6 +68,10 @@ class MemoryRankStore:
         key = (request_id, rank)
         with self._lock:
             return self._put(key, runner_handed(self._ranks.get(key), attempt, runner_id, at))
+
+    def of_vm(self, vm: str) -> RankReport | None:
+        with self._lock:
+            return latest([report for report in self._ranks.values() if report.vm == vm])
 
     def ranks(self, request_id: str) -> list[RankReport]:
         with self._lock:
@@ -120,6 +126,12 @@ class FirestoreRankStore:
     ) -> RankReport | None:
         ref = self._rank(request_id, rank)
         return self._apply(ref, lambda current: runner_handed(current, attempt, runner_id, at))
+
+    def of_vm(self, vm: str) -> RankReport | None:
+        """A collection-group query on ``vm`` (its single-field index of collection-group
+        scope is declared in infra/modules/firestore)."""
+        query = self._db.collection_group("ranks").where(filter=FieldFilter("vm", "==", vm))
+        return latest([RankReport.from_document(doc.to_dict() or {}) for doc in query.stream()])
 
     def ranks(self, request_id: str) -> list[RankReport]:
         collection = self._db.collection("requests").document(request_id).collection("ranks")

@@ -149,6 +149,11 @@ def exited(
     )  # fmt: skip
 
 
+def latest(reports: list[RankReport]) -> RankReport | None:
+    """The report of the latest attempt (then registration) among ``reports``."""
+    return max(reports, key=lambda r: (r.attempt, r.registered_at), default=None)
+
+
 def runner_handed(
     current: RankReport | None, attempt: int, runner_id: str, at: datetime
 ) -> RankReport | None:
@@ -272,6 +277,12 @@ class RankStore(Protocol):
         self, request_id: str, attempt: int, rank: int, runner_id: str, at: datetime
     ) -> RankReport | None:
         """Record the runner handed to the rank's agent; the document after (None: no rank)."""
+        ...
+
+    def of_vm(self, vm: str) -> RankReport | None:
+        """The rank a VM of this name registered for (its latest attempt's), whatever its
+        request's state; None: no agent registered from it. A CI runner is named after its
+        VM, so this finds the request whose VM ran a CI job."""
         ...
 
     def ranks(self, request_id: str) -> list[RankReport]:

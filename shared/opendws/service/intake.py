@@ -61,6 +61,7 @@ from opendws.ports import (
     requests_topic,
     vm_order,
 )
+from opendws.ports.runs import RankStore
 from opendws.schema.request import (
     CiJob,
     MessageError,
@@ -136,9 +137,10 @@ class IntakeService:
     def __init__(
         self, store: AnnouncedRequests, bus: EventBus, clock: Clock, *, config: ConfigStore,
         ending: Callable[[], EndService] | None = None, timers: TimerQueue | None = None,
-        nudger: Nudger | None = None,
+        nudger: Nudger | None = None, ranks: RankStore | None = None,
     ) -> None:  # fmt: skip
         self._store = store
+        self._ranks = ranks  # where a CI runner's VM is found by name (None: running ones)
         self._bus = bus
         self._clock = clock
         self._config = config
@@ -272,11 +274,16 @@ class IntakeService:
     def _runner_host(
         self, tenant: str, runner_name: str | None, own: str | None = None
     ) -> RequestRecord | None:
-        """The request of ``tenant`` whose VM the runner is named after: ``own`` (the job's
-        own request) in any state — its runner's exit may have ended it before GitHub's
-        word of the job's end came — or else a running one."""
+        """The request of ``tenant`` whose VM the runner is named after, in any state (its
+        runner's exit may have ended it before the CI system's word of the job came): the
+        one its agent registered for, else ``own`` (the job's own request), else a running
+        one."""
         if not runner_name:
             return None
+        report = None if self._ranks is None else self._ranks.of_vm(runner_name)
+        registered = None if report is None else self._store.get(report.request_id)
+        if registered is not None and registered.tenant == tenant:
+            return registered
         order = vm_order(runner_name)
 
         def hosts(record: RequestRecord) -> bool:
