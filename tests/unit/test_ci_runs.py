@@ -38,7 +38,7 @@ from opendws.adapters.vm_identity import EMULATOR_ISSUER, VmIdentityVerifier
 from opendws.domain.run import CiRunner, RunSpec
 from opendws.domain.states import RequestState
 from opendws.ports import order_name
-from opendws.ports.ci import Overrides, RunnerPrograms
+from opendws.ports.ci import GITHUB_RUNNER_VERSION, Overrides, RunnerPrograms
 from opendws.ports.configuration import CiMapping, GitHubRunners, GitLabRunners
 from opendws.ports.runs import UnknownSecret
 from opendws.service.agents import AgentService, Answer, Sessions
@@ -196,7 +196,7 @@ def test_the_vm_gets_a_just_in_time_runner_with_the_jobs_labels_and_hands_it_ove
     assert runner["name"] == k.vm
     assert runner["runner_group_id"] == GROUP
     assert sorted(label["name"] for label in runner["labels"]) == sorted(LABELS)
-    assert ready.body["command"] == ["/opt/actions-runner/run.sh"]
+    assert ready.body["command"] == [f"/opt/actions-runner-{GITHUB_RUNNER_VERSION}/run.sh"]
     config = ready.body["env"][JITCONFIG_VARIABLE]
     assert config
     assert ready.body["env"]["RUNNER_ALLOW_RUNASROOT"] == "1"
@@ -416,3 +416,29 @@ def test_overrides_point_a_mapping_at_another_server_and_read_the_key_from_a_fil
     launch = runners.launch(mapping, GH_RUNNER, "odws-x-1-0", timedelta(hours=1))
     assert [r["id"] for r in github.state.runners()] == [int(launch.runner_id)]
     assert secrets.reads == []
+
+
+def test_an_outage_makes_the_agent_ask_again_later(
+    github: GitHubEmulator, app_key: tuple[str, str]
+) -> None:
+    """A 5xx is worth another try, not a failed run (docs.github.com/en/rest/using-the-rest-api/
+    troubleshooting-the-rest-api); with no time of GitHub's own, ten seconds later."""
+    k = github_kit(github, app_key)
+    session = k.register()
+    github.state.fail_next(503, "Service Unavailable", times=9)
+    answer = k.call("/v1/barrier", session)
+    assert (answer.status, answer.body["ready"]) == (200, False)
+    assert answer.body["retry_after_s"] >= 10
+    assert k.world.state("ci-job") is S.ACTIVE
+
+
+def test_the_runner_of_a_lost_agent_is_deleted_with_its_run(
+    github: GitHubEmulator, app_key: tuple[str, str]
+) -> None:
+    k = github_kit(github, app_key)
+    k.call("/v1/barrier", k.register())
+    assert len(github.state.runners()) == 1
+    k.world.clock.advance(timedelta(minutes=2))  # no heartbeat since
+    assert k.service.sweep() == ["ci-job"]
+    assert k.last_event().reason == EndReason.AGENT_LOST
+    assert github.state.runners() == []

@@ -49,7 +49,9 @@ GITHUB_RUNNER_URL = (
     "https://github.com/actions/runner/releases/download/v{version}/"
     "actions-runner-linux-x64-{version}.tar.gz"
 )
-GITHUB_RUNNER_DIR = "/opt/actions-runner"
+# Installed into a folder of its own version: one the agent finds without run.sh is refused,
+# never overwritten.
+GITHUB_RUNNER_DIR = f"/opt/actions-runner-{GITHUB_RUNNER_VERSION}"
 GITHUB_RUNNER_INSTALL = RunnerInstall(
     url=GITHUB_RUNNER_URL.format(version=GITHUB_RUNNER_VERSION),
     sha256=GITHUB_RUNNER_SHA256,

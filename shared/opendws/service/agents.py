@@ -80,6 +80,9 @@ S = RequestState
 
 # Lines of output one /v1/logs call may carry (the agent batches at most this many).
 MAX_LOG_LINES = 256
+# How long an agent waits before asking again for a runner the CI system could not make (an
+# outage, a 5xx) when it said no time of its own (a rate limit's Retry-After).
+UNAVAILABLE_RETRY = timedelta(seconds=10)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,7 +333,7 @@ class AgentService:
         except RunnerRefused as refused:
             if refused.permanent:
                 return self._runner_failed(session, record, str(refused))
-            wait = self._settings.barrier_retry.total_seconds()
+            wait = max(self._settings.barrier_retry, UNAVAILABLE_RETRY).total_seconds()
             if refused.retry_at is not None:
                 wait = max(wait, (refused.retry_at - self._clock.now()).total_seconds())
             log.warning("%s: %s; asking again in %.0f s", record.request_id, refused, wait)
@@ -492,6 +495,7 @@ class AgentService:
             self._ending.finish_run(
                 record.request_id, record.attempt, EndReason.RUNNER_IDLE, message
             )
+            self._delete_runners(record, record.attempt)  # a gang's other ranks' runners
             return True
         return False
 
@@ -526,6 +530,7 @@ class AgentService:
         message = f"agents of rank {said} lost (no registration or heartbeat)"
         log.warning("%s: %s", record.request_id, message)
         self._ending.finish_run(record.request_id, record.attempt, EndReason.AGENT_LOST, message)
+        self._delete_runners(record, record.attempt)
         return True
 
     def _lost_ranks(self, record: RequestRecord, now: datetime) -> list[int]:
