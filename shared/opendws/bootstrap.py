@@ -26,6 +26,11 @@
 - ``OPENDWS_RECONCILE_FOLLOW_UP_SECONDS``: how long one reconcile invocation keeps passing
   every few seconds while requests are provisioning (default 20; the function's timeout must
   be longer);
+- CI runners: ``OPENDWS_GITHUB_API_URL`` and ``OPENDWS_GITLAB_URL`` (every CI mapping's GitHub
+  API or GitLab, another server), for local use ``OPENDWS_GITHUB_APP_ID``,
+  ``OPENDWS_GITHUB_APP_KEY_FILE`` and ``OPENDWS_GITLAB_TOKEN_FILE`` (an App and a token from
+  files, not Secret Manager), and ``OPENDWS_GITHUB_RUNNER_DIR`` and ``OPENDWS_GITLAB_RUNNER``
+  (where the runners are on the VMs);
 - the CI hooks' secrets ``OPENDWS_GITHUB_WEBHOOK_SECRET``, ``OPENDWS_GITLAB_WEBHOOK_TOKEN`` and
   ``OPENDWS_HOOK_SECRET``, and the API's keys ``OPENDWS_API_KEYS`` (``tenant:sha256:HEX,…``);
   in Google Cloud, Secret Manager values mounted as these variables;

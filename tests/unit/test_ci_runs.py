@@ -442,3 +442,37 @@ def test_the_runner_of_a_lost_agent_is_deleted_with_its_run(
     assert k.service.sweep() == ["ci-job"]
     assert k.last_event().reason == EndReason.AGENT_LOST
     assert github.state.runners() == []
+
+
+def test_the_ci_settings_come_from_the_environment() -> None:
+    from opendws.bootstrap import Settings
+    from opendws.ports.ci import GITHUB_RUNNER_INSTALL
+
+    settings = Settings.from_environment({
+        "OPENDWS_GITHUB_API_URL": "http://127.0.0.1:9", "OPENDWS_GITHUB_APP_ID": "77",
+        "OPENDWS_GITHUB_APP_KEY_FILE": "/run/app.pem", "OPENDWS_GITLAB_URL": "http://127.0.0.1:8",
+        "OPENDWS_GITLAB_TOKEN_FILE": "/run/token", "OPENDWS_GITHUB_RUNNER_DIR": "/opt/runner",
+        "OPENDWS_GITLAB_RUNNER": "/usr/local/bin/gitlab-runner",
+    })  # fmt: skip
+    assert settings.ci_overrides == Overrides(
+        github_api_url="http://127.0.0.1:9", github_app_id=77, github_app_key_file="/run/app.pem",
+        gitlab_url="http://127.0.0.1:8", gitlab_token_file="/run/token",
+    )  # fmt: skip
+    assert settings.ci_programs == RunnerPrograms(
+        github_dir="/opt/runner", github_install=None, gitlab_runner="/usr/local/bin/gitlab-runner"
+    )
+    default = Settings.from_environment({}).ci_programs
+    assert (default.github_install, default.gitlab_runner) == (
+        GITHUB_RUNNER_INSTALL,
+        "gitlab-runner",
+    )
+    with pytest.raises(ValueError, match="OPENDWS_GITHUB_APP_ID"):
+        Settings.from_environment({"OPENDWS_GITHUB_APP_ID": "app"})
+    mapping = github_mapping_for_override()
+    overridden = Overrides(github_app_id=77).github(mapping)
+    assert overridden.app_id == 77
+
+
+def github_mapping_for_override() -> GitHubRunners:
+    return GitHubRunners(app_id=1, installation_id=2, private_key_secret=KEY_SECRET,
+                         organization=ORG)  # fmt: skip
