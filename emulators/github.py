@@ -138,6 +138,20 @@ REPO_PERMISSION = "administration"
 DEFAULT_GROUP = 1  # every organization's "Default" runner group; repository runners' group
 
 
+def app_key_pair() -> tuple[str, str]:
+    """A new GitHub App key pair as GitHub hands one out: the private key (PEM, what the App's
+    owner keeps; PKCS#8) and the public key (PEM) this fake checks the App's JWTs with."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()  # fmt: skip
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        .decode()
+    )
+    return private, public
+
+
 class GitHubRefusal(Exception):
     """An answer other than success: ``status``, GitHub's ``message``."""
 

@@ -55,15 +55,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
-
 from emulators.cloud_run import CloudRunFront, Ingress, Service, function_url, run_app_url
 from emulators.cloud_tasks import ISSUER as TASKS_ISSUER
 from emulators.cloud_tasks import CloudTasksEmulator
 from emulators.compute import ComputeEmulator
 from emulators.functions import serving
-from emulators.github import GitHubEmulator
+from emulators.github import GitHubEmulator, app_key_pair
 from emulators.gitlab import FakeGitLab
 from emulators.official import free_port, running
 from emulators.secrets import SecretManagerEmulator
@@ -297,14 +294,7 @@ def _ci_systems(
     GitLab (a token that may create and delete runners of the example group, in a file), both
     sending their job webhooks to ``hook_url`` with the stack's hook secret; and the variables
     that point opendws at the key and the token."""
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()  # fmt: skip
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
+    pem, public = app_key_pair()
     key_file = scratch / "github-app.pem"
     key_file.write_text(pem)
     key_file.chmod(0o600)

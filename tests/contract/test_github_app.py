@@ -24,11 +24,9 @@ from typing import Any
 
 import pytest
 import requests
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from google.auth import crypt, jwt
 
-from emulators.github import GitHubEmulator, response_schema, validate
+from emulators.github import GitHubEmulator, app_key_pair, response_schema, validate
 from opendws.adapters.github_app import (
     GitHubApp,
     GitHubInvalid,
@@ -46,21 +44,9 @@ START = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
 JOB_LABELS = ["self-hosted", "gpu-h100"]
 
 
-def pem_pair() -> tuple[str, str]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()  # fmt: skip
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private, public
-
-
 @pytest.fixture(scope="module")
 def keys() -> tuple[str, str]:
-    return pem_pair()
+    return app_key_pair()
 
 
 @dataclass
@@ -318,7 +304,7 @@ def test_an_expired_jwt_is_refused(world: World) -> None:
 
 
 def test_a_jwt_signed_by_another_key_cannot_be_decoded(world: World) -> None:
-    other, _ = pem_pair()
+    other, _ = app_key_pair()
     with pytest.raises(GitHubUnauthorized) as refused:
         GitHubApp(APP_ID, other, api_url=world.github.url,
                   now=world.clock.now).installation_token(INSTALLATION)  # fmt: skip

@@ -39,11 +39,9 @@ from typing import Any
 
 import pytest
 import requests
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 from werkzeug.wrappers import Request, Response
 
-from emulators.github import GitHubEmulator, validate, webhook_headers, webhook_schema
+from emulators.github import GitHubEmulator, app_key_pair, validate, webhook_headers, webhook_schema
 from emulators.serving import BackgroundServer
 from opendws.adapters.github_app import GitHubApp, JitRunner, RunnerScope
 
@@ -92,15 +90,7 @@ class Receiver(BackgroundServer):
 
 @pytest.fixture(scope="module")
 def app_key() -> tuple[str, str]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()  # fmt: skip
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private, public
+    return app_key_pair()
 
 
 @dataclass

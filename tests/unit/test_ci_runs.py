@@ -24,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
-from emulators.github import GitHubEmulator
+from emulators.github import GitHubEmulator, app_key_pair
 from emulators.gitlab import FakeGitLab
 from emulators.metadata import Instance, identity_claims
 from emulators.signing import LocalSigner
@@ -61,15 +59,7 @@ IDLE = timedelta(minutes=10)
 
 @pytest.fixture(scope="module")
 def app_key() -> tuple[str, str]:
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()  # fmt: skip
-    public = (
-        key.public_key()
-        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-        .decode()
-    )
-    return private, public
+    return app_key_pair()
 
 
 class Secrets:
