@@ -18,12 +18,11 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -33,6 +32,8 @@ import pytest
 from opendws.agent import MINIMUM_PYTHON
 from opendws.agent.run import REASK_S
 from opendws.agent.startup import bundle
+from tests import local_http
+from tests.local_http import QuietHandler
 
 SESSION = "session-7"
 
@@ -60,10 +61,6 @@ class Call:
     at: float
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
 @dataclass
 class FakeFunction:
     """The agent function's side of the protocol (the brief of the agent function), with
@@ -80,7 +77,7 @@ class FakeFunction:
     calls: list[Call] = field(default_factory=list)
     told_to_stop_at: float | None = None
     port: int = 0
-    _server: _Server | None = None
+    _server: ThreadingHTTPServer | None = None
 
     @property
     def url(self) -> str:
@@ -133,7 +130,7 @@ class FakeFunction:
     def serve(self, port: int = 0) -> None:
         function = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
@@ -147,19 +144,11 @@ class FakeFunction:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = _Server(("127.0.0.1", port), Handler)
+        self._server = local_http.serve(Handler, port)
         self.port = self._server.server_address[1]
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        local_http.stop(self._server)
 
 
 @dataclass
@@ -170,7 +159,7 @@ class FakeMetadata:
     agent_url: str | None = None
     requests: list[tuple[str, str]] = field(default_factory=list)  # (path?query, flavor)
     port: int = 0
-    _server: _Server | None = None
+    _server: ThreadingHTTPServer | None = None
 
     @staticmethod
     def token_for(audience: str) -> str:
@@ -179,7 +168,7 @@ class FakeMetadata:
     def serve(self) -> None:
         metadata = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 flavor = self.headers.get("Metadata-Flavor", "")
                 metadata.requests.append((self.path, flavor))
@@ -197,19 +186,11 @@ class FakeMetadata:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._server = local_http.serve(Handler)
         self.port = self._server.server_address[1]
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        local_http.stop(self._server)
 
 
 @contextmanager

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ from opendws.agent import install as installing
 from opendws.agent.install import Install, InstallFailed, ensure
 from opendws.agent.run import INSTALL_FAILED, STOPPED_WHILE_INSTALLING, Start
 from opendws.agent.transport import Unreachable
+from tests import local_http
+from tests.local_http import QuietHandler
 from tests.unit.test_agent import (
     FakeFunction,
     FakeMetadata,
@@ -87,10 +89,6 @@ def sha256(data: bytes) -> str:
 # -- the release server -----------------------------------------------------------------------
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
 @dataclass
 class Releases:
     """Serves ``/<name>``: each path's answers in turn (the last one repeats): an archive's
@@ -100,7 +98,7 @@ class Releases:
     asked: list[str] = field(default_factory=list)
     delay_s: float = 0.0
     port: int = 0
-    _server: _Server | None = None
+    _server: ThreadingHTTPServer | None = None
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -108,7 +106,7 @@ class Releases:
     def serve(self) -> None:
         releases = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_GET(self) -> None:
                 releases.asked.append(self.path)
                 answers = releases.answers.get(self.path, [404])
@@ -129,19 +127,11 @@ class Releases:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self._server = _Server(("127.0.0.1", 0), Handler)
+        self._server = local_http.serve(Handler)
         self.port = self._server.server_address[1]
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        local_http.stop(self._server)
 
 
 @pytest.fixture
