@@ -259,7 +259,17 @@ def test_a_ci_secret_that_is_not_a_secrets_resource_name_is_refused(name: str) -
 # only build a reference or a query, or read a snapshot already fetched.
 FIRESTORE_REQUESTS = frozenset({"get", "create", "set", "update", "delete", "stream", "commit"})
 FIRESTORE_LOCAL = frozenset(
-    {"collection", "document", "where", "order_by", "limit", "batch", "transaction", "to_dict"}
+    {
+        "collection",
+        "collection_group",
+        "document",
+        "where",
+        "order_by",
+        "limit",
+        "batch",
+        "transaction",
+        "to_dict",
+    }
 )
 
 
