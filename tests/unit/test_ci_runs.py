@@ -219,10 +219,29 @@ def test_the_runners_exit_ends_the_run_and_the_runner_is_deleted(
 ) -> None:
     k = github_kit(github, app_key)
     session = k.register()
-    k.call("/v1/barrier", session)
+    config = k.call("/v1/barrier", session).body["env"][JITCONFIG_VARIABLE]
+    job = github.state.queue_job("acme/trainer", list(LABELS))
+    github.state.take_job(config)
+    github.state.complete_job(job["id"], "success")  # GitHub removes the JIT runner
     assert k.call("/v1/exit", session, {"code": 0}).status == 200
     assert k.world.state("ci-job") is S.RELEASED
     assert k.last_event().reason == EndReason.JOB_SUCCEEDED
+    assert github.state.runners() == []
+
+
+def test_a_runner_that_exits_having_taken_no_job_ends_the_run_as_idle(
+    github: GitHubEmulator, app_key: tuple[str, str]
+) -> None:
+    """GitHub's runner exits 0 when its registration is gone, having run nothing; GitLab's at
+    its --wait-timeout: the run ends RUNNER_IDLE, not as a job that succeeded."""
+    k = github_kit(github, app_key)
+    session = k.register()
+    k.call("/v1/barrier", session)
+    [runner] = github.state.runners()
+    k.call("/v1/exit", session, {"code": 0})
+    event = k.last_event()
+    assert (k.world.state("ci-job"), event.reason) == (S.RELEASED, EndReason.RUNNER_IDLE)
+    assert f"runner {runner['id']} took no job" in event.message
     assert github.state.runners() == []
 
 
@@ -361,11 +380,27 @@ def test_a_gitlab_job_gets_a_locked_project_runner_with_its_tags_and_run_single(
 
 
 def test_a_gitlab_runner_is_deleted_when_its_run_ends(gitlab: FakeGitLab) -> None:
+    import requests
+
+    k = gitlab_kit(gitlab)
+    session = k.register()
+    token = k.call("/v1/barrier", session).body["env"]["CI_SERVER_TOKEN"]
+    gitlab.queue_job(PROJECT_ID, tags=["gpu-a100"])
+    taken = requests.post(f"{gitlab.url}/api/v4/jobs/request", json={"token": token}, timeout=10)
+    assert taken.status_code == 201  # the runner took the job (as run-single asks)
+    k.call("/v1/exit", session, {"code": 0})
+    assert (k.world.state("ci-job"), k.last_event().reason) == (
+        S.RELEASED, EndReason.JOB_SUCCEEDED)  # fmt: skip
+    assert gitlab.runners() == []
+
+
+def test_a_gitlab_runner_that_waited_in_vain_ends_the_run_as_idle(gitlab: FakeGitLab) -> None:
+    """run-single exits 0 at its --wait-timeout with no job (docs.gitlab.com/runner/commands/)."""
     k = gitlab_kit(gitlab)
     session = k.register()
     k.call("/v1/barrier", session)
     k.call("/v1/exit", session, {"code": 0})
-    assert k.world.state("ci-job") is S.RELEASED
+    assert k.last_event().reason == EndReason.RUNNER_IDLE
     assert gitlab.runners() == []
 
 

@@ -83,6 +83,8 @@ MAX_LOG_LINES = 256
 # How long an agent waits before asking again for a runner the CI system could not make (an
 # outage, a 5xx) when it said no time of its own (a rate limit's Retry-After).
 UNAVAILABLE_RETRY = timedelta(seconds=10)
+# How long an agent that restarted waits while the runner it was handed still runs a job.
+BUSY_RETRY = timedelta(seconds=30)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -327,7 +329,7 @@ class AgentService:
         try:
             if report.runner_id is not None and not self._runners.delete(mapping, report.runner_id):
                 # It is running a job its agent lost: wait for that job to end.
-                return Answer(200, {"ready": False, "retry_after_s": 30.0,
+                return Answer(200, {"ready": False, "retry_after_s": BUSY_RETRY.total_seconds(),
                                     "registered": 0, "num_nodes": 0})  # fmt: skip
             launch = self._runners.launch(mapping, runner, report.vm, record.request.run_duration)
         except RunnerRefused as refused:
@@ -443,6 +445,14 @@ class AgentService:
         elif verdict is not RunVerdict.RUNNING:
             reason = EndReason.JOB_SUCCEEDED if verdict is RunVerdict.SUCCEEDED else (
                 EndReason.JOB_FAILED)  # fmt: skip
+            idle = self._idle_runners(record, attempt) if reason is EndReason.JOB_SUCCEEDED else []
+            if idle:
+                # A runner exits 0 having taken no job too (GitLab's at its --wait-timeout,
+                # GitHub's when its registration is gone): say so, not that a job succeeded.
+                reason, said = (
+                    EndReason.RUNNER_IDLE,
+                    f"{said}; runner {', '.join(idle)} took no job",
+                )
             result = self._ending.finish_run(record.request_id, attempt, reason, said)
             log.info("run of %s over: %s (%s)", record.request_id, reason, result.outcome)
             self._delete_runners(record, attempt)
@@ -498,6 +508,29 @@ class AgentService:
             self._delete_runners(record, record.attempt)  # a gang's other ranks' runners
             return True
         return False
+
+    def _idle_runners(self, record: RequestRecord, attempt: int) -> list[str]:
+        """The runners of a CI run's ``attempt`` that took no job, as their CI system tells
+        (one it removed took one: GitHub removes a just-in-time runner after its job; one it
+        cannot be asked about counts as having taken one)."""
+        run = record.request.run
+        if run is None or run.runner is None:
+            return []
+        mapping = self._mapping_of(record, run.runner)
+        if isinstance(mapping, str):
+            return []
+        assert self._runners is not None
+        idle: list[str] = []
+        for report in self._ranks.ranks(record.request_id):
+            if report.attempt != attempt or report.runner_id is None:
+                continue
+            try:
+                if self._runners.took_job(mapping, report.runner_id) is False:
+                    idle.append(report.runner_id)
+            except RunnerRefused as refused:
+                log.warning("%s: runner %s not checked: %s", record.request_id,
+                            report.runner_id, refused)  # fmt: skip
+        return idle
 
     def _delete_runners(self, record: RequestRecord, attempt: int) -> None:
         """Delete the runners of a CI run that is over (one GitHub removed already is gone
