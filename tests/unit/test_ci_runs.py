@@ -229,22 +229,6 @@ def test_the_runners_exit_ends_the_run_and_the_runner_is_deleted(
     assert github.state.runners() == []
 
 
-def test_a_runner_that_exits_having_taken_no_job_ends_the_run_as_idle(
-    github: GitHubEmulator, app_key: tuple[str, str]
-) -> None:
-    """GitHub's runner exits 0 when its registration is gone, having run nothing; GitLab's at
-    its --wait-timeout: the run ends RUNNER_IDLE, not as a job that succeeded."""
-    k = github_kit(github, app_key)
-    session = k.register()
-    k.call("/v1/barrier", session)
-    [runner] = github.state.runners()
-    k.call("/v1/exit", session, {"code": 0})
-    event = k.last_event()
-    assert (k.world.state("ci-job"), event.reason) == (S.RELEASED, EndReason.RUNNER_IDLE)
-    assert f"runner {runner['id']} took no job" in event.message
-    assert github.state.runners() == []
-
-
 def test_a_runner_exiting_non_zero_fails_the_run(
     github: GitHubEmulator, app_key: tuple[str, str]
 ) -> None:

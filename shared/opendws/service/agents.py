@@ -47,6 +47,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from opendws.domain.run import (
+    CiProvider,
     CiRunner,
     Gang,
     RankExit,
@@ -447,8 +448,8 @@ class AgentService:
                 EndReason.JOB_FAILED)  # fmt: skip
             idle = self._idle_runners(record, attempt) if reason is EndReason.JOB_SUCCEEDED else []
             if idle:
-                # A runner exits 0 having taken no job too (GitLab's at its --wait-timeout,
-                # GitHub's when its registration is gone): say so, not that a job succeeded.
+                # run-single exits 0 at its --wait-timeout with no job: say so, not that a job
+                # succeeded.
                 reason, said = (
                     EndReason.RUNNER_IDLE,
                     f"{said}; runner {', '.join(idle)} took no job",
@@ -510,11 +511,13 @@ class AgentService:
         return False
 
     def _idle_runners(self, record: RequestRecord, attempt: int) -> list[str]:
-        """The runners of a CI run's ``attempt`` that took no job, as their CI system tells
-        (one it removed took one: GitHub removes a just-in-time runner after its job; one it
-        cannot be asked about counts as having taken one)."""
+        """The runners of a GitLab CI run's ``attempt`` that took no job, as GitLab lists the
+        jobs a runner took (one it cannot be asked about counts as having taken one). GitHub
+        says only whether a runner is busy now, and removes a just-in-time runner some time
+        after its job: a runner that just finished one would look idle, so a GitHub run's
+        exit is not second-guessed (its idle runners are the sweep's)."""
         run = record.request.run
-        if run is None or run.runner is None:
+        if run is None or run.runner is None or run.runner.provider is not CiProvider.GITLAB:
             return []
         mapping = self._mapping_of(record, run.runner)
         if isinstance(mapping, str):
