@@ -318,13 +318,16 @@ class Client:
         deadline = time.monotonic() + seconds
         seen = 0
         while True:
+            # The record first, then its events: a state is written with its event in one
+            # write, so the events read after hold the one of the state just read (read the
+            # other way round, a change landing between the two would be returned unseen).
+            record = store.get(request_id)
+            state = None if record is None else record.state
             events = store.events(request_id)
             if on_event is not None:
                 for event in events[seen:]:
                     on_event(event)
             seen = len(events)
-            record = store.get(request_id)
-            state = None if record is None else record.state
             if state is S.ACTIVE:
                 return WaitResult(Waited.ACTIVE, state, tuple(events))
             if state is not None and state.is_final:

@@ -265,6 +265,31 @@ def test_wait_calls_back_once_per_event_oldest_first_then_returns_active(
     assert [event.state for event in result.events] == seen
 
 
+def test_wait_sees_the_event_of_a_state_that_lands_between_its_two_reads(
+    system: System,
+) -> None:
+    """The request goes ACTIVE right after the client read its events: the state it returns
+    comes with its event (on_event and the result), never without."""
+    system.stored(flex("train"))
+    system.move("train", S.PROVISIONING)
+    events = system.store.events
+
+    def events_then_active(request_id: str) -> list[StatusEvent]:
+        read = events(request_id)
+        if system.store.get(request_id).state is S.PROVISIONING:  # type: ignore[union-attr]
+            system.move("train", S.ACTIVE)  # lands just after this read
+        return read
+
+    system.store.events = events_then_active  # type: ignore[method-assign]
+    seen: list[RequestState] = []
+    result = system.client.wait(
+        "train", timeout=10, on_event=lambda e: seen.append(e.state), poll=0.01
+    )
+    assert result.outcome is Waited.ACTIVE
+    assert seen == [S.PENDING, S.PROVISIONING, S.ACTIVE]
+    assert [event.state for event in result.events] == seen
+
+
 def test_wait_on_a_request_that_ended_without_running_says_so(system: System) -> None:
     system.stored(flex("train"))
     system.move("train", S.CANCELLED)
