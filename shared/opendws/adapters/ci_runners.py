@@ -24,7 +24,6 @@ to come back; 5xx and no answer are worth another try.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import cast
@@ -59,8 +58,8 @@ JITCONFIG_VARIABLE = "ACTIONS_RUNNER_INPUT_JITCONFIG"
 
 
 class ProviderRunners:
-    """See the module docstring. ``github_app`` and ``gitlab`` make the API clients (tests
-    give fakes' addresses through the mapping); one client per App or token, kept."""
+    """See the module docstring. One API client per App or token, kept (tests give the
+    fakes' addresses through the mapping or the overrides)."""
 
     def __init__(
         self,
@@ -68,14 +67,10 @@ class ProviderRunners:
         programs: RunnerPrograms | None = None,
         *,
         overrides: Overrides | None = None,
-        github_app: Callable[[GitHubRunners, str], GitHubApp] | None = None,
-        gitlab: Callable[[GitLabSettings, str], GitLabRunners] | None = None,
     ) -> None:
         self._secrets = secrets
         self._programs = programs or RunnerPrograms()
         self._overrides = overrides or Overrides()
-        self._make_app = github_app or (lambda s, key: GitHubApp(s.app_id, key, api_url=s.api_url))
-        self._make_gitlab = gitlab or (lambda s, token: GitLabRunners(s.url, token))
         self._apps: dict[tuple[str, int, str], GitHubApp] = {}
         self._gitlabs: dict[tuple[str, str], GitLabRunners] = {}
         self._lock = threading.Lock()
@@ -169,7 +164,7 @@ class ProviderRunners:
                 "the GitHub App's private key",
             )
             try:
-                app = self._make_app(settings, pem)
+                app = GitHubApp(settings.app_id, pem, api_url=settings.api_url)
             except ValueError as error:
                 raise RunnerRefused(str(error), permanent=True) from None
             with self._lock:
@@ -217,7 +212,7 @@ class ProviderRunners:
             token = self._secret(
                 settings.token_secret, self._overrides.gitlab_token_file, "the GitLab token"
             ).strip()
-            client = self._make_gitlab(settings, token)
+            client = GitLabRunners(settings.url, token)
             with self._lock:
                 client = self._gitlabs.setdefault(key, client)
         return client
