@@ -9,7 +9,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -125,6 +125,18 @@ class Observed:
     # READY: the gang's VMs as Compute Engine reports them, in rank order (TPU slices: none
     # yet).
     hosts: tuple[Host, ...] = ()
+
+
+class CloudRateLimited(RuntimeError):
+    """The cloud refused a call for a rate quota (Compute Engine answers ``rateLimitExceeded``
+    when a project's per-minute quota of API calls is spent): nothing was done, and the same
+    call may be made again after ``retry_after`` (None: the cloud did not say; its quotas are
+    per minute). Raised by a provider's calls so that their caller can slow down rather than
+    count it as a failure."""
+
+    def __init__(self, message: str, retry_after: timedelta | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class CapacityProvider(Protocol):
