@@ -23,6 +23,7 @@ from opendws import bootstrap
 from opendws.adapters import logs
 from opendws.adapters.oidc import Forbidden, Unauthorized, invocation_token
 from opendws.ports import Timer, topic_of_source
+from opendws.ports.records import nudge_served
 from opendws.service.hooks import MAX_BODY, too_large
 from opendws.service.intake import AnnouncementPending, Delivery
 from opendws.service.reconcile import PassReport
@@ -80,8 +81,14 @@ def reconcile(event: CloudEvent) -> None:
     tick. A pass that finds the lease taken asks its holder for one more pass and returns;
     the holder runs it at once when its own ends (nudges during a pass are coalesced, never
     dropped), for up to twice the follow-up time (an ask still open then is served by the
-    next nudge or tick)."""
+    next nudge or tick).
+
+    A message that a pass has already served is acknowledged after one read of the lease and
+    nothing else (:func:`already_served`): a burst of nudges costs reads, not a write and a
+    pass each on the one lease document."""
     with invocation(event_trace(event)) as container:
+        if already_served(container, event):
+            return
         window = container.settings.reconcile_follow_up.total_seconds()
         deadline = time.monotonic() + window
         while True:
@@ -98,6 +105,41 @@ def reconcile(event: CloudEvent) -> None:
             if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
                 return
             time.sleep(FOLLOW_UP_INTERVAL.total_seconds())
+
+
+def already_served(container: bootstrap.Container, event: CloudEvent) -> bool:
+    """Whether a ``reconcile-ticks`` message needs no pass of its own, by its Pub/Sub publish
+    time and one plain read of the lease (:func:`~opendws.ports.records.nudge_served`: a pass
+    that took the lease after the message was published, and read the requests, sees what the
+    message announces; or the holder owes one more pass already).
+
+    Why this rule: every nudge is published after the change it announces is stored (intake
+    after the request is created, release after the final state is written), a tick stands
+    for the time it was published, and every pass reads the requests after it takes the lease
+    — so a pass that took it later has seen the change or the time. Judging that takes one
+    document read (no transaction: no lock that the pass's fenced writes would wait on, and
+    no write), where asking the holder takes a transaction and, once per pass, a write, and a
+    free lease a pass of its own (two writes). Firestore sustains about one write a second to
+    one document (https://cloud.google.com/firestore/docs/best-practices, "Hotspots";
+    https://cloud.google.com/firestore/quotas, writes and transactions), so hundreds of
+    nudges a second must not each write the lease. The times compared come from two clocks
+    (Pub/Sub stamps ``publishTime`` when it receives the publish:
+    https://cloud.google.com/pubsub/docs/reference/rest/v1/PubsubMessage), hence a margin
+    (:data:`~opendws.ports.records.CLOCK_MARGIN`); a message without a publish time, or a
+    lease that cannot be read, runs a pass as before."""
+    message: dict[str, Any] = (event.data or {}).get("message") or {}
+    published = message.get("publishTime")
+    if not published:
+        return False
+    try:
+        view = container.adapters.store.lease_view()
+    except Exception as error:  # the pass reads and reports what is wrong
+        log.warning("reconcile: lease not read (a pass runs): %s", error)
+        return False
+    if not nudge_served(view, _instant(str(published)), container.adapters.clock.now()):
+        return False
+    log.info("reconcile: %s already served by a pass that started after it", event["id"])
+    return True
 
 
 def summary(report: PassReport) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from opendws.domain.model import CALENDAR_MAX_LEAD, CALENDAR_MAX_RUN
 from opendws.domain.readiness import KEPT_SAMPLES, ReadySample
 from opendws.ports import (
     FINISHED_FIRST,
+    LEASE_FREE,
     Change,
     CreateOutcome,
     Fenced,
@@ -603,3 +604,37 @@ def test_a_pass_asked_for_while_the_lease_is_held_is_owed_once_by_its_holder(
     taken = store.acquire_lease("c#1", NOW + timedelta(minutes=1), ttl)
     assert taken is not None
     assert store.release_lease(holder) is False  # no longer a's: nothing released, nothing owed
+
+
+def test_the_lease_view_says_when_the_passes_started_and_which_one_served(
+    store: RequestStore,
+) -> None:
+    """One read of the lease (``lease_view``) shows its holder, the ask, when the holder's
+    pass took it (a renewal keeps that time) and the start of the last pass that gave it up
+    having read the requests (``served``); a release without it keeps what was said before."""
+    ttl = timedelta(minutes=2)
+    assert store.lease_view().fence is None
+    first = store.acquire_lease("a#1", NOW, ttl)
+    assert first is not None
+    assert store.acquire_lease("b#1", NOW, ttl, ask_again=True) is None
+    renewed = store.acquire_lease("a#1", NOW + timedelta(seconds=30), ttl)
+    assert renewed is not None
+    view = store.lease_view()
+    assert (view.fence, view.again, view.started_at, view.served_from) == (
+        renewed, True, NOW, None,
+    )  # fmt: skip
+    assert store.release_lease(renewed, served=True) is True
+    view = store.lease_view()
+    assert view.fence is not None
+    assert (view.fence.expires_at, view.started_at, view.served_from) == (LEASE_FREE, NOW, NOW)
+    later = NOW + timedelta(minutes=1)
+    failed = store.acquire_lease("a#2", later, ttl)
+    assert failed is not None
+    assert (store.lease_view().started_at, store.lease_view().again) == (later, False)
+    store.release_lease(failed)  # it did not read the requests: it serves nothing
+    assert store.lease_view().served_from == NOW
+    taken = store.acquire_lease("c#1", later, ttl)
+    assert taken is not None
+    assert store.release_lease(renewed, served=True) is False  # no longer a's: nothing changes
+    view = store.lease_view()
+    assert (view.fence, view.started_at, view.served_from) == (taken, later, NOW)

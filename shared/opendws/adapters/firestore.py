@@ -55,6 +55,7 @@ from opendws.ports import (
     request_from_document,
     request_to_document,
 )
+from opendws.ports.records import LeaseView, pass_started, served_after_release
 from opendws.ports.telemetry import Buckets, Labels, MetricSnapshot, labels_of_mapping
 
 T = TypeVar("T")
@@ -76,8 +77,12 @@ MICROSECOND = timedelta(microseconds=1)  # ready samples store their durations i
 # FirestoreRequestStore.changes reads by.
 CHANGED_AT = "changed_at"
 _BEGINNING = datetime.min.replace(tzinfo=UTC)  # the watermark of a store never written
-# On the lease: another pass was asked for while it was held (ReconcilerLease.acquire_lease).
+# On the lease: another pass was asked for while it was held (ReconcilerLease.acquire_lease),
+# when its holder's pass started, and when the last pass that read the requests started
+# (opendws.ports.records.LeaseView).
 AGAIN = "again"
+STARTED_AT = "started_at"
+SERVED_FROM = "served_from"
 # The event record's TTL field (infra/modules/firestore sets the TTL policy on it).
 EVENT_EXPIRY_FIELD = "expire_at"
 
@@ -239,14 +244,18 @@ class FirestoreRequestStore:
     ) -> Fence | None:
         @firestore.transactional
         def take(transaction: firestore.Transaction) -> Fence | None:
-            data = self._reads.one(self._lease.get(transaction=transaction)).to_dict()
-            current = _fence(data)
-            asked = bool((data or {}).get(AGAIN))
+            view = _lease_view(self._reads.one(self._lease.get(transaction=transaction)).to_dict())
+            current = view.fence
             lease = next_lease(current, holder, now, ttl)
-            again = asked_again(asked, current, lease, ask=ask_again)
+            again = asked_again(view.again, current, lease, ask=ask_again)
             if lease is not None:
-                transaction.set(self._lease, {**_fence_fields(lease), AGAIN: again})
-            elif again != asked:
+                started = pass_started(view.started_at, current, lease, now)
+                transaction.set(
+                    self._lease,
+                    {**_fence_fields(lease), AGAIN: again, STARTED_AT: started,
+                     SERVED_FROM: view.served_from},
+                )  # fmt: skip
+            elif again != view.again:
                 transaction.update(self._lease, {AGAIN: again})
             return lease
 
@@ -257,15 +266,19 @@ class FirestoreRequestStore:
             return None  # another reconciler is taking it right now
         return result
 
-    def release_lease(self, fence: Fence) -> bool:
+    def release_lease(self, fence: Fence, *, served: bool = False) -> bool:
         @firestore.transactional
         def give_up(transaction: firestore.Transaction) -> bool:
-            data = self._reads.one(self._lease.get(transaction=transaction)).to_dict()
-            released = lease_released(_fence(data), fence)
+            view = _lease_view(self._reads.one(self._lease.get(transaction=transaction)).to_dict())
+            released = lease_released(view.fence, fence)
             if released is None:
                 return False
-            transaction.update(self._lease, {"expires_at": released.expires_at})
-            return bool((data or {}).get(AGAIN))
+            transaction.update(
+                self._lease,
+                {"expires_at": released.expires_at,
+                 SERVED_FROM: served_after_release(view, released, served=served)},
+            )  # fmt: skip
+            return view.again
 
         try:
             with _contention("the lease changed hands meanwhile"):
@@ -273,6 +286,11 @@ class FirestoreRequestStore:
         except StaleWrite:
             return False  # taken over meanwhile: its holder serves what was asked
         return again
+
+    def lease_view(self) -> LeaseView:
+        # A plain read (no transaction: it takes no lock that a pass's fenced writes would
+        # wait on), strongly consistent as every Firestore read is.
+        return _lease_view(self._reads.one(self._lease.get()).to_dict())
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
         def short(data: dict[str, Any]) -> dict[str, Any] | None:
@@ -491,6 +509,15 @@ def _fence(data: dict[str, Any] | None) -> Fence | None:
     if data is None:
         return None
     return Fence(holder=data["holder"], token=int(data["token"]), expires_at=data["expires_at"])
+
+
+def _lease_view(data: dict[str, Any] | None) -> LeaseView:
+    if data is None:
+        return LeaseView(fence=None)
+    return LeaseView(
+        fence=_fence(data), again=bool(data.get(AGAIN)), started_at=data.get(STARTED_AT),
+        served_from=data.get(SERVED_FROM),
+    )  # fmt: skip
 
 
 def _fence_fields(fence: Fence) -> dict[str, Any]:

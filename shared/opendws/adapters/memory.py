@@ -44,6 +44,7 @@ from opendws.ports import (
     next_lease,
     requests_topic,
 )
+from opendws.ports.records import LeaseView, pass_started, served_after_release
 
 # A record's place in submission order (then id): the order every listing of records is in.
 _SUBMISSION = attrgetter("request.submitted_at", "request.request_id")
@@ -61,8 +62,7 @@ class MemoryRequestStore:
         self._events: dict[str, list[StatusEvent]] = {}
         self._by_state: dict[RequestState, set[str]] = {state: set() for state in RequestState}
         self._outbox: set[str] = set()  # ids with unpublished events after their first
-        self._lease: Fence | None = None
-        self._again = False  # another pass was asked for while the lease was held
+        self._lease = LeaseView(fence=None)  # its fence, the ask, when its passes started
         # The write log, one entry per request: id → the number of its latest write, in the
         # order of those writes (a write moves its id to the end). A watermark is the number
         # of the last write it saw; the log stays as large as the store, however many writes.
@@ -91,7 +91,7 @@ class MemoryRequestStore:
         self, request_id: str, change: Change, *, fence: Fence | None = None
     ) -> RequestRecord:
         with self._lock:
-            check_fence(fence, self._lease)
+            check_fence(fence, self._lease.fence)
             record = self._records.get(request_id)
             if record is None:
                 raise UnknownRequest(request_id)
@@ -176,23 +176,36 @@ class MemoryRequestStore:
         self, holder: str, now: datetime, ttl: timedelta, *, ask_again: bool = False
     ) -> Fence | None:
         with self._lock:
-            lease = next_lease(self._lease, holder, now, ttl)
-            self._again = asked_again(self._again, self._lease, lease, ask=ask_again)
-            if lease is not None:
-                self._lease = lease
+            view = self._lease
+            lease = next_lease(view.fence, holder, now, ttl)
+            self._lease = replace(
+                view,
+                fence=view.fence if lease is None else lease,
+                again=asked_again(view.again, view.fence, lease, ask=ask_again),
+                started_at=pass_started(view.started_at, view.fence, lease, now),
+            )
             return lease
 
-    def release_lease(self, fence: Fence) -> bool:
+    def release_lease(self, fence: Fence, *, served: bool = False) -> bool:
         with self._lock:
-            released = lease_released(self._lease, fence)
+            view = self._lease
+            released = lease_released(view.fence, fence)
             if released is None:
                 return False
-            self._lease = released
-            return self._again
+            self._lease = replace(
+                view,
+                fence=released,
+                served_from=served_after_release(view, released, served=served),
+            )
+            return view.again
+
+    def lease_view(self) -> LeaseView:
+        with self._lock:
+            return self._lease
 
     def mark_pool_short(self, pool_id: str, until: datetime, fence: Fence | None = None) -> None:
         with self._lock:
-            check_fence(fence, self._lease)
+            check_fence(fence, self._lease.fence)
             cooldown = cooldown_after(self._shortages.get(pool_id), until)
             if cooldown is not None:
                 self._shortages[pool_id] = cooldown
@@ -203,7 +216,7 @@ class MemoryRequestStore:
 
     def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
         with self._lock:
-            check_fence(fence, self._lease)
+            check_fence(fence, self._lease.fence)
             kept = samples_after(self._ready.get(pool_id, ()), sample)
             if kept is not None:
                 self._ready[pool_id] = kept

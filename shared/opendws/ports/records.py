@@ -118,6 +118,73 @@ def asked_again(asked: bool, current: Fence | None, granted: Fence | None, *, as
     return asked
 
 
+# How far apart two clocks may be: Pub/Sub's, which stamps a message's publish time, and a
+# reconciler's, which stamps when its pass took the lease (both kept to Google's time).
+CLOCK_MARGIN = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseView:
+    """The reconciler lease as one read finds it (:meth:`ReconcilerLease.lease_view`)."""
+
+    fence: Fence | None  # who holds it and until when (None: never taken)
+    again: bool = False  # another pass was asked for while it was held
+    # When the pass of its holder started: the ``now`` of the acquire that gave it the lease,
+    # before that pass read the requests.
+    started_at: datetime | None = None
+    # When the last pass that gave the lease up having read the requests started.
+    served_from: datetime | None = None
+
+
+def pass_started(
+    started: datetime | None, current: Fence | None, granted: Fence | None, now: datetime
+) -> datetime | None:
+    """When the pass holding the lease started, after an acquire at ``now``: a new holder's
+    pass starts ``now`` (each pass holds the lease under a name of its own, and reads the
+    requests after its acquire); a renewal or a refused acquire keeps what was stored."""
+    if granted is not None and (current is None or current.holder != granted.holder):
+        return now
+    return started
+
+
+def served_after_release(
+    view: LeaseView, released: Fence | None, *, served: bool
+) -> datetime | None:
+    """What :attr:`LeaseView.served_from` says once ``released`` (None: nothing released, see
+    :func:`lease_released`) is written: the start of the pass that gave the lease up, if that
+    pass read the requests (``served``); otherwise what it said before."""
+    if released is not None and served and view.started_at is not None:
+        return view.started_at
+    return view.served_from
+
+
+def nudge_served(
+    view: LeaseView, published_at: datetime, now: datetime, margin: timedelta = CLOCK_MARGIN
+) -> bool:
+    """Whether a nudge published at ``published_at`` (its message's publish time) needs no
+    pass of its own, judged at ``now`` from one read of the lease. A nudge is published after
+    the change it announces is stored, and every pass reads the requests after it takes the
+    lease, so a pass that took the lease later than the publish time (by more than ``margin``,
+    for the two clocks) sees that change. Served, then:
+
+    - while the lease is held (until it expires) by a pass that started after the publish, or
+      by a pass asked for one more (:func:`asked_again`: that one starts after this read);
+    - once the lease was given up by a pass that read the requests and started after the
+      publish (:attr:`LeaseView.served_from`).
+
+    Never when the lease expired without being given up (its holder may have died before it
+    read anything) or was never taken: the nudge then runs a pass as before."""
+    fence = view.fence
+    if fence is None:
+        return False
+    after = published_at + margin
+    if fence.expires_at > now:
+        return view.again or (view.started_at is not None and view.started_at > after)
+    if fence.expires_at == LEASE_FREE:
+        return view.served_from is not None and view.served_from > after
+    return False
+
+
 def cooldown_after(current: datetime | None, until: datetime) -> datetime | None:
     """A pool's cool-down after a stockout asks for one ``until``: the later of the two (a
     recorded cool-down never shortens); None when the recorded one already lasts as long."""

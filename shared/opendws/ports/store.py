@@ -27,6 +27,7 @@ from opendws.ports.records import (
     Changes,
     CreateOutcome,
     Fence,
+    LeaseView,
     RequestRecord,
     StatusEvent,
     UsageEntry,
@@ -103,10 +104,17 @@ class ReconcilerLease(Protocol):
         same atomic write)."""
         ...
 
-    def release_lease(self, fence: Fence) -> bool:
+    def release_lease(self, fence: Fence, *, served: bool = False) -> bool:
         """Give the lease up at once if ``fence`` still holds it (else do nothing). True when
         another pass was asked for while it held the lease: the caller runs one (whose
-        acquire clears the ask)."""
+        acquire clears the ask). ``served``: the pass read the requests (it ended, completed
+        or stopped on a stale view, rather than failed), so the nudges published before it
+        started are served (:func:`~opendws.ports.records.served_after_release`)."""
+        ...
+
+    def lease_view(self) -> LeaseView:
+        """The lease as stored now, in one read (no transaction, nothing written): what
+        :func:`~opendws.ports.records.nudge_served` judges a nudge by."""
         ...
 
 
