@@ -21,16 +21,27 @@ An admin API under ``/admin`` steers the simulated cloud for tests and the local
 ``POST /admin/latency``, ``GET``/``POST /admin/calendar`` (calendar blocks: optional
 ``reviewDelaySeconds``, the simulated time from insert to Google's review, and
 ``cancellationRule``, ``windows`` or ``never``; answers both), ``POST /admin/advance``,
-``POST /admin/reset``, ``GET /admin/state`` (resources, stock, processes and Google's queues).
-``EmulatorAdmin`` is its client.
+``POST /admin/reset``, ``GET /admin/state`` (resources, stock, processes and Google's queues),
+``POST /admin/operation-latency`` (``{"seconds": x}``: how long Compute operations take) and
+``POST /admin/rate-quotas`` (``{"enabled": true}`` with optional per-minute limits
+``{"write": n, "read": n, "list": n, "operation_read": n, "operation_wait": n}``; Google's
+defaults otherwise; ``{"enabled": false}`` turns them off). ``EmulatorAdmin`` is its client.
+
+Every Compute call (not the TPU ones, nor the admin API) is counted against the simulated
+cloud's rate quotas (``opendws.sim.cloud.quotas``), in its project and region (``global`` for
+global calls), by kind: a call over its quota is answered 403 ``rateLimitExceeded``
+(domain ``usageLimits``) as Google answers it. ``POST .../operations/{name}/wait`` waits as
+Google's does: until the operation is DONE or about 2 minutes have gone by
+(compute/docs/reference/rest/v1/zoneOperations/wait), polling the simulated cloud without
+holding it; on a frozen clock it answers at once with the operation as it is.
 
 The Advice API's ``POST .../regions/{region}/advice/calendarMode`` is served from the same
 capacity model that reviews calendar blocks.
 
 ``python -m emulators.compute [--port N] [--stock ZONE/SHAPE=UNITS ...]
 [--stock-process ZONE/SHAPE=LOW:HIGH ...] [--seed N] [--stock-every SECONDS]
-[--latency SECONDS] [--review-delay SECONDS] [--cancellation-rule windows|never]`` serves it
-standalone until SIGINT/SIGTERM.
+[--latency SECONDS] [--operation-latency SECONDS] [--rate-quotas] [--review-delay SECONDS]
+[--cancellation-rule windows|never]`` serves it standalone until SIGINT/SIGTERM.
 """
 
 from __future__ import annotations
@@ -45,10 +56,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
@@ -58,7 +69,7 @@ from emulators.official import HOST, EmulatorError
 from emulators.serving import BackgroundServer
 from opendws.domain.calendar import CancellationRule
 from opendws.sim import FAILURE_KINDS, CloudError, SimulatedCloud
-from opendws.sim.cloud import CREATED_KINDS, REVIEW_DELAY
+from opendws.sim.cloud import CREATED_KINDS, OPERATION_LATENCY, REVIEW_DELAY, CallKind, RateQuotas
 
 JSON = dict[str, Any]
 Handler = Callable[[SimulatedCloud, Request, dict[str, str]], object]
@@ -69,12 +80,17 @@ _ZONE = _COMPUTE + "/zones/<zone>"
 _MIG = _ZONE + "/instanceGroupManagers/<igm>"
 _STATUS_NAMES = {
     400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
     404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
     409: "ALREADY_EXISTS",
     500: "INTERNAL",
 }
 _DEFAULT_PAGE = 500
+# zoneOperations.wait "waits for no more than the 2 minute deadline" (seconds), polling the
+# simulated cloud every WAIT_STEP seconds meanwhile.
+WAIT_DEADLINE = 120.0
+WAIT_STEP = 0.05
 
 
 class _AdminInputError(Exception):
@@ -229,6 +245,23 @@ def _admin_latency(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -
     return {}
 
 
+def _admin_operation_latency(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
+    cloud.set_operation_latency(_seconds(_admin_body(request)))
+    return {"seconds": cloud.operation_latency.total_seconds()}
+
+
+def _admin_rate_quotas(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
+    """Turn the rate quotas on (Google's default limits, or those given) or off; answers the
+    limits now (``null``: off)."""
+    body = _admin_body(request)
+    enabled = body.pop("enabled", True)
+    if not isinstance(enabled, bool):
+        raise _AdminInputError(f"'enabled' must be true or false, got {enabled!r}")
+    cloud.set_rate_quotas(RateQuotas.from_view(body) if enabled else None)
+    quotas = cloud.rate_quotas
+    return {"quotas": None if quotas is None else quotas.view()}
+
+
 def _admin_calendar(cloud: SimulatedCloud, request: Request, a: dict[str, str]) -> object:
     """Set (POST) and read the calendar settings: the review delay, the fill delay (how long
     after a block's start Google fills its reservation) and the cancellation rule."""
@@ -295,7 +328,7 @@ def _resize_request_routes(version: str) -> list[tuple[str, str, Handler]]:
         *rows,
         ("GET", operation, lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
         ("POST", operation + "/wait",
-         lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
+         lambda c, r, a: _wait(c, lambda: c.get_operation(a["project"], a["zone"], a["name"]))),
     ]  # fmt: skip
 
 
@@ -333,7 +366,7 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", _GLOBAL + "/operations/<name>",
      lambda c, r, a: c.get_operation(a["project"], "global", a["name"])),
     ("POST", _GLOBAL + "/operations/<name>/wait",
-     lambda c, r, a: c.get_operation(a["project"], "global", a["name"])),
+     lambda c, r, a: _wait(c, lambda: c.get_operation(a["project"], "global", a["name"]))),
     # Compute: managed instance groups and their resize requests
     ("POST", _ZONE + "/instanceGroupManagers",
      lambda c, r, a: c.insert_instance_group_manager(a["project"], a["zone"], _body(r))),
@@ -386,7 +419,7 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", _ZONE + "/operations/<name>",
      lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
     ("POST", _ZONE + "/operations/<name>/wait",
-     lambda c, r, a: c.get_operation(a["project"], a["zone"], a["name"])),
+     lambda c, r, a: _wait(c, lambda: c.get_operation(a["project"], a["zone"], a["name"]))),
     # Cloud TPU v2 and v2alpha1 (flex-start) queued resources
     *[
         row
@@ -399,6 +432,8 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "/admin/stock-process", _admin_stock_process),
     ("POST", "/admin/inject", _admin_inject),
     ("POST", "/admin/latency", _admin_latency),
+    ("POST", "/admin/operation-latency", _admin_operation_latency),
+    ("POST", "/admin/rate-quotas", _admin_rate_quotas),
     ("POST", "/admin/calendar", _admin_calendar),
     ("GET", "/admin/calendar", _admin_calendar),
     ("POST", "/admin/advance", _admin_advance),
@@ -407,8 +442,55 @@ _ROUTES: list[tuple[str, str, Handler]] = [
 ]  # fmt: skip
 
 
+def _wait(cloud: SimulatedCloud, read: Callable[[], JSON]) -> JSON:
+    """zoneOperations/globalOperations.wait: the operation once DONE, or as it is after
+    ``WAIT_DEADLINE``; at once on a frozen clock (waiting would change nothing). ``read``
+    takes the cloud's lock only while it reads."""
+    deadline = time.monotonic() + WAIT_DEADLINE
+    operation = read()
+    while operation.get("status") != "DONE" and time.monotonic() < deadline:
+        before = cloud.clock.now()
+        time.sleep(WAIT_STEP)
+        if cloud.clock.now() == before:
+            return read()
+        operation = read()
+    return operation
+
+
+class _Route(NamedTuple):
+    """A routing table row's endpoint: its handler and the rate quota group it counts in."""
+
+    handler: Handler
+    kind: CallKind | None
+
+
+def call_kind(method: str, path: str) -> CallKind | None:
+    """The rate quota group of a Compute call (compute/docs/api-rate-limits), by its method
+    and path pattern; None for calls no Compute quota counts (TPU, admin)."""
+    if not path.startswith("/compute/"):
+        return None
+    if path.endswith("/wait"):
+        return CallKind.OPERATION_WAIT
+    if method == "GET" and "/operations/" in path:
+        return CallKind.OPERATION_READ
+    if method == "GET":
+        return CallKind.READ if path.endswith(">") else CallKind.LIST
+    # Mutations, and listManagedInstances, which Google counts with them.
+    return CallKind.WRITE
+
+
+def _location(arguments: Mapping[str, Any]) -> str:
+    """Where a call's quota is counted: its zone's region, its region, or ``global``."""
+    if "zone" in arguments:
+        return str(arguments["zone"]).rsplit("-", 1)[0]
+    return str(arguments.get("region", "global"))
+
+
 def _url_map() -> Map:
-    rules = [Rule(path, methods=[method], endpoint=handler) for method, path, handler in _ROUTES]
+    rules = [
+        Rule(path, methods=[method], endpoint=_Route(handler, call_kind(method, path)))
+        for method, path, handler in _ROUTES
+    ]
     # Trailing slashes are not part of the real APIs; no redirects.
     return Map(rules, strict_slashes=False, merge_slashes=False)
 
@@ -417,12 +499,12 @@ def _json(status: int, payload: object) -> Response:
     return Response(json.dumps(payload), status=status, mimetype="application/json")
 
 
-def _error(status: int, reason: str, message: str) -> Response:
+def _error(status: int, reason: str, message: str, domain: str = "global") -> Response:
     """An error answer as Google APIs give it; api_core maps the status to its exception."""
     error = {
         "code": status,
         "message": message,
-        "errors": [{"message": message, "domain": "global", "reason": reason}],
+        "errors": [{"message": message, "domain": domain, "reason": reason}],
         "status": _STATUS_NAMES.get(status, "UNKNOWN"),
     }
     if reason in ("resourceNotReady", "failedPrecondition", "resourceInUseByAnotherResource"):
@@ -446,14 +528,16 @@ class _Application:
 
     def _dispatch(self, request: Request) -> Response:
         try:
-            handler, arguments = self._map.bind_to_environ(request.environ).match()
+            route, arguments = self._map.bind_to_environ(request.environ).match()
         except HTTPException as error:
             status = error.code or 404
             return _error(status, "notFound", f"{request.method} {request.path}: {error.name}")
         try:
-            return _json(200, handler(self.cloud, request, arguments))
+            if route.kind is not None:
+                self.cloud.charge(arguments["project"], _location(arguments), route.kind)
+            return _json(200, route.handler(self.cloud, request, arguments))
         except CloudError as error:
-            return _error(error.http_status, error.reason, error.message)
+            return _error(error.http_status, error.reason, error.message, error.domain)
         except (_AdminInputError, ValueError) as error:
             return _error(400, "invalid", str(error))
         except Exception as error:
@@ -536,6 +620,15 @@ class EmulatorAdmin:
 
     def set_latency(self, latency: timedelta) -> None:
         self._call("POST", "/admin/latency", {"seconds": latency.total_seconds()})
+
+    def set_operation_latency(self, latency: timedelta) -> None:
+        """``SimulatedCloud.set_operation_latency`` over ``POST /admin/operation-latency``."""
+        self._call("POST", "/admin/operation-latency", {"seconds": latency.total_seconds()})
+
+    def set_rate_quotas(self, quotas: RateQuotas | None) -> None:
+        """``SimulatedCloud.set_rate_quotas`` over ``POST /admin/rate-quotas``."""
+        body: JSON = {"enabled": False} if quotas is None else {"enabled": True, **quotas.view()}
+        self._call("POST", "/admin/rate-quotas", body)
 
     def set_calendar(
         self,
@@ -649,6 +742,17 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--latency", type=float, default=20.0, help="provisioning latency, s")
     parser.add_argument(
+        "--operation-latency",
+        type=float,
+        default=OPERATION_LATENCY.total_seconds(),
+        help="seconds a Compute operation takes to be DONE",
+    )
+    parser.add_argument(
+        "--rate-quotas",
+        action="store_true",
+        help="enforce Google's default Compute Engine API rate quotas",
+    )
+    parser.add_argument(
         "--review-delay",
         type=float,
         default=REVIEW_DELAY.total_seconds(),
@@ -670,6 +774,8 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if options.latency < 0:
         parser.error("--latency cannot be negative")
+    if options.operation_latency < 0:
+        parser.error("--operation-latency cannot be negative")
     if options.stock_every <= 0:
         parser.error("--stock-every must be positive")
     if options.review_delay < 0:
@@ -681,7 +787,10 @@ def main(argv: list[str]) -> int:
         review_delay=timedelta(seconds=options.review_delay),
         fill_delay=timedelta(seconds=options.fill_delay),
         cancellation_rule=CancellationRule(options.cancellation_rule),
+        operation_latency=timedelta(seconds=options.operation_latency),
     )
+    if options.rate_quotas:
+        cloud.set_rate_quotas(RateQuotas.google_defaults())
     for zone, shape, low, high in options.stock_process:
         cloud.set_stock(zone, shape, low)
         cloud.set_stock_process(

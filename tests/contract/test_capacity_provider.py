@@ -147,7 +147,9 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
             set_fill_delay=fake.set_fill_delay,
         )  # fmt: skip
         return
-    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(NOW), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     resource_kind = {
         "mig_flex": "resizeRequests", "tpu": "queuedResources", "calendar": "futureReservations",
         "tpu_calendar": "futureReservations",

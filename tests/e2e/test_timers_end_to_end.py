@@ -118,7 +118,11 @@ def stack(official_emulators: Emulators, emulator_project: str, tmp_path: Path) 
     publisher = pubsub_v1.PublisherClient(credentials=credentials)
     for topic in ("capacity-events", "reconcile-ticks"):
         publisher.create_topic(name=publisher.topic_path(emulator_project, topic))
-    cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(
+        ManualClock(running=True),
+        provisioning_latency=timedelta(0),
+        operation_latency=timedelta(0),
+    )
     cloud.set_stock(ZONE, A3, 4)
     certs = tmp_path / "certs.json"
     port = free_port()

@@ -81,7 +81,9 @@ def stack(emulator_project: str) -> Iterator[Stack]:
 
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
-    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(NOW), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     for zone in (ZONE_A, ZONE_B):
         cloud.set_stock(zone, A3, 4)
     cloud.set_stock(ZONE_A, "V5LITE_POD", 16)

@@ -55,7 +55,9 @@ class Clients:
 
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[ComputeEmulator]:
-    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(START), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     with ComputeEmulator(cloud) as running:
         yield running
 

@@ -44,7 +44,9 @@ SETTINGS = CloudSettings(project=PROJECT, agent_url=URL, vm_service_account=ACCO
 
 @pytest.fixture
 def emulator() -> Iterator[ComputeEmulator]:
-    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(
+        ManualClock(NOW), provisioning_latency=timedelta(0), operation_latency=timedelta(0)
+    )
     cloud.set_stock(ZONE, A3, 8)
     with ComputeEmulator(cloud) as running:
         yield running

@@ -26,7 +26,9 @@ ZONE = "us-central1-a"
 
 @pytest.fixture
 def emulator() -> Iterator[ComputeEmulator]:
-    cloud = SimulatedCloud(ManualClock(NOW), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(
+        ManualClock(NOW), provisioning_latency=timedelta(0), operation_latency=timedelta(0)
+    )
     cloud.set_stock(ZONE, A3, 8)
     with ComputeEmulator(cloud) as running:
         yield running

@@ -41,7 +41,9 @@ MUTATIONS = ("insert", "delete", "cancel", "delete_instances")
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    return SimulatedCloud(ManualClock(NOW), provisioning_latency=timedelta(0))
+    return SimulatedCloud(
+        ManualClock(NOW), provisioning_latency=timedelta(0), operation_latency=timedelta(0)
+    )
 
 
 @pytest.fixture

@@ -48,7 +48,11 @@ def wired(official_emulators: Emulators, emulator_project: str) -> Iterator[Wire
     from opendws import bootstrap
     from opendws.adapters.firestore import FirestoreConfigStore, FirestoreRequestStore
 
-    cloud = SimulatedCloud(ManualClock(running=True), provisioning_latency=timedelta(0))
+    cloud = SimulatedCloud(
+        ManualClock(running=True),
+        provisioning_latency=timedelta(0),
+        operation_latency=timedelta(0),
+    )
     cloud.set_stock(ZONE, A3, 4)
     with ComputeEmulator(cloud) as emulator:
         settings = bootstrap.Settings(

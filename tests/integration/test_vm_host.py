@@ -151,7 +151,10 @@ def signer() -> LocalSigner:
 
 def make_cloud(internal_range: str = LOOPBACK_RANGE) -> SimulatedCloud:
     cloud = SimulatedCloud(
-        ManualClock(datetime.now(UTC)), provisioning_latency=LATENCY, internal_range=internal_range
+        ManualClock(datetime.now(UTC)),
+        provisioning_latency=LATENCY,
+        internal_range=internal_range,
+        operation_latency=timedelta(0),
     )
     properties = {"machineType": SHAPE, "networkInterfaces": [NIC]}
     cloud.insert_instance_template(P, {"name": "tpl", "properties": properties})

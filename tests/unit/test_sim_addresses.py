@@ -25,7 +25,9 @@ DISK = {"boot": True, "initializeParams": {"diskType": f"zones/{Z}/diskTypes/hyp
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(START), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     properties = {"machineType": SHAPE, "networkInterfaces": [NIC]}
     cloud.insert_instance_template(P, {"name": "tpl", "properties": properties})
     cloud.insert_instance_group_manager(

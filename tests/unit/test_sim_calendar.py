@@ -38,7 +38,9 @@ COMPUTE = "https://www.googleapis.com/compute/v1"
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(START), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     cloud.set_stock(Z, SHAPE, 4)
     cloud.set_stock(Z, TPU, 16)
     return cloud

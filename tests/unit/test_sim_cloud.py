@@ -20,7 +20,9 @@ P, Z, SHAPE = "proj", "us-central1-a", "a3-highgpu-8g"
 
 @pytest.fixture
 def cloud() -> SimulatedCloud:
-    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(START), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     cloud.insert_instance_template(P, {"name": "tpl", "properties": {"machineType": SHAPE}})
     cloud.insert_instance_group_manager(
         P, Z, {"name": "mig", "instanceTemplate": "global/instanceTemplates/tpl"}

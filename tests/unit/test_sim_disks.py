@@ -8,7 +8,7 @@ terraform-provider-google #275, #322, #3713: "Invalid value for field
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -20,7 +20,9 @@ P, Z, SHAPE = "proj", "us-central1-a", "a3-highgpu-8g"
 
 
 def cloud() -> SimulatedCloud:
-    world = SimulatedCloud(ManualClock(datetime(2026, 3, 2, tzinfo=UTC)))
+    world = SimulatedCloud(
+        ManualClock(datetime(2026, 3, 2, tzinfo=UTC)), operation_latency=timedelta(0)
+    )
     world.set_stock(Z, SHAPE, 4)
     return world
 

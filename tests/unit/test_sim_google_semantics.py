@@ -22,7 +22,9 @@ HOUR = 3600
 
 
 def world(stock: int = 0, *, mode: str | None = None) -> SimulatedCloud:
-    cloud = SimulatedCloud(ManualClock(START), provisioning_latency=LATENCY)
+    cloud = SimulatedCloud(
+        ManualClock(START), provisioning_latency=LATENCY, operation_latency=timedelta(0)
+    )
     cloud.insert_instance_template(P, {"name": "tpl", "properties": {"machineType": SHAPE}})
     mig: dict[str, object] = {"name": "mig", "instanceTemplate": "global/instanceTemplates/tpl"}
     if mode is not None:

@@ -35,13 +35,15 @@ def _addresses(cloud: SimulatedCloud, count: int) -> list[str]:
 
 
 def test_by_default_addresses_come_from_the_auto_mode_range() -> None:
-    addresses = _addresses(SimulatedCloud(ManualClock(START)), 254)
+    addresses = _addresses(SimulatedCloud(ManualClock(START), operation_latency=timedelta(0)), 254)
     assert addresses[:2] == ["10.128.0.2", "10.128.0.3"]
     assert addresses[251:] == ["10.128.0.253", "10.128.1.2", "10.128.1.3"]
 
 
 def test_a_local_cloud_gives_each_vm_a_loopback_address_of_its_own() -> None:
-    cloud = SimulatedCloud(ManualClock(START), internal_range="127.0.0.0/8")
+    cloud = SimulatedCloud(
+        ManualClock(START), internal_range="127.0.0.0/8", operation_latency=timedelta(0)
+    )
     addresses = _addresses(cloud, 254)
     assert addresses[:2] == ["127.0.0.2", "127.0.0.3"]
     assert addresses[251:] == ["127.0.0.253", "127.0.1.2", "127.0.1.3"]

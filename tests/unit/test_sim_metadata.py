@@ -29,7 +29,9 @@ ACCOUNT = {"email": "vm@proj.iam.gserviceaccount.com", "scopes": ["cloud-platfor
 
 
 def cloud() -> SimulatedCloud:
-    world = SimulatedCloud(ManualClock(START), provisioning_latency=timedelta(0))
+    world = SimulatedCloud(
+        ManualClock(START), provisioning_latency=timedelta(0), operation_latency=timedelta(0)
+    )
     world.set_stock(Z, SHAPE, 8)
     return world
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 from opendws.sim.cloud.errors import CloudError
 from opendws.sim.cloud.instances import InstanceApi
 from opendws.sim.cloud.migs import MigApi
+from opendws.sim.cloud.quotas import CallKind, RateQuotas
 from opendws.sim.cloud.reservations import ReservationApi
 from opendws.sim.cloud.tpu import TpuApi, queued_view
 from opendws.sim.cloud.world import (
     CREATED_KINDS,
     FAILURE_KINDS,
+    OPERATION_LATENCY,
     RETRY_AFTER,
     REVIEW_DELAY,
     SHORTER_FIRST,
@@ -35,10 +37,13 @@ from opendws.sim.cloud.world import (
 __all__ = [
     "CREATED_KINDS",
     "FAILURE_KINDS",
+    "OPERATION_LATENCY",
     "RETRY_AFTER",
     "REVIEW_DELAY",
     "SHORTER_FIRST",
+    "CallKind",
     "CloudError",
+    "RateQuotas",
     "SimulatedCloud",
 ]
 
@@ -47,8 +52,10 @@ class SimulatedCloud(MigApi, InstanceApi, ReservationApi, TpuApi):
     """The simulated Compute Engine and Cloud TPU.
 
     Steering (tests, the admin endpoint): ``set_stock``, ``set_stock_process``, ``inject``,
-    ``set_latency``, ``set_review_delay``, ``set_cancellation_rule``, ``advance``, ``reset``;
-    reading: ``stock``, ``state``, ``created``, ``review_delay``, ``cancellation_rule``. The
+    ``set_latency``, ``set_operation_latency``, ``set_rate_quotas``, ``set_review_delay``,
+    ``set_cancellation_rule``, ``advance``, ``reset``; reading: ``stock``, ``state``,
+    ``created``, ``review_delay``, ``cancellation_rule``, ``operation_latency``,
+    ``rate_quotas``. ``charge`` counts a call against the rate quotas. The
     remaining public methods are the API calls the emulator serves; they raise ``CloudError``
     for requests the real API refuses and return the JSON the real API answers with.
     """

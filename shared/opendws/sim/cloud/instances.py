@@ -25,6 +25,10 @@ compute/docs/instances/future-reservations-calendar-mode-overview):
 - A disk's ``initializeParams.diskType`` is a full or partial URL of a disk type in the VM's
   zone (``zones/ZONE/diskTypes/TYPE``); a bare name is refused as malformed (400;
   ``parsing.instance_disk_types``).
+- A VM is there from its insert; until that operation is DONE it is not ready to be deleted
+  (400 ``resourceNotReady``), except a flex-start VM waiting in the queue, which may be deleted
+  at any time. A deleted VM is ``STOPPING`` until the delete operation is DONE; then it is gone
+  and its unit is back.
 """
 
 from __future__ import annotations
@@ -133,13 +137,18 @@ class InstanceApi(World):
         """Delete a VM, returning its unit to stock (or to the reservation it consumed). A
         flex-start VM still waiting leaves the queue and its insert operation fails."""
         instance = self._instance(project, zone, name)
+        self._ready(instance, zonal_path(project, zone, "instances", name))
         if instance.operation is not None and instance.operation["status"] != "DONE":
             self._fail_operation(
                 instance.operation, self.clock.now(), 400, "RESOURCE_NOT_FOUND",
                 f"The instance '{name}' was deleted before it could be created",
             )  # fmt: skip
-        self._remove_instance(instance)
-        return self._operation(instance, "delete", _instance_url(instance))
+        self._dequeue(instance)
+        instance.status = "STOPPING"
+        return self._operation(
+            instance, "delete", _instance_url(instance),
+            on_done=lambda when: self._remove_instance(instance),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ flex-start VMs
 
@@ -158,9 +167,8 @@ class InstanceApi(World):
         instance = self._add_instance(project, zone, vm_name, shape, now, body)
         instance.status = "PENDING"
         instance.flex = True
-        instance.operation = self._operation(
-            instance, "insert", _instance_url(instance), running=True
-        )
+        operation = self._operation(instance, "insert", _instance_url(instance), running=True)
+        instance.operation = self._stored(project, operation)
         eligible = now + self._latency
         self._enqueue(
             instance, "instance", shape, 1, eligible, run,
@@ -171,7 +179,7 @@ class InstanceApi(World):
         # At least one attempt: the deadline never comes before the first one (scheduled
         # after it, so at an equal moment the attempt runs first).
         self._at(max(now + valid_for, eligible), functools.partial(self._flex_deadline, instance))
-        return instance.operation
+        return operation
 
     def _serve_flex(self, instance: Instance, run: timedelta, when: datetime) -> None:
         instance.status = "RUNNING"

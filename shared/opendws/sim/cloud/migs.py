@@ -30,6 +30,10 @@ Google's behaviour, as modelled:
   .patch); a template a group uses cannot be deleted.
 - Provisioning is instantaneous once served, so a MIG is never deleted "while a request
   provisions": deleting it deletes its VMs and its requests (waiting ones leave the queue).
+- Operations take the world's operation latency: a template, group or request is there from
+  its insert, but is not ready (400 ``resourceNotReady``) for a mutation, or for a group to
+  name it, until its insert is DONE; a delete, a cancel or ``deleteInstances`` lands when its
+  operation is DONE. A cancelled request leaves Google's queue at once.
 """
 
 from __future__ import annotations
@@ -114,6 +118,7 @@ class MigApi(World):
     @settled
     def delete_instance_template(self, project: str, name: str) -> JSON:
         template = self._template(project, name)
+        self._ready(template, _template_path(project, name))
         users = [m.name for m in self._project(project).migs.values() if m.template == name]
         if users:
             raise CloudError(
@@ -122,9 +127,16 @@ class MigApi(World):
                 f"The instance_template resource '{_template_url(template)}' is already "
                 f"being used by instance group manager '{users[0]}'",
             )
+        return self._operation(
+            template, "delete", _template_url(template),
+            on_done=functools.partial(self._drop_template, template),
+        )  # fmt: skip
+
+    def _drop_template(self, template: Template, when: datetime) -> None:
         template.alive = False
-        del self._project(project).templates[name]
-        return self._operation(template, "delete", _template_url(template))
+        store = self._project(template.project).templates
+        if store.get(template.name) is template:
+            del store[template.name]
 
     def _template(self, project: str, template_name: str) -> Template:
         template = self._project(project).templates.get(template_name)
@@ -162,6 +174,7 @@ class MigApi(World):
         """Merge fields into a MIG. Its target size policy mode cannot be changed (about-bulk-
         mode), nor its name; capacity still comes only from resize requests."""
         mig = self._mig(project, zone, name)
+        self._ready(mig, zonal_path(project, zone, "instanceGroupManagers", name))
         mode = _mode(body)
         if mode is not None and mode != mig.mode:
             raise CloudError.invalid(
@@ -192,17 +205,23 @@ class MigApi(World):
     def delete_instance_group_manager(self, project: str, zone: str, name: str) -> JSON:
         """Delete a MIG with its VMs (returning their stock) and its resize requests."""
         mig = self._mig(project, zone, name)
-        state = self._project(project)
+        self._ready(mig, zonal_path(project, zone, "instanceGroupManagers", name))
+        return self._operation(
+            mig, "delete", _mig_url(mig), on_done=functools.partial(self._drop_mig, mig)
+        )
+
+    def _drop_mig(self, mig: Mig, when: datetime) -> None:
+        state = self._project(mig.project)
         for instance in self._mig_instances(mig):
             self._remove_instance(instance)
         for key, request in list(state.resize_requests.items()):
-            if key[:2] == (zone, name):
+            if key[:2] == (mig.zone, mig.name):
                 request.alive = False
                 self._dequeue(request)
                 del state.resize_requests[key]
         mig.alive = False
-        del state.migs[(zone, name)]
-        return self._operation(mig, "delete", _mig_url(mig))
+        if state.migs.get((mig.zone, mig.name)) is mig:
+            del state.migs[(mig.zone, mig.name)]
 
     @settled
     def list_managed_instances(self, project: str, zone: str, name: str) -> list[JSON]:
@@ -233,11 +252,18 @@ class MigApi(World):
                 f"Instances {', '.join(unknown)} are not members of instance group manager "
                 f"'{_mig_url(mig)}'"
             )
-        for reference in references:
-            instance = members.pop(last(reference), None)
-            if instance is not None:
-                self._remove_instance(instance)
-        return self._operation(mig, "compute.instanceGroupManagers.deleteInstances", _mig_url(mig))
+        doomed = [members.pop(last(r)) for r in references if last(r) in members]
+        for instance in doomed:
+            instance.status = "STOPPING"
+        # Many deletions may run on one group at once: the group stays ready.
+        return self._operation(
+            mig, "compute.instanceGroupManagers.deleteInstances", _mig_url(mig), holds=False,
+            on_done=functools.partial(self._remove_instances, doomed),
+        )  # fmt: skip
+
+    def _remove_instances(self, instances: list[Instance], when: datetime) -> None:
+        for instance in instances:
+            self._remove_instance(instance)
 
     def _template_ref(self, project: str, template_ref: object) -> str:
         """The name of the project's global template a group's ``instanceTemplate`` names
@@ -250,7 +276,9 @@ class MigApi(World):
                 f"Invalid value for field 'resource.instanceTemplate': {template_ref!r}: "
                 "no such global instance template in this project"
             )
-        return last(template_ref)
+        template = self._project(project).templates[last(template_ref)]
+        self._ready(template, _template_path(project, template.name))
+        return template.name
 
     def _mig(self, project: str, zone: str, mig_name: str) -> Mig:
         mig = self._project(project).migs.get((zone, mig_name))
@@ -302,6 +330,7 @@ class MigApi(World):
                 "Engine takes them on the beta API (/compute/beta/...) only; on v1 give resizeBy"
             )
         mig = self._mig(project, zone, mig_name)
+        self._ready(mig, zonal_path(project, zone, "instanceGroupManagers", mig_name))
         if mig.mode == "BULK":
             raise CloudError.invalid(
                 f"Resize requests are not supported in managed instance group '{mig_name}' "
@@ -360,29 +389,40 @@ class MigApi(World):
         """Cancel a request that is still queued (``ACCEPTED`` → ``CANCELLED``); any other state
         is refused: "cancel is only possible for requests that are accepted in the queue"."""
         request = self._resize_request(project, zone, mig, name)
+        self._ready(request, _resize_path(project, zone, mig, name))
         if request.state not in _ACTIVE:
             raise CloudError.not_ready(
                 f"The resize request '{name}' is {request.state} and can no longer be cancelled: "
                 "only an ACCEPTED resize request can be cancelled"
             )
-        request.state = "CANCELLED"
-        request.last_attempt = []
-        self._dequeue(request)
-        return self._operation(request, "cancel", _resize_url(request))
+        self._dequeue(request)  # Google stops trying at once; the state changes when DONE
+        return self._operation(
+            request, "cancel", _resize_url(request),
+            on_done=functools.partial(_cancelled, request),
+        )  # fmt: skip
 
     @settled
     def delete_resize_request(self, project: str, zone: str, mig: str, name: str) -> JSON:
         """Delete an inactive request (SUCCEEDED, FAILED, CANCELLED). Its VMs stay: "deleting
         request does not delete instances that were provisioned previously"."""
         request = self._resize_request(project, zone, mig, name)
+        self._ready(request, _resize_path(project, zone, mig, name))
         if request.state in _ACTIVE:
             raise CloudError.not_ready(
                 f"The resize request '{name}' is {request.state}: cancel it before deleting it "
                 "(only an inactive resize request can be deleted)"
             )
+        return self._operation(
+            request, "delete", _resize_url(request),
+            on_done=functools.partial(self._drop_resize_request, request),
+        )  # fmt: skip
+
+    def _drop_resize_request(self, request: ResizeRequest, when: datetime) -> None:
         request.alive = False
-        del self._project(project).resize_requests[(zone, mig, name)]
-        return self._operation(request, "delete", _resize_url(request))
+        store = self._project(request.project).resize_requests
+        key = (request.zone, request.mig, request.name)
+        if store.get(key) is request:
+            del store[key]
 
     def _requested_names(self, project: str, zone: str, body: JSON) -> list[str]:
         entries = get(body, "instances") or []
@@ -469,6 +509,11 @@ class MigApi(World):
         return request
 
 
+def _cancelled(request: ResizeRequest, when: datetime) -> None:
+    request.state = "CANCELLED"
+    request.last_attempt = []
+
+
 def _record_attempt(request: ResizeRequest, code: str, message: str) -> None:
     """An attempt found no capacity: the temporary error replaces the last attempt's."""
     request.last_attempt = [{"code": code, "message": message}]
@@ -491,6 +536,10 @@ def _zero_target(body: JSON) -> None:
         raise CloudError.invalid(
             "The emulator supports only targetSize 0: capacity is added by resize requests"
         )
+
+
+def _template_path(project: str, template: str) -> str:
+    return f"projects/{project}/global/instanceTemplates/{template}"
 
 
 def _template_url(template: Template) -> str:

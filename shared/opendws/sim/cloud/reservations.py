@@ -230,6 +230,7 @@ class ReservationApi(World):
         """Cancel a block not yet started, if the cancellation rule allows it now; refused
         (400, nothing changed) otherwise."""
         record = self._future(project, zone, name)
+        self._ready(record, zonal_path(project, zone, "futureReservations", name))
         now = self.clock.now()
         if record.procurement not in CANCELLABLE:
             raise _cannot_cancel(record, f"it is {record.procurement}")
@@ -242,15 +243,22 @@ class ReservationApi(World):
                 approved_at=record.approved_at, now=now, cost=None,
             )  # fmt: skip
             raise _cannot_cancel(record, why)
+        return self._operation(
+            record, "cancel", _future_url(record),
+            on_done=functools.partial(self._cancel_block, record),
+        )  # fmt: skip
+
+    def _cancel_block(self, record: FutureReservation, when: datetime) -> None:
+        """A cancel's operation is DONE: the block and its reservation are gone."""
         self._release_block(record)
         record.procurement = "CANCELLED"
-        return self._operation(record, "cancel", _future_url(record))
 
     @settled
     def delete_future_reservation(self, project: str, zone: str, name: str) -> JSON:
         """Delete a block that is cancelled, declined or failed, or whose end has come;
         refused (400, nothing changed) otherwise."""
         record = self._future(project, zone, name)
+        self._ready(record, zonal_path(project, zone, "futureReservations", name))
         if record.procurement not in DELETABLE and self.clock.now() < record.end:
             raise CloudError.invalid(
                 f"Future reservation {record.name} cannot be deleted: it is "
@@ -258,10 +266,18 @@ class ReservationApi(World):
                 "declined or failed future reservation, or one whose end has passed, can be "
                 "deleted"
             )
+        return self._operation(
+            record, "delete", _future_url(record),
+            on_done=functools.partial(self._drop_block, record),
+        )  # fmt: skip
+
+    def _drop_block(self, record: FutureReservation, when: datetime) -> None:
+        """A delete's operation is DONE: the block is gone (its reservation too)."""
         self._release_block(record)
         record.alive = False
-        del self._project(project).future_reservations[(zone, name)]
-        return self._operation(record, "delete", _future_url(record))
+        store = self._project(record.project).future_reservations
+        if store.get((record.zone, record.name)) is record:
+            del store[(record.zone, record.name)]
 
     # ------------------------------------------------------------------ reservations
 

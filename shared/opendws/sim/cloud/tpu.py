@@ -30,12 +30,17 @@ the ``v2alpha1`` discovery document):
   reservation exists, empty, until Google fills it from the block's start).
   When the reservation ends, Google deletes the TPUs consuming it; the queued resource goes
   with them (what is left of it is not documented).
+- Its create and delete are long-running operations that are done after the world's operation
+  latency: a created queued resource is there at once; a deleted one goes when the delete is
+  done.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from opendws.catalog import TPU_API_TYPES, TPU_FLEX_START
@@ -99,7 +104,7 @@ class TpuApi(World):
         """Accept a queued resource into Google's queue (``WAITING_FOR_RESOURCES``); it is
         tried no sooner than creation + the provisioning latency (or its ``validAfter``). One
         naming a reservation is placed on it at once, or fails (see the module docstring).
-        Returns a finished google.longrunning Operation."""
+        Returns a google.longrunning Operation, done after the operation latency."""
         if api_version not in API_VERSIONS:
             raise ValueError(f"api_version must be one of {API_VERSIONS}, not {api_version!r}")
         qr_path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
@@ -218,17 +223,19 @@ class TpuApi(World):
                 f"Queued resource '{name}' is {record.state}: only FAILED or SUSPENDED queued "
                 "resources can be deleted without force",
             )
-        self._remove_queued_resource(record)
         qr_path = f"projects/{project}/locations/{zone}/queuedResources/{name}"
         response = {"@type": "type.googleapis.com/google.protobuf.Empty"}
-        return self._tpu_operation(project, zone, qr_path, "delete", response, api_version)
+        return self._tpu_operation(
+            project, zone, qr_path, "delete", response, api_version,
+            on_done=lambda when: self._remove_queued_resource(record),
+        )  # fmt: skip
 
     @settled
     def get_tpu_operation(self, project: str, zone: str, name: str) -> JSON:
         operation = self._project(project).tpu_operations.get((zone, name))
         if operation is None:
             raise CloudError.not_found(f"projects/{project}/locations/{zone}/operations/{name}")
-        return operation
+        return copy.deepcopy(operation)
 
     def _serve_queued(self, record: QueuedResource, when: datetime) -> None:
         record.state = "ACTIVE"
@@ -274,8 +281,18 @@ class TpuApi(World):
             self._give_back(record.zone, record.shape, record.chips)
 
     def _tpu_operation(
-        self, project: str, zone: str, target: str, verb: str, response: JSON, api_version: str
+        self,
+        project: str,
+        zone: str,
+        target: str,
+        verb: str,
+        response: JSON,
+        api_version: str,
+        *,
+        on_done: Callable[[datetime], None] | None = None,
     ) -> JSON:
+        """Record a google.longrunning Operation and return a copy: done (with ``response``)
+        after the operation latency, at once when that is zero; ``on_done`` runs then."""
         now = self.clock.now()
         operation_name = f"operation-{int(now.timestamp() * 1000)}-{self._new_id():x}"
         operation: JSON = {
@@ -292,7 +309,14 @@ class TpuApi(World):
             "response": response,
         }
         self._project(project).tpu_operations[(zone, operation_name)] = operation
-        return operation
+        done = functools.partial(_finish_tpu_operation, operation, response, on_done)
+        if self._operation_latency <= timedelta(0):
+            done(now)
+            return copy.deepcopy(operation)
+        operation["done"] = False
+        del operation["response"], operation["metadata"]["endTime"]
+        self._at(now + self._operation_latency, done)
+        return copy.deepcopy(operation)
 
     def _queued_resource(self, project: str, zone: str, qr_name: str) -> QueuedResource:
         record = self._project(project).queued_resources.get((zone, qr_name))
@@ -301,6 +325,20 @@ class TpuApi(World):
                 f"projects/{project}/locations/{zone}/queuedResources/{qr_name}"
             )
         return record
+
+
+def _finish_tpu_operation(
+    operation: JSON,
+    response: JSON,
+    on_done: Callable[[datetime], None] | None,
+    when: datetime,
+) -> None:
+    """A TPU operation is done: its effect lands, its response is given."""
+    if on_done is not None:
+        on_done(when)
+    operation["done"] = True
+    operation["response"] = response
+    operation["metadata"]["endTime"] = rfc3339(when)
 
 
 def _no_record(code: str, message: str) -> None:

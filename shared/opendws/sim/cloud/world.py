@@ -25,6 +25,14 @@ Invariants:
   reservation, while live, is consumed by VMs and queued resources that name it; every consumer
   goes when the reservation does. ``review_delay`` and ``cancellation_rule`` are configuration,
   like the provisioning latency: ``reset`` keeps them.
+- Compute operations take time (``operation_latency``, configuration kept by ``reset``): each
+  goes PENDING → RUNNING → DONE over it, ``progress`` rising from 0 to 100. An insert makes its
+  resource visible at once; what a delete or cancel does lands when its operation is DONE (the
+  resource stays visible until then). While a resource's own operation runs, a mutation of it,
+  or one that names it (a group's template), is refused with 400 ``resourceNotReady``. A
+  flex-start VM's insert keeps its own RUNNING operation while it waits in Google's queue.
+- Rate quotas (``quotas``), off unless set: ``charge`` counts one call of a kind against its
+  project's quota for the current minute of the simulated clock, or refuses it.
 - One re-entrant lock guards everything, so the emulator may serve requests from many threads.
 """
 
@@ -45,7 +53,8 @@ from typing import Concatenate, ParamSpec, TypeVar
 from opendws.clock import ManualClock
 from opendws.domain.calendar import CancellationRule
 from opendws.sim.cloud.errors import CloudError
-from opendws.sim.cloud.parsing import JSON, nonempty, scope_path, scope_url, stamp
+from opendws.sim.cloud.parsing import JSON, last, nonempty, scope_path, scope_url, stamp
+from opendws.sim.cloud.quotas import CallKind, RateQuotas, quota_message, window
 
 FAILURE_KINDS = ("stockout", "hang", "error")
 CREATED_KINDS = ("resizeRequests", "queuedResources", "futureReservations", "instances")
@@ -65,6 +74,16 @@ REVIEW_DELAY = timedelta(minutes=2)
 # (vpc/docs/subnets: 10.128.0.0/9, us-central1's 10.128.0.0/20). A setting, so that a local
 # cloud whose VMs really run gives each one a loopback address of its own (127.0.0.0/8).
 INTERNAL_RANGE = "10.128.0.0/9"
+# How long a Compute operation takes from insert to DONE. Google publishes no duration: an
+# operation is "PENDING, RUNNING, or DONE" (Operation.status) and clients poll it, or call
+# zoneOperations.wait, which "waits for no more than the 2 minute deadline"
+# (compute/docs/reference/rest/v1/zoneOperations/wait); the real client's .result() polls from
+# 1 s on (google.api_core.future.polling.DEFAULT_POLLING). A few seconds, as mutations of
+# groups, templates and resize requests take on Google; tests that need instant operations set
+# it to zero.
+OPERATION_LATENCY = timedelta(seconds=3)
+# The part of an operation's latency it spends PENDING before it is RUNNING.
+PENDING_SHARE = 0.2
 
 _FIRST_ID = 1_000_000_000_000_000_001
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -85,6 +104,8 @@ class Record:
     created_at: datetime
     body: JSON
     alive: bool = field(default=True, init=False)
+    # The name of its own operation while that runs (a mutation of it is then refused).
+    busy: str | None = field(default=None, init=False)
 
 
 @dataclass(eq=False)
@@ -273,16 +294,20 @@ class World:
         fill_delay: timedelta = timedelta(0),
         cancellation_rule: CancellationRule = CancellationRule.WINDOWS,
         internal_range: str = INTERNAL_RANGE,
+        operation_latency: timedelta = OPERATION_LATENCY,
     ) -> None:
         """``internal_range``: the IPv4 range (a /24 or larger) the VMs' internal addresses are
         taken from, one /24 after another, each from its .2 (configuration: ``reset`` keeps
-        it)."""
+        it). ``operation_latency``: how long a Compute operation takes to be DONE (the module
+        docstring; ``timedelta(0)``: at once)."""
         if provisioning_latency < timedelta(0):
             raise ValueError("the provisioning latency cannot be negative")
         if review_delay < timedelta(0):
             raise ValueError("the review delay cannot be negative")
         if fill_delay < timedelta(0):
             raise ValueError("the fill delay cannot be negative")
+        if operation_latency < timedelta(0):
+            raise ValueError("the operation latency cannot be negative")
         self.clock = clock if clock is not None else ManualClock(running=True)
         self._lock = threading.RLock()
         self._latency = provisioning_latency
@@ -290,6 +315,8 @@ class World:
         self._fill_delay = fill_delay
         self._cancellation_rule = CancellationRule(cancellation_rule)
         self._internal_range = _internal_range(internal_range)
+        self._operation_latency = operation_latency
+        self._rate_quotas: RateQuotas | None = None
         self._ids = itertools.count(_FIRST_ID)
         self._clear()
 
@@ -307,6 +334,10 @@ class World:
         self._created: dict[str, Counter[str]] = {kind: Counter() for kind in CREATED_KINDS}
         self._counters: Counter[str] = Counter()
         self._addresses = itertools.count()  # the VMs' addresses, one after another
+        # Operations not yet DONE: name → (when RUNNING, when DONE), for their progress.
+        self._timing: dict[str, tuple[datetime, datetime]] = {}
+        # Calls counted against rate quotas: (project, location, kind) → (minute, calls).
+        self._calls: dict[tuple[str, str, CallKind], tuple[datetime, int]] = {}
 
     # ------------------------------------------------------------------ steering
 
@@ -383,6 +414,48 @@ class World:
             raise ValueError(f"the latency cannot be negative, not {latency}")
         self._latency = latency
 
+    @settled
+    def set_operation_latency(self, latency: timedelta) -> None:
+        """Set how long Compute operations created from now on take to be DONE."""
+        if latency < timedelta(0):
+            raise ValueError(f"the operation latency cannot be negative, not {latency}")
+        self._operation_latency = latency
+
+    @property
+    def operation_latency(self) -> timedelta:
+        return self._operation_latency
+
+    @settled
+    def set_rate_quotas(self, quotas: RateQuotas | None) -> None:
+        """Enforce ``quotas`` (``RateQuotas.google_defaults()`` for Google's) on the calls
+        ``charge`` counts, from now on; ``None`` turns them off."""
+        if quotas is not None and not isinstance(quotas, RateQuotas):
+            raise ValueError(f"quotas must be RateQuotas or None, not {quotas!r}")
+        self._rate_quotas = quotas
+        self._calls.clear()
+
+    @property
+    def rate_quotas(self) -> RateQuotas | None:
+        return self._rate_quotas
+
+    @settled
+    def charge(self, project: str, location: str, kind: CallKind) -> None:
+        """Count one Compute Engine API call of ``kind`` by ``project`` in ``location`` (a
+        region, or ``global``) against its quota for the current minute; a call over it is
+        refused (403 ``rateLimitExceeded``) and not counted. Nothing is counted while rate
+        quotas are off."""
+        if self._rate_quotas is None:
+            return
+        minute = window(self.clock.now())
+        key = (project, location, CallKind(kind))
+        start, calls = self._calls.get(key, (minute, 0))
+        if start != minute:
+            calls = 0
+        if calls >= self._rate_quotas.limit(key[2]):
+            self._counters["rate_limited"] += 1
+            raise CloudError.rate_limited(quota_message(key[2], location, project))
+        self._calls[key] = (minute, calls + 1)
+
     def advance(self, delta: timedelta) -> None:
         """Move the clock forward by ``delta`` and settle everything that became due."""
         with self._lock:
@@ -391,8 +464,9 @@ class World:
 
     def reset(self) -> None:
         """Forget all resources, operations, stock, stock processes, queues, injections and
-        counters. The clock, the provisioning latency, the review and fill delays and the
-        cancellation rule (configuration, not state) are kept."""
+        counters. The clock, the provisioning and operation latencies, the rate quotas, the
+        review and fill delays and the cancellation rule (configuration, not state) are
+        kept."""
         with self._lock:
             self._clear()
 
@@ -411,6 +485,8 @@ class World:
         return {
             "now": stamp(self.clock.now()),
             "latency_seconds": self._latency.total_seconds(),
+            "operation_latency_seconds": self._operation_latency.total_seconds(),
+            "rate_quotas": None if self._rate_quotas is None else self._rate_quotas.view(),
             "review_delay_seconds": self._review_delay.total_seconds(),
             "fill_delay_seconds": self._fill_delay.total_seconds(),
             "cancellation_rule": self._cancellation_rule.value,
@@ -690,9 +766,16 @@ class World:
         scope: str | None = None,
         error: tuple[int, str, str] | None = None,
         running: bool = False,
+        on_done: Callable[[datetime], None] | None = None,
+        holds: bool = True,
     ) -> JSON:
-        """Record and return a Compute Operation on ``target`` (a selfLink): finished unless
-        ``running``; ``error`` is (HTTP status, error code, message) when the mutation failed."""
+        """Record a Compute Operation on ``target`` (a selfLink) and return a copy of it.
+        ``running``: it stays RUNNING until the caller finishes it (a flex-start VM's insert,
+        ``_stored``). Otherwise it is DONE after the operation latency (at once when that is
+        zero), PENDING then RUNNING until then, with ``record`` busy (unless not ``holds``:
+        an operation many of which may run on it at once); ``on_done`` runs when it
+        is DONE (what a delete or cancel does), and ``error`` ((HTTP status, error code,
+        message): the mutation failed) is its outcome."""
         now = self.clock.now()
         operation_id = self._new_id()
         name = f"operation-{int(now.timestamp() * 1000)}-{operation_id:x}"
@@ -705,24 +788,65 @@ class World:
             "operationType": operation_type,
             "targetLink": target,
             "targetId": str(record.id),
-            "status": "RUNNING" if running else "DONE",
-            "progress": 0 if running else 100,
+            "status": "RUNNING",
+            "progress": 0,
             "user": "opendws-emulator",
             "insertTime": stamp(now),
             "startTime": stamp(now),
             "selfLink": f"{base}/operations/{name}",
         }
-        if not running:
-            operation["endTime"] = stamp(now)
         if where != "global":
             operation["zone"] = base
-        if error is not None:
-            self._fail_operation(operation, now, *error)
         self._project(record.project).operations[(where, name)] = operation
-        return operation
+        if running:
+            return dict(operation)
+        done = functools.partial(self._complete, operation, record, error, on_done)
+        if self._operation_latency <= timedelta(0):
+            done(now)
+            return dict(operation)
+        running_at = now + self._operation_latency * PENDING_SHARE
+        done_at = now + self._operation_latency
+        operation["status"] = "PENDING"
+        del operation["startTime"]
+        self._timing[name] = (running_at, done_at)
+        if holds:
+            record.busy = name
+        self._at(running_at, functools.partial(_start_operation, operation))
+        self._at(done_at, done)
+        return dict(operation)
+
+    def _complete(
+        self,
+        operation: JSON,
+        record: Record,
+        error: tuple[int, str, str] | None,
+        on_done: Callable[[datetime], None] | None,
+        when: datetime,
+    ) -> None:
+        """An operation the latency timed reaches DONE: its effect lands, the record is free."""
+        self._timing.pop(operation["name"], None)
+        if record.busy == operation["name"]:
+            record.busy = None
+        if on_done is not None:
+            on_done(when)
+        if error is not None:
+            self._fail_operation(operation, when, *error)
+        else:
+            self._finish_operation(operation, when)
+
+    def _stored(self, project: str, operation: JSON) -> JSON:
+        """The recorded operation a copy returned by ``_operation`` stands for."""
+        where = last(operation.get("zone", "")) or "global"
+        return self._project(project).operations[(where, operation["name"])]
+
+    def _ready(self, record: Record, resource: str) -> None:
+        """Refuse a mutation of (or with) ``record`` while its own operation runs."""
+        if record.busy is not None:
+            raise CloudError.resource_not_ready(resource)
 
     def _finish_operation(self, operation: JSON, when: datetime) -> None:
         """A running operation ends (in place: a client polling it sees the change)."""
+        operation.setdefault("startTime", stamp(when))
         operation.update(status="DONE", progress=100, endTime=stamp(when))
 
     def _fail_operation(
@@ -735,11 +859,23 @@ class World:
 
     @settled
     def get_operation(self, project: str, scope: str, name: str) -> JSON:
-        """A Compute operation; ``scope`` is a zone name or ``global``."""
+        """A Compute operation; ``scope`` is a zone name or ``global``. A RUNNING one's
+        ``progress`` is the share of its latency gone by."""
         operation = self._project(project).operations.get((scope, name))
         if operation is None:
             raise CloudError.not_found(f"projects/{project}/{scope_path(scope)}/operations/{name}")
-        return operation
+        timing = self._timing.get(name)
+        if timing is not None and operation["status"] == "RUNNING":
+            running_at, done_at = timing
+            share = (self.clock.now() - running_at) / (done_at - running_at)
+            operation["progress"] = max(0, min(99, int(share * 100)))
+        return dict(operation)
+
+
+def _start_operation(operation: JSON, when: datetime) -> None:
+    """A PENDING operation starts RUNNING."""
+    if operation["status"] == "PENDING":
+        operation.update(status="RUNNING", startTime=stamp(when))
 
 
 def compute_failure(outcome: str, project: str, zone: str) -> tuple[str, str]:
