@@ -63,7 +63,8 @@ def test_the_clients_result_waits_for_done(running: ComputeEmulator) -> None:
     operation = insert_template(running, "tpl")
     assert not operation.done()
     operation.result(timeout=30)
-    assert operation.done() and operation.error_code in (None, 0)
+    assert operation.done()
+    assert operation.error_code in (None, 0)
 
 
 def test_wait_blocks_until_done_on_a_running_clock(running: ComputeEmulator) -> None:

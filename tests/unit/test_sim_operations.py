@@ -59,7 +59,8 @@ def test_an_operation_goes_pending_running_done_over_the_latency() -> None:
     world.advance(LATENCY / 2)
     done = world.get_operation(P, "global", name)
     assert (done["status"], done["progress"]) == ("DONE", 100)
-    assert "endTime" in done and "error" not in done
+    assert "endTime" in done
+    assert "error" not in done
 
 
 def test_an_insert_is_visible_at_once_and_not_ready_until_done() -> None:
@@ -151,7 +152,8 @@ def test_a_tpu_operation_is_done_after_the_latency() -> None:
                                   "node": {"acceleratorType": "v5litepod-8",
                                            "runtimeVersion": "v2-alpha-tpuv5-lite"}}]}}  # fmt: skip
     operation = world.create_queued_resource(P, Z, "qr", body)
-    assert operation["done"] is False and "response" not in operation
+    assert operation["done"] is False
+    assert "response" not in operation
     assert world.get_queued_resource(P, Z, "qr")["name"].endswith("/qr")
     settle(world)
     name = operation["name"].rsplit("/", 1)[-1]
@@ -210,7 +212,7 @@ def test_google_default_quotas_and_their_view() -> None:
     assert RateQuotas.from_view({"write": 10}) == RateQuotas(writes=10)
     with pytest.raises(ValueError, match="unknown"):
         RateQuotas.from_view({"mutations": 1})
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="whole number"):
         RateQuotas(reads=-1)
     world = cloud()
     world.set_rate_quotas(quotas)
