@@ -67,7 +67,16 @@ from opendws.domain.admission import (
 )
 from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
-from opendws.domain.model import Grant, Mode, PolicySettings, Pool, Provider, Racer, Snapshot
+from opendws.domain.model import (
+    CapacityRequest,
+    Grant,
+    Mode,
+    PolicySettings,
+    Pool,
+    Provider,
+    Racer,
+    Snapshot,
+)
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.readiness import (
     Readiness,
@@ -115,6 +124,9 @@ from opendws.ports import (
 from opendws.ports.telemetry import Metrics
 from opendws.service import telemetry
 from opendws.service.ci_cap import within_caps
+from opendws.service.cloud_calls import Call as CloudCall
+from opendws.service.cloud_calls import CallBatch, CallLimits, CloudCalls, OutOfTime
+from opendws.service.cloud_calls import Outcome as CallOutcome
 from opendws.service.mirror import RequestMirror, in_flight
 from opendws.service.parts import SnapshotParts, moves_with_clock, racing
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
@@ -182,6 +194,32 @@ class ReconcileSettings:
     # a pool's serve wait are learned from) is read again at least this often; in between an
     # instance keeps the samples it read and those it recorded. timedelta(0): every pass.
     readiness_every: timedelta = timedelta(minutes=5)
+    # A pass's cloud calls run in a pool (service.cloud_calls): this many at once, and no more
+    # than this many started per minute (None: no budget). Compute Engine's rate quotas are
+    # per project and per minute (https://cloud.google.com/compute/api-quota); a call refused
+    # all the same pauses the pool until the quota refills.
+    cloud_calls_in_flight: int = 8
+    cloud_calls_per_minute: int | None = 1200
+    # How long a pass may run: once this much has passed it carries out no more of its plan,
+    # gathers its calls and ends, asking for the next pass at once (the coalesced "again"), so
+    # the first requests of a burst go on without waiting for the last. At most half the
+    # lease's TTL (see budget).
+    pass_budget: timedelta = timedelta(seconds=20)
+
+    @property
+    def budget(self) -> timedelta:
+        """A pass's time: ``pass_budget``, and never more than half the lease's TTL (the
+        lease is renewed every ``renew_every`` writes, but a pass must not live on renewals).
+        A lease of no time at all (passes that overlap on purpose) leaves ``pass_budget``."""
+        if self.lease_ttl <= timedelta(0):
+            return self.pass_budget
+        return min(self.pass_budget, self.lease_ttl / 2)
+
+    @property
+    def call_limits(self) -> CallLimits:
+        return CallLimits(
+            in_flight=self.cloud_calls_in_flight, per_minute=self.cloud_calls_per_minute
+        )
 
     @property
     def sweep(self) -> SweepSettings:
@@ -189,6 +227,25 @@ class ReconcileSettings:
             grace=self.overdue_grace, not_taken_after=self.not_taken_after,
             give_up_after=self.give_up_after,
         )  # fmt: skip
+
+
+# The share of a pass's time (ReconcileSettings.budget) for carrying out its plan; the rest is
+# for gathering the calls it submitted.
+APPLY_SHARE = 0.75
+
+
+@dataclass(frozen=True, slots=True)
+class _CallLabel:
+    """What one cloud call of a pass is, for its report and log line: ``request`` None for
+    the release of a leak (no live request wants it)."""
+
+    action: Call
+    name: str
+    pool_id: str
+    request: CapacityRequest | None
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.name} in {self.pool_id}"
 
 
 # The reasons of a held slot: a pending request with one of these was told its ETA and pool.
@@ -262,6 +319,11 @@ class PassReport:
     # Released or ended calendar blocks Google keeps (and bills) to their end: left alone.
     kept: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # provider calls that failed (retried later)
+    # Provider calls the pass's time ran out for: written, not made (the next pass makes them).
+    deferred: list[str] = field(default_factory=list)
+    # The pass's time ran out before it had carried out all of its plan (the rest is the next
+    # pass's, which it asks for at once).
+    cut_short: bool = False
     skipped: list[str] = field(default_factory=list)  # changed by others meanwhile (next pass)
     # Requests left PROVISIONING or under Google's review: a pass soon will see them through.
     in_flight: int = 0
@@ -323,6 +385,8 @@ class ReconcileService:
         self._timers = timers  # None: no timers; the sweep alone ends runs and starts blocks
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
+        # The pool of this instance's cloud calls, shared by its passes (service.cloud_calls).
+        self._calls = CloudCalls(self._settings.call_limits)
         # request id → (record version, grant, whether it may move with the clock: see
         # _Cycle._grant_of) of live runs and blocks, across passes.
         self._grants: dict[str, tuple[int, Grant, bool]] = {}
@@ -432,7 +496,8 @@ class ReconcileService:
             # retries.
             self._give_up_after_fault(fence)
             raise
-        report.again = self._store.release_lease(fence)
+        asked = self._store.release_lease(fence)
+        report.again = asked or report.cut_short or bool(report.deferred)
         return report
 
     def _give_up_after_fault(self, fence: Fence) -> None:
@@ -475,6 +540,12 @@ class _Cycle:
         self.mirror = service._mirror
         self.grants_lock = service._lock
         self.released_in: set[str] = set()  # pools where this pass asked for a release
+        # The pass's time (ReconcileSettings.budget): its plan is carried out until
+        # APPLY_SHARE of it has passed, and its calls are gathered by its end.
+        budget = self.settings.budget.total_seconds()
+        started = time.monotonic()
+        self.apply_until = started + APPLY_SHARE * budget
+        self.calls: CallBatch = service._calls.batch(started + budget)
         # Per pool: runs Google has not served by the pool's serve wait, and runs it served
         # later than that in this pass (see _why_later).
         self.late: Counter[str] | None = None
@@ -488,6 +559,14 @@ class _Cycle:
         }
 
     def run(self) -> None:
+        """The cycle of the module docstring; the calls it submitted are gathered however it
+        ends (a stopped pass's writes licensed them all the same)."""
+        try:
+            self._run()
+        finally:
+            self._gather()
+
+    def _run(self) -> None:
         # 1. The lease is held (run_pass took it).
         # What changed since the last pass, on top of what it left (every request not final).
         held = self.mirror.refresh(self.store)
@@ -537,12 +616,17 @@ class _Cycle:
         # 5. Apply: starts first, so capacity is asked for as early as possible.
         order = {Outcome.ADMIT: 0, Outcome.CONFIRM: 1}
         for race in plan.races:
+            if self._out_of_time():
+                break
             with self._one_request(race.request_id):
                 self._grow_race(race)
         # Held and waiting requests without news are left as they are (most of them, most
-        # passes): only the rest is ordered and applied.
+        # passes): only the rest is ordered and applied. A pass out of time leaves the rest to
+        # the next one: what it did not carry out is still due then (see _due).
         due = self._due(plan, *planned)
         for decision in sorted(due, key=lambda d: _apply_order(d, plan, order)):
+            if self._out_of_time():
+                break
             with self._one_request(decision.request_id):
                 self._apply(decision)
         slots = self.service._held = self._held_slots(plan, *planned)
@@ -745,6 +829,7 @@ class _Cycle:
                 attempt=record.attempt if submitted(record) else None, hosts=hosts,
             )  # fmt: skip
             self._learn_ready(record, changed)
+        calls: list[tuple[Call, Order, Callable[[Order], None]]] = []
         for call, lane in step.calls:
             pool = self.pools.get(lane.pool)
             if pool is None:
@@ -753,11 +838,12 @@ class _Cycle:
             provider = self.providers.for_order(pool, record.request.mode)
             match call:
                 case Call.RELEASE:
-                    self._call(call, order, functools.partial(_release, provider))
+                    calls.append((call, order, functools.partial(_release, provider)))
                 case Call.RESERVE:
-                    self._call(call, order, provider.reserve)
+                    calls.append((call, order, provider.reserve))
                 case Call.PROVISION:
-                    self._call(call, order, provider.provision)
+                    calls.append((call, order, provider.provision))
+        self._submit(calls)
 
     def _learn_ready(self, before: RequestRecord, after: RequestRecord) -> None:
         """A flex-start order Google served: one sample of its pool's admission → ACTIVE
@@ -826,37 +912,66 @@ class _Cycle:
             self.report.kept.append(leak.name)
             return
         log.warning("releasing %s in %s: no live request wants it", leak.name, leak.pool_id)
-        try:
-            sighting.provider.release(leak.name, pool)
-        except Exception as error:  # the next pass sees it again and retries
-            self._provider_failed(Call.RELEASE, leak.name, error)
-        else:
-            self.report.leaks.append(leak.name)
+        # A failure: the next pass sees it again and retries.
+        label = _CallLabel(Call.RELEASE, leak.name, leak.pool_id, None)
+        self.calls.submit(
+            [CloudCall(label, functools.partial(sighting.provider.release, leak.name, pool))]
+        )
 
     def _call(self, action: Call, order: Order, call: Callable[[Order], None]) -> None:
-        """One provider call for one order. A failure is logged and left for the next pass,
-        which issues the call again (it is safe to repeat), so one bad order never holds up
-        the others."""
-        request = order.request
-        if action is Call.RELEASE:
-            # Watched until a pass sees the pool clean (what Google deletes takes a while).
-            with self.grants_lock:
-                self.service._watched.add(order.pool.pool_id)
-            self.released_in.add(order.pool.pool_id)
-        try:
-            call(order)
-        except Exception as error:
-            telemetry.log_cloud_call(
-                action.value, order.name, order.pool.pool_id, request_id=request.request_id,
-                tenant=request.tenant, error=error,
-            )  # fmt: skip
-            self.report.errors.append(f"{action} {order.name}: {error}")
+        """One provider call for one order (see :meth:`_calls_of`)."""
+        self._submit([(action, order, call)])
+
+    def _submit(self, calls: Sequence[tuple[Call, Order, Callable[[Order], None]]]) -> None:
+        """Submit one request's provider calls (its write is stored: it licenses them) to
+        the pool, to run one after the other while other requests' calls run beside them. A
+        failure is logged and left for the next pass, which issues the call again (it is safe
+        to repeat), so one bad order never holds up the others."""
+        chain = []
+        for action, order, call in calls:
+            if action is Call.RELEASE:
+                # Watched until a pass sees the pool clean (what Google deletes takes a while).
+                with self.grants_lock:
+                    self.service._watched.add(order.pool.pool_id)
+                self.released_in.add(order.pool.pool_id)
+            label = _CallLabel(action, order.name, order.pool.pool_id, order.request)
+            chain.append(CloudCall(label, functools.partial(call, order)))
+        self.calls.submit(chain)
+
+    def _gather(self) -> None:
+        """The outcomes of the pass's calls, reported and logged on the pass's thread."""
+        for outcome in self.calls.gather():
+            self._report_call(outcome)
+
+    def _report_call(self, outcome: CallOutcome) -> None:
+        label, error = outcome.label, outcome.error
+        assert isinstance(label, _CallLabel)
+        text = f"{label.action} {label.name}"
+        if isinstance(error, OutOfTime):
+            self.report.deferred.append(text)
             return
+        if label.request is None:  # a leak's release
+            if error is None:
+                self.report.leaks.append(label.name)
+            else:
+                self._provider_failed(label.action, label.name, error)
+            return
+        request = label.request
         telemetry.log_cloud_call(
-            action.value, order.name, order.pool.pool_id, request_id=request.request_id,
-            tenant=request.tenant,
+            label.action.value, label.name, label.pool_id, request_id=request.request_id,
+            tenant=request.tenant, error=error,
         )  # fmt: skip
-        self.report.calls(action).append(order.name)
+        if error is None:
+            self.report.calls(label.action).append(label.name)
+        else:
+            self.report.errors.append(f"{text}: {error}")
+
+    def _out_of_time(self) -> bool:
+        """Whether the pass has used the share of its time for carrying out its plan."""
+        if time.monotonic() < self.apply_until:
+            return False
+        self.report.cut_short = True
+        return True
 
     def _provider_failed(self, action: Call, name: str, error: Exception) -> None:
         log.warning("%s %s failed; the next pass tries again: %s", action, name, error)
@@ -1134,12 +1249,18 @@ class _Cycle:
 
     def _provision_lanes(self, record: RequestRecord, lanes: tuple[Lane, ...]) -> None:
         """Ask for each new lane's order, once its write is stored."""
+        calls: list[tuple[Call, Order, Callable[[Order], None]]] = []
         for lane in lanes:
             pool = self.pools[lane.pool]
             order = Order(request=record.request, pool=pool, attempt=lane.attempt)
-            self._call(
-                Call.PROVISION, order, self.providers.for_order(pool, record.request.mode).provision
+            calls.append(
+                (
+                    Call.PROVISION,
+                    order,
+                    self.providers.for_order(pool, record.request.mode).provision,
+                )
             )
+        self._submit(calls)
 
     def _due(self, plan: Plan, plans: int, changed: set[str] | None) -> list[Decision]:
         """The plan's decisions to carry out: every one that changes a request's state, and a
