@@ -69,6 +69,7 @@ from emulators.vms import LOOPBACK_RANGE, VmHost, VmSettings
 from opendws.clock import ManualClock
 from opendws.service.api import key_digest
 from opendws.sim import SimulatedCloud
+from opendws.sim.cloud import OPERATION_LATENCY, RateQuotas
 
 PROJECT = "demo-opendws"
 TOPICS = ("capacity-requests", "capacity-admin-requests", "capacity-events", "reconcile-ticks")
@@ -173,10 +174,14 @@ def local_stack(
     *, tick: timedelta = timedelta(minutes=1), config: Path = DEFAULT_CONFIG,
     progress: Progress = lambda step: None, latency: timedelta = timedelta(seconds=5),
     review_delay: timedelta = timedelta(seconds=30),
+    operation_latency: timedelta = OPERATION_LATENCY, rate_quotas: bool = False,
 ) -> Iterator[Stack]:  # fmt: skip
     """Start the stack (see the module docstring); stop it all when the block ends.
     ``review_delay``: how long the simulated Google takes to approve or decline a calendar
-    block (Google does not document its own; 30 s keeps a local run short)."""
+    block (Google does not document its own; 30 s keeps a local run short).
+    ``operation_latency``: how long its Compute operations take to be DONE (Google-like by
+    default); ``rate_quotas``: whether Google's default Compute Engine API rate quotas are
+    enforced."""
     with (
         contextlib.ExitStack() as stack,
         tempfile.TemporaryDirectory(prefix="opendws-stack-") as scratch,
@@ -188,8 +193,10 @@ def local_stack(
         # address in a request's hosts is the one its job listens on.
         cloud = SimulatedCloud(
             ManualClock(running=True), provisioning_latency=latency,
-            internal_range=LOOPBACK_RANGE,
+            internal_range=LOOPBACK_RANGE, operation_latency=operation_latency,
         )  # fmt: skip
+        if rate_quotas:
+            cloud.set_rate_quotas(RateQuotas.google_defaults())
         cloud.set_review_delay(review_delay)
         for zone, shape, units in DEFAULT_STOCK:
             cloud.set_stock(zone, shape, units)

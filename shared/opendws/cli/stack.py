@@ -38,20 +38,40 @@ from opendws.scenario import ScenarioError
 
 @click.command(short_help="Run the whole system on this machine until Ctrl-C.")
 @click.option("--tick", default=60.0, show_default=True, help="Seconds between reconcile ticks.")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
-              help="Configuration to load (default: the example local configuration).")  # fmt: skip
-def up(tick: float, config_path: Path | None) -> None:
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Configuration to load (default: the example local configuration).",
+)
+@click.option(
+    "--operation-latency",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds a simulated Compute operation takes to be DONE "
+    "(default: a few seconds, as on Google).",
+)
+@click.option("--rate-quotas", is_flag=True,
+              help="Enforce Google's default Compute Engine API rate quotas.")  # fmt: skip
+def up(
+    tick: float, config_path: Path | None, operation_latency: float | None, rate_quotas: bool
+) -> None:
     """Start the emulators, every function, the topics and subscriptions, the configuration
     and the reconcile ticker; print what clients need and where each function logs; stop
     everything on Ctrl-C."""
     try:
         from emulators import EmulatorError, missing_reason
         from emulators.stack import DEFAULT_CONFIG, local_stack
+        from opendws.sim.cloud import OPERATION_LATENCY
     except ImportError as error:  # pragma: no cover - the package ships them
         raise UsageFailure(f"the local stack is not installed with this package: {error}") from None
     reason = missing_reason()
     if reason is not None:
         raise UsageFailure(f"cannot start the local stack: {reason}")
+    latency = (
+        OPERATION_LATENCY if operation_latency is None else timedelta(seconds=operation_latency)
+    )
     try:
         # A TERM or HUP (a service manager stopping it, its terminal closing) unwinds like
         # Ctrl-C, so that every emulator and function server is stopped and its port freed;
@@ -63,6 +83,8 @@ def up(tick: float, config_path: Path | None) -> None:
                 tick=timedelta(seconds=tick),
                 config=config_path or DEFAULT_CONFIG,
                 progress=lambda step: console.print(f"[dim]·[/dim] {step}"),
+                operation_latency=latency,
+                rate_quotas=rate_quotas,
             ) as stack,
         ):
             console.print("[bold green]opendws is up.[/bold green] Point clients at it with:")
