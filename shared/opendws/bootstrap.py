@@ -25,7 +25,11 @@
   empty, CloudSettings' defaults hold;
 - ``OPENDWS_RECONCILE_FOLLOW_UP_SECONDS``: how long one reconcile invocation keeps passing
   every few seconds while requests are provisioning (default 20; the function's timeout must
-  be longer);
+  be longer); ``OPENDWS_CLOUD_CALLS_IN_FLIGHT`` (default 8) and
+  ``OPENDWS_CLOUD_CALLS_PER_MINUTE`` (default 1200, under Compute Engine's per-minute rate
+  quotas; ``none``: no budget, for a project whose quotas were raised), the reconciler's cloud
+  calls; ``OPENDWS_PASS_BUDGET_SECONDS`` (default 20), how long a pass may run before it
+  leaves the rest of its plan to the next one (see ReconcileSettings);
 - CI runners: ``OPENDWS_GITHUB_API_URL`` and ``OPENDWS_GITLAB_URL`` (every CI mapping's GitHub
   API or GitLab, another server), for local use ``OPENDWS_GITHUB_APP_ID``,
   ``OPENDWS_GITHUB_APP_KEY_FILE`` and ``OPENDWS_GITLAB_TOKEN_FILE`` (an App and a token from
@@ -89,7 +93,7 @@ from opendws.service.api import ApiService
 from opendws.service.hooks import HookSecrets, HookService
 from opendws.service.intake import IntakeService
 from opendws.service.queries import QueryService
-from opendws.service.reconcile import ReconcileService
+from opendws.service.reconcile import ReconcileService, ReconcileSettings
 from opendws.service.release import EndService
 from opendws.service.telemetry import LoggedEvents
 from opendws.service.usage import UsageService
@@ -146,6 +150,8 @@ class Settings:
     invoker_checked_by_run: bool = False
     # How long one reconcile invocation keeps following up on provisioning requests.
     reconcile_follow_up: timedelta = timedelta(seconds=20)
+    # The reconciler's knobs (cloud calls in flight and per minute, a pass's time budget).
+    reconcile_settings: ReconcileSettings = field(default_factory=ReconcileSettings)
     # True: Firestore and Pub/Sub are the official emulators (anonymous credentials).
     on_emulators: bool = False
     # How capacity is created; None: CloudSettings' default (see cloud_settings).
@@ -223,6 +229,7 @@ class Settings:
             reconcile_follow_up=timedelta(
                 seconds=float(env("OPENDWS_RECONCILE_FOLLOW_UP_SECONDS") or 20)
             ),
+            reconcile_settings=_reconcile_settings(env),
             on_emulators=any(env(name) for name in EMULATOR_HOSTS),
             boot_image=env("OPENDWS_BOOT_IMAGE"),
             network=env("OPENDWS_NETWORK"),
@@ -271,6 +278,44 @@ def _integer(env: Callable[[str], str | None], name: str) -> int | None:
     if not text.strip().isdigit():
         raise ValueError(f"{name} is {text!r}; it must be a whole number")
     return int(text)
+
+
+def _reconcile_settings(env: Callable[[str], str | None]) -> ReconcileSettings:
+    """The reconciler's cloud-call limits and pass budget from OPENDWS_CLOUD_CALLS_IN_FLIGHT,
+    OPENDWS_CLOUD_CALLS_PER_MINUTE (``none``: no budget) and OPENDWS_PASS_BUDGET_SECONDS
+    (unset: defaults); ValueError naming a variable whose value is not usable."""
+    default = ReconcileSettings()
+    in_flight = _integer(env, "OPENDWS_CLOUD_CALLS_IN_FLIGHT")
+    per_minute: int | None = default.cloud_calls_per_minute
+    text = env("OPENDWS_CLOUD_CALLS_PER_MINUTE")
+    if text is not None:
+        per_minute = (
+            None
+            if text.strip().lower() == "none"
+            else _integer(env, "OPENDWS_CLOUD_CALLS_PER_MINUTE")
+        )
+    budget = default.pass_budget
+    text = env("OPENDWS_PASS_BUDGET_SECONDS")
+    if text is not None:
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not seconds > 0:
+            raise ValueError(
+                f"OPENDWS_PASS_BUDGET_SECONDS is {text!r}; it must be a positive number"
+            )
+        budget = timedelta(seconds=seconds)
+    settings = ReconcileSettings(
+        cloud_calls_in_flight=default.cloud_calls_in_flight if in_flight is None else in_flight,
+        cloud_calls_per_minute=per_minute,
+        pass_budget=budget,
+    )
+    try:
+        settings.call_limits  # noqa: B018 - checked here, where the variables can be named
+    except ValueError as error:
+        raise ValueError(f"OPENDWS_CLOUD_CALLS_IN_FLIGHT / _PER_MINUTE: {error}") from None
+    return settings
 
 
 def _agent_settings(env: Callable[[str], str | None]) -> AgentSettings:
@@ -601,7 +646,7 @@ class Container:
         adapters = self.adapters
         return ReconcileService(
             adapters.store, adapters.config, self.providers, self.events, adapters.clock,
-            holder=_unique_name(),
+            holder=_unique_name(), settings=self.settings.reconcile_settings,
             timers=self.timers, metrics=self.metrics,
         )  # fmt: skip
 

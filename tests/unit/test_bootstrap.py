@@ -115,6 +115,41 @@ def test_every_variable_is_read_from_the_mapping_given() -> None:
     )
 
 
+def test_the_reconcilers_cloud_calls_and_pass_budget_come_from_the_environment() -> None:
+    settings = Settings.from_environment({
+        "OPENDWS_CLOUD_CALLS_IN_FLIGHT": "16",
+        "OPENDWS_CLOUD_CALLS_PER_MINUTE": "none",
+        "OPENDWS_PASS_BUDGET_SECONDS": "7.5",
+    })  # fmt: skip
+    reconcile = settings.reconcile_settings
+    assert (reconcile.cloud_calls_in_flight, reconcile.cloud_calls_per_minute) == (16, None)
+    assert reconcile.pass_budget == timedelta(seconds=7.5)
+    default = Settings.from_environment({}).reconcile_settings
+    assert (default.cloud_calls_in_flight, default.cloud_calls_per_minute) == (8, 1200)
+    assert (
+        Settings.from_environment(
+            {"OPENDWS_CLOUD_CALLS_PER_MINUTE": "600"}
+        ).reconcile_settings.cloud_calls_per_minute
+        == 600
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("OPENDWS_CLOUD_CALLS_IN_FLIGHT", "many", "whole number"),
+        ("OPENDWS_CLOUD_CALLS_IN_FLIGHT", "0", "at least one"),
+        ("OPENDWS_CLOUD_CALLS_PER_MINUTE", "0", "positive"),
+        ("OPENDWS_PASS_BUDGET_SECONDS", "-3", "positive number"),
+        ("OPENDWS_PASS_BUDGET_SECONDS", "soon", "positive number"),
+    ],
+)
+def test_a_bad_reconcile_setting_is_refused_naming_it(variable: str, value: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says) as refused:
+        Settings.from_environment({variable: value})
+    assert variable.rsplit("_", 1)[0][:20] in str(refused.value)
+
+
 def test_the_project_falls_back_to_google_cloud_project_then_the_local_stack() -> None:
     assert Settings.from_environment({"GOOGLE_CLOUD_PROJECT": "g"}).project == "g"
     assert Settings.from_environment({"OPENDWS_PROJECT": ""}).project == LOCAL_PROJECT
