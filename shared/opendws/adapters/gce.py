@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable
+import importlib
+import re
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Protocol, TypeVar
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any, Protocol, TypeVar
 
-from google.api_core.exceptions import Conflict, NotFound
+from google.api_core.exceptions import BadRequest, Conflict, GoogleAPICallError, NotFound
 from google.cloud import compute_v1
 
 from opendws.agent.startup import startup_script
 from opendws.catalog import TPU_RUNTIME_VERSIONS, vm_profile
-from opendws.ports import ORDER_PREFIX, Host, vm_order, vm_rank
+from opendws.ports import ORDER_PREFIX, CloudRateLimited, Host, vm_order, vm_rank
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -111,16 +114,148 @@ def vm_service_accounts(settings: CloudSettings) -> list[compute_v1.ServiceAccou
 class _Operation(Protocol):
     def result(self, timeout: float | None = ...) -> object: ...
 
+    @property
+    def status(self) -> Any: ...
+
 
 def awaited(call: Callable[[], _Operation], timeout: float) -> Callable[[], object]:
     """``call``, then wait for the operation it started to finish (raising its error, if any):
-    on Google an insert or delete is DONE only some seconds later, and the next step (a group
-    on a template, a delete after a cancel) must not start before it."""
+    on Google an insert or delete is DONE only some seconds later, and a next step that needs
+    its resource (a group naming a template) must not start before it."""
 
     def run() -> object:
         return call().result(timeout=timeout)
 
     return run
+
+
+_OPERATIONS_CLIENTS = {
+    "global_operations": "GlobalOperationsClient",
+    "region_operations": "RegionOperationsClient",
+    "zone_operations": "ZoneOperationsClient",
+}
+
+
+def poll_where_called(client: Any) -> None:
+    """Make ``client``'s operations poll the endpoint ``client`` calls. google-cloud-compute
+    waits for an operation (``.result()``) through operations clients that its transport
+    builds with the default endpoint and no client options, so a client of another endpoint
+    (an emulator) would poll Google: here they are built once, with ``client``'s endpoint and
+    credentials, in the transport's own cache of them. A client on Google's endpoint, or one
+    without that cache, is left as it is."""
+    transport = getattr(client, "transport", None)
+    cache = getattr(transport, "_extended_operations_services", None)
+    credentials = getattr(transport, "_credentials", None)
+    endpoint = getattr(client, "api_endpoint", None)
+    default = getattr(type(client), "DEFAULT_ENDPOINT", None)
+    if not isinstance(cache, dict) or not endpoint or endpoint == default:
+        return
+    module = importlib.import_module(type(client).__module__.split(".services.")[0])
+    for key, name in _OPERATIONS_CLIENTS.items():
+        if key not in cache and hasattr(module, name):
+            cache[key] = getattr(module, name)(
+                credentials=credentials, client_options={"api_endpoint": endpoint}
+            )
+
+
+def started(call: Callable[[], _Operation]) -> Callable[[], object]:
+    """``call``, without waiting for the operation it started: the next pass observes how it
+    went. A refusal (the call's own HTTP error) is raised; so is the error of an operation
+    that is already DONE when the call answers (read from the answer, no poll)."""
+
+    def run() -> object:
+        operation = call()
+        if is_done(operation):
+            operation.result(timeout=0)  # finished: raises its error, if any
+        return operation
+
+    return run
+
+
+def is_done(operation: object) -> bool:
+    """Whether an operation, as last read, is DONE (no call)."""
+    status = getattr(operation, "status", None)
+    return getattr(status, "name", status) == "DONE"
+
+
+# Compute's answer to a mutation of a resource whose own operation (an insert, a cancel, a
+# delete) is still running, or that names a resource still being inserted: HTTP 400 with
+# this reason, which Google's Terraform provider waits out and repeats (magic-modules
+# ``transport/error_retry_predicates.go``, ``isSubnetworkUnreadyError``).
+NOT_READY = "resourceNotReady"
+# Compute's reason for a call over a per-minute rate quota (HTTP 403, compute/api-quota:
+# "you receive a 403 error with the reason rateLimitExceeded"), and the ErrorInfo reason
+# Google's APIs give the same refusal (HTTP 429 RESOURCE_EXHAUSTED on Cloud TPU).
+RATE_LIMIT_REASONS = frozenset(
+    {"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"}
+)
+# The message of a per-minute quota refusal, which Compute also sends as a 403 without those
+# reasons (magic-modules ``is403QuotaExceededPerMinuteError``).
+_PER_MINUTE_QUOTA = re.compile(r"Quota exceeded for quota metric '.*' and limit '.* per minute'")
+
+
+def reasons(error: GoogleAPICallError) -> set[str]:
+    """The reasons an API error gives: each ``error.errors[].reason`` of the answer (Compute's
+    form) and its ``ErrorInfo`` reason (``google.rpc.ErrorInfo``, newer APIs' form)."""
+    found: set[str] = set()
+    for entry in error.errors:
+        reason = entry.get("reason") if isinstance(entry, dict) else getattr(entry, "reason", None)
+        if isinstance(reason, str) and reason:
+            found.add(reason)
+    if error.reason:
+        found.add(error.reason)
+    return found
+
+
+def in_progress(error: Exception) -> bool:
+    """A mutation Compute refused because the resource's own operation is still running
+    (``resourceNotReady``): the change asked for is under way, not an error."""
+    return isinstance(error, BadRequest) and NOT_READY in reasons(error)
+
+
+def rate_limited(error: Exception) -> bool:
+    """A call the cloud refused for a per-minute rate quota (see :data:`RATE_LIMIT_REASONS`)."""
+    if not isinstance(error, GoogleAPICallError):
+        return False
+    if reasons(error) & RATE_LIMIT_REASONS:
+        return True
+    return error.code in (403, 429) and bool(_PER_MINUTE_QUOTA.search(error.message or ""))
+
+
+@contextlib.contextmanager
+def rate_limits() -> Iterator[None]:
+    """Raise a call refused for a rate quota as :class:`~opendws.ports.CloudRateLimited`, with
+    the wait the answer asks for (its ``Retry-After`` header or ``RetryInfo`` detail; None
+    when it names none), so that the caller slows down rather than counting a failure."""
+    try:
+        yield
+    except GoogleAPICallError as error:
+        if not rate_limited(error):
+            raise
+        raise CloudRateLimited(str(error), retry_after(error)) from error
+
+
+_RETRY_DELAY = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+def retry_after(error: GoogleAPICallError) -> timedelta | None:
+    """How long the answer asks the caller to wait: its ``Retry-After`` header (seconds or an
+    HTTP date, RFC 9110 section 10.2.3), else a ``google.rpc.RetryInfo`` detail's
+    ``retryDelay`` ("30s"); None when it says nothing."""
+    headers = getattr(error.response, "headers", None)
+    value = headers.get("Retry-After") if headers is not None else None
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        if text.isdigit():
+            return timedelta(seconds=int(text))
+        with contextlib.suppress(TypeError, ValueError):
+            return max(parsedate_to_datetime(text) - datetime.now(UTC), timedelta(0))
+    for detail in error.details:
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("rpc.RetryInfo"):
+            match = _RETRY_DELAY.match(str(detail.get("retryDelay", "")))
+            if match:
+                return timedelta(seconds=float(match.group(1)))
+    return None
 
 
 def per_zone(

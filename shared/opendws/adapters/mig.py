@@ -40,15 +40,32 @@ What Google does, and so what this adapter relies on:
   CANCELLED) deleted, and deleting it leaves its VMs (compute.proto
   ``InstanceGroupManagerResizeRequests``; magic-modules' delete cancels and waits first).
 
-Every operation is awaited before the next step starts (template → group → request; cancel →
-delete): on Google an operation is DONE only seconds later. Waiting for an operation is not
-waiting for capacity: no call here waits for a request to be served.
+On Google an operation is DONE only seconds after the call that started it. An operation is
+awaited only where the next call needs its resource: the pool's template before its group
+(Compute refuses a group naming a template still being inserted, ``resourceNotReady``) and
+the group before its first resize request — once per pool and process, under the pool's lock,
+so concurrent provisions of one pool make one group and wait for it. Everything else is
+started and left: a resize request's insert, a cancel, a delete; the next pass observes how
+it went (the port: no call waits for the cloud). Neither is waiting for capacity: no call
+here waits for a request to be served.
 
 Every owned VM is observed by name, whether or not its resize request still exists (the
 group's managed instances, and the zone's VMs that this group created), so a VM left behind
-by an interrupted release is reported — READY while it runs — and can be released. Release
-goes in an order whose every prefix leaves something to observe: the VMs first, then the
-request (cancelled if still queued, and awaited), then its deletion.
+by an interrupted release is reported — READY while it runs — and can be released; a VM
+whose delete runs shows ``STOPPING`` ("being deleted or killed", compute.v1 Instance.status)
+and is not live. Release goes in an order whose every prefix leaves something to observe:
+the VMs' deletes first (accepted operations Google completes), then the request — cancelled
+if still queued, and left: the reconciler releases again what no live request wants, and
+that release deletes the request once the cancel made it inactive. A delete or cancel that
+Compute refuses with ``resourceNotReady`` finds its own earlier operation still running:
+the change is under way, which is success.
+
+Calls are safe from many threads at once (the reconciler makes a pass's calls in a pool).
+Each Compute client sits on one requests session, whose connection pool keeps 10 connections
+per host (requests' ``DEFAULT_POOLSIZE``); google-cloud-compute's REST transport builds that
+session itself and takes no session or pool size, so more than 10 calls in flight on one
+client open connections they then close. A call Compute refuses for a per-minute rate quota
+raises :class:`~opendws.ports.CloudRateLimited`.
 """
 
 from __future__ import annotations
@@ -57,9 +74,11 @@ import contextlib
 import functools
 import hashlib
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any, Protocol
 
 from google.api_core.exceptions import BadRequest, Conflict, FailedPrecondition, NotFound
 from google.cloud import compute_v1, compute_v1beta
@@ -74,10 +93,15 @@ from opendws.adapters.gce import (
     deleted,
     found,
     hosts_of,
+    in_progress,
+    is_done,
     network,
     order_of_vm,
     owned,
     per_zone,
+    poll_where_called,
+    rate_limits,
+    started,
     vm_metadata,
     vm_names,
     vm_service_accounts,
@@ -94,6 +118,8 @@ CANCELLED = "CANCELLED"
 INACTIVE = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 # VM states in which a VM runs (or is about to), and so holds capacity and bills.
 _LIVE_VM = frozenset({"PROVISIONING", "STAGING", "RUNNING", "PENDING", "REPAIRING"})
+# Resize request states in which its VMs may exist (being made, or made).
+_WITH_VMS = frozenset({"CREATING", "SUCCEEDED"})
 
 
 class TemplateNotFlexStart(RuntimeError):
@@ -146,12 +172,21 @@ class MigFlexProvider:
         self._resize_requests = resize_requests
         self._instances = instances
         self._timeout = settings.operation_timeout
+        for client in (templates, groups, resize_requests, instances):
+            poll_where_called(client)
+        # Written only under the pool's lock (see _lock); read without it for the fast path.
         self._ready_groups: set[str] = set()  # pools whose group is known to be right
-        self._checked_templates: dict[str, str] = {}  # template name -> its URL, checked
+        self._checked_templates: dict[str, str] = {}  # pool -> its template's URL, checked
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
 
     # The port ---------------------------------------------------------------------------
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        with rate_limits():
+            return self._observe(pools)
+
+    def _observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
         by_zone: dict[str, list[Pool]] = {}
         for pool in pools:
             by_zone.setdefault(pool.zone, []).append(pool)
@@ -169,6 +204,12 @@ class MigFlexProvider:
         """Flex-start capacity is not reserved ahead."""
 
     def provision(self, order: Order) -> None:
+        """Make the pool's template and group (the first time, awaited), then insert the
+        order's resize request (not awaited: the next pass observes it)."""
+        with rate_limits():
+            self._provision(order)
+
+    def _provision(self, order: Order) -> None:
         pool = order.pool
         self._ensure_group(pool)
         request = order.request
@@ -181,71 +222,53 @@ class MigFlexProvider:
             ],
             requested_run_duration=compute_v1beta.Duration(seconds=_seconds(request.run_duration)),
         )
-        insert = awaited(
+        insert = started(
             lambda: self._resize_requests.insert(
                 project=self._project,
                 zone=pool.zone,
                 instance_group_manager=group_name(pool),
                 instance_group_manager_resize_request_resource=resize,
-            ),
-            self._timeout,
+            )
         )
         try:
             created(insert)
         except NotFound:
             # The group went away since it was last seen (deleted by hand): make it again.
-            self._ready_groups.discard(pool.pool_id)
+            with self._lock(pool.pool_id):
+                self._ready_groups.discard(pool.pool_id)
             self._ensure_group(pool)
             created(insert)
 
     def release(self, name: str, pool: Pool) -> None:
-        """Delete the order's VMs, then cancel its request if it is still queued (awaited),
-        then delete the request. A crash between two steps leaves VMs or the request, which
-        the next observation reports; releasing what is gone is success."""
-        project, zone, group = self._project, pool.zone, group_name(pool)
-        self._delete_vms(name, pool)
+        """Start deleting the order's VMs, then cancel its request if it is still queued, or
+        delete it once it is inactive; nothing is awaited. A request whose cancel was started
+        is left: the next release (the reconciler releases what no live request wants) finds
+        it CANCELLED and deletes it. A crash between two steps leaves VMs or the request,
+        which the next observation reports; releasing what is gone is success."""
+        with rate_limits():
+            self._release(name, pool)
 
-        def get() -> compute_v1beta.InstanceGroupManagerResizeRequest | None:
-            return found(
-                lambda: self._resize_requests.get(
-                    project=project, zone=zone, instance_group_manager=group, resize_request=name
-                )
-            )
-
-        resize = get()
+    def _release(self, name: str, pool: Pool) -> None:
+        resize = self._resize_request(name, pool)
+        state = resize.state if resize is not None else None
+        if state is None or state in _WITH_VMS:
+            self._delete_vms(name, pool, _named_vms(resize))
         if resize is None:
             return
-        if resize.state == "ACCEPTED":
-            # Only an ACCEPTED request can be cancelled; it may have been served since it was
-            # read (then the cancel is refused), so read it again after.
-            with contextlib.suppress(BadRequest, FailedPrecondition, Conflict):
-                deleted(
-                    awaited(
-                        lambda: self._resize_requests.cancel(
-                            project=project, zone=zone, instance_group_manager=group,
-                            resize_request=name,
-                        ),
-                        self._timeout,
-                    )
-                )  # fmt: skip
-            resize = get()
-            if resize is None:
-                return
-            if resize.state == "SUCCEEDED":
-                self._delete_vms(name, pool)  # served just before the cancel: its VMs too
-        if resize.state not in INACTIVE:
+        if state == "ACCEPTED":
+            # Only an ACCEPTED request can be cancelled. Served since it was read, it takes no
+            # cancel (refused): the next pass observes it served and releases its VMs. A
+            # cancel the answer shows DONE already is carried on at once (read again, then
+            # deleted); one still running, by the next release.
+            if self._change_request(self._resize_requests.cancel, name, pool, served_ok=True):
+                self._release(name, pool)
+            return
+        if state not in INACTIVE:
             # CREATING: Google is making the VMs and takes no cancel; the next pass, which
             # observes it, releases it again once it has finished.
-            log.info("resize request %s is %s: it is deleted once it finishes", name, resize.state)
+            log.info("resize request %s is %s: it is deleted once it finishes", name, state)
             return
-        deleted(
-            awaited(
-                lambda: self._resize_requests.delete(
-                    project=project, zone=zone, instance_group_manager=group, resize_request=name
-                ),
-                self._timeout,
-            )
-        )
+        self._change_request(self._resize_requests.delete, name, pool, served_ok=False)
 
     # Observing --------------------------------------------------------------------------
 
@@ -334,11 +357,54 @@ class MigFlexProvider:
 
     # Releasing --------------------------------------------------------------------------
 
-    def _delete_vms(self, name: str, pool: Pool) -> None:
-        """Delete every VM of order ``name`` (awaited); none left is success."""
+    def _resize_request(
+        self, name: str, pool: Pool
+    ) -> compute_v1beta.InstanceGroupManagerResizeRequest | None:
+        return found(
+            lambda: self._resize_requests.get(
+                project=self._project, zone=pool.zone, instance_group_manager=group_name(pool),
+                resize_request=name,
+            )
+        )  # fmt: skip
+
+    def _change_request(
+        self, change: _RequestChange, name: str, pool: Pool, *, served_ok: bool
+    ) -> bool:
+        """Start a cancel or delete of the resize request ``name`` (not awaited). Gone is
+        success; so is ``resourceNotReady`` (its own earlier cancel or delete still runs);
+        ``served_ok``: so is a refusal because it is no longer ACCEPTED. True when the
+        answer shows the change DONE already."""
+        try:
+            operation = started(
+                lambda: change(
+                    project=self._project, zone=pool.zone,
+                    instance_group_manager=group_name(pool), resize_request=name,
+                )
+            )()  # fmt: skip
+        except NotFound:
+            return False
+        except (BadRequest, FailedPrecondition, Conflict) as error:
+            if in_progress(error):
+                log.info("resize request %s: its earlier change still runs", name)
+            elif not served_ok:
+                raise
+            return False
+        return is_done(operation)
+
+    def _delete_vms(self, name: str, pool: Pool, named: list[str]) -> None:
+        """Start deleting every VM of order ``name`` (not awaited): those its resize request
+        names (the group skips any that are gone or already being deleted:
+        ``skipInstancesOnValidationError``), else those found in the group and zone, less
+        those whose delete already runs. None left is success."""
         project, zone, group = self._project, pool.zone, group_name(pool)
-        vms = self._vms(pool, {}, group_exists=True)
-        mine = sorted(vm for vm in vms if order_of_vm(vm) == name)
+        if named:
+            mine = sorted(named)
+        else:
+            vms = self._vms(pool, {}, group_exists=True)
+            mine = sorted(
+                vm for vm, status in vms.items()
+                if order_of_vm(vm) == name and status not in _GOING
+            )  # fmt: skip
         if not mine:
             return
         urls = [f"projects/{project}/zones/{zone}/instances/{vm}" for vm in mine]
@@ -346,33 +412,54 @@ class MigFlexProvider:
             instances=urls, skip_instances_on_validation_error=True
         )
         try:
-            awaited(
+            started(
                 lambda: self._groups.delete_instances(
                     project=project, zone=zone, instance_group_manager=group,
                     instance_group_managers_delete_instances_request_resource=body,
-                ),
-                self._timeout,
+                )
             )()  # fmt: skip
         except NotFound:
             # No group (deleted by hand): the VMs it left are deleted one by one.
             self._delete_instances(zone, mine)
+        except BadRequest as error:
+            if not in_progress(error):
+                raise
+            log.info("the VMs of %s: the group's earlier change still runs", name)
 
     def _delete_instances(self, zone: str, names: Iterable[str]) -> None:
         if self._instances is None:
             return
         for vm in names:
-            deleted(awaited(functools.partial(self._instances.delete, project=self._project,
-                                              zone=zone, instance=vm), self._timeout))  # fmt: skip
+            delete = functools.partial(
+                self._instances.delete, project=self._project, zone=zone, instance=vm
+            )
+            try:
+                deleted(started(delete))
+            except BadRequest as error:
+                if not in_progress(error):
+                    raise
 
     # The group and its template ---------------------------------------------------------
 
+    def _lock(self, key: str) -> threading.Lock:
+        """The lock of one pool (or one machine type's templates)."""
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
     def _ensure_group(self, pool: Pool) -> None:
         """Make the pool's template and group if they are missing, and replace a group in
-        bulk mode (once per process)."""
+        bulk mode (once per process). Under the pool's lock: a concurrent provision of the
+        same pool waits for the group rather than making it too."""
         if pool.pool_id in self._ready_groups:
             return
+        with self._lock(pool.pool_id):
+            if pool.pool_id not in self._ready_groups:
+                self._make_group(pool)
+
+    def _make_group(self, pool: Pool) -> None:
         group = group_name(pool)
-        template = self._ensure_template(pool)
+        with self._lock(f"templates/{pool.shape}"):
+            template = self._ensure_template(pool)
 
         def get() -> compute_v1.InstanceGroupManager | None:
             return found(
@@ -433,7 +520,8 @@ class MigFlexProvider:
                 self._timeout,
             )()  # fmt: skip
         self._ready_groups.add(pool.pool_id)
-        self._delete_unused_templates(pool, keep=_last(template))
+        with self._lock(f"templates/{pool.shape}"):
+            self._delete_unused_templates(pool, keep=_last(template))
 
     def _ensure_template(self, pool: Pool) -> str:
         """Make the pool's template if it is missing (from the team's base template when there
@@ -516,11 +604,32 @@ class MigFlexProvider:
                 self._templates.delete, project=self._project, instance_template=name
             )
             with contextlib.suppress(BadRequest, FailedPrecondition, Conflict):
-                deleted(awaited(delete, self._timeout))
-                log.info("deleted the instance template %s, which no group uses", name)
+                deleted(started(delete))  # nothing needs it gone: not awaited
+                log.info("deleting the instance template %s, which no group uses", name)
 
 
 # Helpers ------------------------------------------------------------------------------
+
+# VM states of a VM whose delete runs: "STOPPING: the instance is currently stopping (either
+# being deleted or killed)", then DEPROVISIONING (compute.v1 Instance.status). One only
+# stopped (TERMINATED) is still there, and deleted.
+_GOING = frozenset({"STOPPING", "DEPROVISIONING"})
+
+
+class _RequestChange(Protocol):
+    """``cancel`` or ``delete`` of the resize requests client."""
+
+    def __call__(
+        self, *, project: str, zone: str, instance_group_manager: str, resize_request: str
+    ) -> Any: ...
+
+
+def _named_vms(resize: compute_v1beta.InstanceGroupManagerResizeRequest | None) -> list[str]:
+    """The VMs a resize request names (none: find them by listing)."""
+    if resize is None:
+        return []
+    return [config.name for config in resize.instances if config.name and owned(config.name)]
+
 
 # The Compute list filter for owned VM names (a regular expression on ``name``).
 _PREFIX_PATTERN = "odws-.*"
