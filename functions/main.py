@@ -110,8 +110,8 @@ def reconcile(event: CloudEvent) -> None:
 def already_served(container: bootstrap.Container, event: CloudEvent) -> bool:
     """Whether a ``reconcile-ticks`` message needs no pass of its own, by its Pub/Sub publish
     time and one plain read of the lease (:func:`~opendws.ports.records.nudge_served`: a pass
-    that took the lease after the message was published, and read the requests, sees what the
-    message announces; or the holder owes one more pass already).
+    that took the lease after the message was published and gave it up having read the
+    requests has seen what the message announces; or the holder owes one more pass already).
 
     Why this rule: every nudge is published after the change it announces is stored (intake
     after the request is created, release after the final state is written), a tick stands
@@ -138,7 +138,7 @@ def already_served(container: bootstrap.Container, event: CloudEvent) -> bool:
         return False
     if not nudge_served(view, _instant(str(published)), container.adapters.clock.now()):
         return False
-    log.info("reconcile: %s already served by a pass that started after it", event["id"])
+    log.info("reconcile: %s already served (or owed) by a pass that starts after it", event["id"])
     return True
 
 

@@ -167,8 +167,10 @@ def nudge_served(
     lease, so a pass that took the lease later than the publish time (by more than ``margin``,
     for the two clocks) sees that change. Served, then:
 
-    - while the lease is held (until it expires) by a pass that started after the publish, or
-      by a pass asked for one more (:func:`asked_again`: that one starts after this read);
+    - while the lease is held (until it expires) by a pass asked for one more
+      (:func:`asked_again`: that one starts after this read). A running pass that started
+      after the publish is not enough: its holder is still asked, as before (the pass's
+      outcome is not known yet, and the pass it owes then carries the nudge on);
     - once the lease was given up by a pass that read the requests and started after the
       publish (:attr:`LeaseView.served_from`).
 
@@ -179,7 +181,7 @@ def nudge_served(
         return False
     after = published_at + margin
     if fence.expires_at > now:
-        return view.again or (view.started_at is not None and view.started_at > after)
+        return view.again
     if fence.expires_at == LEASE_FREE:
         return view.served_from is not None and view.served_from > after
     return False
