@@ -8,6 +8,7 @@ Compute Engine enforces its rate quotas per project per minute and answers a cal
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from datetime import timedelta
@@ -56,7 +57,9 @@ def test_calls_run_at_most_in_flight_at_once_and_each_chain_in_its_order() -> No
 
     batch = calls.batch(time.monotonic() + 30)
     for chain in range(10):
-        batch.submit([Call((chain, step), lambda c=chain, s=step: work(c, s)) for step in range(3)])
+        batch.submit(
+            [Call((chain, step), functools.partial(work, chain, step)) for step in range(3)]
+        )
     outcomes = batch.gather()
     assert [o.label for o in outcomes] == [(c, s) for c in range(10) for s in range(3)]
     assert all(o.error is None for o in outcomes)

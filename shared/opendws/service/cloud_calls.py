@@ -67,7 +67,7 @@ class Call:
     """One provider call of a chain: what it is (for the report and the log) and the work."""
 
     label: object  # the caller's own description, handed back with the outcome
-    work: Callable[[], None]
+    work: Callable[[], object]
 
 
 @dataclass(slots=True)
