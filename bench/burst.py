@@ -92,7 +92,7 @@ ACCELERATOR = "nvidia-l4"
 PUBLISHERS = 8  # threads that publish (each publish waits for Pub/Sub's confirmation)
 RELEASERS = 8  # threads that publish releases
 LOOK_EVERY = 0.5  # seconds between looks at the cloud
-SETTLE_TIMEOUT = 180.0  # seconds, after the last publish, added to N / rate for it all to end
+SETTLE_TIMEOUT = 180.0  # seconds (or N / 2 if more) after the last publish for it all to end
 STAGE_NOTE_EVERY = 5.0  # seconds between progress lines
 
 
@@ -373,7 +373,7 @@ def burst(stack: Stack, n: int, rate: float, label: str) -> dict[str, Any]:
     publishers.shutdown(wait=True)
     say(f"[{label}] published {len(run.confirmed):,} in {time.perf_counter() - t0:.1f} s")
 
-    deadline = time.perf_counter() + SETTLE_TIMEOUT + n / rate
+    deadline = time.perf_counter() + max(SETTLE_TIMEOUT, n / 2) + n / rate
     next_note = time.perf_counter()
     ended_at: float | None = None
     while time.perf_counter() < deadline:
