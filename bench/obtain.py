@@ -283,7 +283,9 @@ def run_strategy(strategy: Strategy, requests: Sequence[CapacityRequest], seed: 
 
     started = time.perf_counter()
     clock = ManualClock(START)
-    cloud = SimulatedCloud(clock, provisioning_latency=LATENCY)
+    # Simulated time on a frozen clock: operations are DONE at once (what is compared is how
+    # the strategies obtain capacity, not how long Compute's operations take).
+    cloud = SimulatedCloud(clock, provisioning_latency=LATENCY, operation_latency=timedelta(0))
     for zone, (phase, initial, low, high, step, every) in STOCK.items():
         cloud.advance(START + timedelta(seconds=phase) - clock.now())
         cloud.set_stock(zone, MACHINE_TYPE, initial)
