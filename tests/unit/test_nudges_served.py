@@ -91,8 +91,9 @@ class CountingStore(MemoryRequestStore):
     """The memory store, counting what the lease costs on Firestore: a transaction per
     acquire or release, a write when it changes the lease, a read per lease view. With
     ``judging`` off, every view says the lease was never taken: the function before it judged
-    nudges (every nudge asks for a pass). ``served``: the pass's release says it read the
-    requests (as ``ReconcileService.run_pass`` does when it ends without a fault)."""
+    nudges (every nudge asks for a pass). ``served``: what every release says, whatever its
+    caller says: whether the pass read the requests and carried out its whole plan (as
+    ``ReconcileService.run_pass`` says when it completes), or not (a pass that failed)."""
 
     def __init__(self, *, judging: bool, served: bool) -> None:
         super().__init__()
@@ -110,7 +111,8 @@ class CountingStore(MemoryRequestStore):
 
     def release_lease(self, fence: Fence, *, served: bool = False) -> bool:
         before = super().lease_view()
-        again = super().release_lease(fence, served=served or self.served)
+        del served  # replaced by the store's own (see the class docstring)
+        again = super().release_lease(fence, served=self.served)
         self._count(before)
         return again
 

@@ -202,3 +202,45 @@ def test_random_call_times_failures_and_a_crash_provision_nothing_twice_and_leak
     assert {name: n for name, n in cloud.created().items() if n > 1} == {}
     assert cloud.observe([pool(zone=ZONE_A), pool(zone=ZONE_B)]) == {}
     assert (cloud.stock(ZONE_A, A3), cloud.stock(ZONE_B, A3)) == (capacity, capacity)
+
+
+class ReleasesSeen:
+    """A store that records what each pass's release of the lease said (``served``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.served: list[bool] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def release_lease(self, fence: Any, *, served: bool = False) -> bool:
+        self.served.append(served)
+        again: bool = self._inner.release_lease(fence, served=served)
+        return again
+
+
+def test_only_a_pass_that_carried_out_its_whole_plan_says_it_served_the_nudges_before_it() -> None:
+    """The reconcile function drops a nudge published before a pass that served it
+    (functions/main.py): a pass that left part of its plan to the next one has not."""
+    settings = ReconcileSettings(pass_budget=timedelta(seconds=0.3), cloud_calls_in_flight=2)
+    world, cloud = memory_world(
+        [pool(zone=ZONE_A, capacity=100)], tenants_for(H100), settings=settings,
+        latency=timedelta(0),
+    )  # fmt: skip
+    cloud.set_stock(ZONE_A, A3, 100)
+    for index in range(100):
+        submit(world.store, flex(f"job-{index:03d}", vm_count=1, hours=1, locations=(ZONE_A,),
+                                 submitted_at=NOW + index * timedelta(seconds=1)))  # fmt: skip
+    slow = Slow(cloud, 0.01)
+    world.providers = Providers(mig_flex=slow, tpu=slow, calendar=slow)
+    seen = ReleasesSeen(SlowWrites(world.store, 0.005))
+    world.store = seen
+    service = world.reconciler()
+    reports = [service.run_pass()]
+    while reports[-1].again and len(reports) < 30:
+        reports.append(service.run_pass())
+    assert reports[0].cut_short
+    assert seen.served[0] is False
+    assert seen.served[-1] is True
+    assert seen.served == [not (r.cut_short or r.deferred) for r in reports]

@@ -496,8 +496,13 @@ class ReconcileService:
             # retries.
             self._give_up_after_fault(fence)
             raise
-        asked = self._store.release_lease(fence)
-        report.again = asked or report.cut_short or bool(report.deferred)
+        # A pass that ran its whole cycle and carried out all of its plan has served every
+        # nudge published before it started (functions/main.py drops those unrun); one that
+        # stopped or left work to the next pass has not.
+        unfinished = report.cut_short or bool(report.deferred)
+        served = report.outcome is PassOutcome.COMPLETED and not unfinished
+        asked = self._store.release_lease(fence, served=served)
+        report.again = asked or unfinished
         return report
 
     def _give_up_after_fault(self, fence: Fence) -> None:
