@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from google.api_core import exceptions
 
-from opendws.adapters.gce import CloudSettings, owned, per_zone
+from opendws.adapters.gce import CloudSettings, owned, per_zone, rate_limits
 from opendws.catalog import TPU_ACCELERATOR_OF_API_TYPE, TPU_API_TYPES
 from opendws.domain.model import Pool
 from opendws.ports import Observed, Order, ProvisionPhase
@@ -70,6 +70,10 @@ class TpuQueuedProvider:
         self._base = f"{(endpoint or TPU_ENDPOINT).rstrip('/')}/{API}"
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
+        with rate_limits():
+            return self._observe(pools)
+
+    def _observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
         by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)
         for pool in pools:
             by_zone[pool.zone][pool.accelerator] = pool
@@ -108,7 +112,8 @@ class TpuQueuedProvider:
             body["spot"] = {}
         else:
             body["guaranteed"] = {}
-        self.create(order, body)
+        with rate_limits():
+            self.create(order, body)
 
     def create(self, order: Order, body: dict[str, Any]) -> None:
         """Create the order's queued resource from ``body`` (a repeat makes nothing more)."""
@@ -121,6 +126,10 @@ class TpuQueuedProvider:
         _raise_for(response)
 
     def release(self, name: str, pool: Pool) -> None:
+        with rate_limits():
+            self._release(name, pool)
+
+    def _release(self, name: str, pool: Pool) -> None:
         response = self._call(
             "DELETE", f"{self._parent(pool.zone)}/queuedResources/{name}", params={"force": "true"}
         )
