@@ -61,6 +61,7 @@ from opendws.adapters.gce import (
     order_of_vm,
     owned,
     per_zone,
+    poll_where_called,
     vm_metadata,
     vm_names,
     vm_service_accounts,
@@ -107,6 +108,7 @@ class _Blocks:
         self._project = settings.project
         self._future_reservations = future_reservations
         self._advice = advice
+        poll_where_called(future_reservations)  # its cancels and deletes are awaited
         # Whether a block's reservation exists is read from the reservations themselves
         # when a client is given (status.autoCreatedReservations names what was created,
         # not what still exists); from the status alone otherwise.
@@ -375,6 +377,7 @@ class CalendarReservationProvider(_Blocks):
             reservations=reservations,
         )  # fmt: skip
         self._instances = instances
+        poll_where_called(instances)
 
     def observe(self, pools: Sequence[Pool]) -> dict[str, Observed]:
         by_zone: dict[str, dict[str, Pool]] = defaultdict(dict)

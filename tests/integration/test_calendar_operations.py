@@ -1,0 +1,43 @@
+"""Calendar blocks against Compute operations that take as long as Google's (the simulated
+cloud's clock running with the wall clock, over the project's emulator): a block's cancel is
+awaited — its answer says whether Google keeps the block — and the wait polls the endpoint the
+provider calls, not Google's.
+
+Compute's operations are PENDING, RUNNING, then DONE
+(https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations); a calendar block
+may be cancelled while Google allows it and is then deleted
+(https://cloud.google.com/compute/docs/instances/delete-future-reservations-calendar-mode)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from emulators import ComputeEmulator
+from opendws.bootstrap import capacity_providers
+from opendws.clock import ManualClock
+from opendws.ports import Order, Withdrawal
+from opendws.sim import SimulatedCloud
+from tests.builders import A3, NOW, calendar, pool
+
+PROJECT = "calendar-operations"
+ZONE = "us-central1-a"
+OPERATION = timedelta(seconds=1)
+
+
+def test_a_block_cancelled_with_operations_that_take_a_while_is_withdrawn() -> None:
+    cloud = SimulatedCloud(
+        ManualClock(NOW, running=True), provisioning_latency=timedelta(0),
+        operation_latency=OPERATION, review_delay=timedelta(0),
+    )  # fmt: skip
+    cloud.set_stock(ZONE, A3, 8)
+    with ComputeEmulator(cloud) as emulator:
+        blocks = capacity_providers(PROJECT, endpoint=emulator.endpoint).calendar
+        home = pool(zone=ZONE, capacity=8)
+        request = calendar("far", vm_count=1, days=1, start_at=NOW + timedelta(days=40))
+        order = Order(request=request, pool=home, attempt=1)
+        blocks.reserve(order)
+        cloud.advance(timedelta(minutes=1))  # reviewed and approved
+        assert blocks.withdraw(order.name, home) is Withdrawal.WITHDRAWN
+        blocks.release(order.name, home)
+        cloud.advance(OPERATION * 2)
+        assert blocks.observe([home]) == {}
