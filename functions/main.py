@@ -85,14 +85,20 @@ def reconcile(event: CloudEvent) -> None:
 
     A message that a pass has already served is acknowledged after one read of the lease and
     nothing else (:func:`already_served`): a burst of nudges costs reads, not a write and a
-    pass each on the one lease document."""
+    pass each on the one lease document. Such a message starts no follow-up of its own, so an
+    invocation that stops following up while requests are still provisioning, after a window
+    in which its passes moved some, hands the follow-up on: it publishes one nudge, which no
+    pass has served yet (:func:`hand_on`). A window in which nothing moved (orders waiting in
+    Google's queue) hands nothing on: the tick looks again."""
     with invocation(event_trace(event)) as container:
         if already_served(container, event):
             return
         window = container.settings.reconcile_follow_up.total_seconds()
         deadline = time.monotonic() + window
+        moved = False  # whether a pass of this invocation moved a request
         while True:
             report = container.reconcile.run_pass()
+            moved = moved or bool(report.transitions)
             fields = {"trigger": event["id"], **summary(report)}
             log.info("reconcile pass: %s", report.outcome.value, extra={"fields": fields})
             if report.ran and container.settings.agent_url:
@@ -102,9 +108,22 @@ def reconcile(event: CloudEvent) -> None:
                     log.warning("runs released, agents lost: %s", ", ".join(lost))
             if report.again and time.monotonic() < deadline + window:
                 continue
-            if not report.ran or report.in_flight == 0 or time.monotonic() >= deadline:
+            if not report.ran or report.in_flight == 0:
+                return
+            if time.monotonic() >= deadline:
+                if moved:
+                    hand_on(container, report.in_flight)
                 return
             time.sleep(FOLLOW_UP_INTERVAL.total_seconds())
+
+
+def hand_on(container: bootstrap.Container, in_flight: int) -> None:
+    """Publish one nudge for the follow-up of ``in_flight`` provisioning requests, which a
+    fresh invocation takes on (best effort, as every nudge: the tick is the backstop)."""
+    try:
+        container.adapters.nudger.nudge(f"follow-up: {in_flight} provisioning")
+    except Exception as error:
+        log.warning("follow-up not handed on (the next tick looks again): %s", error)
 
 
 def already_served(container: bootstrap.Container, event: CloudEvent) -> bool:

@@ -132,3 +132,49 @@ def test_follow_up_ends_when_its_time_is_up(wired: Wired) -> None:
     record = wired.store.get("train")
     assert record is not None
     assert record.state is RequestState.PROVISIONING  # one pass, no follow-up
+
+
+def test_a_follow_up_that_stops_while_requests_move_hands_itself_on(
+    wired: Wired, emulator_project: str
+) -> None:
+    """A nudge that a pass has served starts no pass (already_served), so the invocation that
+    stops following up while requests still provision, after passes that moved some, publishes
+    one nudge for a fresh invocation to follow up; one that leaves nothing provisioning hands
+    nothing on."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import pubsub_v1
+
+    from opendws import bootstrap
+
+    publisher = pubsub_v1.PublisherClient(credentials=AnonymousCredentials())
+    topic = publisher.topic_path(emulator_project, "reconcile-ticks")
+    subscription = wired.subscriber.subscription_path(emulator_project, "ticks-check")
+    publisher.create_topic(name=topic)
+    wired.subscriber.create_subscription(request={"name": subscription, "topic": topic})
+    settings = replace(bootstrap.container().settings, reconcile_follow_up=timedelta(0))
+    bootstrap.use(bootstrap.Container(settings))  # the fixture puts the previous one back
+    now = datetime.now(UTC)
+    submit(wired.store, flex("train", vm_count=2, hours=1, locations=(ZONE,), submitted_at=now))
+    assert tick(wired.client, "tick-1").status_code == 200
+    (message,) = pull(wired.subscriber, subscription, 1)
+    assert json.loads(message.data) == {"nudge": "follow-up: 1 provisioning"}
+    record = wired.store.get("train")
+    assert record is not None
+    assert record.state is RequestState.PROVISIONING
+    # Delivered, the nudge is no nudge a pass has served: it runs one (the request is served
+    # by the cloud by then), which leaves nothing provisioning and hands nothing on.
+    published = message.publish_time.isoformat().replace("+00:00", "Z")
+    assert deliver(wired.client, "follow-up-1", published).status_code == 200
+    record = wired.store.get("train")
+    assert record is not None
+    assert record.state is RequestState.ACTIVE
+    assert pull(wired.subscriber, subscription, 1, attempts=2) == []
+
+
+def deliver(client: Any, message_id: str, publish_time: str) -> Any:
+    """A ``reconcile-ticks`` message published at ``publish_time``, pushed as Eventarc does."""
+    envelope = copy.deepcopy(ENVELOPE)
+    envelope["id"] = envelope["data"]["message"]["messageId"] = message_id
+    envelope["data"]["message"]["data"] = ""
+    envelope["data"]["message"]["publishTime"] = publish_time
+    return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
