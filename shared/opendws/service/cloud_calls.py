@@ -24,6 +24,7 @@ holds under the quota.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import threading
@@ -188,7 +189,11 @@ class CallBatch:
         if not calls:
             return
         chain = _Chain(tuple(calls))
-        chain.future = self._calls._pool.submit(self._calls._run, chain.calls, self.deadline)
+        # In the submitter's context: a call's log lines carry the pass's trace.
+        context = contextvars.copy_context()
+        chain.future = self._calls._pool.submit(
+            context.run, self._calls._run, chain.calls, self.deadline
+        )
         self._chains.append(chain)
 
     def pending(self) -> int:

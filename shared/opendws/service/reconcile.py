@@ -50,6 +50,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -127,6 +129,7 @@ from opendws.service.ci_cap import within_caps
 from opendws.service.cloud_calls import Call as CloudCall
 from opendws.service.cloud_calls import CallBatch, CallLimits, CloudCalls, OutOfTime
 from opendws.service.cloud_calls import Outcome as CallOutcome
+from opendws.service.lanes import Lanes
 from opendws.service.mirror import RequestMirror, in_flight
 from opendws.service.parts import SnapshotParts, moves_with_clock, racing
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
@@ -232,6 +235,21 @@ class ReconcileSettings:
 # The share of a pass's time (ReconcileSettings.budget) for carrying out its plan; the rest is
 # for gathering the calls it submitted.
 APPLY_SHARE = 0.75
+
+
+# Lanes a pass publishes its events on (each request's in order on one of them).
+ANNOUNCE_LANES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Announcing:
+    """A record's events on their way out: ``events`` of them, after which its outbox
+    cursor is at ``count``."""
+
+    request_id: str
+    count: int
+    events: int
+    future: Future[None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,8 +403,10 @@ class ReconcileService:
         self._timers = timers  # None: no timers; the sweep alone ends runs and starts blocks
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
-        # The pool of this instance's cloud calls, shared by its passes (service.cloud_calls).
+        # The pool of this instance's cloud calls, shared by its passes (service.cloud_calls),
+        # and the lanes its passes publish their events on (service.lanes).
         self._calls = CloudCalls(self._settings.call_limits)
+        self._announcer = Lanes(ANNOUNCE_LANES, "announce")
         # request id → (record version, grant, whether it may move with the clock: see
         # _Cycle._grant_of) of live runs and blocks, across passes.
         self._grants: dict[str, tuple[int, Grant, bool]] = {}
@@ -551,6 +571,7 @@ class _Cycle:
         started = time.monotonic()
         self.apply_until = started + APPLY_SHARE * budget
         self.calls: CallBatch = service._calls.batch(started + budget)
+        self.announcing: list[_Announcing] = []  # events being published (see _announce)
         # Per pool: runs Google has not served by the pool's serve wait, and runs it served
         # later than that in this pass (see _why_later).
         self.late: Counter[str] | None = None
@@ -944,9 +965,30 @@ class _Cycle:
         self.calls.submit(chain)
 
     def _gather(self) -> None:
-        """The outcomes of the pass's calls, reported and logged on the pass's thread."""
+        """The outcomes of the pass's calls and announcements, reported and logged on the
+        pass's thread. An announcement not done by the pass's end is left to finish (or to a
+        later pass's backlog, if it fails); one that failed, to a later pass's backlog."""
         for outcome in self.calls.gather():
             self._report_call(outcome)
+        announcing, self.announcing = self.announcing, []
+        remaining = max(self.calls.deadline - time.monotonic(), 0.0)
+        wait_for([item.future for item in announcing], timeout=remaining)
+        for item in announcing:
+            if not item.future.done():
+                continue
+            error = item.future.exception()
+            if error is not None and not isinstance(error, Exception):
+                raise error  # the process is going down: nothing more of this pass
+            if error is not None:
+                log.warning(
+                    "events of %s not published; a later pass does: %s", item.request_id, error
+                )
+                self.report.errors.append(f"announce {item.request_id}: {error}")
+                continue
+            self.report.published += item.events
+            current = self.records.get(item.request_id)
+            if current is not None and current.announced < item.count:
+                self._keep(replace(current, announced=item.count))
 
     def _report_call(self, outcome: CallOutcome) -> None:
         label, error = outcome.label, outcome.error
@@ -1416,11 +1458,19 @@ class _Cycle:
         self.fence = fence
 
     def _announce(self, record: RequestRecord, events: list[StatusEvent]) -> None:
-        for event in events:
-            self.bus.publish(event)
-            self.report.published += 1
-        self.store.mark_announced(record.request_id, record.events)
-        self._keep(replace(record, announced=record.events))
+        """Publish ``events`` and then move the record's outbox cursor past them, on the
+        record's own lane (service.lanes): in order, off the pass's thread. The pass's copy of
+        the record counts them announced once they are (see _gather)."""
+        bus, store = self.bus, self.store
+        request_id, count = record.request_id, record.events
+
+        def announce() -> None:
+            for event in events:
+                bus.publish(event)
+            store.mark_announced(request_id, count)
+
+        future = self.service._announcer.submit(request_id, announce)
+        self.announcing.append(_Announcing(request_id, count, len(events), future))
 
     def _keep(self, record: RequestRecord) -> None:
         """Hold ``record`` as the pass's copy, counting what Google is still to serve."""
