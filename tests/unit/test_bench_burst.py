@@ -47,12 +47,13 @@ def test_the_quota_allows_the_least_rate_over_each_location_and_group(burst: Mod
     assert figures["rate_limited_calls"] == 7
 
 
-def test_its_configuration_has_room_for_every_request(burst: ModuleType) -> None:
+def test_its_configuration_has_room_for_every_request_and_the_warm_up(burst: ModuleType) -> None:
     configuration = configuration_to_apply(
         yaml.safe_load(burst.configuration(2000)), source="burst", now=datetime.now(UTC)
     )
     (pool,) = configuration.pools
     (tenant,) = configuration.tenants
-    assert (pool.zone, pool.shape, pool.capacity) == (burst.ZONE, burst.SHAPE, 2000)
+    # Every request and the warm-up request that runs before them.
+    assert (pool.zone, pool.shape, pool.capacity) == (burst.ZONE, burst.SHAPE, 2001)
     assert tenant.name == burst.TENANT
-    assert [(q.accelerator, q.nominal) for q in tenant.quotas] == [(burst.ACCELERATOR, 2000)]
+    assert [(q.accelerator, q.nominal) for q in tenant.quotas] == [(burst.ACCELERATOR, 2001)]
