@@ -431,12 +431,26 @@ def test_ready_samples_are_kept_per_pool_once_per_request_and_beside_a_cool_down
     assert [sample.request_id for sample in kept] == [f"n{i:03d}" for i in range(KEPT_SAMPLES)]
 
 
+def test_a_passs_ready_samples_of_a_pool_are_recorded_in_one_write(store: RequestStore) -> None:
+    """A pass records what it learned of a pool at once (one document: Firestore sustains
+    about one write a second to one, firestore/docs/best-practices, "Hotspots"); the rule is
+    the same as one at a time, a request recorded twice keeps its first sample."""
+    pool_id = "us-central1-b/a3-highgpu-8g"
+    first = ReadySample(request_id="r1", at=NOW, took=timedelta(minutes=3))
+    again = replace(first, took=timedelta(hours=2))
+    second = ReadySample(request_id="r2", at=NOW + timedelta(seconds=1), took=timedelta(0))
+    store.record_ready(pool_id, first, again, second)
+    assert store.ready_samples() == {pool_id: (first, second)}
+    store.record_ready(pool_id, again)  # nothing new: nothing written
+    assert store.ready_samples() == {pool_id: (first, second)}
+
+
 def test_a_fenced_ready_sample_is_refused(store: RequestStore) -> None:
     old = store.acquire_lease("old", NOW, timedelta(minutes=2))
     assert old is not None
     assert store.acquire_lease("new", NOW + timedelta(minutes=3), timedelta(minutes=2))
     with pytest.raises(Fenced):
-        store.record_ready("p1", ReadySample(request_id="r", at=NOW, took=timedelta(0)), old)
+        store.record_ready("p1", ReadySample(request_id="r", at=NOW, took=timedelta(0)), fence=old)
     assert store.ready_samples() == {}
 
 

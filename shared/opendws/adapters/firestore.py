@@ -307,9 +307,9 @@ class FirestoreRequestStore:
                 shortages[data["pool_id"]] = data["short_until"]
         return shortages
 
-    def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
+    def record_ready(self, pool_id: str, *samples: ReadySample, fence: Fence | None = None) -> None:
         def ready(data: dict[str, Any]) -> dict[str, Any] | None:
-            kept = samples_after(_samples(data), sample)
+            kept = samples_after(_samples(data), *samples)
             if kept is None:
                 return None
             return {"ready": [

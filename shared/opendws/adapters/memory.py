@@ -214,10 +214,10 @@ class MemoryRequestStore:
         with self._lock:
             return dict(self._shortages)
 
-    def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
+    def record_ready(self, pool_id: str, *samples: ReadySample, fence: Fence | None = None) -> None:
         with self._lock:
             check_fence(fence, self._lease.fence)
-            kept = samples_after(self._ready.get(pool_id, ()), sample)
+            kept = samples_after(self._ready.get(pool_id, ()), *samples)
             if kept is not None:
                 self._ready[pool_id] = kept
 

@@ -48,14 +48,21 @@ class Readiness:
 
 
 def samples_after(
-    current: Sequence[ReadySample], sample: ReadySample, limit: int = KEPT_SAMPLES
+    current: Sequence[ReadySample], *samples: ReadySample, limit: int = KEPT_SAMPLES
 ) -> tuple[ReadySample, ...] | None:
-    """The samples a pool keeps once ``sample`` is recorded (a rule every store applies): the
-    newest ``limit`` by ``at``, one per request. None when there is nothing to write (this
-    request is already recorded: a repeated pass)."""
-    if any(kept.request_id == sample.request_id for kept in current):
+    """The samples a pool keeps once ``samples`` are recorded (a rule every store applies):
+    the newest ``limit`` by ``at``, one per request (the first recorded of a request stays).
+    None when there is nothing to write (every request is already recorded: a repeated
+    pass)."""
+    seen = {kept.request_id for kept in current}
+    new: list[ReadySample] = []
+    for sample in samples:
+        if sample.request_id not in seen:
+            seen.add(sample.request_id)
+            new.append(sample)
+    if not new:
         return None
-    ordered = sorted((*current, sample), key=lambda kept: (kept.at, kept.request_id))
+    ordered = sorted((*current, *new), key=lambda kept: (kept.at, kept.request_id))
     return tuple(ordered[-limit:])
 
 

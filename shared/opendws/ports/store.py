@@ -131,11 +131,11 @@ class PoolStatus(Protocol):
         """Every recorded cool-down, by pool id (past ones included; callers compare)."""
         ...
 
-    def record_ready(self, pool_id: str, sample: ReadySample, fence: Fence | None = None) -> None:
-        """Record that an order admitted in ``pool_id`` became ACTIVE after ``sample.took``.
-        The pool keeps what :func:`~opendws.domain.readiness.samples_after` says (its newest
-        samples, one per request: a repeat is a no-op). Raises Fenced as
-        :meth:`Requests.change` does."""
+    def record_ready(self, pool_id: str, *samples: ReadySample, fence: Fence | None = None) -> None:
+        """Record that orders admitted in ``pool_id`` became ACTIVE after each sample's
+        ``took``, in one write. The pool keeps what
+        :func:`~opendws.domain.readiness.samples_after` says (its newest samples, one per
+        request: a repeat is a no-op). Raises Fenced as :meth:`Requests.change` does."""
         ...
 
     def ready_samples(self) -> dict[str, tuple[ReadySample, ...]]:

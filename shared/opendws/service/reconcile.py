@@ -572,6 +572,7 @@ class _Cycle:
         self.apply_until = started + APPLY_SHARE * budget
         self.calls: CallBatch = service._calls.batch(started + budget)
         self.announcing: list[_Announcing] = []  # events being published (see _announce)
+        self.learned: dict[str, list[ReadySample]] = {}  # by pool, to write (_record_ready)
         # Per pool: runs Google has not served by the pool's serve wait, and runs it served
         # later than that in this pass (see _why_later).
         self.late: Counter[str] | None = None
@@ -655,6 +656,7 @@ class _Cycle:
                 break
             with self._one_request(decision.request_id):
                 self._apply(decision)
+        self._record_ready()
         slots = self.service._held = self._held_slots(plan, *planned)
         self.service._serve_waits = {key: pool.serve_wait for key, pool in self.pools.items()}
         self.report.next_start = min(map(_START, slots.values()), default=None)
@@ -873,9 +875,11 @@ class _Cycle:
 
     def _learn_ready(self, before: RequestRecord, after: RequestRecord) -> None:
         """A flex-start order Google served: one sample of its pool's admission → ACTIVE
-        time (what ``ready_eta`` is learned from). Written after the record, so a crash
-        between them loses one sample, never a state; a collision with another writer loses
-        it too, rather than the rest of the pass."""
+        time (what ``ready_eta`` is learned from), kept at once and written with the pass's
+        other samples of its pool in one write at the pass's end (_record_ready): a pool's
+        status is one document, which Firestore sustains about one write a second to, and a
+        burst serves dozens a second. A crash before that write loses samples, never a state;
+        a collision with another writer loses them too, rather than the rest of the pass."""
         served = before.state is S.PROVISIONING and after.state is S.ACTIVE
         if not served or before.request.mode is not Mode.FLEX_START or after.pool is None:
             return
@@ -886,13 +890,7 @@ class _Cycle:
         pool = self.pools.get(after.pool)
         if pool is not None and sample.took > pool.serve_wait:
             self.served_late[after.pool] += 1  # a cause a later ETA names (see _why_later)
-        try:
-            self.store.record_ready(after.pool, sample, self.fence)
-        except Fenced:
-            raise
-        except StaleWrite as error:
-            log.warning("ready sample of %s not recorded: %s", after.request_id, error)
-            return
+        self.learned.setdefault(after.pool, []).append(sample)
         # Kept as the store keeps it (the same rule), so no read is needed to see it.
         samples = self._samples()
         kept = samples_after(samples.get(after.pool, ()), sample)
@@ -900,6 +898,17 @@ class _Cycle:
             with self.grants_lock:
                 samples[after.pool] = kept
         self.readiness = None  # worked out again when next needed
+
+    def _record_ready(self) -> None:
+        """Write the samples the pass learned, one write per pool (see _learn_ready)."""
+        learned, self.learned = self.learned, {}
+        for pool_id, samples in sorted(learned.items()):
+            try:
+                self.store.record_ready(pool_id, *samples, fence=self.fence)
+            except Fenced:
+                raise
+            except StaleWrite as error:
+                log.warning("%d ready samples of %s not recorded: %s", len(samples), pool_id, error)
 
     def _samples(self) -> dict[str, tuple[ReadySample, ...]]:
         """Every pool's ready samples: read from the store on an instance's first pass and
