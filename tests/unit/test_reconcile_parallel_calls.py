@@ -19,7 +19,7 @@ import pytest
 
 from opendws.adapters.memory import MemoryCapacityProvider
 from opendws.domain.states import RequestState
-from opendws.ports import Providers
+from opendws.ports import CloudRateLimited, Providers
 from opendws.service.reconcile import ReconcileSettings
 from tests.builders import A3, H100, MINUTE, NOW, flex, pool
 from tests.crashing import PROVIDER_CALLS, STORE_WRITES, Crash, Crashing, Steps
@@ -244,3 +244,42 @@ def test_only_a_pass_that_carried_out_its_whole_plan_says_it_served_the_nudges_b
     assert seen.served[0] is False
     assert seen.served[-1] is True
     assert seen.served == [not (r.cut_short or r.deferred) for r in reports]
+
+
+class RefusesLooks:
+    """A provider whose first ``refusals`` looks the cloud refuses for its rate quota."""
+
+    def __init__(self, inner: Any, refusals: int, wait: timedelta) -> None:
+        self._inner = inner
+        self.refusals = refusals
+        self._wait = wait
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def observe(self, pools: Any) -> Any:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise CloudRateLimited("403 rateLimitExceeded", retry_after=self._wait)
+        return self._inner.observe(pools)
+
+
+def test_a_look_refused_for_the_rate_quota_ends_the_pass_and_the_next_waits_for_the_quota() -> None:
+    """Compute answers a call over a per-minute quota with 403 rateLimitExceeded
+    (https://cloud.google.com/compute/api-quota). A pass cannot sweep or plan without its look:
+    it ends there, asking for the next pass, which waits until the quota refills."""
+    world, cloud = memory_world([pool(zone=ZONE_A, capacity=4)], tenants_for(H100))
+    cloud.set_stock(ZONE_A, A3, 4)
+    submit(world.store, flex("job", vm_count=1, hours=1, locations=(ZONE_A,)))
+    refusing = RefusesLooks(cloud, refusals=1, wait=timedelta(seconds=0.3))
+    world.providers = Providers(mig_flex=refusing, tpu=refusing, calendar=refusing)
+    service = world.reconciler()
+    first = service.run_pass()
+    assert first.again
+    assert first.deferred == ["observe: the cloud's rate quota is spent"]
+    assert world.state("job") is S.PENDING  # nothing planned without a look
+    started = time.monotonic()
+    second = service.run_pass()
+    assert time.monotonic() - started >= 0.25  # it waited for the quota to refill
+    assert not second.deferred
+    assert world.state("job") is S.PROVISIONING

@@ -109,6 +109,23 @@ class CloudCalls:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def quota_refilled(self, deadline: float) -> bool:
+        """Wait out a pause the cloud asked for (its quota refills) before a call made
+        outside the pool (a pass's look at the providers); False, at once, if the pause lasts
+        past ``deadline``."""
+        with self._lock:
+            wait = self._paused_until - self._now()
+        if wait <= 0:
+            return True
+        if self._now() + wait > deadline:
+            return False
+        self._sleep(wait)
+        return True
+
+    def refused(self, refusal: CloudRateLimited) -> None:
+        """A call made outside the pool was refused for the rate quota: pause the pool too."""
+        self._pause(refusal)
+
     # Run in the pool ----------------------------------------------------------------------
 
     def _run(self, calls: Sequence[Call], deadline: float) -> list[Outcome]:

@@ -104,6 +104,7 @@ from opendws.ports import (
     CapacityProvider,
     Change,
     Clock,
+    CloudRateLimited,
     ConfigStore,
     EventBus,
     Fence,
@@ -605,7 +606,9 @@ class _Cycle:
         self._announce_backlog()
         # 2. Observe the providers where something may have changed (every pool, at times).
         looked, whole = self._pools_to_observe(live.values())
-        observed = self.providers.observe(looked)
+        observed = self._observe(looked)
+        if observed is None:
+            return  # the cloud's rate quota is spent: the next pass looks once it refills
         this_look = (self.providers.looks, self.providers.changed)  # taken at once
         self.report.observed_pools, self.report.observed_all = len(looked), whole
         # What no live request wants: leaks, and blocks Google keeps.
@@ -661,6 +664,21 @@ class _Cycle:
         self.service._serve_waits = {key: pool.serve_wait for key, pool in self.pools.items()}
         self.report.next_start = min(map(_START, slots.values()), default=None)
         self.report.in_flight = self.in_flight
+
+    def _observe(self, pools: list[Pool]) -> dict[str, Sighting] | None:
+        """What the providers show in ``pools``, once the cloud's rate quota allows a look
+        (a pause the pool of calls keeps, see service.cloud_calls). None when it does not
+        within the pass's time, or the look itself is refused for it: without a look nothing
+        can be swept or planned safely, so the pass ends there and asks for the next one."""
+        calls = self.service._calls
+        if calls.quota_refilled(self.calls.deadline):
+            try:
+                return self.providers.observe(pools)
+            except CloudRateLimited as refusal:
+                calls.refused(refusal)
+        log.warning("reconcile pass ends before its look: the cloud's rate quota is spent")
+        self.report.deferred.append("observe: the cloud's rate quota is spent")
+        return None
 
     def _held_slots(
         self, plan: Plan, plans: int, changed: set[str] | None
