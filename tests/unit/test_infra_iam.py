@@ -257,7 +257,9 @@ def test_a_ci_secret_that_is_not_a_secrets_resource_name_is_refused(name: str) -
 
 # Firestore methods that send a request (a read, a query, a write or a commit), and those that
 # only build a reference or a query, or read a snapshot already fetched.
-FIRESTORE_REQUESTS = frozenset({"get", "create", "set", "update", "delete", "stream", "commit"})
+FIRESTORE_REQUESTS = frozenset(
+    {"get", "get_all", "create", "set", "update", "delete", "stream", "commit"}
+)
 FIRESTORE_LOCAL = frozenset(
     {
         "collection",

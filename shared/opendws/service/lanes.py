@@ -1,11 +1,13 @@
 """Keyed lanes: work submitted under one key runs in submission order, one item at a time, while
 the work of other keys runs beside it on the other lanes (a key always lands on the same lane).
 
-The reconciler publishes a pass's events through them (:mod:`opendws.service.reconcile`): each
-request's events in their order, off the pass's thread, so that publishing and moving the
-outbox cursor overlap the pass's next writes instead of adding to each one. The outbox makes
-that safe: a record's events are stored with it (``outbox`` set) before they are published,
-and what a crash or a failure leaves unpublished is published by a later pass.
+The reconciler publishes a pass's events and sets its requests' timers through them
+(:mod:`opendws.service.reconcile`): each request's in their order, off the pass's thread, so
+that publishing, moving the outbox cursor and calling Cloud Tasks overlap the pass's next
+writes instead of adding to each one. The outbox makes that safe for events: a record's events
+are stored with it (``outbox`` set) before they are published, and what a crash or a failure
+leaves unpublished is published by a later pass; a timer not set costs promptness only (the
+sweep ends runs that outlive their time).
 """
 
 from __future__ import annotations

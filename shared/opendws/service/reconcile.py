@@ -405,7 +405,7 @@ class ReconcileService:
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
         # The pool of this instance's cloud calls, shared by its passes (service.cloud_calls),
-        # and the lanes its passes publish their events on (service.lanes).
+        # and the lanes its passes publish their events and set their timers on (service.lanes).
         self._calls = CloudCalls(self._settings.call_limits)
         self._announcer = Lanes(ANNOUNCE_LANES, "announce")
         # request id → (record version, grant, whether it may move with the clock: see
@@ -574,6 +574,7 @@ class _Cycle:
         self.calls: CallBatch = service._calls.batch(started + budget)
         self.announcing: list[_Announcing] = []  # events being published (see _announce)
         self.learned: dict[str, list[ReadySample]] = {}  # by pool, to write (_record_ready)
+        self.timing: list[tuple[str, Future[None]]] = []  # timers being set (_set_timers)
         # Per pool: runs Google has not served by the pool's serve wait, and runs it served
         # later than that in this pass (see _why_later).
         self.late: Counter[str] | None = None
@@ -998,8 +999,16 @@ class _Cycle:
         for outcome in self.calls.gather():
             self._report_call(outcome)
         announcing, self.announcing = self.announcing, []
+        timing, self.timing = self.timing, []
         remaining = max(self.calls.deadline - time.monotonic(), 0.0)
-        wait_for([item.future for item in announcing], timeout=remaining)
+        wait_for([item.future for item in announcing] + [f for _, f in timing], timeout=remaining)
+        for request_id, future in timing:
+            error = future.exception() if future.done() else None
+            if error is not None and not isinstance(error, Exception):
+                raise error
+            if error is not None:
+                log.warning("timers of %s not set; the sweep covers: %s", request_id, error)
+                self.report.errors.append(f"timers {request_id}: {error}")
         for item in announcing:
             if not item.future.done():
                 continue
@@ -1457,20 +1466,32 @@ class _Cycle:
 
     def _set_timers(self, before: RequestRecord, after: RequestRecord) -> None:
         """Arm the timer of the new state (a run's end, a block's start); delete every timer
-        of a request that ended. A failure only costs promptness: the sweep is the net."""
-        if self.timers is None:
+        of a request that ended — on the request's lane, after its write, off the pass's
+        thread (Cloud Tasks calls). A failure only costs promptness: the sweep is the net."""
+        timers, now = self.timers, self.now
+        if timers is None:
             return
-        try:
-            if after.state.is_final:
-                for timer in timers_to_disarm(before):
-                    self.timers.disarm(timer)
-            elif after.state is S.ACTIVE and after.since is not None:
-                self.timers.arm(release_timer(after, after.since), self.now)
-            elif after.state is S.BOOKED:
-                self.timers.arm(start_timer(after), self.now)
-        except Exception as error:
-            log.warning("timers of %s not set; the sweep covers: %s", after.request_id, error)
-            self.report.errors.append(f"timers {after.request_id}: {error}")
+        if after.state.is_final:
+            disarm = timers_to_disarm(before)
+
+            def work() -> None:
+                for timer in disarm:
+                    timers.disarm(timer)
+        elif after.state is S.ACTIVE and after.since is not None:
+            timer = release_timer(after, after.since)
+
+            def work() -> None:
+                timers.arm(timer, now)
+        elif after.state is S.BOOKED:
+            timer = start_timer(after)
+
+            def work() -> None:
+                timers.arm(timer, now)
+        else:
+            return
+        self.timing.append(
+            (after.request_id, self.service._announcer.submit(after.request_id, work))
+        )
 
     def _renew_lease(self) -> None:
         """Keep the lease through a long pass; stop (Fenced) if it was lost meanwhile."""
