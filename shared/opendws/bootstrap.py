@@ -28,7 +28,7 @@
   be longer); ``OPENDWS_CLOUD_CALLS_IN_FLIGHT`` (default 8) and
   ``OPENDWS_CLOUD_CALLS_PER_MINUTE`` (default 1200, under Compute Engine's per-minute rate
   quotas; ``none``: no budget, for a project whose quotas were raised), the reconciler's cloud
-  calls; ``OPENDWS_PASS_BUDGET_SECONDS`` (default 20), how long a pass may run before it
+  calls; ``OPENDWS_PASS_BUDGET_SECONDS`` (default 10), how long a pass may run before it
   leaves the rest of its plan to the next one (see ReconcileSettings);
 - CI runners: ``OPENDWS_GITHUB_API_URL`` and ``OPENDWS_GITLAB_URL`` (every CI mapping's GitHub
   API or GitLab, another server), for local use ``OPENDWS_GITHUB_APP_ID``,

@@ -283,3 +283,31 @@ def test_a_look_refused_for_the_rate_quota_ends_the_pass_and_the_next_waits_for_
     assert time.monotonic() - started >= 0.25  # it waited for the quota to refill
     assert not second.deferred
     assert world.state("job") is S.PROVISIONING
+
+
+def test_a_sweep_with_more_than_its_share_of_the_pass_leaves_the_rest_to_the_next() -> None:
+    """Hundreds of orders served at once: a pass sweeps for half its budget, so the requests
+    it did not reach go ACTIVE in the passes it asks for at once, and the pass still has time
+    left to admit."""
+    world, cloud = memory_world(
+        [pool(zone=ZONE_A, capacity=300)], tenants_for(H100), latency=MINUTE
+    )
+    cloud.set_stock(ZONE_A, A3, 300)
+    names = [f"job-{n:03d}" for n in range(200)]
+    for index, name in enumerate(names):
+        at = NOW + index * timedelta(milliseconds=10)
+        submit(world.store, flex(name, vm_count=1, hours=1, locations=(ZONE_A,), submitted_at=at))
+    world.run()
+    assert {world.state(name) for name in names} == {S.PROVISIONING}
+    world.clock.advance(2 * MINUTE)  # every order served
+    world.settings = ReconcileSettings(pass_budget=timedelta(seconds=0.4))
+    world.store = SlowWrites(world.store, 0.005)  # 200 writes: 1 s, more than 0.2 s
+    service = world.reconciler("reconciler-2")
+    reports = [service.run_pass()]
+    first = reports[0]
+    assert first.cut_short
+    assert first.again
+    assert 0 < first.transitions[S.PROVISIONING, S.ACTIVE] < len(names)
+    while reports[-1].again and len(reports) < 40:
+        reports.append(service.run_pass())
+    assert {world.state(name) for name in names} == {S.ACTIVE}

@@ -208,7 +208,7 @@ class ReconcileSettings:
     # gathers its calls and ends, asking for the next pass at once (the coalesced "again"), so
     # the first requests of a burst go on without waiting for the last. At most half the
     # lease's TTL (see budget).
-    pass_budget: timedelta = timedelta(seconds=20)
+    pass_budget: timedelta = timedelta(seconds=10)
 
     @property
     def budget(self) -> timedelta:
@@ -236,6 +236,9 @@ class ReconcileSettings:
 # The share of a pass's time (ReconcileSettings.budget) for carrying out its plan; the rest is
 # for gathering the calls it submitted.
 APPLY_SHARE = 0.75
+# The share of it for the sweep: a burst's requests going ACTIVE share each pass with those
+# being admitted, rather than one pass sweeping hundreds before it admits any.
+SWEEP_SHARE = 0.5
 
 
 # Lanes a pass publishes its events on (each request's in order on one of them).
@@ -567,10 +570,12 @@ class _Cycle:
         self.grants_lock = service._lock
         self.released_in: set[str] = set()  # pools where this pass asked for a release
         # The pass's time (ReconcileSettings.budget): its plan is carried out until
-        # APPLY_SHARE of it has passed, and its calls are gathered by its end.
+        # APPLY_SHARE of it has passed (its sweep until SWEEP_SHARE), and its calls are
+        # gathered by its end.
         budget = self.settings.budget.total_seconds()
         started = time.monotonic()
         self.apply_until = started + APPLY_SHARE * budget
+        self.sweep_until = started + SWEEP_SHARE * budget
         self.calls: CallBatch = service._calls.batch(started + budget)
         self.announcing: list[_Announcing] = []  # events being published (see _announce)
         self.learned: dict[str, list[ReadySample]] = {}  # by pool, to write (_record_ready)
@@ -633,9 +638,15 @@ class _Cycle:
                 seen = dict(zip(record.orders, sightings, strict=True))
             else:
                 seen = {lane: look(order_name(request_id, lane.attempt)) for lane in record.orders}
+            if time.monotonic() >= self.sweep_until:
+                # Out of the sweep's share of the pass: the rest is swept by the next pass,
+                # asked for at once, which then looks at every request again (_sweep_again).
+                self.report.cut_short = True
+                break
             with self._one_request(request_id):
                 self._sweep(record, seen, self._inputs(record, seen))
-        self.service._swept = (this_look[0], configured)
+        else:
+            self.service._swept = (this_look[0], configured)
         self._watch({pool.pool_id for pool in looked}, unwanted, whole)
         for name in sorted(unwanted):
             self._release_leak(unwanted[name])
