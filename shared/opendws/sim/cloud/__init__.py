@@ -61,10 +61,12 @@ class SimulatedCloud(MigApi, InstanceApi, ReservationApi, TpuApi):
     """
 
     @settled
+    @settled
     def state(self) -> dict[str, object]:
         """A JSON-friendly dump: time, latency, stock, stock processes, Google's queues,
         pending injections, every resource (as the API shows it) per project, ``created``
-        counters and event counters."""
+        counters and event counters — one consistent view, taken under the world's lock (its
+        resources are not changed by other threads' calls while it is read)."""
         resources: dict[str, object] = {}
         for name, project in sorted(self._projects.items()):
             resources[name] = {
