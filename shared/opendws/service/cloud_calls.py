@@ -106,9 +106,6 @@ class CloudCalls:
         """A pass's calls, which it gathers by ``deadline`` (on ``now``'s scale)."""
         return CallBatch(self, deadline)
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
     def quota_refilled(self, deadline: float) -> bool:
         """Wait out a pause the cloud asked for (its quota refills) before a call made
         outside the pool (a pass's look at the providers); False, at once, if the pause lasts
@@ -212,10 +209,6 @@ class CallBatch:
             context.run, self._calls._run, chain.calls, self.deadline
         )
         self._chains.append(chain)
-
-    def pending(self) -> int:
-        """Chains submitted and not finished yet."""
-        return sum(not chain.future.done() for chain in self._chains)
 
     def gather(self) -> list[Outcome]:
         """Every call's outcome, in submission order, waiting until the deadline at most: a

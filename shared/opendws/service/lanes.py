@@ -33,7 +33,3 @@ class Lanes:
         context (its log lines carry the submitter's trace)."""
         lane = self._lanes[zlib.crc32(key.encode()) % len(self._lanes)]
         return lane.submit(contextvars.copy_context().run, work)
-
-    def close(self) -> None:
-        for lane in self._lanes:
-            lane.shutdown(wait=False, cancel_futures=True)
