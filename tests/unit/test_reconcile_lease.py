@@ -83,7 +83,7 @@ def test_the_pass_right_after_a_transient_fault_runs(where: str) -> None:
 def test_an_event_whose_cursor_loses_to_another_writer_is_published_by_the_next_pass() -> None:
     """Moving the outbox cursor after publishing an event an earlier pass left behind loses
     to another writer (Firestore answers a contended transaction so). Events are published off
-    the pass's thread (service.lanes), so the pass goes on and reports it; the next pass,
+    the pass's thread (service.ordered), so the pass goes on and reports it; the next pass,
     which finds the record still in the outbox, publishes what is left."""
     world, _ = one_zone()
     record = world.record("r1")

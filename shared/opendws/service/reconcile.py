@@ -130,8 +130,8 @@ from opendws.service.ci_cap import within_caps
 from opendws.service.cloud_calls import Call as CloudCall
 from opendws.service.cloud_calls import CallBatch, CallLimits, CloudCalls, OutOfTime
 from opendws.service.cloud_calls import Outcome as CallOutcome
-from opendws.service.lanes import Lanes
 from opendws.service.mirror import RequestMirror, in_flight
+from opendws.service.ordered import OrderedByKey
 from opendws.service.parts import SnapshotParts, moves_with_clock, racing
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
@@ -241,8 +241,8 @@ APPLY_SHARE = 0.75
 SWEEP_SHARE = 0.5
 
 
-# Lanes a pass publishes its events on (each request's in order on one of them).
-ANNOUNCE_LANES = 4
+# Threads a pass publishes its events and sets its timers on (each request's in order).
+ORDERED_THREADS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,9 +408,10 @@ class ReconcileService:
         self._passes = itertools.count(1)
         self._lock = threading.Lock()
         # The pool of this instance's cloud calls, shared by its passes (service.cloud_calls),
-        # and the lanes its passes publish their events and set their timers on (service.lanes).
+        # and the threads its passes publish their events and set their timers on, each request's
+        # in order (service.ordered).
         self._calls = CloudCalls(self._settings.call_limits)
-        self._announcer = Lanes(ANNOUNCE_LANES, "announce")
+        self._ordered = OrderedByKey(ORDERED_THREADS, "per-request")
         # request id → (record version, grant, whether it may move with the clock: see
         # _Cycle._grant_of) of live runs and blocks, across passes.
         self._grants: dict[str, tuple[int, Grant, bool]] = {}
@@ -1500,9 +1501,7 @@ class _Cycle:
                 timers.arm(timer, now)
         else:
             return
-        self.timing.append(
-            (after.request_id, self.service._announcer.submit(after.request_id, work))
-        )
+        self.timing.append((after.request_id, self.service._ordered.submit(after.request_id, work)))
 
     def _renew_lease(self) -> None:
         """Keep the lease through a long pass; stop (Fenced) if it was lost meanwhile."""
@@ -1517,9 +1516,9 @@ class _Cycle:
         self.fence = fence
 
     def _announce(self, record: RequestRecord, events: list[StatusEvent]) -> None:
-        """Publish ``events`` and then move the record's outbox cursor past them, on the
-        record's own lane (service.lanes): in order, off the pass's thread. The pass's copy of
-        the record counts them announced once they are (see _gather)."""
+        """Publish ``events`` and then move the record's outbox cursor past them, in the
+        record's own order (service.ordered), off the pass's thread. The pass's copy of the
+        record counts them announced once they are (see _gather)."""
         bus, store = self.bus, self.store
         request_id, count = record.request_id, record.events
 
@@ -1528,7 +1527,7 @@ class _Cycle:
                 bus.publish(event)
             store.mark_announced(request_id, count)
 
-        future = self.service._announcer.submit(request_id, announce)
+        future = self.service._ordered.submit(request_id, announce)
         self.announcing.append(_Announcing(request_id, count, len(events), future))
 
     def _keep(self, record: RequestRecord) -> None:

@@ -1,5 +1,6 @@
-"""Keyed lanes: work submitted under one key runs in submission order, one item at a time, while
-the work of other keys runs beside it on the other lanes (a key always lands on the same lane).
+"""Work ordered by key: what is submitted under one key runs in submission order, one item at a
+time, while the work of other keys runs beside it on other threads (a key always lands on the
+same thread).
 
 The reconciler publishes a pass's events and sets its requests' timers through them
 (:mod:`opendws.service.reconcile`): each request's in their order, off the pass's thread, so
@@ -18,18 +19,18 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 
-class Lanes:
-    """``count`` lanes, each one thread."""
+class OrderedByKey:
+    """``count`` threads, each running the work of the keys that land on it in order."""
 
     def __init__(self, count: int, name: str) -> None:
         if count < 1:
-            raise ValueError(f"at least one lane is needed, not {count}")
-        self._lanes = [
+            raise ValueError(f"at least one thread is needed, not {count}")
+        self._threads = [
             ThreadPoolExecutor(1, thread_name_prefix=f"{name}-{index}") for index in range(count)
         ]
 
     def submit(self, key: str, work: Callable[[], None]) -> Future[None]:
         """Run ``work`` after everything submitted under ``key`` before it, in the submitter's
         context (its log lines carry the submitter's trace)."""
-        lane = self._lanes[zlib.crc32(key.encode()) % len(self._lanes)]
-        return lane.submit(contextvars.copy_context().run, work)
+        thread = self._threads[zlib.crc32(key.encode()) % len(self._threads)]
+        return thread.submit(contextvars.copy_context().run, work)
