@@ -45,8 +45,11 @@ def start_up(
         pytest.skip(f"official emulators unavailable: {reason}")
     # An ignored signal stays ignored across exec: the shell's `trap '' INT` hands it on.
     ignoring = ["sh", "-c", 'trap \'\' INT; exec "$0" "$@"'] if interrupt_ignored else []
+    # Compute operations of 1 s: not instant (every call still finds them running), shorter
+    # than the default 3 s so that the flows of these tests, one after another, stay quick.
     process = subprocess.Popen(
-        [*ignoring, *DWS, "up", "--tick", "30"], stdout=subprocess.PIPE,
+        [*ignoring, *DWS, "up", "--tick", "30", "--operation-latency", "1"],
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env={
             **os.environ,
