@@ -81,10 +81,14 @@ def wired(official_emulators: Emulators, emulator_project: str) -> Iterator[Wire
         db.close()
 
 
-def tick(client: Any, message_id: str) -> Any:
+def tick(client: Any, message_id: str, publish_time: str | None = None) -> Any:
+    """A ``reconcile-ticks`` message pushed as Eventarc does; published when the saved
+    envelope says, or at ``publish_time``."""
     envelope = copy.deepcopy(ENVELOPE)
     envelope["id"] = envelope["data"]["message"]["messageId"] = message_id
     envelope["data"]["message"]["data"] = ""  # a tick carries nothing
+    if publish_time is not None:
+        envelope["data"]["message"]["publishTime"] = publish_time
     return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
 
 
@@ -164,17 +168,8 @@ def test_a_follow_up_that_stops_while_requests_move_hands_itself_on(
     # Delivered, the nudge is no nudge a pass has served: it runs one (the request is served
     # by the cloud by then), which leaves nothing provisioning and hands nothing on.
     published = message.publish_time.isoformat().replace("+00:00", "Z")
-    assert deliver(wired.client, "follow-up-1", published).status_code == 200
+    assert tick(wired.client, "follow-up-1", published).status_code == 200
     record = wired.store.get("train")
     assert record is not None
     assert record.state is RequestState.ACTIVE
     assert pull(wired.subscriber, subscription, 1, attempts=2) == []
-
-
-def deliver(client: Any, message_id: str, publish_time: str) -> Any:
-    """A ``reconcile-ticks`` message published at ``publish_time``, pushed as Eventarc does."""
-    envelope = copy.deepcopy(ENVELOPE)
-    envelope["id"] = envelope["data"]["message"]["messageId"] = message_id
-    envelope["data"]["message"]["data"] = ""
-    envelope["data"]["message"]["publishTime"] = publish_time
-    return client.post("/", json=envelope, headers={"Content-Type": "application/cloudevents+json"})
