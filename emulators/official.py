@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -107,8 +108,39 @@ def missing_reason(root: Path | None = None) -> str | None:
 BIND_ATTEMPTS = 3
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Linux's ephemeral ports: the kernel hands them out to ``bind(0)`` and to every outgoing
+connection's local end (ip-sysctl.rst, ``ip_local_port_range``)."""
+PORT_ATTEMPTS = 200
+
+
+def ephemeral_ports(source: Path = EPHEMERAL_RANGE) -> range:
+    """The kernel's ephemeral port range (Linux's default 32768–60999 where it cannot be read)."""
+    try:
+        low, high = (int(word) for word in source.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    """A TCP port on HOST that nothing listens on right now."""
+    """A TCP port on HOST that nothing listens on right now, chosen at random below the kernel's
+    ephemeral range. A port is often chosen some seconds before its server binds it (a function
+    is told its own URL first); an ephemeral one could meanwhile become the local end of any
+    outgoing connection on the machine, and the server would fail to start. Below the range only
+    a program that asks for the very port can take it. Falls back to an ephemeral port when no
+    port below the range is free."""
+    above = ephemeral_ports().start
+    below = range(max(1024, above - 16384), max(1025, above))
+    choices = random.Random()
+    for _ in range(PORT_ATTEMPTS):
+        port = choices.choice(below)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((HOST, port))
+            except OSError:
+                continue
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return int(probe.getsockname()[1])

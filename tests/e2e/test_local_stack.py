@@ -6,6 +6,7 @@ left listening and no file left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -59,8 +60,10 @@ def start_up(
     )  # fmt: skip
     assert process.stdout is not None
     environment: dict[str, str] = {}
+    printed: list[str] = []
     deadline = time.monotonic() + 120
     for line in process.stdout:
+        printed.append(line)
         if line.startswith("export "):
             name, _, value = line.removeprefix("export ").strip().partition("=")
             environment[name] = value
@@ -71,7 +74,16 @@ def start_up(
             environment["logs"] = line.removeprefix("function logs: ").split()[0]
         if "Ctrl-C stops everything" in line or time.monotonic() > deadline:
             break
-    assert "OPENDWS_COMPUTE_ENDPOINT" in environment, "dws up did not come up"
+    if "OPENDWS_COMPUTE_ENDPOINT" not in environment:
+        # Stopped here, so that a stack half up leaves nothing running for the next test.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            code: int | str = process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            code = "killed: still running 60 s after SIGTERM"
+        pytest.fail(f"dws up did not come up (exit {code}); it printed:\n{''.join(printed)}")
     return process, environment
 
 
