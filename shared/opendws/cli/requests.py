@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from opendws.client import InvalidRequest
     from opendws.domain.run import RunSpec
     from opendws.ports import Host, StatusEvent
+    from opendws.service.usage import UsageRow
 
 # `dws wait` says so on stderr when the request is still not stored after this many seconds.
 NOT_STORED_NOTE_S = 5.0
@@ -105,6 +106,9 @@ class _ArgvAfterDashes(click.Command):
                    "(projects/P/secrets/S/versions/V); repeat.")  # fmt: skip
 @click.option("--ends-when", type=click.Choice(["all_exited", "rank0_exited"]),
               help="When the run is over: every rank exited (default), or rank 0.")  # fmt: skip
+@click.option("--release-on-end", is_flag=True, default=None,
+              help="calendar: delete the block's VMs when its job ends (default: kept until "
+                   "the block ends; billed in full either way).")  # fmt: skip
 @project_option
 def submit(file: Path | None, **flags: Any) -> None:
     """Validate a request and publish it on its tenant's topic; print its id.
@@ -148,6 +152,8 @@ def _run_from(flags: dict[str, Any], argv: list[str] | None) -> dict[str, Any] |
             run[key] = _pairs(option, flags[given])
     if flags.get("ends_when") is not None:
         run["ends_when"] = flags["ends_when"]
+    if flags.get("release_on_end"):
+        run["release_on_end"] = True
     return run or None
 
 
@@ -452,16 +458,28 @@ def usage(tenant: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([{"tenant": r.tenant, "accelerator": r.accelerator,
                                 "granted_hours": r.granted_hours, "used_hours": r.used_hours,
-                                "cost": r.cost, "outcomes": dict(r.outcomes)}
+                                "cost": r.cost, "outcomes": dict(r.outcomes),
+                                "blocks": dict(r.blocks)}
                                for r in rows], indent=2))  # fmt: skip
         return
-    table = Table("tenant", "accelerator", "granted h", "used h", "cost", "outcomes")
+    table = Table("tenant", "accelerator", "granted h", "used h", "cost", "outcomes",
+                  "calendar blocks")  # fmt: skip
     for row in rows:
         cost = "" if row.cost is None else f"{row.cost:,.2f}"
         outcomes = ", ".join(f"{k.lower()} {v}" for k, v in sorted(row.outcomes.items()))
         table.add_row(row.tenant, row.accelerator, f"{row.granted_hours:,.2f}",
-                      f"{row.used_hours:,.2f}", cost, outcomes)  # fmt: skip
+                      f"{row.used_hours:,.2f}", cost, outcomes, _blocks(row))  # fmt: skip
     console.print(table)
+
+
+def _blocks(row: UsageRow) -> str:
+    """How the row's started calendar blocks ended, and that each is billed in full."""
+    if not row.blocks:
+        return ""
+    said = ", ".join(
+        f"{count} {ending.replace('_', ' ')}" for ending, count in sorted(row.blocks.items())
+    )
+    return f"{said} (billed in full either way)"
 
 
 # dws logs ----------------------------------------------------------------------------------------

@@ -135,7 +135,12 @@ class RunSpec:
     """The job: ``command`` (argv) run on every VM, in ``image`` when given, with ``env`` and
     the values of ``secrets`` (env name → Secret Manager version name) added to its
     environment; over when ``ends_when`` holds. ``env`` and ``secrets`` are sorted
-    ``(name, value)`` pairs (:meth:`of` takes mappings)."""
+    ``(name, value)`` pairs (:meth:`of` takes mappings).
+
+    ``release_on_end`` (calendar blocks only): Google bills an approved block in full, so by
+    default the block's VMs stay until the block ends when its job ends early; True deletes
+    them at once (the block is billed in full either way). Flex-start capacity is always given
+    back when its job ends: intake refuses the field on a flex-start request."""
 
     command: tuple[str, ...]
     image: str | None = None
@@ -143,6 +148,7 @@ class RunSpec:
     secrets: tuple[tuple[str, str], ...] = ()
     ends_when: EndsWhen = EndsWhen.ALL_EXITED
     runner: CiRunner | None = None  # a CI run: no command of its own (see CiRunner)
+    release_on_end: bool = False
 
     def __post_init__(self) -> None:
         if self.runner is None:
@@ -186,6 +192,7 @@ class RunSpec:
         secrets: Mapping[str, str] | None = None,
         ends_when: EndsWhen | str = EndsWhen.ALL_EXITED,
         runner: CiRunner | None = None,
+        release_on_end: bool = False,
     ) -> RunSpec:
         """A run from mappings (``env``, ``secrets``) and text (``ends_when``)."""
         try:
@@ -196,10 +203,12 @@ class RunSpec:
         return cls(
             command=tuple(command), image=image, env=tuple(sorted((env or {}).items())),
             secrets=tuple(sorted((secrets or {}).items())), ends_when=ending, runner=runner,
+            release_on_end=release_on_end,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
-        """The run as ``opendws.request/v1`` writes it (``image`` null when not given)."""
+        """The run as ``opendws.request/v1`` writes it (``image`` null when not given;
+        ``runner`` and ``release_on_end`` only when given)."""
         return {
             "command": list(self.command),
             "image": self.image,
@@ -207,6 +216,7 @@ class RunSpec:
             "secrets": dict(self.secrets),
             "ends_when": self.ends_when.value,
             **({} if self.runner is None else {"runner": self.runner.to_json()}),
+            **({"release_on_end": True} if self.release_on_end else {}),
         }
 
     @classmethod
@@ -218,6 +228,7 @@ class RunSpec:
             secrets=data.get("secrets"), ends_when=data.get("ends_when", EndsWhen.ALL_EXITED),
             runner=None if runner is None else CiRunner.of(
                 runner["provider"], runner["labels"], runner["source"]),
+            release_on_end=data.get("release_on_end") is True,
         )  # fmt: skip
 
 

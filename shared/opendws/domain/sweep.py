@@ -53,6 +53,9 @@ class SweepReason(StrEnum):
     PROVISIONING_FAILED = "PROVISIONING_FAILED"  # the cloud failed the order for good
     CAPACITY_ENDED = "CAPACITY_ENDED"  # the cloud ended the run by itself
     BLOCK_STARTED = "BLOCK_STARTED"  # a calendar block's start was reached
+    # Google filled a started block's reservation (from its start, possibly up to 24 h
+    # later): its VMs are created now, and its job starts once they run.
+    BLOCK_FILLED = "BLOCK_FILLED"
     BLOCK_ENDED = "BLOCK_ENDED"  # a calendar block's end was reached
     # Given up after ReconcileSettings.give_up_after (off by default: it loses the place in
     # Google's queue; kept to compare against, see bench/obtain.py).
@@ -380,6 +383,19 @@ def _calendar(view: SweepView, seen: LaneView, now: datetime, settings: SweepSet
             S.PROVISIONING, SweepReason.BLOCK_STARTED, Trigger.ACTIVE, lanes, (),
             f"block started; waiting for Google Cloud to fill its reservation in {lane.pool} "
             f"(it delivers a block's capacity from its start, possibly up to 24 h later){said}",
+        )  # fmt: skip
+    if (
+        view.state is S.PROVISIONING
+        and seen.phase is P.RESERVED
+        and view.reason == SweepReason.BLOCK_STARTED
+    ):
+        # The block started before Google filled its reservation (the start's event said it
+        # waits for Google): say that the wait is over, once; a repeat of the call is a repair.
+        return Step(
+            None, SweepReason.BLOCK_FILLED, Trigger.PASSIVE, lanes, calls,
+            f"Google Cloud filled the block's reservation in {lane.pool} (the block started at "
+            f"{_when(view.block_start)}); creating its {view.units} units now: a job starts "
+            "once they run",
         )  # fmt: skip
     target = None if row.target is view.state else row.target
     acts = target is not None or row.reason is not None or bool(calls)

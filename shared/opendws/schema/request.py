@@ -198,6 +198,15 @@ class Run(_Strict):
         default=None,
         description="A CI job's run: the VM runs one job as a runner of its CI system.",
     )
+    release_on_end: bool = Field(
+        default=False,
+        description=(
+            "calendar only: when the job ends before the block does, delete the block's VMs at "
+            "once (true) or keep them until the block ends (false, the default: another job "
+            "may run on them). Google bills an approved block in full either way. Refused on "
+            "a flex_start request, whose capacity is always given back when its job ends."
+        ),
+    )
 
     @model_validator(mode="after")
     def _valid(self) -> Run:
@@ -212,6 +221,7 @@ class Run(_Strict):
                 ends_when=EndsWhen(self.ends_when),
                 runner=None if self.runner is None else CiRunner.of(
                     self.runner.provider, self.runner.labels, self.runner.source),
+                release_on_end=self.release_on_end,
             )  # fmt: skip
         except InvalidModel as error:
             raise FieldProblem(error.field.removeprefix("run."), error.rule) from None
@@ -327,6 +337,14 @@ RequestMessage = Annotated[Submit | Cancel | Release | CiJob, Field(discriminato
 _ADAPTER: TypeAdapter[Submit | Cancel | Release | CiJob] = TypeAdapter(RequestMessage)
 
 
+# Why a flex-start request may not say release_on_end (DESIGN "Two modes": releasing a flex
+# run early frees the capacity and stops the cost, so it is always given back).
+RELEASE_ON_END_FLEX = (
+    "is for calendar blocks only: a flex_start request's capacity is always given back when "
+    "its job ends (it is billed for what it used); remove the field"
+)
+
+
 class MessageError(ValueError):
     """A message that cannot be accepted; ``problems`` holds ``(field, rule)`` pairs."""
 
@@ -380,6 +398,12 @@ def to_capacity_request(
         zone_problem = tpu_calendar_zone_problem(submit.gang.accelerator, submit.locations)
         if zone_problem is not None:
             raise MessageError([("locations", zone_problem)])
+    if (
+        submit.mode == Mode.FLEX_START.value
+        and submit.run is not None
+        and "release_on_end" in submit.run.model_fields_set
+    ):
+        raise MessageError([("run.release_on_end", RELEASE_ON_END_FLEX)])
     gang = submit.gang
     machine = MACHINE_TYPES.get(gang.machine_type or "")
     mode = Mode(submit.mode)

@@ -74,7 +74,7 @@ from opendws.ports.runs import (
     VmIdentity,
     bind,
 )
-from opendws.service.release import EndReason, EndService
+from opendws.service.release import EndReason, EndService, block_job_over
 
 log = logging.getLogger(__name__)
 S = RequestState
@@ -557,6 +557,8 @@ class AgentService:
         heartbeat looks at its own run this way too, so a lost peer is noticed within seconds."""
         if record.request.run is None or record.since is None or record.state is not S.ACTIVE:
             return False
+        if block_job_over(record):
+            return False  # its job is over; the block keeps its VMs to its end
         if now >= record.since + record.request.run_duration:
             return False  # its run time is up: the reconciler expires it
         lost = self._lost_ranks(record, now)
@@ -603,6 +605,7 @@ class AgentService:
             or record.state.is_final
             or session.attempt not in {lane.attempt for lane in record.orders}
             or record.request.run is None
+            or block_job_over(record)  # a calendar block's job ended; its VMs are kept
         ):
             return session, None
         return session, record

@@ -70,6 +70,7 @@ class EndOutcome(StrEnum):
     IGNORED = "IGNORED"  # a timer that no longer applies
     REARMED = "REARMED"  # a hop of a long timer: the next hop is armed
     NUDGED = "NUDGED"  # a start timer: the reconciler was asked to start the block
+    KEPT = "KEPT"  # a calendar block's job ended: its VMs are kept until the block ends
 
 
 class EndReason(StrEnum):
@@ -88,6 +89,32 @@ class EndReason(StrEnum):
     AGENT_LOST = "AGENT_LOST"
     # A CI run's runner took no job within its mapping's idle time: deleted, and released.
     RUNNER_IDLE = "RUNNER_IDLE"
+
+
+# The reasons a run ends with (service.agents): the job's verdict, or its agents lost.
+JOB_ENDINGS = frozenset({EndReason.JOB_SUCCEEDED, EndReason.JOB_FAILED, EndReason.AGENT_LOST})
+# What an event says of a calendar block's bill (compute/docs/instances/
+# delete-future-reservations-calendar-mode: an approved block is billed in full).
+BILLED_IN_FULL = "Google Cloud bills the block in full to its end either way"
+
+
+def block_job_over(record: RequestRecord) -> bool:
+    """Whether ``record`` is a running calendar block whose own job has ended while its VMs
+    are kept until the block ends (``run.release_on_end`` false): the request stays ACTIVE
+    with the job's verdict as its reason."""
+    return (
+        record.request.mode is Mode.CALENDAR
+        and record.state is S.ACTIVE
+        and record.reason in {reason.value for reason in JOB_ENDINGS}
+    )
+
+
+def keeps_vms(record: RequestRecord) -> bool:
+    """Whether the end of ``record``'s job leaves its VMs running: a calendar block whose run
+    does not say ``release_on_end`` (Google bills the block in full whatever is done, so its
+    capacity stays the tenant's until the block ends)."""
+    run = record.request.run
+    return record.request.mode is Mode.CALENDAR and run is not None and not run.release_on_end
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,13 +234,23 @@ class EndService:
         JOB_FAILED, AGENT_LOST or RUNNER_IDLE): release its capacity now, as a tenant's
         release would (RELEASED, with the reason and ``message``). A run of another attempt,
         or a request not running, is left as it is (IGNORED); one already ended is
-        ALREADY_ENDED. Safe to repeat."""
+        ALREADY_ENDED. Safe to repeat.
+
+        A calendar block is billed in full whatever is done (:data:`BILLED_IN_FULL`): unless
+        its run says ``release_on_end``, its VMs are kept until the block ends — the request
+        stays ACTIVE, its reason the job's, and the event says until when — and with it they
+        are deleted as for any run, the event saying the block is still billed in full."""
         for _ in range(ATTEMPTS):
             record = self._store.get(request_id)
             if record is None:
                 return EndResult(EndOutcome.IGNORED, None, f"no request {request_id!r}")
             if record.state.is_final:
                 return EndResult(EndOutcome.ALREADY_ENDED, record.state, f"already {record.state}")
+            if block_job_over(record):
+                return EndResult(
+                    EndOutcome.ALREADY_ENDED, record.state,
+                    f"the job of block {request_id!r} already ended ({record.reason})",
+                )  # fmt: skip
             if record.state is not S.ACTIVE or attempt not in {
                 lane.attempt for lane in record.orders
             }:
@@ -222,10 +259,43 @@ class EndService:
                     f"{request_id!r} does not run attempt {attempt} (it is {record.state})",
                 )  # fmt: skip
             try:
+                if reason in JOB_ENDINGS and keeps_vms(record):
+                    return self._keep_block(record, reason, message)
+                if record.request.mode is Mode.CALENDAR:
+                    message += (
+                        f"; the block's VMs are deleted now (release_on_end); "
+                        f"{BILLED_IN_FULL} at {_block_end(record)}"
+                    )
                 return self._end(record, S.RELEASED, reason, message)
             except StaleWrite:
                 continue  # the reconciler moved it meanwhile: look again
         raise StaleWrite(f"{request_id} kept changing while its run was being ended; try again")
+
+    def _keep_block(self, record: RequestRecord, reason: EndReason, said: str) -> EndResult:
+        """A calendar block's job ended (``reason``, ``said``: each rank's exit): the request
+        stays ACTIVE with its VMs until the block ends (a revision, announced)."""
+        now = self._clock.now()
+        verdict = reason.value.removeprefix("JOB_").lower().replace("_", " ")
+        message = (
+            f"job ended ({verdict}: {said}); the block's VMs are kept until its end at "
+            f"{_block_end(record)} (release_on_end is false); {BILLED_IN_FULL}. Release the "
+            "block to delete them now"
+        )
+        event = StatusEvent(
+            request_id=record.request_id, tenant=record.tenant, state=S.ACTIVE,
+            previous_state=S.ACTIVE, at=now, reason=reason.value, message=message,
+            pool=record.pool,
+        )  # fmt: skip
+        changed = self._store.change(
+            record.request_id,
+            Change(
+                expected_version=record.version, state=S.ACTIVE, event=event,
+                reason=reason.value, message=message, pool=record.pool,
+            ),
+        )  # fmt: skip
+        self._bus.publish(event)
+        self._store.mark_announced(record.request_id, changed.events)
+        return EndResult(EndOutcome.KEPT, S.ACTIVE, message)
 
     def _withdraw(self, record: RequestRecord, tenant: str) -> EndResult | None:
         """Cancel a calendar block at Google before it is written CANCELLED (None: done, or
@@ -385,3 +455,10 @@ class EndService:
             )
         )
         return EndResult(EndOutcome.REFUSED, state, message)
+
+
+def _block_end(record: RequestRecord) -> str:
+    """When ``record``'s calendar block ends, as events write instants (ISO 8601)."""
+    request = record.request
+    assert request.start_at is not None  # a calendar block
+    return (request.start_at + request.run_duration).isoformat()

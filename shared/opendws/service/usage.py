@@ -12,7 +12,10 @@ cannot count a request twice and a crash cannot lose it.
 - **cost**: used hours × the configured price × the mode's factor (flex-start and calendar
   capacity are discounted); None where no price is configured.
 - A **calendar block** that reached its start counts in full, from its start to its end,
-  whether it was used or released early: Google bills it so.
+  whether it was used or released early: Google bills it so. The totals say how each such
+  block ended (:data:`KEPT_TO_END`: its VMs stayed until its end, as they do by default when
+  its job ends early; :data:`RELEASED_EARLY`: deleted before it, by ``run.release_on_end`` or
+  a release) — billed in full either way.
 - **per day** (:meth:`UsageService.daily`, the dashboard's chart): an entry's used hours and
   cost are spread over the UTC days its run covered, in proportion to the time in each (an
   entry that never ran counts on the day it ended); only finished requests are in the ledger.
@@ -34,6 +37,10 @@ DAY = timedelta(days=1)
 MAX_DAYS = 120  # the longest daily series asked for at once
 # A calendar block that reached its start is billed in full, released early or not.
 _BLOCK_STARTED = (RequestState.PROVISIONING, RequestState.ACTIVE)
+# How a started calendar block ended (UsageRow.blocks): its VMs kept until its end, or
+# deleted before it (run.release_on_end, or a release).
+KEPT_TO_END = "kept_to_end"
+RELEASED_EARLY = "released_early"
 
 
 def usage_of(
@@ -65,6 +72,15 @@ def usage_of(
     )
 
 
+def block_ending(entry: UsageEntry) -> str | None:
+    """How a calendar block that reached its start ended: :data:`RELEASED_EARLY` when it was
+    released (its VMs deleted before its end), :data:`KEPT_TO_END` when it ran out its window;
+    None for any other entry (a flex request, a block that never started)."""
+    if entry.mode is not Mode.CALENDAR or entry.granted_hours <= 0:
+        return None
+    return RELEASED_EARLY if entry.outcome is RequestState.RELEASED else KEPT_TO_END
+
+
 @dataclass(slots=True)
 class UsageRow:
     """The totals of one tenant for one accelerator."""
@@ -75,6 +91,9 @@ class UsageRow:
     used_hours: float = 0.0
     cost: float | None = None  # None while no entry of the row has a price
     outcomes: Counter[str] = field(default_factory=Counter)  # final state → requests
+    # Started calendar blocks by how they ended (KEPT_TO_END, RELEASED_EARLY): billed in full
+    # either way.
+    blocks: Counter[str] = field(default_factory=Counter)
 
 
 class UsageService:
@@ -100,6 +119,9 @@ class UsageService:
             row.granted_hours += entry.granted_hours
             row.used_hours += entry.used_hours
             row.outcomes[entry.outcome.value] += 1
+            ending = block_ending(entry)
+            if ending is not None:
+                row.blocks[ending] += 1
             if entry.cost is not None:
                 row.cost = (row.cost or 0.0) + entry.cost
         return [rows[key] for key in sorted(rows)]
