@@ -168,6 +168,11 @@ def _queued_page(request: Request, items: list[JSON]) -> JSON:
     return {"queuedResources": page, **({"nextPageToken": token} if token else {})}
 
 
+def _nodes_page(request: Request, items: list[JSON]) -> JSON:
+    page, token = _page(request, items, size_param="pageSize")
+    return {"nodes": page, **({"nextPageToken": token} if token else {})}
+
+
 def _queued_id(request: Request) -> str:
     return request.args.get("queuedResourceId") or request.args.get("queued_resource_id") or ""
 
@@ -333,8 +338,9 @@ def _resize_request_routes(version: str) -> list[tuple[str, str, Handler]]:
 
 
 def _tpu_routes(version: str) -> list[tuple[str, str, Handler]]:
-    """The queuedResources rows of one TPU API version (``v2``, or ``v2alpha1`` for flex-start;
-    the same resources behind both)."""
+    """The queuedResources and nodes rows of one TPU API version (``v2``, or ``v2alpha1`` for
+    flex-start; the same resources behind both). Nodes are read only: a queued resource makes
+    them (``opendws.sim.cloud.tpu``)."""
     base = f"/{version}/projects/<project>/locations/<zone>"
     return [
         ("POST", base + "/queuedResources",
@@ -349,6 +355,10 @@ def _tpu_routes(version: str) -> list[tuple[str, str, Handler]]:
                                                   _true(r.args.get("force")), version)),
         ("GET", base + "/operations/<name>",
          lambda c, r, a: c.get_tpu_operation(a["project"], a["zone"], a["name"])),
+        ("GET", base + "/nodes",
+         lambda c, r, a: _nodes_page(r, c.list_nodes(a["project"], a["zone"]))),
+        ("GET", base + "/nodes/<name>",
+         lambda c, r, a: c.get_node(a["project"], a["zone"], a["name"])),
     ]  # fmt: skip
 
 

@@ -87,5 +87,6 @@ class SimulatedCloud(MigApi, InstanceApi, ReservationApi, TpuApi):
                     if f.reservation_live
                 ],
                 "queuedResources": [queued_view(q) for q in project.queued_resources.values()],
+                "nodes": self.project_nodes(name),
             }
         return {**self._world_state(), "resources": resources}

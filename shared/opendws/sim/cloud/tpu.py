@@ -33,6 +33,22 @@ the ``v2alpha1`` discovery document):
 - Its create and delete are long-running operations that are done after the world's operation
   latency: a created queued resource is there at once; a deleted one goes when the delete is
   done.
+- **Nodes** (tpu/docs/reference/rest/v2/projects.locations.nodes, and the ``v2alpha1``
+  equivalent; tpu/docs/queued-resources): a queued resource's nodes exist while it is
+  ``ACTIVE`` — made when it becomes ``ACTIVE``, gone when it is deleted, ``SUSPENDED`` (the
+  end of a flex-start run deletes the TPU VMs) or its reservation ends. A node spec names one
+  node by ``nodeId`` (``^[A-Za-z0-9_.~+%-]+$``; when absent, the queued resource's id: Google
+  does not say) or ``nodeCount`` (> 1) nodes by ``multisliceParams`` (``v2``) /
+  ``multiNodeParams`` (``v2alpha1``) ``{nodeCount, nodeIdPrefix}``: "If node_count = 3 and
+  node_id_prefix = "np", node ids of nodes created will be "np-0", "np-1", "np-2". If this
+  field is not provided we use queued_resource_id as the node_id_prefix"; "It's an error to
+  specify both node_id and multi_node_params". Each node is ``READY`` with one network
+  endpoint (port 8470) per TPU VM ("worker"): ``catalog.tpu_hosts`` of its slice, addresses
+  from the world's internal range as VMs get theirs. The node's ``metadata`` (map of string to
+  string), ``labels`` (likewise) and ``serviceAccount`` (``{email, scope[]}``) are Google's
+  ``Node`` fields: another JSON shape is refused (400), as is an unknown field name in
+  ``serviceAccount``. A node whose spec names no ``serviceAccount`` shows none (the local VM
+  host gives its workers the default account, as it does VMs).
 """
 
 from __future__ import annotations
@@ -43,7 +59,12 @@ import re
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from opendws.catalog import TPU_API_TYPES, TPU_FLEX_START
+from opendws.catalog import (
+    TPU_ACCELERATOR_OF_API_TYPE,
+    TPU_API_TYPES,
+    TPU_FLEX_START,
+    tpu_hosts,
+)
 from opendws.sim.cloud.errors import CloudError
 from opendws.sim.cloud.parsing import (
     JSON,
@@ -60,6 +81,7 @@ from opendws.sim.cloud.world import (
     STOCKOUT,
     FutureReservation,
     QueuedResource,
+    TpuNode,
     World,
     by_name,
     settled,
@@ -92,6 +114,10 @@ TPU_FAMILIES = {
     "v6e": ("V6E", 1),
 }
 _FINISHED = ("FAILED", "SUSPENDED")
+# A TPU VM's network endpoint port (Node.networkEndpoints[].port, as Google reports it).
+TPU_ENDPOINT_PORT = 8470
+_NODE_ID = re.compile(r"[A-Za-z0-9_.~+%-]+")
+_ACCOUNT_FIELDS = ("email", "scope")
 
 
 class TpuApi(World):
@@ -115,6 +141,7 @@ class TpuApi(World):
         if (zone, name) in state.queued_resources:
             raise CloudError(409, "alreadyExists", f"Resource '{qr_path}' already exists")
         shape, chips = _tpu_request(body)
+        _planned_nodes(body, name, api_version)
         now = self.clock.now()
         flex, run, termination = _provisioning(body, api_version, shape, now)
         reservation = _reservation_reference(body, api_version)
@@ -199,6 +226,52 @@ class TpuApi(World):
     ) -> None:
         if record.alive and record.state == "PROVISIONING" and block.reservation_live:
             record.state = "ACTIVE"
+            self._make_nodes(record, when)
+
+    def _make_nodes(self, record: QueuedResource, when: datetime) -> None:
+        """The nodes of a queued resource that has just become ``ACTIVE``."""
+        record.nodes = []
+        for index, (node_name, spec) in enumerate(
+            _planned_nodes(record.body, record.name, record.api_version)
+        ):
+            shape, chips = _tpu_node(spec)
+            accelerator = TPU_ACCELERATOR_OF_API_TYPE.get(shape, shape)
+            workers = tpu_hosts(accelerator, chips)
+            record.nodes.append(TpuNode(
+                node_name, self._new_id(), index, spec, shape, _accelerator_type(spec, shape),
+                _topology(spec, shape, chips),
+                [self._new_addresses({})[0] for _ in range(workers)], when,
+            ))  # fmt: skip
+
+    @settled
+    def get_node(self, project: str, zone: str, node_name: str) -> JSON:
+        """A TPU node (``Node``), while its queued resource is ``ACTIVE``; 404 otherwise."""
+        for record, node in self._nodes(project, zone):
+            if node.name == node_name:
+                return node_view(record, node)
+        raise CloudError.not_found(f"projects/{project}/locations/{zone}/nodes/{node_name}")
+
+    @settled
+    def list_nodes(self, project: str, zone: str) -> list[JSON]:
+        """The TPU nodes of ``zone``, by name."""
+        found = sorted(self._nodes(project, zone), key=lambda pair: pair[1].name)
+        return [node_view(record, node) for record, node in found]
+
+    @settled
+    def project_nodes(self, project: str) -> list[JSON]:
+        """Every TPU node of ``project``, in every zone (by zone, then name)."""
+        found = sorted(self._nodes(project), key=lambda pair: (pair[0].zone, pair[1].name))
+        return [node_view(record, node) for record, node in found]
+
+    def _nodes(self, project: str, zone: str | None = None) -> list[tuple[QueuedResource, TpuNode]]:
+        """The nodes of ``project`` (in ``zone``, or in every zone), with their queued
+        resource."""
+        return [
+            (record, node)
+            for record in self._project(project).queued_resources.values()
+            if zone in (None, record.zone) and record.alive and record.state == "ACTIVE"
+            for node in record.nodes
+        ]
 
     @settled
     def get_queued_resource(self, project: str, zone: str, name: str) -> JSON:
@@ -240,6 +313,7 @@ class TpuApi(World):
     def _serve_queued(self, record: QueuedResource, when: datetime) -> None:
         record.state = "ACTIVE"
         record.holds_stock = True
+        self._make_nodes(record, when)
         if record.flex:
             ends = record.termination_time
             if ends is None and record.run_duration is not None:
@@ -254,6 +328,7 @@ class TpuApi(World):
             self._counters["auto_deleted"] += 1
             record.state = "SUSPENDED"
             record.initiator = "SERVICE"
+            record.nodes = []
             self._release_chips(record)
 
     def _fail_queued(self, record: QueuedResource, when: datetime) -> None:
@@ -425,11 +500,12 @@ def _tpu_request(body: JSON) -> tuple[str, int]:
         raise CloudError.invalid("A queued resource needs tpu.nodeSpec with at least one node")
     shapes: set[str] = set()
     chips = 0
-    for spec in specs:
+    for index, spec in enumerate(specs):
         node = get(spec, "node") if isinstance(spec, dict) else None
         if not isinstance(node, dict):
             raise CloudError.invalid("Every tpu.nodeSpec entry needs a node")
         shape, slice_chips = _tpu_node(node)
+        _node_fields(node, f"queued_resource.tpu.node_spec[{index}].node")
         multi = get(spec, "multisliceParams") or get(spec, "multiNodeParams") or {}
         slices = integer(get(multi, "nodeCount") or 1, "nodeSpec.nodeCount")
         shapes.add(shape)
@@ -437,6 +513,152 @@ def _tpu_request(body: JSON) -> tuple[str, int]:
     if len(shapes) != 1:
         raise CloudError.invalid("All node specs of a queued resource must use one TPU type")
     return shapes.pop(), chips
+
+
+def _planned_nodes(body: JSON, qr_name: str, api_version: str) -> list[tuple[str, JSON]]:
+    """(name, the spec's ``node``) of every node a queued resource makes, in spec order;
+    refuses names Google refuses (the module docstring)."""
+    multi_field = "multisliceParams" if api_version == "v2" else "multiNodeParams"
+    other_field = "multiNodeParams" if api_version == "v2" else "multisliceParams"
+    planned: list[tuple[str, JSON]] = []
+    for index, spec in enumerate(get(get(body, "tpu"), "nodeSpec")):
+        where = f"queued_resource.tpu.node_spec[{index}]"
+        refuse_unknown(spec, other_field, where)
+        node, node_id, multi = get(spec, "node"), get(spec, "nodeId"), get(spec, multi_field)
+        if multi is None:
+            planned.append((_node_id(node_id or qr_name, f"{where}.node_id"), node))
+            continue
+        if node_id:
+            raise CloudError.invalid(
+                f"Invalid value at '{where}': it's an error to specify both node_id and "
+                f"{multi_field}"
+            )
+        count = integer(get(multi, "nodeCount"), f"{where}.{multi_field}.node_count")
+        if count <= 1:
+            raise CloudError.invalid(
+                f"Invalid value at '{where}.{multi_field}.node_count': {count} (it needs to be > 1)"
+            )
+        prefix = _node_id(
+            get(multi, "nodeIdPrefix") or qr_name, f"{where}.{multi_field}.node_id_prefix"
+        )
+        planned.extend((f"{prefix}-{i}", node) for i in range(count))
+    names = [node_name for node_name, _ in planned]
+    if len(set(names)) != len(names):
+        raise CloudError.invalid(f"The node ids of a queued resource must differ: {names}")
+    return planned
+
+
+def _node_id(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _NODE_ID.fullmatch(value):
+        raise CloudError.invalid(
+            f"Invalid value at '{where}': {value!r} (must follow ^[A-Za-z0-9_.~+%-]+$)"
+        )
+    return value
+
+
+def _node_fields(node: JSON, where: str) -> None:
+    """Refuse a node's ``metadata`` or ``labels`` that is not a map of string to string, and
+    a ``serviceAccount`` that is not ``{email: string, scope: [string]}`` (Google's ``Node``,
+    ``ServiceAccount``)."""
+    for field_name, proto in (("metadata", "metadata"), ("labels", "labels")):
+        mapping = get(node, field_name)
+        if mapping is None:
+            continue
+        if not isinstance(mapping, dict):
+            raise CloudError.invalid(
+                f"Invalid value at '{where}.{proto}' (type.googleapis.com/"
+                f"google.cloud.tpu.v2.Node.{field_name.capitalize()}Entry), {mapping!r}: "
+                "a map of string to string"
+            )
+        for key, value in mapping.items():
+            if not isinstance(value, str):
+                raise CloudError.invalid(
+                    f"Invalid value at '{where}.{proto}[{key!r}].value' (TYPE_STRING), {value!r}"
+                )
+    account = get(node, "serviceAccount")
+    if account is None:
+        return
+    if not isinstance(account, dict):
+        raise CloudError.invalid(
+            f"Invalid value at '{where}.service_account' "
+            f"(type.googleapis.com/google.cloud.tpu.v2.ServiceAccount), {account!r}"
+        )
+    for key in account:
+        if key not in _ACCOUNT_FIELDS:
+            raise CloudError.invalid(
+                f'Invalid JSON payload received. Unknown name "{key}" at '
+                f"'{where}.service_account': Cannot find field."
+            )
+    email, scope = account.get("email"), account.get("scope")
+    if email is not None and not isinstance(email, str):
+        raise CloudError.invalid(
+            f"Invalid value at '{where}.service_account.email' (TYPE_STRING), {email!r}"
+        )
+    if scope is not None and (
+        not isinstance(scope, list) or not all(isinstance(s, str) for s in scope)
+    ):
+        raise CloudError.invalid(
+            f"Invalid value at '{where}.service_account.scope' (TYPE_STRING), {scope!r}: "
+            "a list of strings"
+        )
+
+
+def _accelerator_type(node: JSON, shape: str) -> str:
+    """The node's ``acceleratorType``: as sent, or named from its AcceleratorConfig
+    (``v5litepod-16``: v2/v3/v4/v5p names count TensorCores, v5litepod/v6e names chips)."""
+    sent = get(node, "acceleratorType")
+    if isinstance(sent, str) and sent and get(node, "acceleratorConfig") is None:
+        return sent
+    family, cores = next((f, c) for f, (s, c) in TPU_FAMILIES.items() if s == shape)
+    _, chips = _tpu_node(node)
+    return f"{family}-{chips * cores}"
+
+
+def _topology(node: JSON, shape: str, chips: int) -> str:
+    """The node's topology: as its AcceleratorConfig says, else the usual shape of ``chips``
+    chips (2D for v5e/v6e: 2x4, 4x4, 4x8, …; 3D for the others: 2x2x1, 2x2x2, 2x2x4, …)."""
+    config = get(node, "acceleratorConfig")
+    if isinstance(config, dict) and get(config, "topology"):
+        return str(get(config, "topology"))
+    dimensions = [1, 1] if shape in ("V5LITE_POD", "V6E") else [1, 1, 1]
+    left, turn = chips, 0
+    while left > 1 and left % 2 == 0:
+        dimensions[turn % len(dimensions)] *= 2
+        left //= 2
+        turn += 1
+    dimensions[-1] *= left
+    ones = [d for d in dimensions if d == 1]
+    return "x".join(map(str, sorted(d for d in dimensions if d != 1) + ones))
+
+
+def node_view(record: QueuedResource, node: TpuNode) -> JSON:
+    """A node as Google's ``Node`` JSON shows it (empty maps and false omitted, as proto3 JSON
+    omits them)."""
+    spec = node.spec
+    view: JSON = {
+        "name": f"projects/{record.project}/locations/{record.zone}/nodes/{node.name}",
+        "id": str(node.id),
+        "acceleratorType": node.accelerator_type,
+        "acceleratorConfig": {"type": node.shape, "topology": node.topology},
+        "state": "READY",
+        "runtimeVersion": str(get(spec, "runtimeVersion") or ""),
+        "networkEndpoints": [
+            {"ipAddress": address, "port": TPU_ENDPOINT_PORT} for address in node.addresses
+        ],
+        "queuedResource": (
+            f"projects/{record.project}/locations/{record.zone}/queuedResources/{record.name}"
+        ),
+        "createTime": rfc3339(node.created_at),
+    }
+    for field_name in ("metadata", "labels"):
+        if get(spec, field_name):
+            view[field_name] = dict(get(spec, field_name))
+    account = get(spec, "serviceAccount")
+    if account:
+        view["serviceAccount"] = copy.deepcopy(account)
+    if len(record.nodes) > 1:
+        view["multisliceNode"] = True
+    return view
 
 
 def _tpu_node(node: JSON) -> tuple[str, int]:

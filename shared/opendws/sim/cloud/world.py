@@ -181,6 +181,25 @@ class FutureReservation(Record):
 
 
 @dataclass(eq=False)
+class TpuNode:
+    """A TPU node (one slice) that a queued resource made when it became ``ACTIVE``: its name
+    (the node spec's ``nodeId``, or ``{nodeIdPrefix}-{i}``), its own id, its place among its
+    queued resource's nodes, the node spec's ``node`` as sent, its TPU type (AcceleratorConfig
+    type name, ``acceleratorType`` and topology) and its workers' internal addresses, one per
+    TPU VM, in worker order."""
+
+    name: str
+    id: int
+    index: int
+    spec: JSON
+    shape: str
+    accelerator_type: str
+    topology: str
+    addresses: list[str]
+    created_at: datetime
+
+
+@dataclass(eq=False)
 class QueuedResource(Record):
     shape: str = ""
     chips: int = 0
@@ -195,6 +214,8 @@ class QueuedResource(Record):
     run_duration: timedelta | None = None
     termination_time: datetime | None = None
     initiator: str | None = None
+    # Its nodes while it is ACTIVE (made when it becomes ACTIVE, gone when it stops being so).
+    nodes: list[TpuNode] = field(default_factory=list)
 
 
 @dataclass
@@ -704,11 +725,13 @@ class World:
             self._give_back(instance.zone, instance.shape, 1)
 
     def _remove_queued_resource(self, record: QueuedResource) -> None:
-        """Delete a queued resource: out of its project (and Google's queue), chips it took from
-        stock back (chips of a reservation it consumed go back to that reservation)."""
+        """Delete a queued resource: out of its project (and Google's queue), its nodes gone,
+        chips it took from stock back (chips of a reservation it consumed go back to that
+        reservation)."""
         if not record.alive:
             return
         record.alive = False
+        record.nodes = []
         self._dequeue(record)
         del self._project(record.project).queued_resources[(record.zone, record.name)]
         if record.holds_stock:
