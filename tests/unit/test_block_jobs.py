@@ -10,7 +10,7 @@ provisioned into the block's reservation from its start, possibly up to 24 h lat
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -279,3 +279,47 @@ def test_the_usage_totals_say_how_each_started_block_ended() -> None:
 
     (row,) = UsageService(Ledger()).summary()
     assert dict(row.blocks) == {KEPT_TO_END: 1, RELEASED_EARLY: 1}
+
+
+# The agents on a block's VMs ---------------------------------------------------------------------
+
+
+def test_the_agents_exits_end_a_blocks_job_and_then_are_told_the_run_is_over(
+    cloud: Cloud,
+) -> None:
+    """Through the agent function: every rank exits 0, the block stays ACTIVE with its VMs
+    (JOB_SUCCEEDED), its agents' next calls answer 410 (the run is over: they stop), and the
+    sweep for lost agents leaves the block alone afterwards."""
+    from emulators.signing import LocalSigner
+    from opendws.adapters.ranks import MemoryRankStore
+    from opendws.adapters.vm_identity import EMULATOR_ISSUER, VmIdentityVerifier
+    from opendws.service.agents import AgentService, AgentSettings, Sessions
+    from tests.unit.test_agent_service import AGENT_URL, PROJECT, Kit, Logs, Secrets, Vms
+
+    world = running_block(cloud, fill=timedelta(0))
+    order = order_name("block", 1)
+    vms = Vms({f"{order}-{rank}": (ZONE, str(7000 + rank)) for rank in range(2)})
+    signer = LocalSigner("metadata", datetime.now(UTC))
+    service = AgentService(
+        store=world.store, ranks=MemoryRankStore(),
+        verifier=VmIdentityVerifier(audience=AGENT_URL, project_id=PROJECT, certs=signer.certs,
+                                    issuers=frozenset({EMULATOR_ISSUER})),
+        order_vms=vms, secrets=Secrets(), logs=Logs(), ending=world.ending(),
+        sessions=Sessions(b"k" * 32, world.clock, timedelta(days=8)), clock=world.clock,
+        settings=AgentSettings(),
+    )  # fmt: skip
+    kit = Kit(world, service, vms, Logs(), MemoryRankStore(), signer)
+    sessions = [kit.register(f"{order}-{rank}") for rank in range(2)]
+    for session in sessions:
+        assert kit.call("/v1/barrier", session).body["ready"] is True
+    for session in sessions:
+        assert kit.call("/v1/exit", session, {"code": 0}).status == 200
+    record = world.record("block")
+    assert (record.state, record.reason) == (S.ACTIVE, "JOB_SUCCEEDED")
+    assert record.message.startswith("job ended (succeeded: rank 0 exited 0, rank 1 exited 0)")
+    assert phase(cloud) is P.READY
+    for session in sessions:
+        assert kit.call("/v1/heartbeat", session, {"state": "exited"}).status == 410
+    world.clock.advance(timedelta(hours=2))
+    assert service.sweep() == []
+    assert world.state("block") is S.ACTIVE
