@@ -32,6 +32,13 @@ What it serves, as Google documents it:
   audience parameter required", as Google words it; troubleshoot-metadata-server: 400 when "a
   request has improper query parameters").
 
+A TPU VM (a worker of a Cloud TPU node) is an :class:`Instance` too: its name, id, zone,
+service account and attributes are the worker's (``emulators.vms`` says what a worker is
+given), its ``project/project-id`` the user's project, and its identity token's
+``google.compute_engine.project_id``/``project_number`` those of the Google tenant project
+the TPU VM lives in (``token_project_id``/``token_project_number``; a Compute Engine VM's
+token names its own project, the default).
+
 Tokens are signed by a :class:`~emulators.signing.LocalSigner` shared by every VM of the local
 cloud (Google signs every VM's token with its own keys) and carry :data:`ISSUER`, not Google's,
 so a verifier of Google's tokens never accepts one; a verifier of these is given the signer's
@@ -72,7 +79,11 @@ _FORMATS = ("standard", "full")
 
 @dataclass(frozen=True)
 class Instance:
-    """What the metadata server knows of its VM (as Compute Engine reports it)."""
+    """What the metadata server knows of its VM (as Compute Engine reports it).
+
+    ``token_project_id``/``token_project_number``: the project its identity token names,
+    when not ``project_id``/``project_number`` (a TPU VM's tenant project; both or neither).
+    """
 
     name: str
     instance_id: str  # Compute's ``id``: decimal digits, never reused
@@ -84,6 +95,8 @@ class Instance:
     created_at: datetime
     attributes: Mapping[str, str] = field(default_factory=dict)
     scopes: tuple[str, ...] = (CLOUD_PLATFORM,)
+    token_project_id: str | None = None
+    token_project_number: int | None = None
 
     def __post_init__(self) -> None:
         if not self.instance_id.isdigit():
@@ -94,6 +107,21 @@ class Instance:
             raise ValueError(f"created_at {self.created_at!r}: timezone-aware")
         if "@" not in self.service_account:
             raise ValueError(f"service_account {self.service_account!r}: an email")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.attributes.items()):
+            raise ValueError("attributes: strings by strings (custom metadata)")
+        if (self.token_project_id is None) != (self.token_project_number is None):
+            raise ValueError("token_project_id and token_project_number: both or neither")
+        if self.token_project_id is not None and not self.token_project_id:
+            raise ValueError("token_project_id: a project id, not empty")
+        if self.token_project_number is not None and self.token_project_number <= 0:
+            raise ValueError(f"token_project_number {self.token_project_number}: positive")
+
+    @property
+    def token_project(self) -> tuple[str, int]:
+        """(project id, project number) its identity tokens name."""
+        if self.token_project_id is not None and self.token_project_number is not None:
+            return self.token_project_id, self.token_project_number
+        return self.project_id, self.project_number
 
     @property
     def hostname(self) -> str:
@@ -211,9 +239,10 @@ def identity_claims(
         "exp": issued + int(TOKEN_LIFETIME.total_seconds()),
     }
     if token_format == "full":
+        project_id, project_number = instance.token_project
         engine: dict[str, object] = {
-            "project_id": instance.project_id,
-            "project_number": instance.project_number,
+            "project_id": project_id,
+            "project_number": project_number,
             "zone": instance.zone,
             "instance_id": instance.instance_id,
             "instance_name": instance.name,

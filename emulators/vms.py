@@ -20,13 +20,36 @@ of its project that is ``RUNNING``:
   the VM's metadata server and none of the stack's own settings (``OPENDWS_*``,
   ``*_EMULATOR_HOST``) in its environment: a VM knows only its metadata.
 
-A VM that is gone (released, deleted at its run-time limit), or no longer ``RUNNING``, is
-powered off: its agent's process group is sent SIGTERM, then every process the
-VM ran — the agent's session and the sessions of everything it started (its job runs in a
-session of its own) — SIGKILL after ``stop_grace_s``; its metadata server stops. A VM whose
-agent died (:meth:`VmHost.kill_vm`) stays as it is until the cloud ends it: nothing restarts
-the agent. A VM that comes back under the same name is another VM (another instance id) and
-gets a new agent. :meth:`VmHost.close` powers off every VM.
+It runs the TPU VMs too: every worker of every ``READY`` Cloud TPU node of its project (the
+TPU API's ``Node``, ``opendws.sim.cloud.tpu``) is a machine like a VM — a metadata server on
+the worker's own address (its ``networkEndpoints[i].ipAddress``) and an agent — serving what
+a TPU VM's metadata server serves:
+
+- instance name ``t1v-n-<8 hex>-w-<i>`` (the TPU VM hostname Google gives; the hex, random per
+  node here, is not derivable from the node), an instance id of its own (decimal), the node's
+  zone, the node's ``serviceAccount.email`` (or the default account);
+- ``instance/attributes/``: the node's ``metadata`` items, then Google's own
+  ``agent-worker-number`` (the worker's index), ``worker-network-endpoints``
+  (``unknown:unknown:IP`` per worker, comma-separated, in worker order: JAX's
+  ``jax/_src/clusters/cloud_tpu_cluster.py`` takes the third field of each),
+  ``accelerator-type`` (``v5litepod-16``) and ``tpu-env`` (lines ``KEY: 'value'``:
+  ``ACCELERATOR_TYPE``, ``NODE_ID``, ``WORKER_ID``, ``ZONE``, ``TOPOLOGY``,
+  ``CONSUMER_PROJECT_ID``, ``CONSUMER_PROJECT_NUMBER`` and, for a queued resource of several
+  nodes, Google's multislice variables ``MEGASCALE_COORDINATOR_ADDRESS`` (its node 0 worker
+  0's address, port 8080), ``MEGASCALE_NUM_SLICES`` and ``MEGASCALE_SLICE_ID`` (the node's
+  place, by creation)), then ``opendws-agent-url``;
+- ``project/project-id``: the user's project (tpu-env's ``CONSUMER_PROJECT_ID``), while its
+  identity token's ``google.compute_engine.project_id``/``project_number`` are those of a
+  Google tenant project (:func:`tpu_tenant_project`): TPU VMs live in a tenant project, and
+  Google does not document the token's project for them.
+
+A VM or worker that is gone (released, deleted at its run-time limit; its node gone), or no
+longer ``RUNNING``, is powered off: its agent's process group is sent SIGTERM, then every
+process the VM ran — the agent's session and the sessions of everything it started (its job
+runs in a session of its own) — SIGKILL after ``stop_grace_s``; its metadata server stops. A
+VM whose agent died (:meth:`VmHost.kill_vm`) stays as it is until the cloud ends it: nothing
+restarts the agent. A VM that comes back under the same name is another VM (another instance
+id) and gets a new agent. :meth:`VmHost.close` powers off every VM.
 
 The local stack runs one beside its simulated cloud (``with VmHost(cloud, settings):``).
 Finding the processes of a VM reads ``/proc`` (Linux); elsewhere only the agent's process group
@@ -36,8 +59,10 @@ is signalled.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -65,6 +90,12 @@ AGENT_URL_ATTRIBUTE = "opendws-agent-url"  # opendws.agent.transport.AGENT_URL_A
 _HIDDEN_PREFIXES = ("OPENDWS_", "GCE_METADATA_")
 _HIDDEN_SUFFIXES = ("_EMULATOR_HOST",)
 _KILL_ROUNDS = 5  # sweeps for processes a VM's processes forked while being killed
+# A TPU VM's own metadata keys (beside the node's metadata items).
+WORKER_NUMBER_ATTRIBUTE = "agent-worker-number"
+WORKER_ENDPOINTS_ATTRIBUTE = "worker-network-endpoints"
+ACCELERATOR_TYPE_ATTRIBUTE = "accelerator-type"
+TPU_ENV_ATTRIBUTE = "tpu-env"
+MEGASCALE_PORT = 8080  # MEGASCALE_COORDINATOR_ADDRESS's port
 
 
 @dataclass(frozen=True)
@@ -109,16 +140,29 @@ class VmSettings:
 @dataclass(frozen=True)
 class Vm:
     """A running local VM: what its metadata server says of it, its agent's process id, its
-    metadata server's ``host:port`` and its folder (``agent.log`` inside)."""
+    metadata server's ``host:port`` and its folder (``agent.log`` inside). A TPU VM also
+    names its ``node`` (``projects/P/locations/Z/nodes/N``) and its ``worker`` number."""
 
     instance: Instance
     pid: int
     metadata_host: str
     folder: Path
+    node: str | None = None
+    worker: int | None = None
 
     @property
     def log(self) -> Path:
         return self.folder / "agent.log"
+
+
+@dataclass(frozen=True)
+class _Machine:
+    """A machine that should run: what its metadata server says, and for a TPU VM its node
+    and worker number."""
+
+    instance: Instance
+    node: str | None = None
+    worker: int | None = None
 
 
 @dataclass
@@ -131,6 +175,7 @@ class _Running:
 
 
 Key = tuple[str, str, str]  # (zone, name, instance id)
+NodeKey = tuple[str, str, str]  # a TPU node's (zone, name, id)
 
 
 class VmHost:
@@ -143,6 +188,8 @@ class VmHost:
         self._lock = threading.Lock()
         self._running: dict[Key, _Running] = {}
         self._refused: set[Key] = set()  # VMs that cannot run here (said once in the log)
+        # Each TPU node's workers' identity: (the hex of their names, their instance ids).
+        self._tpu_identities: dict[NodeKey, tuple[str, tuple[str, ...]]] = {}
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -179,9 +226,19 @@ class VmHost:
     # ------------------------------------------------------------------ reading
 
     def vms(self) -> dict[str, Vm]:
-        """The VMs running now, by name."""
+        """The VMs running now (TPU VMs among them), by instance name."""
         with self._lock:
             return {key[1]: running.vm for key, running in self._running.items()}
+
+    def workers(self, node: str) -> list[Vm]:
+        """The running TPU VMs of ``node`` (its name, or ``projects/P/locations/Z/nodes/N``),
+        in worker order."""
+        found = [
+            vm
+            for vm in self.vms().values()
+            if vm.node is not None and node in (vm.node, _last(vm.node))
+        ]
+        return sorted(found, key=lambda vm: vm.worker or 0)
 
     def kill_vm(self, name: str) -> int:
         """SIGKILL the agent of the running VM ``name`` (as if it crashed; its job goes with it,
@@ -207,13 +264,13 @@ class VmHost:
         with self._lock:
             gone = [self._running.pop(key) for key in list(self._running) if key not in wanted]
         self._power_off(gone)
-        for key, view in wanted.items():
+        for key, machine in wanted.items():
             if self._stopping.is_set():
                 return
             with self._lock:
                 if key in self._running or key in self._refused:
                     continue
-            started = self._boot(key, view)
+            started = self._boot(key, machine)
             with self._lock:
                 if started is None:
                     self._refused.add(key)
@@ -230,39 +287,120 @@ class VmHost:
                 log.exception("looking at the simulated cloud's VMs")
             self._stopping.wait(self.settings.poll_s)
 
-    def _wanted(self) -> dict[Key, Mapping[str, Any]]:
-        """The project's ``RUNNING`` VMs, as Compute Engine reports them."""
+    def _wanted(self) -> dict[Key, _Machine]:
+        """The project's ``RUNNING`` VMs, as Compute Engine reports them, and the workers of
+        its ``READY`` TPU nodes, as the TPU API reports them."""
         resources = self.cloud.state()["resources"]
         assert isinstance(resources, dict)
-        instances = resources.get(self.settings.project_id, {}).get("instances", [])
-        return {
-            (_last(view["zone"]), view["name"], str(view["id"])): view
-            for view in instances
-            if view.get("status") == "RUNNING"
-        }
+        project = resources.get(self.settings.project_id, {})
+        settings = self.settings
+        wanted: dict[Key, _Machine] = {}
+        for view in project.get("instances", []):
+            if view.get("status") != "RUNNING":
+                continue
+            key = (_last(view["zone"]), view["name"], str(view["id"]))
+            instance = Instance(
+                name=key[1], instance_id=key[2], zone=key[0], project_id=settings.project_id,
+                project_number=settings.project_number, internal_ip=_internal_ip(view) or "",
+                service_account=_account(view) or settings.default_account,
+                created_at=datetime.fromisoformat(view["creationTimestamp"]),
+                attributes={**_attributes(view), AGENT_URL_ATTRIBUTE: settings.agent_url},
+            )  # fmt: skip
+            wanted[key] = _Machine(instance)
+        nodes = [view for view in project.get("nodes", []) if view.get("state") == "READY"]
+        wanted.update(self._tpu_workers(nodes))
+        return wanted
+
+    def _tpu_workers(self, nodes: list[Mapping[str, Any]]) -> dict[Key, _Machine]:
+        """The TPU VMs of ``nodes`` (see the module docstring)."""
+        settings = self.settings
+        tenant_id, tenant_number = tpu_tenant_project(settings.project_id)
+        slices: dict[str, list[Mapping[str, Any]]] = {}
+        for view in nodes:
+            slices.setdefault(str(view.get("queuedResource", view["name"])), []).append(view)
+        for members in slices.values():
+            members.sort(key=lambda view: int(view["id"]))  # the order Google made them in
+        wanted: dict[Key, _Machine] = {}
+        seen: set[NodeKey] = set()
+        for members in slices.values():
+            coordinator = _endpoints(members[0])[0] if _endpoints(members[0]) else ""
+            for index, view in enumerate(members):
+                zone, node_name = _node_zone(view["name"]), _last(view["name"])
+                endpoints = _endpoints(view)
+                node_key = (zone, node_name, str(view["id"]))
+                seen.add(node_key)
+                hex_part, ids = self._tpu_identity(node_key, len(endpoints))
+                account = (view.get("serviceAccount") or {}).get("email")
+                env = {
+                    "ACCELERATOR_TYPE": str(view.get("acceleratorType", "")),
+                    "NODE_ID": node_name,
+                    "WORKER_ID": "",
+                    "ZONE": zone,
+                    "TOPOLOGY": str((view.get("acceleratorConfig") or {}).get("topology", "")),
+                    "CONSUMER_PROJECT_ID": settings.project_id,
+                    "CONSUMER_PROJECT_NUMBER": str(settings.project_number),
+                }
+                if len(members) > 1:
+                    env |= {
+                        "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator}:{MEGASCALE_PORT}",
+                        "MEGASCALE_NUM_SLICES": str(len(members)),
+                        "MEGASCALE_SLICE_ID": str(index),
+                    }
+                for worker, address in enumerate(endpoints):
+                    name = f"t1v-n-{hex_part}-w-{worker}"
+                    attributes = {
+                        **{str(k): str(v) for k, v in (view.get("metadata") or {}).items()},
+                        WORKER_NUMBER_ATTRIBUTE: str(worker),
+                        WORKER_ENDPOINTS_ATTRIBUTE: ",".join(
+                            f"unknown:unknown:{ip}" for ip in endpoints
+                        ),
+                        ACCELERATOR_TYPE_ATTRIBUTE: env["ACCELERATOR_TYPE"],
+                        TPU_ENV_ATTRIBUTE: tpu_env({**env, "WORKER_ID": str(worker)}),
+                        AGENT_URL_ATTRIBUTE: settings.agent_url,
+                    }
+                    instance = Instance(
+                        name=name, instance_id=ids[worker], zone=zone,
+                        project_id=settings.project_id, project_number=settings.project_number,
+                        internal_ip=address,
+                        service_account=account or settings.default_account,
+                        created_at=datetime.fromisoformat(view["createTime"]),
+                        attributes=attributes, token_project_id=tenant_id,
+                        token_project_number=tenant_number,
+                    )  # fmt: skip
+                    key = (zone, name, ids[worker])
+                    wanted[key] = _Machine(instance, str(view["name"]), worker)
+        with self._lock:
+            for gone in set(self._tpu_identities) - seen:
+                del self._tpu_identities[gone]
+        return wanted
+
+    def _tpu_identity(self, node: NodeKey, workers: int) -> tuple[str, tuple[str, ...]]:
+        """The hex of a node's TPU VM names and its workers' instance ids: random, made once
+        per node."""
+        with self._lock:
+            known = self._tpu_identities.get(node)
+            if known is None or len(known[1]) != workers:
+                ids = tuple(str(10**18 + secrets.randbelow(9 * 10**18)) for _ in range(workers))
+                known = (secrets.token_hex(4), ids)
+                self._tpu_identities[node] = known
+            return known
 
     # ------------------------------------------------------------------ one VM
 
-    def _boot(self, key: Key, view: Mapping[str, Any]) -> _Running | None:
+    def _boot(self, key: Key, machine: _Machine) -> _Running | None:
         """Start the VM's metadata server and agent; None (and a log line) when it cannot run
         here."""
-        zone, name, instance_id = key
-        address = _internal_ip(view)
-        if address is None or not ip_address(address).is_loopback:
+        _, name, instance_id = key
+        instance = machine.instance
+        address = instance.internal_ip
+        if not address or not ip_address(address).is_loopback:
             log.error(
                 "VM %s cannot run here: its internal address %s is not a loopback address (a "
                 "cloud whose VMs run is made with internal_range=%r)",
-                name, address, LOOPBACK_RANGE,
+                name, address or None, LOOPBACK_RANGE,
             )  # fmt: skip
             return None
         settings = self.settings
-        instance = Instance(
-            name=name, instance_id=instance_id, zone=zone, project_id=settings.project_id,
-            project_number=settings.project_number, internal_ip=address,
-            service_account=_account(view) or settings.default_account,
-            created_at=datetime.fromisoformat(view["creationTimestamp"]),
-            attributes={**_attributes(view), AGENT_URL_ATTRIBUTE: settings.agent_url},
-        )  # fmt: skip
         metadata = MetadataServer(instance, settings.signer, host=address)
         try:
             metadata.start()
@@ -285,7 +423,7 @@ class VmHost:
             output.close()
             metadata.stop()
             return None
-        vm = Vm(instance, process.pid, metadata.host_port, folder)
+        vm = Vm(instance, process.pid, metadata.host_port, folder, machine.node, machine.worker)
         return _Running(vm, metadata, process, output)
 
     def _power_off(self, vms: Iterable[_Running]) -> None:
@@ -308,6 +446,28 @@ class VmHost:
 
 def _last(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def tpu_env(values: Mapping[str, str]) -> str:
+    """A TPU VM's ``tpu-env`` attribute: one ``KEY: 'value'`` line per variable."""
+    return "".join(f"{key}: '{value}'\n" for key, value in values.items())
+
+
+def tpu_tenant_project(project_id: str) -> tuple[str, int]:
+    """(id, number) of the Google tenant project the TPU VMs of ``project_id`` live in here:
+    ``tpu-tenant-<hash>``, a number of its own (Google's are its own to choose)."""
+    digest = hashlib.sha256(f"tpu-tenant/{project_id}".encode()).hexdigest()
+    return f"tpu-tenant-{digest[:12]}", 10**11 + int(digest[12:24], 16) % (9 * 10**11)
+
+
+def _node_zone(name: str) -> str:
+    """The zone of a node named ``projects/P/locations/Z/nodes/N``."""
+    return name.split("/")[3]
+
+
+def _endpoints(view: Mapping[str, Any]) -> list[str]:
+    """A node's workers' addresses, in worker order."""
+    return [str(e["ipAddress"]) for e in view.get("networkEndpoints") or []]
 
 
 def _internal_ip(view: Mapping[str, Any]) -> str | None:
