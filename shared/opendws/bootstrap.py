@@ -703,6 +703,9 @@ class Container:
             sessions=Sessions(key, adapters.clock, settings.agent.session_lifetime),
             clock=adapters.clock, settings=settings.agent, config=adapters.config,
             runners=ProviderRunners(secrets, settings.ci_programs, overrides=settings.ci_overrides),
+            tpu_nodes=clients.tpu_api(
+                settings.project, endpoint=settings.compute_endpoint, cloud=self.cloud
+            ),
         )  # fmt: skip
 
     @_Once

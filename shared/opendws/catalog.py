@@ -154,6 +154,23 @@ def tpu_mode_problem(accelerator: str, mode: str) -> str | None:
     return problem
 
 
+# TPU VMs (hosts, "workers") per slice. Every multi-host slice has four chips on each of its
+# VMs; v5e and v6e also have single-host slices of up to eight chips on one VM (tpu/docs/v5e and
+# tpu/docs/v6e, "Configurations": v5litepod-8 / v6e-8 (2x4) are one host, v5litepod-16 (4x4) is
+# four; tpu/docs/v5p-training and tpu/docs/v4: four chips per host).
+TPU_CHIPS_PER_HOST = 4
+TPU_SINGLE_HOST_CHIPS: dict[str, int] = {"tpu-v5e": 8, "tpu-v6e": 8, "tpu-v4": 4, "tpu-v5p": 4}
+
+
+def tpu_hosts(accelerator: str, chips: int) -> int:
+    """The TPU VMs ("workers") of one slice of ``chips`` chips of ``accelerator``."""
+    if chips < 1:
+        raise ValueError(f"a slice has at least one chip, not {chips}")
+    if chips <= TPU_SINGLE_HOST_CHIPS.get(accelerator, TPU_CHIPS_PER_HOST):
+        return 1
+    return -(-chips // TPU_CHIPS_PER_HOST)
+
+
 # The Cloud TPU software version each generation boots (tpu/docs/runtimes): queued resources of
 # one accelerator use its version unless OPENDWS_TPU_RUNTIME_VERSION names another for all.
 TPU_RUNTIME_VERSIONS: dict[str, str] = {

@@ -29,6 +29,7 @@ from opendws.ports import (
     ProvisionPhase,
     Withdrawal,
 )
+from opendws.ports.runs import workers_per_node
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, HOUR, NOW, calendar, flex, pool, tpu_pool
 
@@ -184,7 +185,10 @@ def test_a_ready_order_says_where_its_vms_are(kit: Kit) -> None:
     ``{order}-{i}`` (rank i), its zone and the internal address Compute Engine gave it
     (``networkInterfaces[0].networkIP``: "If not specified by the user, an unused internal IP
     is assigned by the system", compute/docs/reference/rest/v1/instances), each VM its own.
-    Read from Compute Engine, not from the VMs. A TPU slice reports none yet."""
+    Read from Compute Engine, not from the VMs. A TPU gang's hosts are its slices' workers as
+    the TPU API reports its nodes (tpu/docs/reference/rest/v2/projects.locations.nodes:
+    ``networkEndpoints``, one per TPU VM; nodes ``{nodeIdPrefix}-{i}`` of a multi-node
+    request, MultiNodeParams): node, then worker."""
     tpu = kit.kind in ("tpu", "tpu_calendar")
     kit.set_stock(kit.pool, 64 if tpu else 8)
     order = Order(request=kit.request(units=3), pool=kit.pool, attempt=1)
@@ -193,16 +197,22 @@ def test_a_ready_order_says_where_its_vms_are(kit: Kit) -> None:
     kit.advance(LATENCY)
     seen = kit.provider.observe([kit.pool])[order.name]
     assert seen.phase is ProvisionPhase.READY
+    gang = order.request.gang
+    nodes, workers = gang.vm_count, workers_per_node(gang)
     if tpu:
-        assert seen.hosts == ()
-        return
-    assert [(h.rank, h.name, h.zone) for h in seen.hosts] == [
-        (rank, f"{order.name}-{rank}", kit.pool.zone) for rank in range(3)
-    ]
+        assert [(h.rank, h.name, h.worker, h.zone) for h in seen.hosts] == [
+            (rank, order.name if nodes == 1 else f"{order.name}-{rank // workers}",
+             rank % workers, kit.pool.zone)
+            for rank in range(nodes * workers)
+        ]  # fmt: skip
+    else:
+        assert [(h.rank, h.name, h.worker, h.zone) for h in seen.hosts] == [
+            (rank, f"{order.name}-{rank}", None, kit.pool.zone) for rank in range(3)
+        ]
     addresses = [ipaddress.ip_address(h.internal_ip) for h in seen.hosts]
     assert all(address.is_private for address in addresses)
-    assert len(set(addresses)) == 3
-    assert [h.external_ip for h in seen.hosts] == [None] * 3  # no access config asked for
+    assert len(set(addresses)) == len(seen.hosts)
+    assert [h.external_ip for h in seen.hosts] == [None] * len(seen.hosts)  # none asked for
     kit.advance(timedelta(minutes=5))
     assert kit.provider.observe([kit.pool])[order.name].hosts == seen.hosts  # for their life
 

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricExporter
 
     from opendws.adapters.gce import CloudSettings
+    from opendws.adapters.tpu import TpuQueuedProvider
 
 CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
@@ -161,3 +162,24 @@ def capacity_providers(
             reservations=reservations,
         ),
     )
+
+
+def tpu_api(
+    project: str, *, endpoint: str | None = None, cloud: CloudSettings | None = None
+) -> TpuQueuedProvider:
+    """The Cloud TPU ``v2alpha1`` REST API of ``project`` (its nodes, as the agent function
+    reads them), against ``endpoint`` (an emulator, anonymously) when given, with application
+    default credentials otherwise."""
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+
+    from opendws.adapters.gce import CloudSettings
+    from opendws.adapters.tpu import TpuQueuedProvider as Tpu
+
+    settings = cloud if cloud is not None else CloudSettings(project=project)
+    if endpoint is not None:
+        credentials: Credentials = anonymous_credentials()
+    else:
+        credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+    session = AuthorizedSession(credentials)  # type: ignore[no-untyped-call]
+    return Tpu(settings, session, endpoint=endpoint)

@@ -45,6 +45,7 @@ from opendws.ports import (
     requests_topic,
 )
 from opendws.ports.records import LeaseView, pass_started, served_after_release
+from opendws.ports.runs import workers_per_node
 
 # A record's place in submission order (then id): the order every listing of records is in.
 _SUBMISSION = attrgetter("request.submitted_at", "request.request_id")
@@ -311,6 +312,7 @@ class _FakeOrder:
     sequence: int  # arrival order: breaks ties of the serving rule
     eligible_at: datetime  # first tried at creation + the provisioning latency
     holds_stock: bool = False
+    workers: int = 1  # VMs of each of its ``vms`` (a TPU slice's workers)
     ends_by_itself: bool = False  # flex-start VMs and slices are deleted when their time is up
     starts_at: datetime | None = None  # a calendar block takes its units at its start
     hung: bool = False  # a "hang" injection: it waits for ever, never served (or reviewed)
@@ -357,14 +359,24 @@ class _FakeOrder:
         return self.observed
 
     def hosts(self) -> tuple[Host, ...]:
-        """READY: its VMs ``{name}-{i}`` in rank order, with the addresses they came up with
-        (a TPU slice: none yet)."""
+        """READY: its VMs ``{name}-{i}`` in rank order, with the addresses they came up with;
+        a TPU order's are its slices' workers, as the TPU API names them (the node ``{name}``,
+        or ``{name}-{i}`` of several, and the worker's number), ranked node, then worker."""
         if self.phase is not ProvisionPhase.READY:
             return ()
-        return tuple(
-            Host(rank=rank, name=f"{self.name}-{rank}", zone=self.pool.zone, internal_ip=address)
-            for rank, address in enumerate(self.addresses)
-        )
+        zone = self.pool.zone
+        if self.pool.provider is not Provider.TPU:
+            return tuple(
+                Host(rank=rank, name=f"{self.name}-{rank}", zone=zone, internal_ip=address)
+                for rank, address in enumerate(self.addresses)
+            )
+        hosts = []
+        for rank, address in enumerate(self.addresses):
+            node, worker = divmod(rank, self.workers)
+            name = self.name if self.vms == 1 else f"{self.name}-{node}"
+            host = Host(rank=rank, name=name, zone=zone, internal_ip=address, worker=worker)
+            hosts.append(host)
+        return tuple(hosts)
 
     @property
     def key(self) -> _Key:
@@ -723,6 +735,7 @@ class MemoryCapacityProvider:
             pool=order.pool,
             units=request.units,
             vms=request.gang.vm_count,
+            workers=workers_per_node(request.gang),
             run_duration=request.run_duration,
             calendar_end=calendar_end,
             phase=phase,
@@ -746,10 +759,10 @@ class MemoryCapacityProvider:
             heapq.heappush(self._events, (when, next(self._sequence), None, key))
 
     def _bring_up(self, order: _FakeOrder) -> None:
-        """Its VMs come up, each with an internal address of its own, stable for its life
-        (a TPU order: none yet)."""
-        if order.pool.provider is not Provider.TPU:
-            order.addresses = tuple(_internal_ip(next(self._addresses)) for _ in range(order.vms))
+        """Its VMs (a TPU order: its slices' workers) come up, each with an internal address
+        of its own, stable for its life."""
+        count = order.vms * order.workers
+        order.addresses = tuple(_internal_ip(next(self._addresses)) for _ in range(count))
 
     def _take_stock(self, order: _FakeOrder) -> None:
         self._stock[order.key] = self._stock.get(order.key, 0) - order.units

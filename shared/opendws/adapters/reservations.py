@@ -506,6 +506,11 @@ class TpuCalendarProvider(_Blocks):
             consumer = consumers.pop(name, None)
             running = [] if consumer is None else [_state(consumer) == "ACTIVE"]
             observed[name] = self._observed(name, block_pool, block, live, 1, running)
+        ready = [name for name, seen in observed.items() if seen.phase is ProvisionPhase.READY]
+        if ready:
+            hosts = self._queued.hosts(zone)  # the slices' workers, as for a flex slice
+            for name in ready:
+                observed[name] = replace(observed[name], hosts=hosts.get(name, ()))
         for name, resource in consumers.items():
             # A queued resource whose block is gone: reported, so that it is released.
             home = next(iter(pools_here.values()), None)

@@ -19,17 +19,29 @@ deletes it with ``force`` (its nodes go with it).
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from google.api_core import exceptions
 
-from opendws.adapters.gce import CloudSettings, owned, per_zone, rate_limits
+from opendws.adapters.gce import (
+    AGENT_URL_KEY,
+    CLOUD_PLATFORM_SCOPE,
+    STARTUP_SCRIPT_KEY,
+    CloudSettings,
+    agent_script,
+    owned,
+    per_zone,
+    rate_limits,
+)
 from opendws.catalog import TPU_ACCELERATOR_OF_API_TYPE, TPU_API_TYPES
 from opendws.domain.model import Pool
-from opendws.ports import Observed, Order, ProvisionPhase
+from opendws.ports import Host, Observed, Order, ProvisionPhase, tpu_node_index, tpu_rank
+from opendws.ports.runs import TPU_ORDER_KEY, TpuNode
 
 TPU_ENDPOINT = "https://tpu.googleapis.com"
 API = "v2alpha1"
@@ -86,12 +98,39 @@ class TpuQueuedProvider:
                 if not owned(name) or home is None or resource.get("reservationName"):
                     continue  # one on a reservation consumes a calendar block: not ours
                 observed[name] = _observed(name, home, resource)
+            ready = [name for name, seen in observed.items() if seen.phase is ProvisionPhase.READY]
+            if ready:
+                hosts = self.hosts(zone)
+                for name in ready:
+                    observed[name] = replace(observed[name], hosts=hosts.get(name, ()))
             return observed
 
         return per_zone(by_zone, observe_zone, self._settings.observe_workers)
 
     def reserve(self, order: Order) -> None:
         """Queued resources are asked for at the start; nothing is reserved ahead."""
+
+    def hosts(self, zone: str) -> dict[str, tuple[Host, ...]]:
+        """The workers of every node in ``zone`` made by a queued resource of opendws, by the
+        queued resource's (the order's) name, in rank order: node, then worker
+        (:func:`nodes_hosts`)."""
+        return nodes_hosts(self.nodes(zone), zone)
+
+    def nodes(self, zone: str) -> list[dict[str, Any]]:
+        """Every TPU node in ``zone`` (``projects.locations.nodes.list``, all pages)."""
+        return _pages(
+            lambda params: self._call("GET", f"{self._parent(zone)}/nodes", params=params),
+            "nodes",
+        )
+
+    def node(self, zone: str, name: str) -> TpuNode | None:
+        """TPU node ``name`` of ``zone`` as ``projects.locations.nodes.get`` reports it; None
+        when there is none (404)."""
+        response = self._call("GET", f"{self._parent(zone)}/nodes/{name}")
+        if response.status_code == 404:
+            return None
+        _raise_for(response)
+        return tpu_node(response.json() or {}, zone)
 
     def provision(self, order: Order) -> None:
         request = order.request
@@ -141,19 +180,12 @@ class TpuQueuedProvider:
 
     def listed(self, zone: str) -> list[dict[str, Any]]:
         """Every queued resource in ``zone`` (all pages)."""
-        resources: list[dict[str, Any]] = []
-        token = ""
-        while True:
-            params = {"pageToken": token} if token else {}
-            response = self._call("GET", f"{self._parent(zone)}/queuedResources", params=params)
-            if response.status_code == 404:
-                return resources
-            _raise_for(response)
-            data = response.json() or {}
-            resources.extend(data.get("queuedResources", []))
-            token = data.get("nextPageToken", "")
-            if not token:
-                return resources
+        return _pages(
+            lambda params: self._call(
+                "GET", f"{self._parent(zone)}/queuedResources", params=params
+            ),
+            "queuedResources",
+        )
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Response:
         return self._session.request(method, f"{self._base}/{path}", timeout=60, **kwargs)
@@ -166,22 +198,102 @@ def queued_resource_spec(settings: CloudSettings, order: Order) -> dict[str, Any
     """The node spec of an order's queued resource: its slices' type, topology and runtime,
     one node or a multi-node request named after the order."""
     gang = order.request.gang
+    node: dict[str, Any] = {
+        "acceleratorConfig": {
+            "type": TPU_API_TYPES[gang.accelerator],
+            "topology": gang.topology or "",
+        },
+        "runtimeVersion": settings.runtime_version(gang.accelerator),
+        "labels": {"managed-by": "opendws"},
+    }
+    metadata = node_metadata(settings)
+    if metadata:
+        node["metadata"] = metadata
+    if settings.vm_service_account is not None:
+        node["serviceAccount"] = {
+            "email": settings.vm_service_account, "scope": [CLOUD_PLATFORM_SCOPE],
+        }  # fmt: skip
     spec: dict[str, Any] = {
         "parent": f"projects/{settings.project}/locations/{order.pool.zone}",
-        "node": {
-            "acceleratorConfig": {
-                "type": TPU_API_TYPES[gang.accelerator],
-                "topology": gang.topology or "",
-            },
-            "runtimeVersion": settings.runtime_version(gang.accelerator),
-            "labels": {"managed-by": "opendws"},
-        },
+        "node": node,
     }
     if gang.vm_count == 1:
         spec["nodeId"] = order.name
     else:
         spec["multiNodeParams"] = {"nodeCount": gang.vm_count, "nodeIdPrefix": order.name}
     return spec
+
+
+def _pages(page: Callable[[dict[str, str]], Response], key: str) -> list[dict[str, Any]]:
+    """Every item ``key`` of a TPU API list, over all its pages (``page`` gets one with the
+    page token's parameters); none when the zone has no such collection (404)."""
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        response = page({"pageToken": token} if token else {})
+        if response.status_code == 404:
+            return items
+        _raise_for(response)
+        data = response.json() or {}
+        items.extend(data.get(key, []))
+        token = data.get("nextPageToken", "")
+        if not token:
+            return items
+
+
+def node_metadata(settings: CloudSettings) -> dict[str, str]:
+    """What every worker of an order's TPU nodes carries in its metadata (``Node.metadata``,
+    "custom metadata to apply to the TPU Node. Can set startup-script and shutdown-script":
+    tpu/docs/reference/rest/v2/projects.locations.nodes): the agent's startup script, the
+    agent function's URL, and a new random :data:`~opendws.ports.runs.TPU_ORDER_KEY` its
+    workers present when they register; nothing when no agent URL is configured."""
+    if settings.agent_url is None:
+        return {}
+    return {
+        STARTUP_SCRIPT_KEY: agent_script(settings.agent_url),
+        AGENT_URL_KEY: settings.agent_url,
+        TPU_ORDER_KEY: secrets.token_urlsafe(24),
+    }
+
+
+def tpu_node(resource: dict[str, Any], zone: str) -> TpuNode:
+    """A node of the TPU API as :class:`~opendws.ports.runs.TpuNode`."""
+    endpoints = tuple(
+        str(endpoint.get("ipAddress", "")) for endpoint in resource.get("networkEndpoints", [])
+    )
+    account = (resource.get("serviceAccount") or {}).get("email")
+    key = (resource.get("metadata") or {}).get(TPU_ORDER_KEY)
+    return TpuNode(
+        name=str(resource.get("name", "")).rsplit("/", 1)[-1], zone=zone,
+        state=str(resource.get("state", "")), endpoints=endpoints,
+        service_account=str(account) if account else None,
+        order_key=str(key) if key else None,
+    )  # fmt: skip
+
+
+def nodes_hosts(nodes: Sequence[dict[str, Any]], zone: str) -> dict[str, tuple[Host, ...]]:
+    """The workers of ``nodes`` (TPU API ``Node`` objects) as hosts, by the name of the queued
+    resource that made them (``Node.queuedResource``), in rank order (node index within the
+    queued resource, then worker): each worker's ``networkEndpoints`` entry, its ``ipAddress``
+    and, when it has one, its ``accessConfig.externalIp``. A node of no queued resource, or
+    one whose name is not its queued resource's, is left out."""
+    found: dict[str, list[Host]] = defaultdict(list)
+    for resource in nodes:
+        order = str(resource.get("queuedResource", "")).rsplit("/", 1)[-1]
+        name = str(resource.get("name", "")).rsplit("/", 1)[-1]
+        index = tpu_node_index(name, order) if order else None
+        endpoints = resource.get("networkEndpoints", [])
+        if index is None:
+            continue
+        for worker, endpoint in enumerate(endpoints):
+            if not endpoint.get("ipAddress"):
+                continue
+            external = (endpoint.get("accessConfig") or {}).get("externalIp") or None
+            found[order].append(Host(
+                rank=tpu_rank(index, worker, len(endpoints)), name=name, zone=zone,
+                internal_ip=str(endpoint["ipAddress"]), external_ip=external, worker=worker,
+            ))  # fmt: skip
+    return {order: tuple(sorted(hosts, key=lambda h: h.rank)) for order, hosts in found.items()}
 
 
 def _observed(name: str, home: Pool, resource: dict[str, Any]) -> Observed:

@@ -80,8 +80,10 @@ class VmIdentityVerifier:
         self._issuers = issuers
         self._skew = int(clock_skew.total_seconds())
 
-    def verify(self, authorization: str | None) -> VmIdentity:
-        """The calling VM, or Unauthorized / Forbidden saying which check failed."""
+    def verify(self, authorization: str | None, *, own_project: bool = True) -> VmIdentity:
+        """The calling VM, or Unauthorized / Forbidden saying which check failed.
+        ``own_project`` False: the VM's project is not checked (a TPU worker's token, whose
+        project Google does not document; the caller holds it to its TPU node instead)."""
         token = bearer_token(authorization, "VM identity token")
         claims = signed_claims(token, self._certs, self._skew)
         check_issuer(claims, self._issuers)
@@ -89,7 +91,7 @@ class VmIdentityVerifier:
         if audience != self._audience:
             raise Forbidden(f"token is for audience {audience!r}, not {self._audience!r}")
         identity = _identity(claims)
-        if identity.project_id != self._project_id:
+        if own_project and identity.project_id != self._project_id:
             raise Forbidden(
                 f"VM {identity.instance_name!r} is in project {identity.project_id!r}, "
                 f"not {self._project_id!r}"

@@ -18,21 +18,32 @@ PUMP_JOIN_S = 5.0  # how long the output of an exited job may take to drain
 DOCKER_KILL_S = 10.0
 
 
+GPU = "gpu"
+TPU = "tpu"
+
+
 def docker_argv(
     image: str,
     command: Sequence[str],
     names: Sequence[str],
     name: str,
     mounts: Sequence[str] = (),
+    devices: str = GPU,
 ) -> list[str]:
-    """``docker run`` for ``command`` in ``image`` with host networking, host IPC and every GPU.
+    """``docker run`` for ``command`` in ``image`` with host networking, host IPC and the VM's
+    accelerators: every GPU (``--gpus all``), or on a TPU VM what Google's TPU container guide
+    runs with, ``--privileged`` (the TPU chips) and host networking, which also reaches the
+    metadata server JAX reads its slice from (cloud.google.com/tpu/docs/run-in-container).
 
     Each variable is passed as ``-e NAME``: Docker takes its value from the docker client's own
     environment (docs.docker.com/reference/cli/docker/container/run/#env), so no value is on a
     command line or in a file, and a value may hold newlines (a key file), which an
     ``--env-file`` cannot carry."""
-    argv = ["docker", "run", "--rm", "--name", name, "--gpus", "all", "--network", "host"]
-    argv += ["--ipc", "host"]
+    if devices not in (GPU, TPU):
+        raise ValueError(f"devices: {GPU!r} or {TPU!r}, not {devices!r}")
+    argv = ["docker", "run", "--rm", "--name", name]
+    argv += ["--gpus", "all"] if devices == GPU else ["--privileged"]
+    argv += ["--network", "host", "--ipc", "host"]
     for path in sorted(mounts):  # files the agent wrote for the job, at the same path
         argv += ["-v", f"{path}:{path}:ro"]
     for env_name in sorted(names):
@@ -105,6 +116,7 @@ class Job:
         env: Mapping[str, str],
         on_line: Callable[[str, str], None],
         on_exit: Callable[[], None],
+        devices: str = GPU,
     ) -> Job:
         """Start ``command`` (in ``image`` when given) with ``env`` added to the agent's own
         environment. Call it from the main thread with no other thread running: the child's
@@ -118,7 +130,7 @@ class Job:
             container = f"opendws-job-{os.getpid()}"
             hostfile = env.get("OPENDWS_HOSTFILE")
             mounts = [hostfile] if hostfile else []
-            argv = docker_argv(image, command, list(env), container, mounts)
+            argv = docker_argv(image, command, list(env), container, mounts, devices)
         try:
             process = subprocess.Popen(
                 argv,

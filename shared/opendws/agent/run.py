@@ -21,7 +21,7 @@ from typing import Any
 from opendws.agent import transport
 from opendws.agent.backoff import Backoff
 from opendws.agent.install import Cancelled, Install, InstallFailed, ensure
-from opendws.agent.job import Job
+from opendws.agent.job import GPU, TPU, Job
 from opendws.agent.logs import Line, LogShipper
 from opendws.agent.transport import Refused, Unreachable
 
@@ -73,6 +73,7 @@ class Start:
     image: str | None
     env: Mapping[str, str]
     install: Install | None = None
+    devices: str = GPU  # the VM's accelerators, as a container gets them (job.docker_argv)
 
     @classmethod
     def parse(cls, reply: Mapping[str, Any]) -> Start:
@@ -98,7 +99,10 @@ class Start:
         hostfile = reply.get("hostfile")
         if isinstance(hostfile, str) and hostfile:
             job_env["OPENDWS_HOSTFILE"] = write_hostfile(hostfile)
-        return cls(tuple(command), image or None, job_env, install)
+        devices = reply.get("devices", GPU)
+        if devices not in (GPU, TPU):
+            raise Unreachable(f"malformed barrier reply: devices {devices!r}")
+        return cls(tuple(command), image or None, job_env, install, devices)
 
 
 def write_hostfile(content: str) -> str:
@@ -148,7 +152,9 @@ class Agent:
                 return self.finish(session, *failed)
         where = f" in {start.image}" if start.image else ""
         log(f"the gang is up: running {list(start.command)!r}{where}")
-        job = Job.start(start.command, start.image, start.env, shipper.add, self.wake.set)
+        job = Job.start(
+            start.command, start.image, start.env, shipper.add, self.wake.set, start.devices
+        )
         shipper.start()
         try:
             stopped = self.supervise(session, job)
@@ -172,7 +178,9 @@ class Agent:
         while not self.stopping.is_set():
             try:
                 token = transport.identity_token(self.agent_url)
-                return Session.parse(self.call("/v1/register", {}, token))
+                tpu = transport.tpu_claim()
+                body = {} if tpu is None else {"tpu": tpu}
+                return Session.parse(self.call("/v1/register", body, token))
             except Unreachable as error:
                 log(f"registering: {error}; trying again")
                 self.pause(backoff.next_delay())

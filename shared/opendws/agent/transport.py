@@ -115,3 +115,41 @@ def identity_token(audience: str) -> str:
 def agent_url_attribute() -> str:
     """The agent function's URL from the instance attribute ``opendws-agent-url``."""
     return metadata("instance/attributes/" + AGENT_URL_ATTRIBUTE)
+
+
+# What Google's TPU VMs serve of their slice (Ray's and JAX's TPU code read the same keys:
+# ray/_private/accelerators/tpu.py, jax/_src/clusters/cloud_tpu_cluster.py).
+TPU_WORKER_ATTRIBUTE = "agent-worker-number"
+TPU_ENV_ATTRIBUTE = "tpu-env"
+TPU_ORDER_KEY_ATTRIBUTE = "opendws-order-key"  # opendws.ports.runs.TPU_ORDER_KEY
+
+
+def tpu_env_value(text: str, key: str) -> str | None:
+    """A value of ``tpu-env``, whose lines are ``KEY: 'value'`` (as JAX reads it)."""
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip() == key:
+            return value.strip().strip("'\"")
+    return None
+
+
+def tpu_claim() -> dict[str, Any] | None:
+    """On a TPU VM, what the agent says of itself when it registers: its node (``tpu-env``'s
+    ``NODE_ID``), worker number (``agent-worker-number``) and the order's key (the node
+    metadata item ``opendws-order-key``); None on a VM that is not a TPU worker (no
+    ``agent-worker-number``). Unreachable when a TPU worker's metadata lacks the rest."""
+    try:
+        worker = metadata("instance/attributes/" + TPU_WORKER_ATTRIBUTE)
+    except Refused as refused:
+        if refused.status == 404:
+            return None
+        raise Unreachable(f"metadata {TPU_WORKER_ATTRIBUTE}: {refused}") from None
+    try:
+        env = metadata("instance/attributes/" + TPU_ENV_ATTRIBUTE)
+        key = metadata("instance/attributes/" + TPU_ORDER_KEY_ATTRIBUTE)
+    except Refused as refused:
+        raise Unreachable(f"a TPU worker's metadata lacks a value: {refused}") from None
+    node = tpu_env_value(env, "NODE_ID")
+    if node is None or not worker.isdigit():
+        raise Unreachable(f"a TPU worker's metadata: NODE_ID {node!r}, worker {worker!r}")
+    return {"node": node, "worker": int(worker), "key": key}

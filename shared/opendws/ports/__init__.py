@@ -42,6 +42,8 @@ from opendws.ports.cloud import (
     hosts_from_json,
     hosts_to_json,
     order_name,
+    tpu_node_index,
+    tpu_rank,
     vm_order,
     vm_rank,
 )
@@ -203,6 +205,8 @@ __all__ = [
     "requests_topic",
     "submitted",
     "topic_of_source",
+    "tpu_node_index",
+    "tpu_rank",
     "vm_order",
     "vm_rank",
 ]

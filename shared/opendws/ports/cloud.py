@@ -50,13 +50,19 @@ class Order:
 class Host:
     """One VM of a gang that runs: its rank (the ``i`` of its name ``{order}-{i}``), where it is,
     and its addresses as Compute Engine reports them (``networkInterfaces[0].networkIP``, and
-    the ``natIP`` of that interface's access config when it has an external address)."""
+    the ``natIP`` of that interface's access config when it has an external address).
+
+    A TPU slice's VMs are its workers: ``name`` is the TPU node's, ``worker`` the worker's
+    number within it (``agent-worker-number``) and the addresses its entry of the node's
+    ``networkEndpoints`` (``ipAddress``, ``accessConfig.externalIp``) as the TPU API reports
+    them; the rank runs over the nodes of the gang, then their workers (:func:`tpu_rank`)."""
 
     rank: int
     name: str
     zone: str
     internal_ip: str
     external_ip: str | None = None
+    worker: int | None = None  # TPU workers only
 
     def to_json(self) -> dict[str, Any]:
         """The host as the public JSON object (``opendws.event/v1``, ``GET /requests/{id}``)."""
@@ -66,6 +72,7 @@ class Host:
             "zone": self.zone,
             "internal_ip": self.internal_ip,
             "external_ip": self.external_ip,
+            **({} if self.worker is None else {"worker": self.worker}),
         }
 
     @classmethod
@@ -77,6 +84,7 @@ class Host:
             zone=str(data["zone"]),
             internal_ip=str(data["internal_ip"]),
             external_ip=data.get("external_ip"),
+            worker=None if data.get("worker") is None else int(data["worker"]),
         )
 
 
@@ -96,6 +104,26 @@ def hosts_from_json(data: object) -> tuple[Host, ...]:
 def vm_order(vm_name: str) -> str:
     """The order a gang VM belongs to: VMs are named ``{order}-{index}``."""
     return vm_name.rsplit("-", 1)[0]
+
+
+def tpu_rank(node_index: int, worker: int, workers_per_node: int) -> int:
+    """The rank of worker ``worker`` of the gang's node ``node_index`` (DESIGN "Work on the
+    gang": a TPU gang of several nodes ranks node, then ``agent-worker-number`` within it)."""
+    if not 0 <= worker < workers_per_node:
+        raise ValueError(f"worker {worker} is not one of the node's {workers_per_node} workers")
+    if node_index < 0:
+        raise ValueError(f"node index {node_index} is negative")
+    return node_index * workers_per_node + worker
+
+
+def tpu_node_index(node_name: str, order: str) -> int | None:
+    """The index of TPU node ``node_name`` within order ``order``'s queued resource: 0 for the
+    one node named after the order (``nodeId``), ``i`` for ``{order}-{i}`` (the nodes of a
+    multi-node request, named ``{nodeIdPrefix}-{i}``); None for a node of another order."""
+    if node_name == order:
+        return 0
+    head, _, index = node_name.rpartition("-")
+    return int(index) if head == order and index.isdigit() else None
 
 
 def vm_rank(vm_name: str) -> int | None:

@@ -10,14 +10,18 @@ unless the rank's state changed, so a gang of many ranks costs few writes.
 
 from __future__ import annotations
 
+import hmac
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol
 
+from opendws.catalog import tpu_hosts
+from opendws.domain.model import GangShape, topology_chips
 from opendws.ports.access import Forbidden
-from opendws.ports.cloud import vm_order, vm_rank
+from opendws.ports.cloud import tpu_node_index, tpu_rank, vm_order, vm_rank
 
 # A heartbeat that changes nothing but the time is written at most this often.
 HEARTBEAT_WRITE_EVERY = timedelta(seconds=10)
@@ -243,6 +247,116 @@ def bind(identity: VmIdentity, order_vms: Mapping[str, tuple[str, str]]) -> int:
     if rank is None:
         raise Forbidden(f"VM {name!r} is not named {{order}}-{{rank}}")
     return rank
+
+
+# The node metadata key whose value a TPU worker presents when it registers: a random value
+# opendws puts in the order's queued resource's node metadata, which only the node's own workers
+# read from their metadata server (and the TPU API's ``nodes.get`` reports).
+TPU_ORDER_KEY = "opendws-order-key"
+# A TPU VM's host name is ``t1v-n-<id>-w-<worker>``; when the token's instance name has that
+# ending, its worker number must be the one the agent claims.
+_TPU_WORKER_SUFFIX = re.compile(r"-w-(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class TpuWorkerClaim:
+    """What a TPU worker's agent says of itself at registration, read from its metadata server:
+    its node (``tpu-env``'s ``NODE_ID``), its worker number (``agent-worker-number``) and the
+    order's key (the node metadata item :data:`TPU_ORDER_KEY`)."""
+
+    node: str
+    worker: int
+    key: str
+
+    @classmethod
+    def from_json(cls, data: object) -> TpuWorkerClaim:
+        """The claim of a registration's ``tpu`` object; ValueError saying what is wrong."""
+        if not isinstance(data, Mapping):
+            raise ValueError("tpu: an object with node, worker and key")
+        node, worker, key = data.get("node"), data.get("worker"), data.get("key")
+        if not isinstance(node, str) or not node:
+            raise ValueError("tpu.node: the TPU node's name (tpu-env NODE_ID)")
+        if not isinstance(worker, int) or isinstance(worker, bool) or worker < 0:
+            raise ValueError("tpu.worker: the worker's number (agent-worker-number), 0 or more")
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"tpu.key: the node's {TPU_ORDER_KEY} metadata value")
+        return cls(node=node, worker=worker, key=key)
+
+
+@dataclass(frozen=True, slots=True)
+class TpuNode:
+    """A TPU node as the TPU API reports it (``projects.locations.nodes.get``): its name (last
+    segment), zone, state, its workers' internal addresses (``networkEndpoints[].ipAddress``,
+    in worker order), the service account its workers run as (``serviceAccount.email``; None
+    when it reports none) and its metadata's :data:`TPU_ORDER_KEY` (None: absent)."""
+
+    name: str
+    zone: str
+    state: str
+    endpoints: tuple[str, ...]
+    service_account: str | None
+    order_key: str | None
+
+
+def bind_tpu(
+    identity: VmIdentity, claim: TpuWorkerClaim, node: TpuNode | None, order: str,
+    workers_per_node: int,
+) -> int:  # fmt: skip
+    """The rank of the TPU worker whose verified token is ``identity`` and which claims
+    ``claim``, held to its node as the TPU API reports it (``node``; None: no such node);
+    Forbidden saying which check failed. Google documents no TPU-specific claim in a TPU VM's
+    identity token (compute/docs/instances/verifying-instance-identity documents the
+    ``google.compute_engine`` claims of every VM), so the proof that the caller runs on the
+    node is the node's own metadata: only the node's workers read its :data:`TPU_ORDER_KEY`
+    from their metadata server. The token must further be of the node's zone and service
+    account, and a host name ending ``-w-N`` must be worker N's."""
+    where = f"TPU node {claim.node!r}"
+    if node is None:
+        raise Forbidden(f"{where} does not exist in zone {identity.zone!r}")
+    index = tpu_node_index(node.name, order)
+    if index is None:
+        raise Forbidden(f"{where} is not one of order {order!r}'s nodes")
+    if node.order_key is None or not hmac.compare_digest(node.order_key, claim.key):
+        raise Forbidden(
+            f"{identity.instance_name!r} is not a worker of {where}: its {TPU_ORDER_KEY} is not "
+            "the node's (a worker of another node)"
+        )
+    if identity.zone != node.zone:
+        raise Forbidden(f"{where} is in zone {node.zone!r}, the token's VM in {identity.zone!r}")
+    if node.service_account is not None and identity.email != node.service_account:
+        raise Forbidden(
+            f"the token's VM runs as {identity.email!r}, {where}'s workers as "
+            f"{node.service_account!r}"
+        )
+    if node.state != "READY":
+        raise Forbidden(f"{where} is {node.state}, not READY")
+    if not claim.worker < len(node.endpoints):
+        raise Forbidden(f"{where} has {len(node.endpoints)} workers, not a worker {claim.worker}")
+    suffix = _TPU_WORKER_SUFFIX.search(identity.instance_name)
+    if suffix is not None and int(suffix.group(1)) != claim.worker:
+        raise Forbidden(
+            f"{identity.instance_name!r} is worker {suffix.group(1)}, not worker {claim.worker}"
+        )
+    return tpu_rank(index, claim.worker, workers_per_node)
+
+
+def gang_ranks(gang: GangShape) -> int:
+    """The ranks of a gang's run: its VMs, or every worker of its TPU slices."""
+    return gang.vm_count * workers_per_node(gang)
+
+
+def workers_per_node(gang: GangShape) -> int:
+    """VMs per node of the gang: 1 for a GPU VM, a TPU slice's hosts (catalog.tpu_hosts)."""
+    if gang.topology is None:
+        return 1
+    return tpu_hosts(gang.accelerator, topology_chips(gang.topology))
+
+
+def accelerators_per_rank(gang: GangShape) -> int:
+    """Accelerators each rank's VM has: its GPUs, or its share of its TPU slice's chips."""
+    if gang.topology is None:
+        return gang.accelerators_per_vm or 0
+    return topology_chips(gang.topology) // workers_per_node(gang)
 
 
 class JobLogReader(Protocol):

@@ -59,7 +59,7 @@ from opendws.domain.run import (
 )
 from opendws.domain.states import RequestState
 from opendws.durations import format_duration
-from opendws.ports import Clock, RequestRecord, RequestStore, order_name
+from opendws.ports import Clock, RequestRecord, RequestStore, order_name, vm_order
 from opendws.ports.access import Forbidden, Unauthorized
 from opendws.ports.ci import CiRunners, RunnerRefused
 from opendws.ports.configuration import CiMapping, ConfigStore, ci_mapping
@@ -70,9 +70,15 @@ from opendws.ports.runs import (
     Registration,
     SecretReader,
     StopOrder,
+    TpuNode,
+    TpuWorkerClaim,
     UnknownSecret,
     VmIdentity,
+    accelerators_per_rank,
     bind,
+    bind_tpu,
+    gang_ranks,
+    workers_per_node,
 )
 from opendws.service.release import EndReason, EndService, block_job_over
 
@@ -122,9 +128,16 @@ class Answer:
 
 
 class IdentityVerifier(Protocol):
-    """Checks a VM's identity token (adapters.vm_identity.VmIdentityVerifier)."""
+    """Checks a VM's identity token (adapters.vm_identity.VmIdentityVerifier); ``own_project``:
+    the token's VM must be of the deployment's project."""
 
-    def verify(self, authorization: str | None) -> VmIdentity: ...
+    def verify(self, authorization: str | None, *, own_project: bool = True) -> VmIdentity: ...
+
+
+class TpuNodes(Protocol):
+    """A TPU node as the TPU API reports it now (adapters.tpu.TpuQueuedProvider.node)."""
+
+    def node(self, zone: str, name: str) -> TpuNode | None: ...
 
 
 class OrderVms(Protocol):
@@ -205,6 +218,7 @@ class AgentService:
         order_vms: OrderVms, secrets: SecretReader, logs: JobLogs, ending: EndService,
         sessions: Sessions, clock: Clock, settings: AgentSettings | None = None,
         config: ConfigStore | None = None, runners: CiRunners | None = None,
+        tpu_nodes: TpuNodes | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._ranks = ranks
@@ -218,6 +232,7 @@ class AgentService:
         self._settings = settings or AgentSettings()
         self._config = config
         self._runners = runners
+        self._tpu_nodes = tpu_nodes
 
     def handle(self, path: str, authorization: str | None, body: Mapping[str, Any]) -> Answer:
         """One call of the protocol; errors are answers saying what is wrong."""
@@ -240,12 +255,10 @@ class AgentService:
     # The protocol -----------------------------------------------------------------------
 
     def register(self, authorization: str | None, body: Mapping[str, Any]) -> Answer:
-        identity = self._verifier.verify(authorization)
-        record, attempt = self._record_of_order(identity.order)
-        if record is None:
-            raise Forbidden(f"VM {identity.instance_name!r} belongs to no running request")
-        vms = self._order_vms.vms(identity.zone, identity.order)
-        rank = bind(identity, vms)
+        if body.get("tpu") is not None:
+            identity, record, attempt, rank = self._tpu_worker(authorization, body["tpu"])
+        else:
+            identity, record, attempt, rank = self._vm(authorization)
         request = record.request
         if request.run is None:
             return Answer(404, {"error": f"{record.request_id!r} has no run: capacity only"})
@@ -263,9 +276,44 @@ class AgentService:
         )  # fmt: skip
         return Answer(200, {
             "session": session, "request_id": record.request_id, "order": identity.order,
-            "attempt": attempt, "rank": rank, "num_nodes": request.gang.vm_count,
+            "attempt": attempt, "rank": rank, "num_nodes": gang_ranks(request.gang),
             "heartbeat_s": self._settings.heartbeat.total_seconds(),
         })  # fmt: skip
+
+    def _vm(self, authorization: str | None) -> tuple[VmIdentity, RequestRecord, int, int]:
+        """A VM's registration: its verified token, its request and attempt, its rank
+        (:func:`~opendws.ports.runs.bind` against the order's VMs Compute Engine reports)."""
+        identity = self._verifier.verify(authorization)
+        record, attempt = self._record_of_order(identity.order)
+        if record is None:
+            raise Forbidden(f"VM {identity.instance_name!r} belongs to no running request")
+        rank = bind(identity, self._order_vms.vms(identity.zone, identity.order))
+        return identity, record, attempt, rank
+
+    def _tpu_worker(
+        self, authorization: str | None, data: object
+    ) -> tuple[VmIdentity, RequestRecord, int, int]:
+        """A TPU worker's registration: its verified token, its request and attempt, its rank
+        (:func:`~opendws.ports.runs.bind_tpu` against the node the TPU API reports). The
+        token's project is not held to the deployment's: Google does not document which
+        project a TPU VM's token names (TPU VMs run in a Google-managed project)."""
+        try:
+            claim = TpuWorkerClaim.from_json(data)
+        except ValueError as error:
+            raise _BadRequest(str(error)) from None
+        identity = self._verifier.verify(authorization, own_project=False)
+        record, attempt, order = None, 0, claim.node
+        for order in (claim.node, vm_order(claim.node)):
+            record, attempt = self._record_of_order(order)
+            if record is not None:
+                break
+        if record is None:
+            raise Forbidden(f"TPU node {claim.node!r} belongs to no running request")
+        if self._tpu_nodes is None:
+            raise Forbidden("this deployment's agent function reads no TPU nodes")
+        node = self._tpu_nodes.node(identity.zone, claim.node)
+        rank = bind_tpu(identity, claim, node, order, workers_per_node(record.request.gang))
+        return identity, record, attempt, rank
 
     def barrier(self, authorization: str | None, body: Mapping[str, Any]) -> Answer:
         session, record = self._session(authorization)
@@ -273,7 +321,7 @@ class AgentService:
             return _over(session)
         run = record.request.run
         assert run is not None  # a session is issued for a run only
-        count = record.request.gang.vm_count
+        count = gang_ranks(record.request.gang)
         registered = {
             report.rank
             for report in self._ranks.ranks(session.request_id)
@@ -288,9 +336,9 @@ class AgentService:
         gang = Gang(
             request_id=record.request_id,
             addresses=tuple(addresses[rank] for rank in range(count)),
-            accelerators_per_node=record.request.gang.accelerators_per_vm or 0,
+            accelerators_per_node=accelerators_per_rank(record.request.gang),
             master_port=master_port(order_name(record.request_id, session.attempt)),
-            gpus=record.request.gang.accelerators_per_vm is not None,
+            gpus=record.request.gang.topology is None,
         )
         env = {**dict(run.env), **job_environment(gang, session.rank)}
         if run.runner is not None:
@@ -307,7 +355,7 @@ class AgentService:
                 return Answer(410, {"error": message})
         return Answer(200, {
             "ready": True, "command": list(run.command), "image": run.image, "env": env,
-            "hostfile": hostfile(gang),
+            "hostfile": hostfile(gang), "devices": "gpu" if gang.gpus else "tpu",
         })  # fmt: skip
 
     def _hand_runner(
