@@ -43,6 +43,7 @@ from opendws.ports import (
     content_digest,
     hosts_to_json,
 )
+from opendws.ports.runs import gang_ranks
 from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
     NAME_RULE,
@@ -362,7 +363,7 @@ class Client:
         seen: dict[int, int] = {}
         while True:
             record = store.get(request_id) or record
-            ranks = [rank] if rank is not None else list(range(record.request.gang.vm_count))
+            ranks = [rank] if rank is not None else list(range(gang_ranks(record.request.gang)))
             new = False
             for each in ranks:
                 lines = reader.read(request_id, each)

@@ -161,3 +161,25 @@ def test_ssh_to_a_rank_with_an_external_address_goes_direct_with_the_users_argum
         "compute", "ssh", "odws-train-1", "--zone", ZONE, "--project", "client-test",
         "--command", "nvidia-smi",
     ]  # fmt: skip
+
+
+def test_ssh_to_a_tpu_worker_is_gcloud_tpu_vm_ssh_to_its_node_and_worker() -> None:
+    """A TPU worker is reached as Google's TPU VM: ``gcloud compute tpus tpu-vm ssh NODE
+    --worker=N`` (sdk/gcloud/reference/compute/tpus/tpu-vm/ssh), over its internal address
+    when it has no external one (``--internal-ip``; that command has no IAP flag)."""
+    from opendws.cli.requests import ssh_command
+    from opendws.ports import Host
+
+    hosts = [
+        Host(rank=rank, name=f"odws-x-{rank // 4}", zone=ZONE, internal_ip=f"10.0.0.{rank}",
+             worker=rank % 4, external_ip="34.0.0.1" if rank == 6 else None)
+        for rank in range(8)
+    ]  # fmt: skip
+    assert ssh_command(hosts, 5, "p", request_id="x", state="ACTIVE") == [
+        "gcloud", "compute", "tpus", "tpu-vm", "ssh", "odws-x-1", "--worker=1", "--zone", ZONE,
+        "--project", "p", "--internal-ip",
+    ]  # fmt: skip
+    assert ssh_command(hosts, 6, "p", ["--command", "ls"], request_id="x", state="ACTIVE") == [
+        "gcloud", "compute", "tpus", "tpu-vm", "ssh", "odws-x-1", "--worker=2", "--zone", ZONE,
+        "--project", "p", "--command", "ls",
+    ]  # fmt: skip

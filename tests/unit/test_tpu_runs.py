@@ -316,3 +316,13 @@ def test_a_two_slice_gangs_workers_register_meet_and_see_ranks_0_to_7() -> None:
     assert env["OPENDWS_ACCELERATORS_PER_NODE"] == "4"
     assert env["OPENDWS_NODE_IPS"].split("\n") == [h.internal_ip for h in record.hosts]
     assert "JAX_COORDINATOR_ADDRESS" not in env  # JAX on a slice finds its peers itself
+    # The run is every worker's: it is over when all eight exited, not when rank 0 did.
+    for rank in range(7):
+        exited = service.handle("/v1/exit", sessions[rank], {"code": 0, "stopped": False})
+        assert exited.status == 200
+        assert world.state("train") is RequestState.ACTIVE, rank
+    assert service.handle("/v1/exit", sessions[7], {"code": 0, "stopped": False}).status == 200
+    final = world.store.get("train")
+    assert final is not None
+    assert (final.state, final.reason) == (RequestState.RELEASED, "JOB_SUCCEEDED")
+    assert final.message == ", ".join(f"rank {rank} exited 0" for rank in range(8))

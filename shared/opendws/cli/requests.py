@@ -544,8 +544,9 @@ def ssh_command(
     request_id: str, state: str,
 ) -> list[str]:  # fmt: skip
     """The ``gcloud compute ssh`` command line to the host of ``rank``: ``--tunnel-through-iap``
-    when it has no external address (cloud.google.com/iap/docs/using-tcp-forwarding), ``extra``
-    last. A request that is not ACTIVE (no hosts) or a rank it has not is refused by name."""
+    when it has no external address (cloud.google.com/iap/docs/using-tcp-forwarding); a TPU
+    worker's ``gcloud compute tpus tpu-vm ssh``; ``extra`` last. A request that is not ACTIVE
+    (no hosts) or a rank it has not is refused by name."""
     if not hosts:
         raise UsageFailure(
             f"{request_id} is {state}: only an ACTIVE request has VMs to reach "
@@ -555,6 +556,14 @@ def ssh_command(
     if rank not in by_rank:
         raise UsageFailure(f"{request_id} has no rank {rank}: its ranks are 0 to {len(hosts) - 1}")
     host = by_rank[rank]
+    if host.worker is not None:
+        # A TPU worker: ``gcloud compute tpus tpu-vm ssh NODE --worker=N``, over its internal
+        # address when it has no external one (sdk/gcloud/reference/compute/tpus/tpu-vm/ssh).
+        argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", host.name,
+                f"--worker={host.worker}", "--zone", host.zone, "--project", project]  # fmt: skip
+        if host.external_ip is None:
+            argv.append("--internal-ip")
+        return [*argv, *extra]
     argv = ["gcloud", "compute", "ssh", host.name, "--zone", host.zone, "--project", project]
     if host.external_ip is None:
         argv.append("--tunnel-through-iap")

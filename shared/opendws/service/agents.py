@@ -483,7 +483,7 @@ class AgentService:
             for report in self._ranks.ranks(record.request_id)
             if report.attempt == attempt and report.state is RankState.EXITED
         }
-        verdict, said = run_verdict(run.ends_when, record.request.gang.vm_count, exits)
+        verdict, said = run_verdict(run.ends_when, gang_ranks(record.request.gang), exits)
         if verdict is RunVerdict.STOP_OTHERS:
             self._ranks.order_stop(
                 StopOrder(
@@ -629,7 +629,7 @@ class AgentService:
             if report.attempt == record.attempt
         }
         lost: list[int] = []
-        for rank in range(record.request.gang.vm_count):
+        for rank in range(gang_ranks(record.request.gang)):
             report = reports.get(rank)
             if report is None:
                 deadline = record.since + settings.register_within + settings.lost_grace
