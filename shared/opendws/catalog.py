@@ -179,6 +179,18 @@ TPU_RUNTIME_VERSIONS: dict[str, str] = {
     "tpu-v5p": "v2-alpha-tpuv5",
     "tpu-v6e": "v2-alpha-tpuv6e",
 }
+# The ``python3`` each of those runtimes boots with, on which the agent runs (it needs
+# opendws.agent.MINIMUM_PYTHON). tpu/docs/runtimes says each image holds "the Ubuntu operating
+# system, Docker" and names no version; tpu-ubuntu2204-base is Ubuntu 22.04, whose python3 is
+# 3.10 (pytorch/xla moved its TPU wheels to cp310 for it: "tpu-ubuntu2204-base doesn't support
+# python 3.8"), and the v2-alpha-tpuv5*/tpuv6e runtimes are built on it ("TPU v6e supports
+# Python 3.10+", vertex-ai/docs/training/training-with-tpu-vm).
+TPU_RUNTIME_PYTHON: dict[str, tuple[int, int]] = {
+    "tpu-ubuntu2204-base": (3, 10),
+    "v2-alpha-tpuv5-lite": (3, 10),
+    "v2-alpha-tpuv5": (3, 10),
+    "v2-alpha-tpuv6e": (3, 10),
+}
 
 
 @dataclass(frozen=True, slots=True)

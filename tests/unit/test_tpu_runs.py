@@ -326,3 +326,14 @@ def test_a_two_slice_gangs_workers_register_meet_and_see_ranks_0_to_7() -> None:
     assert final is not None
     assert (final.state, final.reason) == (RequestState.RELEASED, "JOB_SUCCEEDED")
     assert final.message == ", ".join(f"rank {rank} exited 0" for rank in range(8))
+
+
+def test_the_agent_runs_on_every_default_tpu_runtimes_python() -> None:
+    """Each generation's default runtime (tpu/docs/runtimes) states its python3, and the agent
+    runs on it (opendws.agent.MINIMUM_PYTHON)."""
+    from opendws.agent import MINIMUM_PYTHON
+    from opendws.catalog import TPU_RUNTIME_PYTHON, TPU_RUNTIME_VERSIONS
+
+    assert set(TPU_RUNTIME_VERSIONS.values()) <= set(TPU_RUNTIME_PYTHON)
+    for runtime in TPU_RUNTIME_VERSIONS.values():
+        assert TPU_RUNTIME_PYTHON[runtime] >= MINIMUM_PYTHON, runtime
