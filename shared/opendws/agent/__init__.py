@@ -3,12 +3,12 @@
 It finds the agent function's URL (``--agent-url``, else the instance attribute
 ``opendws-agent-url``) and its identity token in the metadata server
 (``instance/service-accounts/default/identity?audience=URL&format=full``; the host is
-``$GCE_METADATA_HOST`` where set, as google-auth reads it) — on a TPU VM also its node, worker
-number and the order's key (:func:`opendws.agent.transport.tpu_claim`) —, registers, waits at the gang's
-barrier, installs what the barrier's answer says the command needs (a checked ``.tar.gz``,
-once per VM: :mod:`opendws.agent.install`; a failure is the job's exit, 126), runs the command
-(in ``image`` with ``docker run --gpus all --network host --ipc host`` when one is given;
-``--privileged`` instead of ``--gpus all`` on a TPU VM),
+``$GCE_METADATA_HOST`` where set, as google-auth reads it) — on a TPU VM also its node,
+worker number and the order's key (:func:`opendws.agent.transport.tpu_claim`) —, registers,
+waits at the gang's barrier, installs what the barrier's answer says the command needs (a
+checked ``.tar.gz``, once per VM: :mod:`opendws.agent.install`; a failure is the job's exit,
+126), runs the command (in ``image`` with ``docker run --gpus all --network host --ipc host``
+when one is given; ``--privileged`` instead of ``--gpus all`` on a TPU VM),
 streams its output, heartbeats, stops it when told (SIGTERM to its process group, the grace
 period, then SIGKILL) and reports its exit code, retrying with backoff (0.5 s doubling to 30 s,
 with jitter) while the function is unreachable.
