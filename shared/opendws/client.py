@@ -48,10 +48,12 @@ from opendws.scenario import ScenarioError, read_document
 from opendws.schema.request import (
     NAME_RULE,
     SCHEMA_ID,
+    BlockSubmit,
     MessageError,
     Submit,
     is_request_id,
     parse_message,
+    to_block_job,
     to_capacity_request,
 )
 from opendws.service.queries import QueueEntry, Span
@@ -231,7 +233,9 @@ class Client:
         ``gang`` (a mapping), ``locations``, ``run_duration``, ``max_wait``, ``start_at``,
         ``priority``, ``labels``, ``request_id``, and ``run``, the job to run on the gang (a
         mapping of ``opendws.request/v1``'s ``run`` or a
-        :class:`~opendws.domain.run.RunSpec`). Durations may be given as ``timedelta``
+        :class:`~opendws.domain.run.RunSpec`). With ``block`` (a calendar block's request
+        id) it is a job into that block instead: ``tenant``, ``block``, ``run`` and
+        optionally ``labels`` and ``request_id`` only. Durations may be given as ``timedelta``
         (whole seconds) and times as aware ``datetime``. The request is checked against
         ``opendws.request/v1`` and the rules of its mode (run time, wait, a start in the
         future) first: :class:`InvalidRequest` names every field that breaks one, and nothing
@@ -276,6 +280,8 @@ class Client:
         message = {"schema": SCHEMA_ID, "action": "submit", **_plain(merged)}
         try:
             parsed = parse_message(message)
+            if isinstance(parsed, BlockSubmit):
+                return message, self._block_job(parsed)
             assert isinstance(parsed, Submit)  # the action is submit: so is what parsed
             # The rules intake applies next (run time, wait, start): refused here rather than
             # announced as REJECTED later.
@@ -285,6 +291,20 @@ class Client:
         except MessageError as error:
             raise InvalidRequest(error.problems) from None
         return message, checked
+
+    def _block_job(self, message: BlockSubmit) -> CapacityRequest:
+        """The request of a job into a calendar block, checked against the stored block as
+        intake checks it (MessageError naming ``block``)."""
+        block = self.container.adapters.store.get(message.block)
+        checked = to_block_job(
+            message, None if block is None else block.request, default_request_id="checked",
+            submitted_at=self.now(),
+        )  # fmt: skip
+        if block is not None and block.state.is_final:
+            raise MessageError([("block", (
+                f"block {message.block!r} has ended ({block.state}): no job can run on its VMs"
+            ))])  # fmt: skip
+        return checked
 
     # Follow -----------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The agent's course: register, wait for the gang, run the job, heartbeat, report its exit.
+"""The agent's course: register, wait for the gang, run the job, heartbeat, report its exit —
+and on a calendar block's VMs, register again for each job into the block.
 
 The agent function's protocol (all POST, JSON, ``Authorization: Bearer``): ``/v1/register``
 with the VM's identity token, then with the session it returns ``/v1/barrier``,
@@ -49,9 +50,13 @@ class Session:
     rank: int
     num_nodes: int
     heartbeat_s: float
+    # The calendar block whose VM this is, when the block keeps its VMs for jobs into it:
+    # after this run the agent registers again for the next one.
+    block: str | None = None
 
     @classmethod
     def parse(cls, reply: Mapping[str, Any]) -> Session:
+        block = reply.get("block")
         try:
             session = cls(
                 token=str(reply["session"]),
@@ -59,6 +64,7 @@ class Session:
                 rank=int(reply["rank"]),
                 num_nodes=int(reply["num_nodes"]),
                 heartbeat_s=float(reply["heartbeat_s"]),
+                block=block if isinstance(block, str) and block else None,
             )
         except (KeyError, TypeError, ValueError) as error:
             raise Unreachable(f"malformed registration reply: {error!r}") from None
@@ -135,9 +141,22 @@ class Agent:
     # -- the course -------------------------------------------------------------------------
 
     def run(self) -> int:
-        session = self.register()
-        if session is None:
-            return 0
+        """This VM's runs: one — or, on a calendar block that keeps its VMs for jobs into it
+        (the registration names the block), the block's own run and then each job into the
+        block, registering again once each is over. The agent's own exit code."""
+        while True:
+            session = self.register()
+            if session is None:
+                return 0
+            code = self.course(session)
+            if session.block is None or self.stopping.is_set():
+                return code
+            log(f"the run of {session.request_id} is over; registering again for the next "
+                f"job into block {session.block}")  # fmt: skip
+
+    def course(self, session: Session) -> int:
+        """One run: the gang's barrier, the job, its exit reported, lingering until the run
+        is over."""
         log(f"registered: request {session.request_id}, rank {session.rank} of "
             f"{session.num_nodes}")  # fmt: skip
         start = self.barrier(session)
@@ -175,12 +194,26 @@ class Agent:
     def register(self) -> Session | None:
         """Exchange the identity token for a session; None when told to stop first."""
         backoff = Backoff()
+        said = ""
         while not self.stopping.is_set():
             try:
                 token = transport.identity_token(self.agent_url)
                 tpu = transport.tpu_claim()
                 body = {} if tpu is None else {"tpu": tpu}
-                return Session.parse(self.call("/v1/register", body, token))
+                reply = self.call("/v1/register", body, token)
+                if reply.get("wait") is True:
+                    # A calendar block's VM with no run on it now: the next job into the
+                    # block comes later.
+                    backoff.reset()
+                    if reply.get("error") != said:
+                        said = str(reply.get("error"))
+                        log(f"{said}; waiting for the next job")
+                    retry_after = reply.get("retry_after_s", REASK_S)
+                    if not isinstance(retry_after, (int, float)):
+                        retry_after = REASK_S
+                    self.pause(min(max(float(retry_after), 0.05), REASK_S))
+                    continue
+                return Session.parse(reply)
             except Unreachable as error:
                 log(f"registering: {error}; trying again")
                 self.pause(backoff.next_delay())

@@ -106,6 +106,10 @@ class _ArgvAfterDashes(click.Command):
                    "(projects/P/secrets/S/versions/V); repeat.")  # fmt: skip
 @click.option("--ends-when", type=click.Choice(["all_exited", "rank0_exited"]),
               help="When the run is over: every rank exited (default), or rank 0.")  # fmt: skip
+@click.option("--block", metavar="BLOCK_ID",
+              help="Run the job on the VMs of this calendar block of yours (after its own job "
+                   "and the jobs submitted into it before); no gang, mode, location or times "
+                   "of its own.")  # fmt: skip
 @click.option("--release-on-end", is_flag=True, default=None,
               help="calendar: delete the block's VMs when its job ends (default: kept until "
                    "the block ends; billed in full either way).")  # fmt: skip
@@ -185,8 +189,27 @@ def _with_run(file: Path, run: dict[str, Any]) -> dict[str, Any]:
     return {**document, "run": {**merged, **run}}
 
 
+# What a job into a block (--block) takes from its block, not from flags.
+_BLOCK_OWN = {"vm_count": "--vm-count", "machine_type": "--machine-type",
+              "accelerator": "--accelerator", "accelerators_per_vm": "--accelerators-per-vm",
+              "topology": "--topology", "locations": "--location", "run_duration": "--run",
+              "max_wait": "--max-wait", "start_at": "--start-at",
+              "priority": "--priority"}  # fmt: skip
+
+
 def _message_from(flags: dict[str, Any]) -> dict[str, Any]:
     """The request the flags describe (the client checks it)."""
+    if flags.get("block") is not None:
+        given = [option for key, option in _BLOCK_OWN.items() if flags.get(key)]
+        if given:
+            raise UsageFailure(
+                f"{', '.join(given)}: a job into a block (--block) runs on the block's VMs "
+                "and takes its gang, locations and times"
+            )
+        job = {"tenant": flags.get("tenant"), "block": flags["block"]}
+        return (
+            job if flags.get("request_id") is None else {**job, "request_id": flags["request_id"]}
+        )
     gang = {
         key: flags[flag]
         for key, flag in (

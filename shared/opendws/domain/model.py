@@ -175,6 +175,10 @@ class CapacityRequest:
     priority: int = 0  # higher is taken first
     labels: tuple[tuple[str, str], ...] = ()  # sorted (key, value) pairs, carried through
     run: RunSpec | None = None  # the job on the gang; None: capacity only, released by the user
+    # A job into the running calendar block of this id (a request of the same tenant): it runs
+    # on the block's VMs and holds no capacity of its own; its mode, gang, locations, start and
+    # run duration are the block's. None: a request for capacity of its own.
+    block: str | None = None
 
     def __post_init__(self) -> None:
         if not self.request_id:
@@ -189,7 +193,9 @@ class CapacityRequest:
                     "locations", f"{location!r} is neither a zone (us-central1-a) nor a region"
                 )
         require_utc("submitted_at", self.submitted_at)
-        if self.mode is Mode.FLEX_START:
+        if self.block is not None:
+            self._check_block_job()
+        elif self.mode is Mode.FLEX_START:
             self._check_flex()
         else:
             self._check_calendar()
@@ -201,6 +207,17 @@ class CapacityRequest:
             raise InvalidModel("max_wait", "flex_start waits more than 0 and at most 7 days")
         if self.start_at is not None:
             raise InvalidModel("start_at", "only calendar requests have a start time")
+
+    def _check_block_job(self) -> None:
+        """A job into a calendar block: the block's window (Google's lead times were the
+        block's to meet when it was booked), and a run to run on its VMs."""
+        if not self.block:
+            raise InvalidModel("block", "must name a calendar block's request id")
+        if self.mode is not Mode.CALENDAR or self.start_at is None or self.max_wait is not None:
+            raise InvalidModel("block", "a job into a block takes the block's calendar window")
+        require_utc("start_at", self.start_at)
+        if self.run is None:
+            raise InvalidModel("run", "a request into a block is a job: give its run")
 
     def _check_calendar(self) -> None:
         if not CALENDAR_MIN_RUN <= self.run_duration <= CALENDAR_MAX_RUN:

@@ -36,10 +36,14 @@ TRANSITIONS: Mapping[RequestState, frozenset[RequestState]] = {
     _S.PENDING: frozenset(
         {
             _S.PROVISIONING,  # flex: admitted by the reconciler (admit)
+            # a job into a calendar block: the block runs with its VMs up, no other run is on
+            # them and it is next in line (it holds no capacity of its own: never admitted)
+            _S.ACTIVE,
             _S.BOOKED,  # calendar: the block fits and is confirmed
             _S.TIMED_OUT,  # flex: max_wait passed before admission (sweep)
             _S.CANCELLED,  # the tenant cancelled
-            _S.REJECTED,  # the gang can never fit, or a calendar block was refused
+            _S.REJECTED,  # the gang can never fit, a calendar block was refused, or the
+            # block a job waits for ended before it could run
         }
     ),
     _S.BOOKED: frozenset(
@@ -60,8 +64,9 @@ TRANSITIONS: Mapping[RequestState, frozenset[RequestState]] = {
     ),
     _S.ACTIVE: frozenset(
         {
-            _S.RELEASED,  # the tenant released it (early or on time)
-            _S.EXPIRED,  # the run-time timer fired, or the sweep found it overdue
+            _S.RELEASED,  # the tenant released it (early or on time), or its job ended
+            _S.EXPIRED,  # the run-time timer fired, or the sweep found it overdue (a job into
+            # a block: the block's end)
         }
     ),
     _S.RELEASED: frozenset(),  # final

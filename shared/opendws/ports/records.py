@@ -469,8 +469,9 @@ class UsageEntry:
 
 def request_to_document(request: CapacityRequest) -> dict[str, Any]:
     """The request as plain JSON-friendly values (durations in seconds, instants in ISO 8601).
-    ``run`` only when it carries one (its secrets as version names, never values), so a request
-    without one reads, and fingerprints, as it always did."""
+    ``run`` only when it carries one (its secrets as version names, never values), and ``block``
+    only for a job into a block, so a request without them reads, and fingerprints, as it
+    always did."""
     gang = request.gang
     return {
         "request_id": request.request_id,
@@ -491,6 +492,7 @@ def request_to_document(request: CapacityRequest) -> dict[str, Any]:
         "priority": request.priority,
         "labels": dict(request.labels),
         **({} if request.run is None else {"run": request.run.to_json()}),
+        **({} if request.block is None else {"block": request.block}),
     }
 
 
@@ -518,6 +520,7 @@ def request_from_document(data: dict[str, Any]) -> CapacityRequest:
         priority=data.get("priority", 0),
         labels=tuple(sorted(data.get("labels", {}).items())),
         run=None if data.get("run") is None else RunSpec.from_json(data["run"]),
+        block=data.get("block"),
     )
 
 

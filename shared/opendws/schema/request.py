@@ -22,7 +22,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     TypeAdapter,
     ValidationError,
     WithJsonSchema,
@@ -267,6 +269,38 @@ class Submit(_Strict):
     )
 
 
+class BlockSubmit(_Strict):
+    """A job into a running calendar block of the same tenant: its ``run`` runs on the block's
+    VMs, after the block's own job and the jobs submitted into it before (one at a time).
+    The block holds the capacity and Google bills it in full either way, so the job has no
+    mode, gang, locations or times of its own: they are the block's."""
+
+    schema_: Literal["opendws.request/v1"] = Field(alias="schema")
+    action: Literal["submit"]
+    request_id: str | None = Field(
+        default=None,
+        pattern=_NAME,
+        description="Idempotency key chosen by the client; defaults to the Pub/Sub message id.",
+    )
+    tenant: str = Field(pattern=_NAME, description="The block's tenant.")
+    block: str = Field(
+        pattern=_NAME,
+        description=(
+            "The request id of a calendar block of the same tenant that has not ended and "
+            "keeps its VMs when its job ends (run.release_on_end false): the job runs on them."
+        ),
+    )
+    labels: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,62}$")], str] = Field(
+        default_factory=dict, max_length=64
+    )
+    run: Run = Field(
+        description=(
+            "The job to run on the block's VMs; when it ends the job request is released and "
+            "the block keeps its VMs (release_on_end does not apply: the block's own says)."
+        )
+    )
+
+
 class Cancel(_Strict):
     """Withdraw a request that is not yet active."""
 
@@ -333,8 +367,26 @@ class CiJob(_Strict):
     conclusion: str | None = Field(default=None, max_length=64)
 
 
-RequestMessage = Annotated[Submit | Cancel | Release | CiJob, Field(discriminator="action")]
-_ADAPTER: TypeAdapter[Submit | Cancel | Release | CiJob] = TypeAdapter(RequestMessage)
+def _kind(value: Any) -> str | None:
+    """Which message ``value`` is: its action, and a submission naming a block is a job into
+    it (``block``)."""
+    data = value if isinstance(value, dict) else getattr(value, "__dict__", {})
+    action = data.get("action")
+    if action == "submit" and "block" in data:
+        return "block"
+    return action if isinstance(action, str) else None
+
+
+Message = Submit | BlockSubmit | Cancel | Release | CiJob
+RequestMessage = Annotated[
+    Annotated[Submit, Tag("submit")]
+    | Annotated[BlockSubmit, Tag("block")]
+    | Annotated[Cancel, Tag("cancel")]
+    | Annotated[Release, Tag("release")]
+    | Annotated[CiJob, Tag("ci_job")],
+    Discriminator(_kind),
+]
+_ADAPTER: TypeAdapter[Message] = TypeAdapter(RequestMessage)
 
 
 # Why a flex-start request may not say release_on_end (DESIGN "Two modes": releasing a flex
@@ -353,7 +405,7 @@ class MessageError(ValueError):
         super().__init__("; ".join(f"{field}: {rule}" for field, rule in problems))
 
 
-def parse_message(data: bytes | str | dict[str, Any]) -> Submit | Cancel | Release | CiJob:
+def parse_message(data: bytes | str | dict[str, Any]) -> Message:
     """Validate one message (JSON bytes or text, or an already decoded object)."""
     if isinstance(data, bytes):
         try:
@@ -439,6 +491,49 @@ def to_capacity_request(
         raise MessageError([(error.field, error.rule)]) from None
 
 
+def to_block_job(
+    message: BlockSubmit, block: CapacityRequest | None, *, default_request_id: str,
+    submitted_at: datetime,
+) -> CapacityRequest:  # fmt: skip
+    """The domain request of a job into ``block`` (the request the message names; None: there
+    is none): the block's mode, gang, locations and window, the message's run and labels.
+    MessageError naming ``block`` when the block cannot take it: another tenant's (said as
+    unknown: a tenant learns nothing of another's requests), not a calendar block, a job
+    itself, or a block that deletes its VMs when its job ends (``run.release_on_end``)."""
+    name = repr(message.block)
+    if block is None or block.tenant != message.tenant:
+        raise MessageError([("block", f"no calendar block {name} of tenant {message.tenant!r}")])
+    if block.block is not None:
+        raise MessageError([("block", (
+            f"{name} is itself a job into block {block.block!r}: name the block"
+        ))])  # fmt: skip
+    if block.mode is not Mode.CALENDAR:
+        raise MessageError([("block", (
+            f"{name} is a {block.mode.value} request, not a calendar block: its capacity is "
+            "given back when its job ends, so no other job can run on it"
+        ))])  # fmt: skip
+    if block.run is not None and block.run.release_on_end:
+        raise MessageError([("block", (
+            f"block {name} deletes its VMs when its own job ends (run.release_on_end): no "
+            "other job can run on them"
+        ))])  # fmt: skip
+    if "release_on_end" in message.run.model_fields_set:
+        raise MessageError([("run.release_on_end", (
+            "is the block's to say, not a job's: a job into a block leaves its VMs to the block"
+        ))])  # fmt: skip
+    try:
+        return CapacityRequest(
+            request_id=message.request_id or default_request_id, tenant=message.tenant,
+            mode=block.mode, gang=block.gang, locations=block.locations,
+            run_duration=block.run_duration, submitted_at=submitted_at,
+            start_at=block.start_at, priority=block.priority,
+            labels=tuple(sorted(message.labels.items())), run=message.run.build(),
+            block=block.request_id,
+        )  # fmt: skip
+    except InvalidModel as error:
+        raise MessageError([(error.field, error.rule)]) from None
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of ``opendws.request/v1`` that publishers validate against."""
     schema = _ADAPTER.json_schema(by_alias=True)
@@ -454,7 +549,7 @@ def _problems(error: ValidationError) -> list[tuple[str, str]]:
     problems = []
     for item in error.errors(include_url=False):
         location = [str(part) for part in item["loc"]]
-        if location and location[0] in ("submit", "cancel", "release"):
+        if location and location[0] in ("submit", "block", "cancel", "release", "ci_job"):
             location = location[1:]  # the discriminator's branch, not a field
         field = ".".join(location) or "message"
         rule = str(item["msg"]).removeprefix("Value error, ")

@@ -7,6 +7,11 @@ The protocol (all POST, JSON; the agent in :mod:`opendws.agent` speaks it):
    Compute Engine reports for its order (its name one of the order's VMs, its zone, its
    instance id: :func:`opendws.ports.runs.bind`), and the agent gets a session bound to
    (request, attempt, rank, instance id). 404 for a capacity-only request (no ``run``).
+   A calendar block's VMs run the block's own run first, then each job into the block in
+   turn (:mod:`opendws.domain.block_jobs`): once the block's run is over (or it has none) a
+   VM of it registers for the job that runs on it now — a session bound to that job's id —
+   and while none does it is told to wait (``{"wait": true, "retry_after_s": …}``) and to
+   register again then.
 2. ``/v1/barrier``: not ready until every rank of the attempt registered and the request is
    ACTIVE with its hosts; then the command, the image and the job's environment (opendws's
    names, the user's env and the values of its secrets, read now from Secret Manager by this
@@ -46,6 +51,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from opendws.domain.model import Mode
 from opendws.domain.run import (
     CiProvider,
     CiRunner,
@@ -80,7 +86,14 @@ from opendws.ports.runs import (
     gang_ranks,
     workers_per_node,
 )
-from opendws.service.release import EndReason, EndService, block_job_over
+from opendws.service.release import (
+    EndReason,
+    EndService,
+    block_job_over,
+    block_run_on,
+    keeps_vms,
+    runs_attempt,
+)
 
 log = logging.getLogger(__name__)
 S = RequestState
@@ -117,6 +130,9 @@ class AgentSettings:
 
     session_lifetime: timedelta = timedelta(days=8)  # longer than any run (7 d at most)
     barrier_retry: timedelta = timedelta(seconds=1)
+    # How often the agents of a calendar block with no run on its VMs ask for the next job
+    # into it (a job starts on them this long at most after the block is free for it).
+    idle_reask: timedelta = timedelta(seconds=10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +267,12 @@ class AgentService:
             return Answer(403, {"error": str(error)})
         except _BadRequest as error:
             return Answer(400, {"error": str(error)})
+        except _Idle as idle:
+            # Not an error: the block's VMs wait for the next job into it (register again).
+            return Answer(200, {
+                "wait": True, "request_id": idle.block, "error": str(idle),
+                "retry_after_s": self._settings.idle_reask.total_seconds(),
+            })  # fmt: skip
 
     # The protocol -----------------------------------------------------------------------
 
@@ -278,6 +300,7 @@ class AgentService:
             "session": session, "request_id": record.request_id, "order": identity.order,
             "attempt": attempt, "rank": rank, "num_nodes": gang_ranks(request.gang),
             "heartbeat_s": self._settings.heartbeat.total_seconds(),
+            **({} if (block := _block_of(record)) is None else {"block": block}),
         })  # fmt: skip
 
     def _vm(self, authorization: str | None) -> tuple[VmIdentity, RequestRecord, int, int]:
@@ -651,7 +674,7 @@ class AgentService:
         if (
             record is None
             or record.state.is_final
-            or session.attempt not in {lane.attempt for lane in record.orders}
+            or not runs_attempt(record, session.attempt)
             or record.request.run is None
             or block_job_over(record)  # a calendar block's job ended; its VMs are kept
         ):
@@ -659,16 +682,54 @@ class AgentService:
         return session, record
 
     def _record_of_order(self, order: str) -> tuple[RequestRecord | None, int]:
-        """The running (or still provisioning) request one of whose orders is ``order``."""
-        for record in self._store.in_states(S.ACTIVE, S.PROVISIONING):
+        """The request whose run the VMs of ``order`` run now, and its attempt: the running
+        (or still provisioning) request one of whose orders it is — or, on a calendar block
+        whose own run is over (or that has none), the job into the block that runs on its
+        VMs now (:mod:`opendws.domain.block_jobs`: one at a time); :class:`_Idle` when no
+        job does yet."""
+        running = list(self._store.in_states(S.ACTIVE, S.PROVISIONING))
+        for record in running:
             for lane in record.orders:
                 if order_name(record.request_id, lane.attempt) == order:
-                    return record, lane.attempt
+                    if not _hosts_jobs(record) or block_run_on(record):
+                        return record, lane.attempt
+                    for job in running:
+                        if job.request.block == record.request_id and job.state is S.ACTIVE:
+                            return job, job.attempt
+                    raise _Idle(record.request_id)
         return None, 0
 
 
 class _BadRequest(ValueError):
     """A call whose body is not what the protocol says (HTTP 400)."""
+
+
+class _Idle(Exception):
+    """A VM of a running calendar block whose own run is over (or that has none) and on
+    which no job into the block runs yet: its agent registers again later."""
+
+    def __init__(self, block: str) -> None:
+        super().__init__(f"no run on the VMs of block {block!r} now")
+        self.block = block
+
+
+def _block_of(record: RequestRecord) -> str | None:
+    """The calendar block whose VMs run ``record``'s run when they stay for jobs into it
+    after it (the agent then registers again once the run is over): a job's block, or a
+    block that keeps its VMs when its job ends; None for any other run."""
+    if record.request.block is not None:
+        return record.request.block
+    return record.request_id if keeps_vms(record) else None
+
+
+def _hosts_jobs(record: RequestRecord) -> bool:
+    """Whether jobs into ``record`` may run on its VMs: a running calendar block (not a job
+    itself)."""
+    return (
+        record.request.mode is Mode.CALENDAR
+        and record.request.block is None
+        and record.state is S.ACTIVE
+    )
 
 
 def _over(session: Session) -> Answer:

@@ -24,6 +24,11 @@ names the field and the rule (a run's secrets are checked against its tenant's c
 ``secret_prefix`` here, where the configuration is known). Transient faults (the store or the
 bus unavailable) do raise, so that Pub/Sub redelivers; a dead-letter topic catches what keeps
 failing.
+
+A submission naming a calendar block (``block``) is a job into it: checked here against the
+stored block (same tenant, a calendar block not ended, keeping its VMs for jobs) and stored
+with the block's gang and window; the reconciler runs it on the block's VMs in turn
+(:mod:`opendws.domain.block_jobs`).
 """
 
 from __future__ import annotations
@@ -63,11 +68,13 @@ from opendws.ports import (
 )
 from opendws.ports.runs import RankStore
 from opendws.schema.request import (
+    BlockSubmit,
     CiJob,
     MessageError,
     Release,
     Submit,
     parse_message,
+    to_block_job,
     to_capacity_request,
 )
 from opendws.service.release import EndOutcome, EndService
@@ -178,7 +185,7 @@ class IntakeService:
                 )  # fmt: skip
             if isinstance(message, CiJob):
                 return self._ci_job(message)
-            if not isinstance(message, Submit):
+            if not isinstance(message, Submit | BlockSubmit):
                 if self._ending is None:
                     return self._refuse(
                         delivery,
@@ -210,10 +217,14 @@ class IntakeService:
                     f"tenant: {message.tenant!r} is not a configured tenant; the tenants are "
                     f"{', '.join(sorted(known)) or 'none yet'}",
                 )  # fmt: skip
-            request = to_capacity_request(
-                message,
-                default_request_id=delivery.message_id,
-                submitted_at=delivery.published_at,
+            request = (
+                self._block_job(message, delivery)
+                if isinstance(message, BlockSubmit)
+                else to_capacity_request(
+                    message,
+                    default_request_id=delivery.message_id,
+                    submitted_at=delivery.published_at,
+                )
             )
             problem = self._secrets_problem(request)
             if problem is not None:
@@ -244,6 +255,23 @@ class IntakeService:
             )
         self._arm_expiry(record)  # again: the first delivery may have died before arming
         return IntakeResult(IntakeOutcome.DUPLICATE, request.request_id, "already accepted")
+
+    def _block_job(self, message: BlockSubmit, delivery: Delivery) -> CapacityRequest:
+        """The request of a job into a calendar block (schema.request.to_block_job), or
+        MessageError naming ``block`` when the block cannot take it: unknown, another
+        tenant's, not a calendar block, keeping no VMs for jobs, or ended already (unless
+        the job is stored already: this is then a redelivery, a duplicate)."""
+        block = self._store.get(message.block)
+        request = to_block_job(
+            message, None if block is None else block.request,
+            default_request_id=delivery.message_id, submitted_at=delivery.published_at,
+        )  # fmt: skip
+        assert block is not None  # to_block_job refuses an unknown block
+        if block.state.is_final and self._store.get(request.request_id) is None:
+            raise MessageError([("block", (
+                f"block {message.block!r} has ended ({block.state}): no job can run on its VMs"
+            ))])  # fmt: skip
+        return request
 
     def _kept_for_another_job(self, release: Release) -> str | None:
         """Why a finished CI job's request stays (None: release it): it runs (its runner's

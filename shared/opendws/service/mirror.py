@@ -39,6 +39,9 @@ class Held:
     live: dict[str, RequestRecord]
     in_flight: int  # how many of them Google is still to serve (see in_flight)
     wanted: set[str]  # the names of their orders (an order by any other name is unwanted)
+    # Jobs into calendar blocks not yet final, oldest submission first: stepped by
+    # opendws.domain.block_jobs, never swept nor admitted.
+    jobs: tuple[RequestRecord, ...] = ()
 
 
 def in_flight(record: RequestRecord) -> bool:
@@ -48,7 +51,10 @@ def in_flight(record: RequestRecord) -> bool:
 
 
 def _swept(record: RequestRecord) -> bool:
-    """Whether a pass sweeps ``record``: live, or a calendar block under Google's review."""
+    """Whether a pass sweeps ``record``: live, or a calendar block under Google's review —
+    never a job into a block, which has no order of its own (see Held.jobs)."""
+    if record.request.block is not None:
+        return False
     return record.state is not RequestState.PENDING or submitted(record)
 
 
@@ -65,6 +71,7 @@ class RequestMirror:
         # need not sort every request to find them.
         self._live: dict[str, RequestRecord] = {}
         self._flying: set[str] = set()
+        self._jobs: dict[str, RequestRecord] = {}  # jobs into blocks (see Held.jobs)
         # Per live one, the names of its orders; and all of them.
         self._names: dict[str, tuple[str, ...]] = {}
         self._wanted: set[str] = set()
@@ -86,7 +93,7 @@ class RequestMirror:
         with self._lock:
             if since is None:
                 self._records, self._in_order = {}, True
-                self._live, self._flying = {}, set()
+                self._live, self._flying, self._jobs = {}, set(), {}
                 self._names, self._wanted = {}, set()
                 self._changed = dict.fromkeys(CHANNELS)
             for record in changes.records:
@@ -102,6 +109,7 @@ class RequestMirror:
                 dict(self._live),
                 len(self._flying),
                 set(self._wanted),
+                tuple(sorted(self._jobs.values(), key=_submission)),
             )
 
     def record(self, record: RequestRecord) -> None:
@@ -144,6 +152,10 @@ class RequestMirror:
             for changed in self._changed.values():
                 if changed is not None:
                     changed.add(request_id)
+        if record.request.block is not None and not record.state.is_final:
+            self._jobs[request_id] = record
+        else:
+            self._jobs.pop(request_id, None)
         if record.state.is_final:
             gone = self._records.pop(request_id, None)
             self._unlive(request_id)

@@ -141,6 +141,8 @@ class SnapshotParts:
             eligible: RequestRecord | None = None
             if record is None:
                 built.pop(request_id, None)
+            elif record.request.block is not None:
+                built[request_id] = record  # a job into a block: the block holds the capacity
             else:
                 built[request_id] = record
                 state = record.state

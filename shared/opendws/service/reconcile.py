@@ -67,6 +67,7 @@ from opendws.domain.admission import (
     calendar_alternatives,
     offered,
 )
+from opendws.domain.block_jobs import BlockView, JobView, block_jobs
 from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import (
@@ -133,6 +134,7 @@ from opendws.service.cloud_calls import Outcome as CallOutcome
 from opendws.service.mirror import RequestMirror, in_flight
 from opendws.service.ordered import OrderedByKey
 from opendws.service.parts import SnapshotParts, moves_with_clock, racing
+from opendws.service.release import block_run_on
 from opendws.service.timers import release_timer, start_timer, timers_to_disarm
 from opendws.service.usage import usage_of
 
@@ -651,6 +653,9 @@ class _Cycle:
         self._watch({pool.pool_id for pool in looked}, unwanted, whole)
         for name in sorted(unwanted):
             self._release_leak(unwanted[name])
+        # Jobs into calendar blocks: each runs on its block's VMs in turn, or ends with it
+        # (no cloud call: the block holds the capacity).
+        self._block_jobs(held.jobs)
         # 4. Snapshot and admission.
         snapshot = self._snapshot()
         with self.planner_lock:  # a pass whose lease expired may still be planning
@@ -790,6 +795,42 @@ class _Cycle:
             self.report.skipped.append(request_id)
 
     # Step 3: the sweep ------------------------------------------------------------------
+
+    def _block_jobs(self, jobs: Sequence[RequestRecord]) -> None:
+        """Step the jobs into calendar blocks (``jobs``, oldest submission first) by the pure
+        rule of :mod:`opendws.domain.block_jobs`, against their blocks as this pass left them
+        (a block no longer in the mirror has ended: read once). A job that starts takes its
+        block's hosts and attempt 1 of its own, and no pool or order: nothing the reconciler
+        or a release does to it touches the block's VMs."""
+        on: dict[str, list[RequestRecord]] = {}
+        for job in jobs:
+            current = self.records.get(job.request_id, job)
+            if not current.state.is_final and current.request.block is not None:
+                on.setdefault(current.request.block, []).append(current)
+        for block_id, its_jobs in on.items():
+            if self._out_of_time():
+                return  # the next pass, asked for at once, steps the rest
+            block = self.records.get(block_id) or self.store.get(block_id)
+            steps = block_jobs(
+                _block_view(block_id, block),
+                [
+                    JobView(request_id=job.request_id, state=job.state, reason=job.reason,
+                            message=job.message)
+                    for job in its_jobs
+                ],
+            )  # fmt: skip
+            by_id = {job.request_id: job for job in its_jobs}
+            for step in steps:
+                job = by_id[step.request_id]
+                with self._one_request(job.request_id):
+                    if step.starts:
+                        assert block is not None  # a job starts on a running block only
+                        self._write(
+                            job, S.ACTIVE, step.reason, step.message, pool=None, attempt=1,
+                            hosts=block.hosts,
+                        )  # fmt: skip
+                    else:
+                        self._write(job, step.target or job.state, step.reason, step.message)
 
     def _inputs(self, record: RequestRecord, seen: dict[Lane, Sighting | None]) -> _SweepInputs:
         """What the record's sweep reads besides the time: its record (by version) and, per
@@ -1543,6 +1584,19 @@ class _Cycle:
             if record.announced < record.events:
                 missing = self.store.events(record.request_id)[record.announced :]
                 self._announce(record, missing)
+
+
+def _block_view(block_id: str, block: RequestRecord | None) -> BlockView:
+    """What the rule of jobs into blocks reads of ``block`` (None: no longer stored, long
+    ended)."""
+    if block is None:
+        return BlockView(
+            request_id=block_id, state=S.EXPIRED, message="the block is no longer stored"
+        )
+    return BlockView(
+        request_id=block_id, state=block.state, own_run=block_run_on(block),
+        units=block.request.units, pool=block.pool, message=block.message,
+    )  # fmt: skip
 
 
 def _forget_gone(cache: dict[str, Any], records: Mapping[str, RequestRecord]) -> None:

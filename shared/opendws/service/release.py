@@ -104,9 +104,26 @@ def block_job_over(record: RequestRecord) -> bool:
     with the job's verdict as its reason."""
     return (
         record.request.mode is Mode.CALENDAR
+        and record.request.block is None
         and record.state is S.ACTIVE
         and record.reason in {reason.value for reason in JOB_ENDINGS}
     )
+
+
+def block_run_on(record: RequestRecord) -> bool:
+    """Whether the running calendar block ``record`` has its own run on its VMs now (not
+    over, and not capacity only): jobs into it wait until it is over."""
+    return (
+        record.state is S.ACTIVE and record.request.run is not None and not block_job_over(record)
+    )
+
+
+def runs_attempt(record: RequestRecord, attempt: int) -> bool:
+    """Whether ``attempt`` is a run of ``record``: one of its orders', or for a job into a
+    block (which has no order of its own) its one attempt on the block's VMs."""
+    if record.request.block is not None:
+        return record.attempt == attempt
+    return attempt in {lane.attempt for lane in record.orders}
 
 
 def keeps_vms(record: RequestRecord) -> bool:
@@ -114,7 +131,12 @@ def keeps_vms(record: RequestRecord) -> bool:
     does not say ``release_on_end`` (Google bills the block in full whatever is done, so its
     capacity stays the tenant's until the block ends)."""
     run = record.request.run
-    return record.request.mode is Mode.CALENDAR and run is not None and not run.release_on_end
+    return (
+        record.request.mode is Mode.CALENDAR
+        and record.request.block is None  # a job into a block leaves the VMs to the block
+        and run is not None
+        and not run.release_on_end
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +261,10 @@ class EndService:
         A calendar block is billed in full whatever is done (:data:`BILLED_IN_FULL`): unless
         its run says ``release_on_end``, its VMs are kept until the block ends — the request
         stays ACTIVE, its reason the job's, and the event says until when — and with it they
-        are deleted as for any run, the event saying the block is still billed in full."""
+        are deleted as for any run, the event saying the block is still billed in full.
+
+        A job into a block (``request.block``) has no order of its own: it is RELEASED and
+        the block's VMs are left as they are (its attempt is its record's)."""
         for _ in range(ATTEMPTS):
             record = self._store.get(request_id)
             if record is None:
@@ -251,9 +276,7 @@ class EndService:
                     EndOutcome.ALREADY_ENDED, record.state,
                     f"the job of block {request_id!r} already ended ({record.reason})",
                 )  # fmt: skip
-            if record.state is not S.ACTIVE or attempt not in {
-                lane.attempt for lane in record.orders
-            }:
+            if record.state is not S.ACTIVE or not runs_attempt(record, attempt):
                 return EndResult(
                     EndOutcome.IGNORED, record.state,
                     f"{request_id!r} does not run attempt {attempt} (it is {record.state})",
@@ -261,7 +284,7 @@ class EndService:
             try:
                 if reason in JOB_ENDINGS and keeps_vms(record):
                     return self._keep_block(record, reason, message)
-                if record.request.mode is Mode.CALENDAR:
+                if record.request.mode is Mode.CALENDAR and record.request.block is None:
                     message += (
                         f"; the block's VMs are deleted now (release_on_end); "
                         f"{BILLED_IN_FULL} at {_block_end(record)}"
@@ -295,6 +318,7 @@ class EndService:
         )  # fmt: skip
         self._bus.publish(event)
         self._store.mark_announced(record.request_id, changed.events)
+        self._nudge_freed(record.request_id, S.ACTIVE)  # a job into the block may start now
         return EndResult(EndOutcome.KEPT, S.ACTIVE, message)
 
     def _withdraw(self, record: RequestRecord, tenant: str) -> EndResult | None:

@@ -50,7 +50,9 @@ def usage_of(
     request = record.request
     started = record.since if record.state is RequestState.ACTIVE else None
     used = granted = 0.0
-    if request.mode is Mode.CALENDAR and record.state in _BLOCK_STARTED:
+    if request.block is not None:
+        pass  # a job into a block: the block holds (and bills) the capacity it ran on
+    elif request.mode is Mode.CALENDAR and record.state in _BLOCK_STARTED:
         # Google bills a block from its start to its end whether it was used or not
         # (compute/docs/instances/delete-future-reservations-calendar-mode).
         used = granted = request.accelerator_units * request.run_duration / HOUR
