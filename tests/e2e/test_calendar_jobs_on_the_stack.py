@@ -9,7 +9,9 @@ Google fills two blocks' reservations 5 simulated minutes after their start (the
 emulator's ``/admin/calendar`` fill delay, and ``/admin/advance`` moving its clock): each job
 starts only then, and the events say it waited for Google. When the jobs end, the default
 block keeps its VMs (ACTIVE, until its end), the ``release_on_end`` one's are deleted; both are
-billed in full, as ``dws usage`` says.
+billed in full, as ``dws usage`` says. A second request into the kept block (``dws submit
+--block``) runs on the same VMs (names, instance ids), ends RELEASED ``JOB_SUCCEEDED``, and
+leaves them running.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from tests.e2e.test_local_stack import dws, start_up
 ZONE = "us-central1-a"
 FILL = timedelta(minutes=5)
 JOB = "import os; print('block job on rank', os.environ['OPENDWS_NODE_RANK'])"
+SECOND = (
+    "import os; print('second job on rank', os.environ['OPENDWS_NODE_RANK'], 'of', "
+    "os.environ['OPENDWS_REQUEST_ID'])"
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +72,18 @@ def vms(environment: dict[str, str], request_id: str) -> dict[str, str]:
         items = json.loads(response.read()).get("items", [])
     prefix = order_name(request_id, 1) + "-"
     return {vm["name"]: vm["status"] for vm in items if vm["name"].startswith(prefix)}
+
+
+def instance_ids(environment: dict[str, str], request_id: str) -> dict[str, str]:
+    """Name → instance id of the VMs of ``request_id``'s block."""
+    url = (
+        environment["OPENDWS_COMPUTE_ENDPOINT"].rstrip("/")
+        + f"/compute/v1/projects/demo-opendws/zones/{ZONE}/instances"
+    )
+    with urllib.request.urlopen(url, timeout=30) as response:
+        items = json.loads(response.read()).get("items", [])
+    prefix = order_name(request_id, 1) + "-"
+    return {vm["name"]: str(vm["id"]) for vm in items if vm["name"].startswith(prefix)}
 
 
 def status(environment: dict[str, str], request_id: str) -> dict[str, Any]:
@@ -155,6 +173,22 @@ def test_blocks_filled_late_run_their_jobs_then_and_keep_or_release_their_vms(
         time.sleep(1)
     assert vms(stack, "gone") == {}
     time.sleep(5)  # the kept block's VMs are still there after the other's went
+    assert sorted(vms(stack, "kept").values()) == ["RUNNING", "RUNNING"]
+    assert status(stack, "kept")["state"] == "ACTIVE"
+    # A second request into the kept block runs on its VMs, and leaves them there.
+    before = instance_ids(stack, "kept")
+    second = dws(stack, "submit", "--id", "second", "--tenant", "vision", "--block", "kept",
+                 "--", "python3", "-c", SECOND)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    done = until(stack, "second", lambda s: s["state"] == "RELEASED", timeout=60)
+    assert done["reason"] == "JOB_SUCCEEDED", done
+    assert ("ACTIVE", "ON_BLOCK") in reasons(done)
+    (started,) = [event for event in done["events"] if event["reason"] == "ON_BLOCK"]
+    assert [host["name"] for host in started["hosts"]] == sorted(before)
+    lines = dws(stack, "logs", "second").stdout.splitlines()
+    assert "[0] second job on rank 0 of second" in lines
+    assert "[1] second job on rank 1 of second" in lines
+    assert instance_ids(stack, "kept") == before  # the same VMs, still running
     assert sorted(vms(stack, "kept").values()) == ["RUNNING", "RUNNING"]
     assert status(stack, "kept")["state"] == "ACTIVE"
     # The block's end: Google ends its VMs and reservation, and the request ends with it.

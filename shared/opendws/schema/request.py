@@ -4,7 +4,9 @@ A message is JSON (UTF-8) with ``"schema": "opendws.request/v1"`` and an ``actio
 (a new request), ``cancel`` or ``release`` (``request_id`` and ``tenant`` only). Unknown fields
 are refused, not ignored. Durations are ``"6h"``, ``"90m"``, ``"2d"``, ``"1h30m"`` or ISO 8601
 (``"PT6H"``); timestamps carry a time zone. A submission may carry the job to run on its gang
-(``run``, :class:`Run`); without it, it asks for capacity only. :func:`parse_message`
+(``run``, :class:`Run`); without it, it asks for capacity only. A submission naming a calendar
+block (``block``, :class:`BlockSubmit`) is a job into that block instead, with no capacity of
+its own (:func:`to_block_job`). :func:`parse_message`
 validates a message and :func:`to_capacity_request` turns a submission into the domain's
 request; both raise :class:`MessageError`, whose ``problems`` name each field and the rule it
 broke.
