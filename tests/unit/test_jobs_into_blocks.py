@@ -51,8 +51,10 @@ def job(
 
 
 def test_a_job_into_a_block_goes_from_pending_straight_to_active() -> None:
-    """It is never admitted (the block holds its capacity): PENDING → ACTIVE is an edge."""
-    assert can_transition(S.PENDING, S.ACTIVE)
+    """It is never admitted (the block holds its capacity): PENDING → ACTIVE is an edge, its
+    own (any other request is admitted first)."""
+    assert can_transition(S.PENDING, S.ACTIVE, block_job=True)
+    assert not can_transition(S.PENDING, S.ACTIVE)
     assert can_transition(S.ACTIVE, S.RELEASED)
     assert can_transition(S.PENDING, S.REJECTED)
 

@@ -17,8 +17,7 @@ S = RequestState
 
 # The life cycle of DESIGN.md, written out independently of the code's table.
 ALLOWED: dict[RequestState, set[RequestState]] = {
-    # ACTIVE: a job into a calendar block starts on the block's VMs (never admitted).
-    S.PENDING: {S.PROVISIONING, S.BOOKED, S.ACTIVE, S.TIMED_OUT, S.CANCELLED, S.REJECTED},
+    S.PENDING: {S.PROVISIONING, S.BOOKED, S.TIMED_OUT, S.CANCELLED, S.REJECTED},
     S.BOOKED: {S.PROVISIONING, S.CANCELLED, S.EXPIRED},
     S.PROVISIONING: {S.ACTIVE, S.PENDING, S.TIMED_OUT, S.CANCELLED, S.EXPIRED},
     S.ACTIVE: {S.RELEASED, S.EXPIRED},
@@ -28,6 +27,8 @@ ALLOWED: dict[RequestState, set[RequestState]] = {
     S.CANCELLED: set(),
     S.REJECTED: set(),
 }
+# A job into a calendar block starts on the block's VMs (never admitted): its edge only.
+BLOCK_JOB_ONLY = {(S.PENDING, S.ACTIVE)}
 FINAL = {S.RELEASED, S.EXPIRED, S.TIMED_OUT, S.CANCELLED, S.REJECTED}
 
 PAIRS = list(itertools.product(RequestState, repeat=2))
@@ -42,7 +43,7 @@ def pair_id(pair: tuple[RequestState, RequestState]) -> str:
 def test_the_table_covers_every_state() -> None:
     assert set(ALLOWED) == set(RequestState)
     assert len(PAIRS) == 81
-    assert len(ALLOWED_PAIRS) == 16
+    assert len(ALLOWED_PAIRS) == 15
 
 
 @pytest.mark.parametrize(("current", "target"), ALLOWED_PAIRS, ids=map(pair_id, ALLOWED_PAIRS))
@@ -64,6 +65,24 @@ def test_illegal_transition(current: RequestState, target: RequestState) -> None
         assert str(allowed) in str(error).split(";", 1)[1]
     if current in FINAL:
         assert "final" in str(error)
+
+
+@pytest.mark.parametrize(("current", "target"), PAIRS, ids=map(pair_id, PAIRS))
+def test_a_job_into_a_block_takes_the_same_edges_and_its_own(
+    current: RequestState, target: RequestState
+) -> None:
+    legal = target in ALLOWED[current] or (current, target) in BLOCK_JOB_ONLY
+    assert can_transition(current, target, block_job=True) is legal
+    if legal:
+        assert transition(current, target, block_job=True) is target
+    else:
+        with pytest.raises(IllegalTransition):
+            transition(current, target, block_job=True)
+
+
+def test_only_a_job_into_a_block_goes_from_pending_to_active() -> None:
+    with pytest.raises(IllegalTransition, match="only a job into a calendar block"):
+        transition(S.PENDING, S.ACTIVE)
 
 
 def test_illegal_transition_is_a_value_error() -> None:

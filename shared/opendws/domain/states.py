@@ -89,13 +89,38 @@ class IllegalTransition(ValueError):
         self.target = target
 
 
-def can_transition(current: RequestState, target: RequestState) -> bool:
-    """True if the life cycle allows ``current`` → ``target``."""
+# The edges only a job into a calendar block takes: it holds no capacity of its own, so it
+# goes from waiting to running without being admitted or provisioned.
+BLOCK_JOB_EDGES: frozenset[tuple[RequestState, RequestState]] = frozenset({(_S.PENDING, _S.ACTIVE)})
+
+
+class BlockJobOnly(IllegalTransition):
+    """An edge of :data:`BLOCK_JOB_EDGES` asked of a request that is not a job into a block."""
+
+    def __init__(self, current: RequestState, target: RequestState) -> None:
+        super().__init__(current, target)
+        self.args = (
+            f"a request cannot go from {current} to {target}: only a job into a calendar block "
+            f"does (it holds no capacity of its own); from {current} it may go to "
+            + ", ".join(sorted(TRANSITIONS[current] - {target})),
+        )
+
+
+def can_transition(current: RequestState, target: RequestState, *, block_job: bool = False) -> bool:
+    """True if the life cycle allows ``current`` → ``target`` (``block_job``: for a job into a
+    calendar block, which alone takes :data:`BLOCK_JOB_EDGES`)."""
+    if (current, target) in BLOCK_JOB_EDGES and not block_job:
+        return False
     return target in TRANSITIONS[current]
 
 
-def transition(current: RequestState, target: RequestState) -> RequestState:
-    """Return ``target`` if ``current`` → ``target`` is allowed, else raise IllegalTransition."""
+def transition(
+    current: RequestState, target: RequestState, *, block_job: bool = False
+) -> RequestState:
+    """Return ``target`` if ``current`` → ``target`` is allowed (see :func:`can_transition`),
+    else raise IllegalTransition."""
+    if (current, target) in BLOCK_JOB_EDGES and not block_job:
+        raise BlockJobOnly(current, target)
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(current, target)
     return target

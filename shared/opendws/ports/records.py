@@ -404,7 +404,9 @@ class Change:
         revision = self.revises(record)
         return replace(
             record,
-            state=self.state if revision else transition(record.state, self.state),
+            state=self.state
+            if revision
+            else transition(record.state, self.state, block_job=record.request.block is not None),
             version=record.version + 1,
             updated_at=self.event.at,
             reason=self.reason,
