@@ -67,7 +67,7 @@ def test_illegal_transition(current: RequestState, target: RequestState) -> None
         assert "final" in str(error)
 
 
-@pytest.mark.parametrize(("current", "target"), PAIRS, ids=map(pair_id, PAIRS))
+@pytest.mark.parametrize(("current", "target"), PAIRS, ids=[f"{a}->{b}" for a, b in PAIRS])
 def test_a_job_into_a_block_takes_the_same_edges_and_its_own(
     current: RequestState, target: RequestState
 ) -> None:
