@@ -111,8 +111,8 @@ S = RequestState
 GOOGLE_LATE = "later than told because of Google's queue"
 
 
-# The reasons of a held slot: a pending request with one of these was told its ETA and pool.
-_WAITING = frozenset((Outcome.HOLD, Outcome.WAIT))  # decisions that leave a request PENDING
+# The outcomes that leave a request PENDING, told its ETA and pool (see _due and _news).
+_WAITING = frozenset((Outcome.HOLD, Outcome.WAIT))
 
 
 class ReconcileService:
