@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
-from opendws.domain.admission import Reason
 from opendws.domain.incremental import COMMITMENTS_HELD, IncrementalPlanner
 from opendws.domain.model import (
     CapacityRequest,
@@ -24,6 +23,7 @@ from opendws.domain.model import (
     PolicySettings,
     QueueingStrategy,
 )
+from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import flex_key
 from tests.builders import (
     A3,

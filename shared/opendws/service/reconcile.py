@@ -58,15 +58,6 @@ from enum import StrEnum
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from opendws.domain.admission import (
-    Alternative,
-    Decision,
-    Outcome,
-    Plan,
-    Race,
-    calendar_alternatives,
-    offered,
-)
 from opendws.domain.block_jobs import BlockView, JobView, block_jobs
 from opendws.domain.calendar import lead_of
 from opendws.domain.incremental import IncrementalPlanner
@@ -80,6 +71,8 @@ from opendws.domain.model import (
     Racer,
     Snapshot,
 )
+from opendws.domain.planner.blocks import calendar_alternatives
+from opendws.domain.planner.verdicts import Alternative, Decision, Outcome, Plan, Race, offered
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.readiness import (
     Readiness,
@@ -152,7 +145,7 @@ KEEP = _Keep()
 
 class ReconcileReason(StrEnum):
     """Why the reconciler moved a request when it applied a plan (the admission core's and
-    the sweep's reasons cover the rest: :class:`opendws.domain.admission.Reason`,
+    the sweep's reasons cover the rest: :class:`opendws.domain.planner.verdicts.Reason`,
     :class:`opendws.domain.sweep.SweepReason`)."""
 
     ADMITTED = "ADMITTED"  # the plan admitted it; provisioning starts
