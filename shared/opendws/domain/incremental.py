@@ -92,9 +92,10 @@ placement); an arrival that needs a longer grid or a quota row the grid lacks; a
 a grant that makes a row bind that the grid never tracked (rows that could never bind are
 left out of every search). A full pass that could not hold some commitment at its first
 slot keeps nothing (the next one is full whatever it sees, and names the commitments as its
-reason). Every full pass takes the
-policy keys the last one worked out for the same request objects (a key does not move with
-the clock once a request's stamp has passed; see ``_Pass``'s ``keys``).
+reason); so does a plan that raises, whatever it raised part-way (the next one is full, and
+says the last one failed: ``PLAN_FAILED``). Every full pass takes the policy keys the last
+one worked out for the same request objects (a key does not move with the clock once a
+request's stamp has passed; see ``_Pass``'s ``keys``).
 """
 
 from __future__ import annotations
@@ -179,6 +180,7 @@ UNROLLED_PROBES = 2
 CASCADE_AFTER = 2
 _NONE = 1 << 62  # no cell yet: above every grid
 COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promised"
+PLAN_FAILED = "the last plan failed: what it kept may be half updated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,7 +337,9 @@ class IncrementalPlanner:
         self._block_readers: dict[_Resource, list[Candidate]] = {}
         self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
-        self._unkept_after = False  # the last pass held commitments and kept nothing
+        # Why the last plan kept nothing (None: it kept its pass, or there was none): it held
+        # commitments elsewhere than promised (COMMITMENTS_HELD), or it raised (PLAN_FAILED).
+        self._unkept: str | None = None
         # The last full pass's policy keys, for the next full pass (see _Pass's keys).
         self._keys: _Keys = {}
         # Zeroed rows of the grid's length for the walk's deltas, kept from pass to pass: a
@@ -364,30 +368,40 @@ class IncrementalPlanner:
         require_utc("now", now)
         self._start_changes()
         with _collector_paused():
-            why = self._why_full(snapshot, now)
-            if why is None:
-                why = self._replan(snapshot, now)
-            if why is not None:
-                self._full(snapshot, now, why)
+            try:
+                why = self._why_full(snapshot, now)
+                if why is None:
+                    why = self._replan(snapshot, now)
+                if why is not None:
+                    self._full(snapshot, now, why)
+                state = self._pass
+                assert state is not None
+                races = tuple(
+                    Race(request_id=key, pools=state.races[key]) for key in sorted(state.races)
+                )
+                plan = Plan(
+                    now=state.now,
+                    decisions=tuple(self._decisions),
+                    races=races,
+                    order=tuple(self._order),
+                )
+            except BaseException:
+                # Raised part-way, it may have updated some of what it keeps and not the rest:
+                # forget all of it, so that the next pass plans in full (see _why_full).
+                self._pass = None
+                self._snapshot = None
+                self._keys = {}
+                self._spare = []
+                self._unkept = PLAN_FAILED
+                raise
             self.plans += 1
             self.changed = self._changed
-            state = self._pass
-            assert state is not None
-            races = tuple(
-                Race(request_id=key, pools=state.races[key]) for key in sorted(state.races)
-            )
-            plan = Plan(
-                now=state.now,
-                decisions=tuple(self._decisions),
-                races=races,
-                order=tuple(self._order),
-            )
             if why is not None and state.flex is not None and state.flex.held is None:
                 # A commitment was not held at its first slot: the next pass plans in full
                 # whatever it sees (see _why_full).
                 self._pass = None
                 self._snapshot = None
-                self._unkept_after = True
+                self._unkept = COMMITMENTS_HELD
             return plan
 
     def _start_changes(self) -> None:
@@ -399,7 +413,7 @@ class IncrementalPlanner:
     # A full pass -----------------------------------------------------------------------------
 
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
-        self._unkept_after = False
+        self._unkept = None
         self._changed = None  # every decision is made anew
         state = _Pass(snapshot, now, keep=True, keys=self._keys)
         state.run()
@@ -512,7 +526,7 @@ class IncrementalPlanner:
         last = self._snapshot
         state = self._pass
         if last is None or state is None:
-            return COMMITMENTS_HELD if self._unkept_after else "no pass yet"
+            return self._unkept if self._unkept is not None else "no pass yet"
         if now < state.now:
             return "the clock went back"
         if now != state.now:
