@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
-from opendws.domain.admission import Alternative, offered
 from opendws.domain.block_jobs import BlockView, JobView, block_jobs
 from opendws.domain.model import Pool
+from opendws.domain.planner.verdicts import Alternative, offered
 from opendws.domain.provisioning import Lane, ProvisionPhase
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import (

@@ -74,7 +74,7 @@ KEEP = _Keep()
 
 class ReconcileReason(StrEnum):
     """Why the reconciler moved a request when it applied a plan (the admission core's and
-    the sweep's reasons cover the rest: :class:`opendws.domain.admission.Reason`,
+    the sweep's reasons cover the rest: :class:`opendws.domain.planner.verdicts.Reason`,
     :class:`opendws.domain.sweep.SweepReason`)."""
 
     ADMITTED = "ADMITTED"  # the plan admitted it; provisioning starts

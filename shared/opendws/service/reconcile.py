@@ -51,17 +51,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from operator import attrgetter, itemgetter
 
-from opendws.domain.admission import (
-    Alternative,
-    Decision,
-    Outcome,
-    Plan,
-    Race,
-    calendar_alternatives,
-    offered,
-)
 from opendws.domain.calendar import lead_of
 from opendws.domain.model import Grant, Mode, Pool, Provider, Racer, Snapshot
+from opendws.domain.planner.blocks import calendar_alternatives
+from opendws.domain.planner.verdicts import Alternative, Decision, Outcome, Plan, Race, offered
 from opendws.domain.provisioning import Lane
 from opendws.domain.states import RequestState
 from opendws.domain.sweep import Call
