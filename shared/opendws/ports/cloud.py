@@ -150,8 +150,8 @@ class Observed:
     # None: not approved yet, or never cancellable) and the end of its time window.
     locked_at: datetime | None = None
     ends_at: datetime | None = None
-    # READY: the gang's VMs as Compute Engine reports them, in rank order (TPU slices: none
-    # yet).
+    # READY: the gang's VMs as Compute Engine reports them, in rank order (TPU slices: their
+    # workers as the TPU API reports their nodes).
     hosts: tuple[Host, ...] = ()
 
 
