@@ -155,6 +155,10 @@ def test_a_redelivered_queued_hook_mints_nothing_new(stack: dict[str, str]) -> N
     job = github(stack, "/jobs", {"repository": "example-org/trainer", "labels": TRAINER})
     request_id = f"gh-example-org-trainer-{job['id']}"
     assert ended(stack, request_id)["reason"] == "JOB_SUCCEEDED"
+    deadline = time.monotonic() + 20  # the job's end may come after the runner's exit
+    while not any(reason == "CI_JOB_COMPLETED" for reason, _ in events(stack, request_id)):
+        assert time.monotonic() < deadline, events(stack, request_id)
+        time.sleep(0.5)
     queued = next(d for d in github(stack, "/deliveries")
                   if d["job_id"] == job["id"] and d["action"] == "queued")  # fmt: skip
     before = events(stack, request_id)
