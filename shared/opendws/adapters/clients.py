@@ -132,6 +132,7 @@ def capacity_providers(
     future_reservations = compute_v1.FutureReservationsClient(**common)
     advice = compute_v1.AdviceClient(**common)
     reservations = compute_v1.ReservationsClient(**common)
+    zone_operations = compute_v1.ZoneOperationsClient(**common)
     return Providers(
         mig_flex=MigFlexProvider(
             settings,
@@ -152,6 +153,7 @@ def capacity_providers(
             instances=instances,
             advice=advice,
             reservations=reservations,
+            zone_operations=zone_operations,
         ),
         tpu_calendar=TpuCalendarProvider(
             settings,
@@ -160,6 +162,7 @@ def capacity_providers(
             endpoint=endpoint,
             advice=advice,
             reservations=reservations,
+            zone_operations=zone_operations,
         ),
     )
 

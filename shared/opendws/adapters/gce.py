@@ -7,6 +7,7 @@ import contextlib
 import functools
 import importlib
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -125,6 +126,27 @@ def awaited(call: Callable[[], _Operation], timeout: float) -> Callable[[], obje
 
     def run() -> object:
         return call().result(timeout=timeout)
+
+    return run
+
+
+def waited(
+    call: Callable[[], _Operation], wait: Callable[[str], object], timeout: float
+) -> Callable[[], object]:
+    """``call``, then Google's ``wait`` for the operation it started (``zoneOperations.wait``,
+    given the operation's name: it answers once the operation is DONE, or after about two
+    minutes, https://cloud.google.com/compute/docs/reference/rest/v1/zoneOperations/wait),
+    then its result (its error raised, if any). Unlike :func:`awaited`, whose polls back off
+    to seconds apart, it returns as soon as Google has finished: for a step whose outcome
+    someone else may observe meanwhile (a tenant's cancel of a calendar block)."""
+
+    def run() -> object:
+        operation = call()
+        deadline = time.monotonic() + timeout
+        while not is_done(operation) and time.monotonic() < deadline:
+            if is_done(wait(str(getattr(operation, "name", "")))):
+                break
+        return operation.result(timeout=max(0.0, deadline - time.monotonic()))
 
     return run
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -65,6 +65,7 @@ from opendws.adapters.gce import (
     vm_metadata,
     vm_names,
     vm_service_accounts,
+    waited,
 )
 from opendws.adapters.tpu import Response, Session, TpuQueuedProvider, queued_resource_spec
 from opendws.catalog import (
@@ -103,6 +104,7 @@ class _Blocks:
         self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
         advice: compute_v1.AdviceClient | None = None,
         reservations: compute_v1.ReservationsClient | None = None,
+        zone_operations: compute_v1.ZoneOperationsClient | None = None,
     ) -> None:  # fmt: skip
         self._settings = settings
         self._project = settings.project
@@ -113,6 +115,9 @@ class _Blocks:
         # when a client is given (status.autoCreatedReservations names what was created,
         # not what still exists); from the status alone otherwise.
         self._reservations = reservations
+        # A tenant's cancel waits on Google's zoneOperations.wait when given (it answers as
+        # soon as the cancel is DONE), on the client's backing-off polls otherwise.
+        self._zone_operations = zone_operations
 
     # The block --------------------------------------------------------------------------
 
@@ -210,11 +215,11 @@ class _Blocks:
         if block is None or block.status.procurement_status in _DELETABLE:
             return Withdrawal.WITHDRAWN
         try:
-            awaited(
+            self._awaited(
                 lambda: self._future_reservations.cancel(
                     project=self._project, zone=pool.zone, future_reservation=name
                 ),
-                self._settings.operation_timeout,
+                pool.zone,
             )()
         except NotFound:
             return Withdrawal.WITHDRAWN
@@ -245,6 +250,21 @@ class _Blocks:
                 ),
                 self._settings.operation_timeout,
             )
+        )
+
+    def _awaited(self, call: Callable[[], Any], zone: str) -> Callable[[], object]:
+        """``call`` and its operation in ``zone`` awaited: through Google's wait, which answers
+        as soon as it is DONE, when a zone operations client is given. The cancel's end is
+        what the reconciler observes too: answering at once keeps a tenant's cancel recorded
+        as the tenant's (CANCELLED) rather than as a block cancelled at Google."""
+        timeout = self._settings.operation_timeout
+        operations = self._zone_operations
+        if operations is None:
+            return awaited(call, timeout)
+        return waited(
+            call,
+            lambda name: operations.wait(project=self._project, zone=zone, operation=name),
+            timeout,
         )
 
     def _get(self, name: str, pool: Pool) -> compute_v1.FutureReservation | None:
@@ -371,10 +391,11 @@ class CalendarReservationProvider(_Blocks):
         self, settings: CloudSettings, *, future_reservations: compute_v1.FutureReservationsClient,
         instances: compute_v1.InstancesClient, advice: compute_v1.AdviceClient | None = None,
         reservations: compute_v1.ReservationsClient | None = None,
+        zone_operations: compute_v1.ZoneOperationsClient | None = None,
     ) -> None:  # fmt: skip
         super().__init__(
             settings, future_reservations=future_reservations, advice=advice,
-            reservations=reservations,
+            reservations=reservations, zone_operations=zone_operations,
         )  # fmt: skip
         self._instances = instances
         poll_where_called(instances)
@@ -473,10 +494,11 @@ class TpuCalendarProvider(_Blocks):
         session: Session, endpoint: str | None = None,
         advice: compute_v1.AdviceClient | None = None,
         reservations: compute_v1.ReservationsClient | None = None,
+        zone_operations: compute_v1.ZoneOperationsClient | None = None,
     ) -> None:  # fmt: skip
         super().__init__(
             settings, future_reservations=future_reservations, advice=advice,
-            reservations=reservations,
+            reservations=reservations, zone_operations=zone_operations,
         )  # fmt: skip
         self._queued = TpuQueuedProvider(settings, session, endpoint=endpoint)
 
