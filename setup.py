@@ -1,10 +1,11 @@
 """Build opendws; its planner's modules are compiled with mypyc where a C compiler is at hand.
 
-The admission core (``COMPILED``: the minute grid, the full planner and the incremental one)
-is compiled to C extension modules from the same annotated sources that mypy checks, by mypyc
-(part of mypy). Everything else stays plain Python. The compiled modules plan exactly as the
-Python ones do (CI runs the domain's tests both ways); they plan faster (see README, "The
-admission core"). A compiled module is loaded in place of its ``.py`` beside it.
+The admission core (``COMPILED``: the minute grid, the planner's parts in ``domain/planner/``,
+the full planner and the incremental one) is compiled to C extension modules from the same
+annotated sources that mypy checks, by mypyc (part of mypy), as one group. Everything else
+stays plain Python. The compiled modules plan exactly as the Python ones do (CI runs the
+domain's tests both ways); they plan faster (see README, "The admission core"). A compiled
+module is loaded in place of its ``.py`` beside it.
 
 - ``OPENDWS_COMPILE=no``: install every module as plain Python (no compiler needed).
 - ``OPENDWS_COMPILE=required``: fail the install if the modules cannot be compiled (CI).
@@ -31,11 +32,17 @@ from setuptools.extension import Extension
 
 COMPILED = [
     "shared/opendws/domain/timeline.py",
+    "shared/opendws/domain/planner/verdicts.py",
+    "shared/opendws/domain/planner/shapes.py",
+    "shared/opendws/domain/planner/search.py",
+    "shared/opendws/domain/planner/blocks.py",
+    "shared/opendws/domain/planner/commitments.py",
     "shared/opendws/domain/admission.py",
     "shared/opendws/domain/incremental.py",
 ]
 GROUP = "opendws"  # the compiled modules' shared library: opendws__mypyc.<platform tag>.so
-# Beside the compiled modules: each one's source digest as compiled (see opendws.native).
+# Beside the compiled modules (above those of domain/planner/): each one's source digest as
+# compiled (see opendws.native).
 RECORD = "shared/opendws/domain/compiled-sources.json"
 # The setup commands that build modules (others, such as egg_info, only describe the project).
 BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
@@ -51,13 +58,13 @@ MYPYC_OPTIONS = [
 
 def remove_compiled() -> None:
     """Delete the compiled modules an earlier editable install left beside the sources: Python
-    would load them in place of the sources whether or not this build compiles them again."""
+    would load them in place of the sources whether or not this build compiles them again.
+    Every extension module under the record's folder goes, not only those ``COMPILED`` names:
+    one a build compiled before its module moved, or left the list, would load in place of a
+    source of the same name too."""
     root = Path(__file__).parent
     found = [*root.glob(f"{GROUP}__mypyc.*.so"), *root.glob(f"{GROUP}__mypyc.*.pyd")]
-    for path in COMPILED:
-        source = root / path
-        found += source.parent.glob(f"{source.stem}.*.so")
-        found += source.parent.glob(f"{source.stem}.*.pyd")
+    found += [*(root / RECORD).parent.rglob("*.so"), *(root / RECORD).parent.rglob("*.pyd")]
     for compiled in [*found, root / RECORD]:
         compiled.unlink(missing_ok=True)
 

@@ -4,9 +4,10 @@ An install with a C compiler at hand compiles the planner's modules with mypyc (
 ``setup.py``), and Python then loads each from its extension module, beside its ``.py``, in
 place of the source. An editable install compiles them in place, once: a source edited since
 is not what runs until the project is installed again. The build records each source's digest
-beside the compiled modules (:data:`RECORD`); :func:`stale` names the compiled modules whose
-source no longer matches it, and ``import opendws`` refuses to go on with any
-(:func:`refuse_stale`). Everything here reads files only: nothing is imported.
+in one file (:data:`RECORD`), beside the compiled modules of a package and above those of its
+subpackages; :func:`stale` names the compiled modules whose source no longer matches it, and
+``import opendws`` refuses to go on with any (:func:`refuse_stale`). Everything here reads
+files only: nothing is imported.
 """
 
 from __future__ import annotations
@@ -18,8 +19,18 @@ from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 # The modules setup.py compiles (its COMPILED, by module name).
-COMPILED = ("opendws.domain.timeline", "opendws.domain.admission", "opendws.domain.incremental")
-# Beside the compiled modules: module name → SHA-256 of its source as compiled.
+COMPILED = (
+    "opendws.domain.timeline",
+    "opendws.domain.planner.verdicts",
+    "opendws.domain.planner.shapes",
+    "opendws.domain.planner.search",
+    "opendws.domain.planner.blocks",
+    "opendws.domain.planner.commitments",
+    "opendws.domain.admission",
+    "opendws.domain.incremental",
+)
+# Beside the compiled modules, or in a folder above theirs: module name → SHA-256 of its
+# source as compiled.
 RECORD = "compiled-sources.json"
 # The folder opendws is imported from (its modules' names are paths below it).
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +45,18 @@ def _extension(module: str, root: Path) -> Path | None:
         candidate = stem.with_name(stem.name + suffix)
         if candidate.exists():
             return candidate
+    return None
+
+
+def _record(extension: Path, root: Path) -> Path | None:
+    """The build's record for a compiled module: the nearest beside it or in a folder above
+    it, up to ``root`` (one record covers the modules of a package and its subpackages)."""
+    for folder in extension.parents:
+        if folder != root and root not in folder.parents:
+            return None
+        record = folder / RECORD
+        if record.exists():
+            return record
     return None
 
 
@@ -52,8 +75,8 @@ def stale(modules: Sequence[str] = COMPILED, root: Path = ROOT) -> list[str]:
         if extension is None:
             continue
         source = extension.with_name(f"{module.rpartition('.')[2]}.py")
-        record = extension.with_name(RECORD)
-        recorded = json.loads(record.read_text()) if record.exists() else {}
+        record = _record(extension, root)
+        recorded = json.loads(record.read_text()) if record is not None else {}
         digest = hashlib.sha256(source.read_bytes()).hexdigest() if source.exists() else None
         if digest is not None and recorded.get(module) != digest:
             found.append(f"{module} ({source})")

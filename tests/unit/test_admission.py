@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from opendws.domain import Outcome, Plan, Reason, Snapshot, admit
-from opendws.domain.admission import Alternative
+from opendws.domain.planner.verdicts import Alternative
 from opendws.domain.reasons import Expiry
 from tests.builders import (
     A3,
@@ -555,8 +555,8 @@ def test_a_plan_and_its_parts_survive_pickling_and_copying_unchanged() -> None:
     import copy
     import pickle
 
-    from opendws.domain.admission import Decision, Race
     from opendws.domain.incremental import IncrementalPlanner, PassReport
+    from opendws.domain.planner.verdicts import Decision, Race
 
     refused = Decision(
         request_id="b1",

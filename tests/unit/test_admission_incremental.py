@@ -15,8 +15,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
-from opendws.domain.admission import Reason
-from opendws.domain.incremental import COMMITMENTS_HELD, IncrementalPlanner
+from opendws.domain.incremental import COMMITMENTS_HELD, PLAN_FAILED, IncrementalPlanner
 from opendws.domain.model import (
     CapacityRequest,
     Commitment,
@@ -24,6 +23,7 @@ from opendws.domain.model import (
     PolicySettings,
     QueueingStrategy,
 )
+from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import flex_key
 from tests.builders import (
     A3,
@@ -102,6 +102,30 @@ def test_a_new_grant_elsewhere_is_planned_incrementally() -> None:
     more = replace(first, grants=(*first.grants, grant("g2", units=2, start_at=NOW + HOUR)))
     assert planner.plan(more, NOW) == admit(more, NOW)
     assert not planner.last_pass.full
+
+
+def test_a_plan_that_raises_part_way_forgets_what_it_kept_and_the_next_is_full() -> None:
+    """A plan that raises part-way may have updated some of what the planner keeps and not the
+    rest: the planner forgets all of it, so the next plan is full, says why, and is admit's.
+    Here the clock has moved (every kept slot with it) when an arrival without a max_wait
+    (no validated flex request lacks one: it is set past validation) fails the planner's own
+    check; the same data makes a plain and a compiled planner raise alike."""
+    planner = IncrementalPlanner(clock_floor=0)
+    first = busy()
+    planner.plan(first, NOW)
+    broken = flex("broken", vm_count=1, hours=1)
+    object.__setattr__(broken, "max_wait", None)
+    later = NOW + 2 * MINUTE
+    with pytest.raises(AssertionError):
+        planner.plan(replace(first, pending=(*first.pending, broken)), later)
+    assert planner.plans == 1
+    again = replace(first, pending=(*first.pending, flex("late", vm_count=1, hours=1)))
+    assert planner.plan(again, later) == admit(again, later)
+    assert planner.last_pass.full
+    assert planner.last_pass.why == PLAN_FAILED
+    fewer = replace(again, pending=again.pending[1:])
+    assert planner.plan(fewer, later) == admit(fewer, later)
+    assert not planner.last_pass.full  # and the one after goes on from it
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

@@ -62,3 +62,16 @@ def test_the_contracts_cover_both_packages_and_keep_google_and_pydantic_in_their
     assert "google" in forbidden["opendws.bootstrap"]  # adapters build their own clients
     assert "pydantic" in forbidden["opendws.service"]
     assert {"google", "pydantic", "time", "os"} <= forbidden["opendws.domain"]
+
+
+def test_the_planners_layers_place_every_module_of_its_package() -> None:
+    """The planner's own layers contract names each of its parts (``domain/planner/``), the
+    full pass and the incremental planner: a new part must be placed among them."""
+    contract = next(
+        c for c in importlinter()["contracts"] if c["name"].startswith("The planner's layers")
+    )
+    names = [part.strip() for layer in contract["layers"] for part in layer.split("|")]
+    planner = [m for m in modules() if m.startswith("opendws.domain.planner.")]
+    assert planner
+    assert sorted(planner) == sorted(n for n in names if n.startswith("opendws.domain.planner."))
+    assert names[:2] == ["opendws.domain.incremental", "opendws.domain.admission"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 
-from opendws.domain.admission import Reason
+from opendws.domain.planner.verdicts import Reason
 from opendws.domain.reasons import Expiry
 from opendws.domain.sweep import SweepReason
 from opendws.ports.records import FINISHED_FIRST

@@ -57,6 +57,29 @@ def test_a_compiled_module_the_build_recorded_no_source_for_is_named_stale(
     assert native.stale(["unrecorded.grid"], tmp_path) == [f"unrecorded.grid ({source})"]
 
 
+@pytest.mark.parametrize("edited", [False, True], ids=["built from it", "edited since"])
+def test_a_compiled_module_of_a_subpackage_is_judged_by_the_record_above_it(
+    tmp_path: Path, edited: bool
+) -> None:
+    """The build writes one record, in the package's folder: a module of a subpackage (the
+    planner's, in ``domain/planner/``) compiled from its source is not stale, and one whose
+    source changed since is."""
+    package(tmp_path, "outer", compiled=False)
+    inner = tmp_path / "outer" / "inner"
+    inner.mkdir()
+    (inner / "__init__.py").write_text("")
+    source = inner / "grid.py"
+    source.write_text(SOURCE)
+    (inner / f"grid{EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    digest = hashlib.sha256(SOURCE.encode()).hexdigest()
+    (tmp_path / "outer" / native.RECORD).write_text(json.dumps({"outer.inner.grid": digest}))
+    if edited:
+        source.write_text(SOURCE + "CELLS = 2\n")
+    assert native.compiled(["outer.inner.grid"], tmp_path) == {"outer.inner.grid": True}
+    expected = [f"outer.inner.grid ({source})"] if edited else []
+    assert native.stale(["outer.inner.grid"], tmp_path) == expected
+
+
 def test_a_plain_module_is_neither_compiled_nor_stale(tmp_path: Path) -> None:
     package(tmp_path, "plain", compiled=False)
     assert native.compiled(["plain.grid"], tmp_path) == {"plain.grid": False}
@@ -105,3 +128,13 @@ def test_the_modules_and_the_record_named_are_the_ones_setup_builds() -> None:
         assert f'"shared/{module.replace(".", "/")}.py"' in setup
     assert setup.count('"shared/opendws/domain/') == len(native.COMPILED) + 1  # and the record
     assert f'RECORD = "shared/opendws/domain/{native.RECORD}"' in setup
+
+
+def test_every_module_of_the_planners_package_is_compiled() -> None:
+    """The planner's parts (``domain/planner/``, but its docstring-only ``__init__``) are
+    compiled with the modules that import them, so none runs as plain Python beside compiled
+    callers, and an edited one is refused until the build runs again."""
+    planner = Path(native.__file__).parent / "domain" / "planner"
+    modules = {f"opendws.domain.planner.{path.stem}" for path in planner.glob("*.py")}
+    assert modules - {"opendws.domain.planner.__init__"} <= set(native.COMPILED)
+    assert "opendws.domain.planner.search" in native.COMPILED

@@ -354,7 +354,7 @@ def test_a_block_costs_no_full_plan_in_service(cloud: Cloud) -> None:
     for wait in (MINUTE, MINUTE, REVIEW):
         world.clock.advance(wait)
         service.run_pass()
-        reports.append(service._planner.last_pass)
+        reports.append(service.kept.planner.last_pass)
     assert world.state("block") is S.BOOKED
     assert [report.full for report in reports] == [False, False, False], reports
     assert reports[0].redecided == 1  # the block, decided in its pass

@@ -23,7 +23,7 @@ def planning_on(world: World) -> ReconcileService:
     """A reconciler whose planner plans on from its last plan even over a short queue (as
     over a long one), so that a decision nothing changed stays the very same object."""
     service = world.reconciler()
-    service._planner = IncrementalPlanner(clock_floor=0)
+    service.kept.planner = IncrementalPlanner(clock_floor=0)
     return service
 
 
@@ -228,4 +228,7 @@ def test_a_plan_no_pass_carried_out_is_looked_at_in_full_by_the_next_pass(
     assert world.record("held").eta == NOW + 3 * HOUR
     # And the slots it keeps for the next pass are this plan's, not the last carried out's.
     pool_id = world.record("held").pool
-    assert service._held == {"urgent": (pool_id, NOW + 2 * HOUR), "held": (pool_id, NOW + 3 * HOUR)}
+    assert service.kept.held == {
+        "urgent": (pool_id, NOW + 2 * HOUR),
+        "held": (pool_id, NOW + 3 * HOUR),
+    }

@@ -172,12 +172,13 @@ def test_a_stale_copy_is_refused_by_its_version_and_read_again() -> None:
 def test_a_pass_asked_for_during_a_pass_is_owed_once() -> None:
     world, cloud, _ = world_with_backlog(0)
     service: ReconcileService = world.reconciler()
+    other = world.reconciler("reconciler-2")  # another instance: one pass at a time each
     inner: list[bool] = []
     observe = cloud.observe
 
     def observe_and_nudge(pools: Sequence[Pool]) -> dict[str, Observed]:
         if not inner:
-            inner.append(service.run_pass().ran)  # a nudge arriving mid-pass
+            inner.append(other.run_pass().ran)  # a nudge arriving mid-pass
         return observe(pools)
 
     cloud.observe = observe_and_nudge  # type: ignore[method-assign]
@@ -209,7 +210,7 @@ class SweepSpy:
             self.current = record.request_id
             original_sweep(cycle, record, *args)
 
-        monkeypatch.setattr("opendws.service.reconcile.sweep", counting)
+        monkeypatch.setattr("opendws.service.pass_sweep.sweep", counting)
         monkeypatch.setattr(reconcile._Cycle, "_sweep", named)
 
 
@@ -289,10 +290,10 @@ def test_a_pass_at_the_same_instant_plans_from_the_last_plan() -> None:
     world, _, store = world_with_backlog(30)
     service = world.reconciler()
     service.run_pass()
-    assert service._planner.last_pass.full
+    assert service.kept.planner.last_pass.full
     submit(store, flex("fits", vm_count=1, hours=1, locations=(FREE,)))
     report = service.run_pass()  # the clock has not moved
-    assert not service._planner.last_pass.full
+    assert not service.kept.planner.last_pass.full
     assert report.transitions == {(S.PENDING, S.PROVISIONING): 1}
     held = {r.request_id: r.eta for r in store.in_states(S.PENDING)}
     world.reconciler("cold").run_pass()  # plans from scratch: writes nothing new

@@ -13,9 +13,9 @@ from typing import cast
 
 import pytest
 
-from opendws.domain.admission import Outcome, Plan, Reason
 from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings, Snapshot
+from opendws.domain.planner.verdicts import Outcome, Plan, Reason
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, submitted
 from opendws.service.reconcile import ReconcileService, _grant
@@ -55,11 +55,11 @@ class Planned:
         self.plans: list[Plan] = []
         self.checked = 0
         # The service's planner, wrapped: a compiled planner's methods cannot be replaced.
-        service._planner = cast(IncrementalPlanner, _Recording(service._planner, self))
+        service.kept.planner = cast(IncrementalPlanner, _Recording(service.kept.planner, self))
 
     def check(self, snapshot: Snapshot, now: datetime) -> None:
         committing = snapshot.policy.commit_within is not None
-        fresh = afresh(self.service._mirror.current(), self.service._held, now, committing)
+        fresh = afresh(self.service.kept.mirror.current(), self.service.kept.held, now, committing)
         pending, fixed, moving, commitments = fresh
         assert Counter(snapshot.pending) == Counter(pending)
         assert Counter(snapshot.commitments) == Counter(commitments)
@@ -68,7 +68,7 @@ class Planned:
         # A run Google is still creating holds its pool for its whole run from when it is
         # expected to be served, never before now: worked out at this pass's now.
         for grant in snapshot.grants:
-            record = self.service._mirror.get(grant.request_id)
+            record = self.service.kept.mirror.get(grant.request_id)
             if record is not None and record.state is S.PROVISIONING:
                 assert grant.end_at >= now + record.request.run_duration
         self.checked += 1
@@ -171,7 +171,7 @@ def test_a_kept_snapshot_is_the_one_built_afresh_through_arrivals_runs_releases_
         if service.run_pass().ran:
             # Where the pass holds each held request, kept from pass to pass: as every
             # decision of the plan says.
-            assert service._held == held_slots(planned.plans[-1])
+            assert service.kept.held == held_slots(planned.plans[-1])
         world.clock.advance(rng.choice((timedelta(seconds=5), MINUTE, 5 * MINUTE, HOUR)))
     assert planned.checked >= 80
     assert any(snapshot.commitments for snapshot in planned.snapshots) is committed

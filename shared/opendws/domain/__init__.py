@@ -4,7 +4,7 @@ Nothing in this package performs I/O, reads a clock, draws random numbers or mak
 imports only the standard library and numpy.
 """
 
-from opendws.domain.admission import Alternative, Decision, Outcome, Plan, Reason, admit
+from opendws.domain.admission import admit
 from opendws.domain.model import (
     CapacityRequest,
     GangShape,
@@ -19,6 +19,7 @@ from opendws.domain.model import (
     Snapshot,
     Tenant,
 )
+from opendws.domain.planner.verdicts import Alternative, Decision, Outcome, Plan, Reason
 from opendws.domain.run import EndsWhen, RunSpec
 from opendws.domain.states import IllegalTransition, RequestState, transition
 

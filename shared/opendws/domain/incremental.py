@@ -92,9 +92,10 @@ placement); an arrival that needs a longer grid or a quota row the grid lacks; a
 a grant that makes a row bind that the grid never tracked (rows that could never bind are
 left out of every search). A full pass that could not hold some commitment at its first
 slot keeps nothing (the next one is full whatever it sees, and names the commitments as its
-reason). Every full pass takes the
-policy keys the last one worked out for the same request objects (a key does not move with
-the clock once a request's stamp has passed; see ``_Pass``'s ``keys``).
+reason); so does a plan that raises, whatever it raised part-way (the next one is full, and
+says the last one failed: ``PLAN_FAILED``). Every full pass takes the policy keys the last
+one worked out for the same request objects (a key does not move with the clock once a
+request's stamp has passed; see ``_Pass``'s ``keys``).
 """
 
 from __future__ import annotations
@@ -113,26 +114,11 @@ import numpy as np
 import numpy.typing as npt
 
 from opendws.domain.admission import (
-    Decision,
-    Outcome,
-    Plan,
-    Race,
-    Reason,
-    _Candidate,
     _collector_paused,
     _Entry,
-    _ExactLedger,
     _FlexState,
-    _hold_reason,
-    _Kept,
     _Keys,
-    _longer_reason,
-    _Move,
-    _options,
     _Pass,
-    _place,
-    _rebuild,
-    _undo,
     _waiting,
 )
 from opendws.domain.model import (
@@ -144,6 +130,18 @@ from opendws.domain.model import (
     Snapshot,
     require_utc,
 )
+from opendws.domain.planner.blocks import ExactLedger, decide_block
+from opendws.domain.planner.commitments import (
+    Kept,
+    Move,
+    commitment_slots,
+    judge_commitments,
+    move_earlier,
+    undo,
+)
+from opendws.domain.planner.search import hold_reason, longer_reason, options, place
+from opendws.domain.planner.shapes import Candidate
+from opendws.domain.planner.verdicts import Decision, Outcome, Plan, Race, Reason, rebuild
 from opendws.domain.policy import CalendarKey, FlexKey, calendar_key, flex_key
 from opendws.domain.quotas import LimitKey
 from opendws.domain.timeline import MINUTE, MinuteGrid, ceil_cells, floor_cells
@@ -182,6 +180,7 @@ UNROLLED_PROBES = 2
 CASCADE_AFTER = 2
 _NONE = 1 << 62  # no cell yet: above every grid
 COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promised"
+PLAN_FAILED = "the last plan failed: what it kept may be half updated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +199,7 @@ class PassReport:
     # one of their rows)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return _rebuild(self)
+        return rebuild(self)
 
 
 @dataclass(slots=True)
@@ -237,7 +236,7 @@ _Slot = tuple[int, int, int, tuple[tuple[int, int], ...]]
 # A commitment's first slot, kept (see IncrementalPlanner._first_slot): (commitment,
 # candidate, deadline minute, slot's first minute, (cells, pool row, needs) or None).
 _FirstSlot = tuple[
-    Commitment, _Candidate, int, int, tuple[int, int, tuple[tuple[int, int], ...]] | None
+    Commitment, Candidate, int, int, tuple[int, int, tuple[tuple[int, int], ...]] | None
 ]
 # Minutes are counted from here where a kept cell must outlive the grid's origin.
 _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
@@ -298,7 +297,7 @@ class IncrementalPlanner:
         # _rehold).
         self._moves: dict[str, tuple[_Slot, _Slot]] | None = None
         # Held request id → (its candidate, the rows its search reads), worked out once.
-        self._held_reads: dict[str, tuple[_Candidate, frozenset[int]]] = {}
+        self._held_reads: dict[str, tuple[Candidate, frozenset[int]]] = {}
         # The commitments by request as the last look at them found them (the last one told for
         # each), the tuple they were read from, whether one request had two, and those that
         # started beyond the horizon then, by start: see _looked_at (None: read them all).
@@ -335,10 +334,12 @@ class IncrementalPlanner:
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
         # ledger row → the pending calendar blocks whose decision reads it, in calendar order
-        self._block_readers: dict[_Resource, list[_Candidate]] = {}
+        self._block_readers: dict[_Resource, list[Candidate]] = {}
         self._booked: dict[str, Grant] = {}  # calendar request id → the grant it was confirmed
         self._latest_submitted = datetime.min.replace(tzinfo=UTC)  # of any request kept
-        self._unkept_after = False  # the last pass held commitments and kept nothing
+        # Why the last plan kept nothing (None: it kept its pass, or there was none): it held
+        # commitments elsewhere than promised (COMMITMENTS_HELD), or it raised (PLAN_FAILED).
+        self._unkept: str | None = None
         # The last full pass's policy keys, for the next full pass (see _Pass's keys).
         self._keys: _Keys = {}
         # Zeroed rows of the grid's length for the walk's deltas, kept from pass to pass: a
@@ -367,30 +368,40 @@ class IncrementalPlanner:
         require_utc("now", now)
         self._start_changes()
         with _collector_paused():
-            why = self._why_full(snapshot, now)
-            if why is None:
-                why = self._replan(snapshot, now)
-            if why is not None:
-                self._full(snapshot, now, why)
+            try:
+                why = self._why_full(snapshot, now)
+                if why is None:
+                    why = self._replan(snapshot, now)
+                if why is not None:
+                    self._full(snapshot, now, why)
+                state = self._pass
+                assert state is not None
+                races = tuple(
+                    Race(request_id=key, pools=state.races[key]) for key in sorted(state.races)
+                )
+                plan = Plan(
+                    now=state.now,
+                    decisions=tuple(self._decisions),
+                    races=races,
+                    order=tuple(self._order),
+                )
+            except BaseException:
+                # Raised part-way, it may have updated some of what it keeps and not the rest:
+                # forget all of it, so that the next pass plans in full (see _why_full).
+                self._pass = None
+                self._snapshot = None
+                self._keys = {}
+                self._spare = []
+                self._unkept = PLAN_FAILED
+                raise
             self.plans += 1
             self.changed = self._changed
-            state = self._pass
-            assert state is not None
-            races = tuple(
-                Race(request_id=key, pools=state.races[key]) for key in sorted(state.races)
-            )
-            plan = Plan(
-                now=state.now,
-                decisions=tuple(self._decisions),
-                races=races,
-                order=tuple(self._order),
-            )
             if why is not None and state.flex is not None and state.flex.held is None:
                 # A commitment was not held at its first slot: the next pass plans in full
                 # whatever it sees (see _why_full).
                 self._pass = None
                 self._snapshot = None
-                self._unkept_after = True
+                self._unkept = COMMITMENTS_HELD
             return plan
 
     def _start_changes(self) -> None:
@@ -402,7 +413,7 @@ class IncrementalPlanner:
     # A full pass -----------------------------------------------------------------------------
 
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
-        self._unkept_after = False
+        self._unkept = None
         self._changed = None  # every decision is made anew
         state = _Pass(snapshot, now, keep=True, keys=self._keys)
         state.run()
@@ -515,7 +526,7 @@ class IncrementalPlanner:
         last = self._snapshot
         state = self._pass
         if last is None or state is None:
-            return COMMITMENTS_HELD if self._unkept_after else "no pass yet"
+            return self._unkept if self._unkept is not None else "no pass yet"
         if now < state.now:
             return "the clock went back"
         if now != state.now:
@@ -589,14 +600,14 @@ class IncrementalPlanner:
         strict = {t.name for t in snapshot.tenants if t.queueing is QueueingStrategy.STRICT_FIFO}
         screened: dict[str, Decision] = {}
         arrivals: list[_Entry] = []
-        fresh: list[_Candidate] = []  # calendar blocks that arrived
+        fresh: list[Candidate] = []  # calendar blocks that arrived
         for request in came:
-            allowed = state._allowed_pools(request)
+            allowed = state.pool_index.allowed(request)
             verdict = state._screen_out(request, allowed)
             if verdict is not None:
                 screened[request.request_id] = verdict
                 continue
-            candidate = _Candidate(
+            candidate = Candidate(
                 request,
                 allowed.pools,
                 state.quotas.limits(request.tenant, request.gang.accelerator),
@@ -665,7 +676,7 @@ class IncrementalPlanner:
             self._put(state, key, decision)
         for entry in (*clock.expired, *clock.expired_held):
             request = entry.candidate.request
-            verdict = state._screen_out(request, state._allowed_pools(request))
+            verdict = state._screen_out(request, state.pool_index.allowed(request))
             assert verdict is not None
             assert verdict.outcome is Outcome.TIME_OUT
             self._put(state, request.request_id, verdict)
@@ -696,7 +707,7 @@ class IncrementalPlanner:
     ) -> _Layer | str:
         """How the commitments held before the policy order change from the last pass (the
         clock already moved): the commitments within the horizon now, each at its first slot
-        (:meth:`_Pass.commitment_slots`), against those held then. Else why not (a commitment
+        (:func:`commitment_slots`), against those held then. Else why not (a commitment
         whose request the clock planned again).
 
         The last pass held every commitment at its first slot. Whether this one can too is
@@ -893,14 +904,14 @@ class IncrementalPlanner:
     def _first_slot(
         self, state: _Pass, flex: _FlexState, commitment: Commitment, entry: _Entry, base: int
     ) -> _Slot | None:
-        """The first slot :meth:`_Pass.commitment_slots` gives ``commitment`` (within the
+        """The first slot :func:`commitment_slots` gives ``commitment`` (within the
         horizon) for ``entry``'s request, or None; ``base``: the grid's cell 0, as a minute
         from _EPOCH. It is kept per request, in minutes rather than cells: for the same
         commitment and candidate, a later now leaves a slot still ahead at the same minute
         (its deadline too), so only one that came is worked out again (see _relayer, which
         reads what is kept)."""
         candidate = entry.candidate
-        found = state.commitment_slots(
+        found = commitment_slots(
             commitment,
             candidate,
             entry.length,
@@ -909,6 +920,8 @@ class IncrementalPlanner:
             flex.binding,
             flex.limit_row,
             flex.short,
+            origin=state.origin,
+            pool_row=state.pool_row,
         )
         if found is None:
             self._first_slots[candidate.request.request_id] = (
@@ -1173,7 +1186,7 @@ class IncrementalPlanner:
         snapshot: Snapshot,
         state: _Pass,
         changed: list[Grant],
-        fresh: Sequence[_Candidate] = (),
+        fresh: Sequence[Candidate] = (),
     ) -> tuple[int, list[Grant], list[Grant]]:
         """Decide the calendar blocks that arrived (``fresh``, already among the pending
         ones) and again those the grants that came or went (``changed``) reach; return how
@@ -1209,7 +1222,7 @@ class IncrementalPlanner:
         while reached:
             rows = {resource for block in reached.values() for resource in _block_resources(block)}
             blocks = self._reading(rows)
-            ledger = _ExactLedger(
+            ledger = ExactLedger(
                 state.now, state.pools, state.pool_row, state.quotas,
                 self._grants_on(snapshot, state, rows), blocks,
             )  # fmt: skip
@@ -1219,7 +1232,7 @@ class IncrementalPlanner:
                 key = block.request.request_id
                 booked = self._booked.get(key)
                 if id(block) in reached:
-                    booking = state.decide_block(ledger, block)
+                    booking = decide_block(ledger, block, state.decisions)
                     decided[key] = booking
                     if booking != booked:
                         known = len(reached)
@@ -1250,7 +1263,7 @@ class IncrementalPlanner:
                 self._booked[key] = booking
         return len(decided), taken, given
 
-    def _reach_after(self, block: _Candidate, reached: dict[int, _Candidate]) -> None:
+    def _reach_after(self, block: Candidate, reached: dict[int, Candidate]) -> None:
         """Add to ``reached`` the pending blocks after ``block`` in calendar order that a
         change of its booking can reach (see _reaches: its own window on its own rows)."""
         request = block.request
@@ -1293,7 +1306,7 @@ class IncrementalPlanner:
         taken out of ``added``) or did not (it is given back: appended to ``released``).
         Returns the bookings that became grants: every block now sees them, the blocks before
         them too (they are decided again)."""
-        staying: list[_Candidate] = []
+        staying: list[Candidate] = []
         became: list[Grant] = []
         for block in state.calendar:
             key = block.request.request_id
@@ -1321,11 +1334,11 @@ class IncrementalPlanner:
             for resource in _block_resources(block):
                 self._block_readers.setdefault(resource, []).append(block)
 
-    def _reading(self, resources: set[_Resource]) -> list[_Candidate]:
+    def _reading(self, resources: set[_Resource]) -> list[Candidate]:
         """The pending calendar blocks whose decision reads any of ``resources``, in calendar
         order."""
         readers = self._block_readers
-        found: dict[int, _Candidate] = {}
+        found: dict[int, Candidate] = {}
         for resource in resources:
             for block in readers.get(resource, ()):
                 found[id(block)] = block
@@ -1679,7 +1692,7 @@ class IncrementalPlanner:
                 for row in reads:
                     if row not in rolled:
                         roll(row, entry.stamp)
-                best, row, needs, reason = _place(
+                best, row, needs, reason = place(
                     grid,
                     candidate,
                     entry.length,
@@ -1719,7 +1732,7 @@ class IncrementalPlanner:
                 entry.needs, entry.reason, entry.alt = needs, reason, reason
                 entry.clear = 0  # proved of the slot it had
                 if best:
-                    entry.alt = _longer_reason(
+                    entry.alt = longer_reason(
                         grid, row, candidate.request.gang.units, best, floor, flex.short[row],
                         entry.length, entry.first, reason,
                     )  # fmt: skip
@@ -1740,10 +1753,10 @@ class IncrementalPlanner:
                 # start: what holds it may have changed. Judged as a search judges it, in the
                 # grid before its own take (and for a run from now a cell longer).
                 units, short = candidate.request.gang.units, flex.short[entry.row]
-                reason = _hold_reason(
+                reason = hold_reason(
                     grid, entry.row, units, entry.best, floor, short, entry.length, entry.first
                 )
-                entry.alt = _longer_reason(
+                entry.alt = longer_reason(
                     grid, entry.row, units, entry.best, floor, short, entry.length,
                     entry.first, reason,
                 )  # fmt: skip
@@ -1840,7 +1853,7 @@ class IncrementalPlanner:
         """Once the walk is done: why a full pass is needed if a commitment no longer fits
         where it was promised (:func:`_still_fit`), else None, and then where the plan puts
         each held commitment and why it waits, as a full pass decides
-        (:meth:`_Pass._move_earlier`, then :meth:`_Pass._judge_commitments`) on the grid the
+        (:func:`move_earlier`, then :func:`judge_commitments`) on the grid the
         walk finished; the grid is then put back as it was (each held where promised). A
         commitment whose placement or reason changed goes to ``changed``; the pools where a
         placement moved to ``touched``. ``changed_rows``: the rows whose free amounts the walk
@@ -1849,7 +1862,7 @@ class IncrementalPlanner:
         Each is placed in policy order (what one moving earlier frees, the next may take), but
         one held where the last pass placed it is tested again only if a row its search reads
         gained since, before its slot (in the walk, by a move of this pass, or by one of the
-        last pass not carried out: see :meth:`_Pass._move_earlier`; or by a carried move ranked
+        last pass not carried out: see :func:`move_earlier`; or by a carried move ranked
         after it: see :meth:`_reached`), and its reason is judged again only if it was tested
         again, its pool's row changed, the clock moved or it queues strict FIFO. Right after
         a full pass (whose moves are not known) every one is. A pass where none would be
@@ -1863,8 +1876,8 @@ class IncrementalPlanner:
         clock_moved = clock.shifted
         flipped = clock.flipped_held
         held: list[_Entry] | None = None  # in policy order, sorted once needed
-        kept: dict[str, _Kept] = {}
-        placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
+        kept: dict[str, Kept] = {}
+        placed: list[tuple[int, int, int, Candidate, Reason | None]] = []
         floors: dict[str, int] = {}
         settled: dict[str, frozenset[int]] | None = None
         dirty: set[int] | None = None
@@ -1916,9 +1929,9 @@ class IncrementalPlanner:
                 and key not in reached
             ):
                 settled[key] = self._held_reads_of(flex, candidate)
-        moves: list[_Move] = []
+        moves: list[Move] = []
         binding, short = flex.binding, flex.short
-        placed = state._move_earlier(
+        placed = move_earlier(
             grid, placed, kept, binding, flex.limit_row, short, moves, settled, gained
         )
         if dirty is not None:
@@ -1938,9 +1951,9 @@ class IncrementalPlanner:
                     and row not in dirty
                 ):
                     reasons[key] = entry.reason
-        placed = state._judge_commitments(grid, placed, kept, floors, binding, short, reasons)
+        placed = judge_commitments(grid, placed, kept, floors, binding, short, reasons)
         self._judged_floors = floors
-        _undo(grid, moves)
+        undo(grid, moves)
         grid.forget()
         # Each move, by its commitment's request (moves are made in rank order).
         made: dict[str, tuple[_Slot, _Slot]] = {}
@@ -1995,8 +2008,8 @@ class IncrementalPlanner:
         run from now grew a cell within the minute (``flipped``), where nothing else a
         judgement reads changed and none moved: the grid is the plan's finished one (each
         commitment where it is held). One whose reason changed goes to ``changed``."""
-        kept: dict[str, _Kept] = {}
-        placed: list[tuple[int, int, int, _Candidate, Reason | None]] = []
+        kept: dict[str, Kept] = {}
+        placed: list[tuple[int, int, int, Candidate, Reason | None]] = []
         floors: dict[str, int] = {}
         entries: list[_Entry] = []
         for key in flipped:
@@ -2009,15 +2022,13 @@ class IncrementalPlanner:
             entries.append(entry)
             if entry.candidate.strict:
                 floors[key] = self._floor_of(entry)
-        judged = state._judge_commitments(
-            flex.grid, placed, kept, floors, flex.binding, flex.short, None
-        )
+        judged = judge_commitments(flex.grid, placed, kept, floors, flex.binding, flex.short, None)
         for (_, _, _, _, reason), entry in zip(judged, entries, strict=True):
             if reason != entry.reason:
                 entry.reason = reason
                 changed[id(entry)] = entry
 
-    def _held_reads_of(self, flex: _FlexState, candidate: _Candidate) -> frozenset[int]:
+    def _held_reads_of(self, flex: _FlexState, candidate: Candidate) -> frozenset[int]:
         """The rows a held commitment's search reads (worked out once per candidate)."""
         key = candidate.request.request_id
         known = self._held_reads.get(key)
@@ -2182,9 +2193,7 @@ class IncrementalPlanner:
     def _reads_of(self, entry: _Entry) -> frozenset[int]:
         return self._reads[entry.candidate.request.request_id]
 
-    def _count(
-        self, snapshot: Snapshot, flex: _FlexState, candidate: _Candidate, sign: int
-    ) -> None:
+    def _count(self, snapshot: Snapshot, flex: _FlexState, candidate: Candidate, sign: int) -> None:
         """Add (``sign`` 1) or remove (-1) what ``candidate`` could put on each row, counted
         as the full pass's binding test counts it."""
         gang = candidate.request.gang
@@ -2199,7 +2208,7 @@ _MICROSECOND = timedelta(microseconds=1)
 _MINUTE_US = MINUTE // _MICROSECOND
 
 
-def _timing_of(state: _Pass, candidate: _Candidate) -> tuple[int, datetime | None]:
+def _timing_of(state: _Pass, candidate: Candidate) -> tuple[int, datetime | None]:
     """What a clock move reads of ``candidate`` (see IncrementalPlanner._timing): how long a
     run placed for it holds its pool, in whole microseconds (timedeltas are), and its
     deadline."""
@@ -2410,13 +2419,13 @@ def _stands(
     # What earlier visits proved of its pools alone (_Entry.clear), as long as they hold.
     clear = entry.clear
     for option, (lowest, pool, every_need) in enumerate(
-        _options(entry.candidate, flex.binding, flex.limit_row, flex.short, flex.shapes)
+        options(entry.candidate, flex.binding, flex.limit_row, flex.short, flex.shapes)
         if gained
         else ()
     ):
         if pool == entry.row:
             latest -= 1
-        # The pool's own need, if it can bind (first of the needs: see _options).
+        # The pool's own need, if it can bind (first of the needs: see options).
         pool_need = every_need[0] if every_need and every_need[0][0] == pool else None
         proving = False
         if pool_need is not None:
@@ -2588,7 +2597,7 @@ def _as_seen(
     return cells
 
 
-def _calendar_key(block: _Candidate) -> CalendarKey:
+def _calendar_key(block: Candidate) -> CalendarKey:
     return calendar_key(block.request)
 
 
@@ -2633,7 +2642,7 @@ def _grant_resources(state: _Pass, grant: Grant) -> list[_Resource]:
 
 
 def _reaches(
-    spans: Sequence[tuple[set[_Resource], datetime, datetime]], block: _Candidate, refused: bool
+    spans: Sequence[tuple[set[_Resource], datetime, datetime]], block: Candidate, refused: bool
 ) -> bool:
     """Whether a change of grants (``spans``: each changed grant's ledger rows and times) can
     change ``block``'s decision: it shares a row with one, and, if confirmed, over its window
@@ -2648,7 +2657,7 @@ def _reaches(
     )
 
 
-def _block_resources(block: _Candidate) -> list[_Resource]:
+def _block_resources(block: Candidate) -> list[_Resource]:
     """The ledger rows deciding ``block`` reads: its pools and its quota limits."""
     return [*block.pools, *(limit.key for limit in block.limits)]
 
@@ -2667,11 +2676,11 @@ def _grant_rows(state: _Pass, flex: _FlexState, grant: Grant) -> list[tuple[int,
     return rows
 
 
-def _all_rows(flex: _FlexState, candidate: _Candidate) -> list[int]:
+def _all_rows(flex: _FlexState, candidate: Candidate) -> list[int]:
     """Every grid row ``candidate`` counts against: its pools and its quota limits."""
     return [*candidate.pools, *(flex.limit_row[limit.key] for limit in candidate.limits)]
 
 
-def _reads(flex: _FlexState, candidate: _Candidate) -> frozenset[int]:
+def _reads(flex: _FlexState, candidate: Candidate) -> frozenset[int]:
     """The grid rows a search for ``candidate`` reads: those of its rows that can bind."""
     return frozenset(row for row in _all_rows(flex, candidate) if flex.binding[row])

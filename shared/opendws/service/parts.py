@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
-from opendws.domain.admission import Reason
 from opendws.domain.model import CapacityRequest, Commitment, Grant
+from opendws.domain.planner.verdicts import Reason
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, submitted
 
