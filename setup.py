@@ -1,9 +1,9 @@
 """Build opendws; its planner's modules are compiled with mypyc where a C compiler is at hand.
 
 The admission core (``COMPILED``: the minute grid, the planner's parts in ``domain/planner/``,
-the full planner and the incremental one) is compiled to C extension modules from the same
-annotated sources that mypy checks, by mypyc (part of mypy), as one group. Everything else
-stays plain Python. The compiled modules plan exactly as the Python ones do (CI runs the
+the incremental planner's in ``domain/planner/incremental/``, and the full planner) is
+compiled to C extension modules from the same annotated sources that mypy checks, by mypyc
+(part of mypy), as one group. Everything else stays plain Python. The compiled modules plan exactly as the Python ones do (CI runs the
 domain's tests both ways); they plan faster (see README, "The admission core"). A compiled
 module is loaded in place of its ``.py`` beside it.
 
@@ -38,7 +38,15 @@ COMPILED = [
     "shared/opendws/domain/planner/blocks.py",
     "shared/opendws/domain/planner/commitments.py",
     "shared/opendws/domain/admission.py",
-    "shared/opendws/domain/incremental.py",
+    "shared/opendws/domain/planner/incremental/kept.py",
+    "shared/opendws/domain/planner/incremental/diff.py",
+    "shared/opendws/domain/planner/incremental/clock.py",
+    "shared/opendws/domain/planner/incremental/blocks.py",
+    "shared/opendws/domain/planner/incremental/layer.py",
+    "shared/opendws/domain/planner/incremental/stands.py",
+    "shared/opendws/domain/planner/incremental/rehold.py",
+    "shared/opendws/domain/planner/incremental/walk.py",
+    "shared/opendws/domain/planner/incremental/planner.py",
 ]
 GROUP = "opendws"  # the compiled modules' shared library: opendws__mypyc.<platform tag>.so
 # Beside the compiled modules (above those of domain/planner/): each one's source digest as

@@ -12,7 +12,7 @@ requests and prints the growth ratios; the snapshot is built outside the timing.
 
 Targets (DESIGN.md): 10k pending ≤ 0.25 s, 100k ≤ 3 s, t(100k)/t(10k) ≤ 12.
 
-Then the incremental planner (``opendws.domain.incremental``) at each size: after its full
+Then the incremental planner (``opendws.domain.planner.incremental``) at each size: after its full
 pass, the pass that follows one flex arrival, and the one that follows one release (a running
 grant ends early), at the same instant: 15 of each in a row at 10k (5 at 100k), the last
 checked equal to ``admit`` from scratch. A change costs what it reaches, and that depends on
@@ -78,8 +78,8 @@ from opendws.domain import (
     admit,
 )
 from opendws.domain.calendar import count_problem, lead_of
-from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Commitment
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from opendws.domain.policy import flex_key
 from opendws.native import compiled
 

@@ -27,7 +27,15 @@ COMPILED = (
     "opendws.domain.planner.blocks",
     "opendws.domain.planner.commitments",
     "opendws.domain.admission",
-    "opendws.domain.incremental",
+    "opendws.domain.planner.incremental.kept",
+    "opendws.domain.planner.incremental.diff",
+    "opendws.domain.planner.incremental.clock",
+    "opendws.domain.planner.incremental.blocks",
+    "opendws.domain.planner.incremental.layer",
+    "opendws.domain.planner.incremental.stands",
+    "opendws.domain.planner.incremental.rehold",
+    "opendws.domain.planner.incremental.walk",
+    "opendws.domain.planner.incremental.planner",
 )
 # Beside the compiled modules, or in a folder above theirs: module name → SHA-256 of its
 # source as compiled.

@@ -5,9 +5,10 @@ running grants), where long queues wait behind one another in shared pools and q
 The snapshots of ``test_incremental_properties`` hold at most a few dozen requests, too few
 for a change to ripple through queues that share pools and quota rows; here 2,000 pending
 requests make each change reach hundreds of held slots, most of which the walk settles
-without a search (see ``opendws.domain.incremental._stands``): every step must still give
-exactly ``admit``. (A version of that test that read rows not yet rolled back kept slots a
-search would have moved; this test fails on it within a few steps, the small one did not.)
+without a search (see ``opendws.domain.planner.incremental.stands.stands``): every step must
+still give exactly ``admit``. (A version of that test that read rows not yet rolled back kept
+slots a search would have moved; this test fails on it within a few steps, the small one did
+not.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opendws.domain import Mode, Snapshot, admit
-from opendws.domain.incremental import IncrementalPlanner
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from tests.bench_modules import load_bench
 
 

@@ -18,8 +18,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from opendws.domain import Outcome, Plan, Snapshot, admit
-from opendws.domain.incremental import IncrementalPlanner, _identity_changes
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings
+from opendws.domain.planner.incremental.diff import identity_changes
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from tests.builders import (
     A3,
     HOUR,
@@ -426,10 +427,10 @@ def test_requests_between_two_pools_and_a_binding_quota_plan_as_full_plans(seed:
     of one whose quota does not, while runs end and requests arrive. A release frees quota and
     room in one pool; the walk then tests each queued request's other pool as that request sees
     it, with the takes of the requests after it given back (see
-    ``opendws.domain.incremental._past_unrolled``). Every step must give exactly ``admit``.
-    (Versions that did not give those takes back, or that went on past a short cell further
-    than its run, kept slots a search would have moved: this test fails on both, the tests
-    above did not.)"""
+    ``opendws.domain.planner.incremental.stands.past_unrolled``). Every step must give exactly
+    ``admit``. (Versions that did not give those takes back, or that went on past a short cell
+    further than its run, kept slots a search would have moved: this test fails on both, the
+    tests above did not.)"""
     rng = random.Random(seed)
     zones = ("us-central1-a", "us-central1-b")
     where = [zones[:1], zones[1:], zones, zones[::-1]]
@@ -505,7 +506,7 @@ def test_identity_changes_name_every_item_that_came_or_left(
             new[at % len(new)] = _Item()
     if shuffle:
         random.Random(size).shuffle(new)
-    left, came = _identity_changes(old, tuple(new))
+    left, came = identity_changes(old, tuple(new))
     olds, news = {id(item) for item in old}, {id(item) for item in new}
     lefts, cames = [id(item) for item in left], [id(item) for item in came]
     assert len(set(lefts)) == len(lefts)

@@ -555,7 +555,8 @@ def test_a_plan_and_its_parts_survive_pickling_and_copying_unchanged() -> None:
     import copy
     import pickle
 
-    from opendws.domain.incremental import IncrementalPlanner, PassReport
+    from opendws.domain.planner.incremental.kept import PassReport
+    from opendws.domain.planner.incremental.planner import IncrementalPlanner
     from opendws.domain.planner.verdicts import Decision, Race
 
     refused = Decision(

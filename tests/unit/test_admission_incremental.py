@@ -15,13 +15,17 @@ from datetime import datetime, timedelta
 import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
-from opendws.domain.incremental import COMMITMENTS_HELD, PLAN_FAILED, IncrementalPlanner
 from opendws.domain.model import (
     CapacityRequest,
     Commitment,
     Grant,
     PolicySettings,
     QueueingStrategy,
+)
+from opendws.domain.planner.incremental.planner import (
+    COMMITMENTS_HELD,
+    PLAN_FAILED,
+    IncrementalPlanner,
 )
 from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import flex_key

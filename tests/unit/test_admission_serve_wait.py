@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from opendws.domain import Outcome, Snapshot, admit
-from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import CapacityRequest, Grant, InvalidModel, Pool
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from tests.builders import A3, H100, HOUR, MINUTE, NOW, ZONE, flex, grant, pool, quota, tenant
 from tests.builders import snapshot as build_snapshot
 

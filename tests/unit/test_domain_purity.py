@@ -1,7 +1,7 @@
 """The domain stays pure: it imports the standard library (minus clocks, randomness, ids and
 I/O) and numpy, and nothing else. import-linter enforces the layers; this test also catches a
 third-party package that no contract names. Every module of the domain is read, its
-subpackages' (the planner's, ``domain/planner/``) too."""
+subpackages' (the planner's, ``domain/planner/`` and ``domain/planner/incremental/``) too."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ DOMAIN = Path(opendws.domain.__file__).parent
 IMPURE = {"time", "os", "random", "uuid", "socket", "subprocess", "secrets", "pathlib", "io"}
 IMPURE |= {"threading", "asyncio", "logging"}
 ALLOWED_THIRD_PARTY = {"numpy", "opendws"}
-# The planner's parts: modules of a subpackage, read like the rest.
-PLANNER = ("verdicts", "shapes", "search", "blocks", "commitments")
+# The planner's parts: modules of a subpackage (and of its own, the incremental planner's),
+# read like the rest.
+PLANNER: tuple[str, ...] = ("verdicts", "shapes", "search", "blocks", "commitments")
+PLANNER += tuple(
+    f"incremental/{name}"
+    for name in ("planner", "kept", "diff", "clock", "blocks", "layer", "walk", "stands", "rehold")
+)
 
 
 def sources() -> list[Path]:

@@ -131,10 +131,17 @@ def test_the_modules_and_the_record_named_are_the_ones_setup_builds() -> None:
 
 
 def test_every_module_of_the_planners_package_is_compiled() -> None:
-    """The planner's parts (``domain/planner/``, but its docstring-only ``__init__``) are
-    compiled with the modules that import them, so none runs as plain Python beside compiled
-    callers, and an edited one is refused until the build runs again."""
+    """The planner's parts (``domain/planner/`` and its subpackage, the incremental planner's,
+    but their docstring-only ``__init__``) are compiled with the modules that import them, so
+    none runs as plain Python beside compiled callers, and an edited one is refused until the
+    build runs again."""
     planner = Path(native.__file__).parent / "domain" / "planner"
-    modules = {f"opendws.domain.planner.{path.stem}" for path in planner.glob("*.py")}
-    assert modules - {"opendws.domain.planner.__init__"} <= set(native.COMPILED)
+    modules = {
+        ".".join(("opendws.domain.planner", *path.relative_to(planner).with_suffix("").parts))
+        for path in planner.rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert modules <= set(native.COMPILED)
     assert "opendws.domain.planner.search" in native.COMPILED
+    assert "opendws.domain.planner.incremental.walk" in native.COMPILED
+    assert "opendws.domain.incremental" not in native.COMPILED

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import PolicySettings
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from opendws.domain.states import RequestState
 from opendws.ports import Change, Fence, Fenced, StatusEvent
 from opendws.service import reconcile

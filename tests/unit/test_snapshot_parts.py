@@ -13,8 +13,8 @@ from typing import cast
 
 import pytest
 
-from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings, Snapshot
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from opendws.domain.planner.verdicts import Outcome, Plan, Reason
 from opendws.domain.states import RequestState
 from opendws.ports import RequestRecord, submitted

@@ -94,7 +94,7 @@ def _collector_paused() -> Iterator[None]:
 
 class _Entry:
     """One flex request in policy order and what its search found, kept by a planner that
-    plans again (see :mod:`opendws.domain.incremental`)."""
+    plans again (see :mod:`opendws.domain.planner.incremental`)."""
 
     __slots__ = (
         "alt",

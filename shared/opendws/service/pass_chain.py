@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from opendws.domain.incremental import IncrementalPlanner
 from opendws.domain.model import Grant, PolicySettings, Pool
+from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from opendws.domain.readiness import ReadySample
 from opendws.ports import Observed, RequestRecord, Sighting
 from opendws.service.mirror import RequestMirror
@@ -188,8 +188,9 @@ class Kept:
       is fenced and guarded by the record's version. It tells each reader (the sweep, the
       snapshot's parts, the look at the plan) which requests changed since that reader's last
       look, or that any may have;
-    - the planner (:class:`~opendws.domain.incremental.IncrementalPlanner`): always; it plans
-      from its last pass only what the snapshot's changes reach, and in full otherwise;
+    - the planner (:class:`~opendws.domain.planner.incremental.planner.IncrementalPlanner`):
+      always; it plans from its last pass only what the snapshot's changes reach, and in full
+      otherwise;
     - the snapshot's parts (:class:`~opendws.service.parts.SnapshotParts`): each request's
       until the mirror names it changed; all of them after a read of everything;
     - the grants of live runs and blocks (``grants``): per request, while its record's version

@@ -25,7 +25,7 @@ concurrent runs. One pass reads as the numbered cycle of the design:
 4. Build an immutable snapshot from parts kept between passes, built again only for the
    requests that changed (:mod:`opendws.service.parts`), and call the pure admission core,
    through the service's incremental planner: the same plan as ``admit``, made from the last
-   one where the changes allow (``opendws.domain.incremental``).
+   one where the changes allow (``opendws.domain.planner.incremental``).
 5. Apply the plan: each transition in one short fenced write, then the provider call with the
    order's deterministic name (a repeat finds the resource already there), then its event. A
    calendar block the plan fits is first checked with Google's Advice API, then submitted.

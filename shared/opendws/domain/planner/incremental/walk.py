@@ -1,0 +1,483 @@
+"""The walk (:func:`walk`): the flex requests the changes reach re-planned in policy order. A
+grid row is rolled back (the takes of the requests from there on given back) once the walk
+must read or change it, and only the requests on rolled rows are visited: each takes its slot
+again, or is searched (see the package docstring)."""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+
+import numpy as np
+import numpy.typing as npt
+
+from opendws.domain.admission import _Entry, _FlexState, _Pass
+from opendws.domain.model import Grant, Snapshot
+from opendws.domain.planner.incremental.clock import _ClockMove, clock_news
+from opendws.domain.planner.incremental.kept import (
+    _NONE,
+    KeptPass,
+    PassReport,
+    _departed_at,
+    _floor_after,
+    _grant_cells,
+    _grant_rows,
+    _key_of,
+    _stamp_of,
+    _unheld,
+)
+from opendws.domain.planner.incremental.layer import _Layer
+from opendws.domain.planner.incremental.rehold import decide, rehold
+from opendws.domain.planner.incremental.stands import stands
+from opendws.domain.planner.search import hold_reason, longer_reason, place
+from opendws.domain.planner.verdicts import Reason
+from opendws.domain.policy import FlexKey
+
+# At most this many spare delta rows are kept between passes (a walk rolls a few dozen rows;
+# each spare is as long as the grid).
+SPARE_ROWS = 64
+
+# After this many requests of a pool in a row moved, a walk searches the next at once (most
+# often it moves too) rather than first testing whether its slot stands.
+CASCADE_AFTER = 2
+
+
+def walk(
+    planner: KeptPass,
+    snapshot: Snapshot,
+    state: _Pass,
+    flex: _FlexState,
+    gone: list[str],
+    arrivals: list[_Entry],
+    released: list[Grant],
+    added: list[Grant],
+    clock: _ClockMove,
+    layer: _Layer,
+) -> PassReport | str:
+    """Re-plan the flex requests the changes reach, in policy order (module docstring),
+    then the commitments held before them (see :func:`rehold`); else why a full pass is
+    needed (a commitment no longer fits where it was promised).
+
+    Only entries on a row the walk rolls back are visited: a row is rolled back from the
+    first request in policy order that must read or change it, and every later entry on
+    it is then visited in order (through each row's readers, merged by key), to take its
+    share again or to be searched. An entry on no such row keeps its slot untouched."""
+    entries = flex.entries
+    grid = flex.grid
+    gone_set = set(gone)
+    # (row, first cell, cells, amount given back: negative for a new grant's take)
+    freed: list[tuple[int, int, int, int]] = []
+    # The same, of the last pass's moves carried out (see _Layer.carried): the walk's
+    # entries see them as any other, the commitments' tests do not (see rehold).
+    carried: list[tuple[int, int, int, int]] = []
+    # Where the walk begins: the first request in policy order a change can reach.
+    starts: list[FlexKey] = []
+    # Entries visited whatever their rows: arrivals, and the strict-FIFO requests whose
+    # tenant's earlier request left (their floor moves). (key, seq, entry)
+    direct: list[tuple[FlexKey, int, _Entry]] = []
+    # An admission carried out: the request left and its grant came, holding exactly the
+    # slot it took on every row a search reads. Nothing a search reads changes then; the
+    # grant's share of rows no search reads is taken as it is.
+    absorbed: set[str] = set()
+    for grant in added:
+        span = _grant_cells(flex, grant)
+        contributions = _grant_rows(state, flex, grant)
+        if id(grant) in layer.absorbed:  # it took a dropped commitment's slot exactly
+            for row, amount in contributions:
+                if not flex.binding[row]:
+                    grid.give(((row, -amount),), span[0], span[1])
+            continue
+        if id(grant) in layer.carried_grants:  # it took where the last pass moved one
+            if span[1] > 0:
+                carried.extend((row, span[0], span[1], -amount) for row, amount in contributions)
+            continue
+        entry = planner._entry_of.get(grant.request_id)
+        if (
+            entry is not None
+            and grant.request_id in gone_set
+            and grant.request_id not in absorbed
+            and entry.best is not None
+            and span == clock.slot(entry)
+            and state.pool_row.get(grant.pool_id) == entry.row
+            and sorted(c for c in contributions if flex.binding[c[0]]) == sorted(entry.needs)
+            # A request ahead of it held in the same pool by quota sees the pool fuller
+            # now (the grant counts from the start): its reason may turn to capacity.
+            and not any(
+                other.reason is Reason.QUOTA and other.key < entry.key
+                for other in planner._by_pool.get(entry.row, ())
+            )
+        ):
+            absorbed.add(grant.request_id)
+            for row, amount in contributions:
+                if not flex.binding[row]:
+                    grid.give(((row, -amount),), span[0], span[1])
+            continue
+        if span[1] > 0:
+            freed.extend((row, span[0], span[1], -amount) for row, amount in contributions)
+    for grant in released:
+        first, cells = _grant_cells(flex, grant)
+        if cells > 0:
+            freed.extend(
+                (row, first, cells, amount) for row, amount in _grant_rows(state, flex, grant)
+            )
+    freed.extend(take for take in layer.takes if take[2] > 0)
+    carried.extend(take for take in layer.carried if take[2] > 0)
+    touched: set[int] = set()  # pools whose held slots are numbered again
+    changed: dict[int, _Entry] = {}  # held commitments whose decision is recorded again
+    arrivals = [*arrivals]
+    for held in (*layer.dropped, *layer.demoted):
+        request_id = held.candidate.request.request_id
+        del planner._held[request_id], planner._slots[request_id]
+        planner._held_reads.pop(request_id, None)
+        assert held.best is not None
+        planner._by_pool[held.row].discard(held)
+        touched.add(held.row)
+        after = planner._unsibling(held)
+        if held in layer.dropped:
+            planner._drop_order(held)
+            planner._count(snapshot, flex, held.candidate, -1)
+            if after is not None:
+                direct.append((after.key, len(direct), after))
+        else:  # planned again from its key, as if it had just come
+            arrivals.append(_unheld(held))
+    demoted = {id(entry) for entry in arrivals[len(arrivals) - len(layer.demoted) :]}
+    for held, slot in layer.relocated:
+        request_id = held.candidate.request.request_id
+        planner._slots[request_id] = slot
+        held.needs = slot[3]
+        if request_id not in layer.movers:  # held where the last pass put it: no change
+            changed[id(held)] = held
+        if held.candidate.strict:  # it stays where it is held: its tenant's next follows
+            held.best = slot[0]
+            after = planner._sibling_after(held)
+            if after is not None:
+                direct.append((after.key, len(direct), after))
+    for entry, slot in layer.fresh:
+        arrivals.remove(entry)
+        planner._add_order(planner._hold(entry, slot, changed))
+    promoted = {id(entry) for entry, _ in layer.promoted}
+    for entry, _ in layer.quiet:
+        planner._entry_of.pop(entry.candidate.request.request_id)
+        planner._remove(flex, entry, ordered=False)
+        planner._by_pool[entry.row].discard(entry)
+        touched.add(entry.row)
+    leaving = [planner._entry_of.pop(key) for key in gone if key in planner._entry_of]
+    leaving += (
+        planner._entry_of.pop(entry.candidate.request.request_id) for entry in clock.expired
+    )
+    leaving += (planner._entry_of.pop(e.candidate.request.request_id) for e, _ in layer.promoted)
+    for entry in clock.restart:  # planned again from its key, as if it had just come
+        leaving.append(planner._entry_of.pop(entry.candidate.request.request_id))
+        again = _Entry(
+            entry.key,
+            entry.candidate,
+            entry.length,
+            entry.first,
+            entry.last,
+            0,
+            None,
+            -1,
+            (),
+            None,
+        )
+        planner._count(snapshot, flex, again.candidate, 1)
+        arrivals = [*arrivals, again]
+    for entry in leaving:
+        starts.append(entry.key)
+        if id(entry) not in promoted:
+            planner._count(snapshot, flex, entry.candidate, -1)
+        after = planner._remove(flex, entry, ordered=id(entry) not in promoted)
+        if after is not None:
+            direct.append((after.key, len(direct), after))
+    for entry, slot in (*layer.promoted, *layer.quiet):
+        planner._hold(entry, slot, changed)
+    for entry in arrivals:
+        starts.append(entry.key)
+        planner._insert(flex, entry, ordered=id(entry) not in demoted)
+        direct.append((entry.key, len(direct), entry))
+    starts += (key for key, _, _ in direct)
+    based = {row for row, _, _, _ in (*freed, *carried)}
+    if clock.shifted:
+        # A held request's reason is judged at its earliest start, over cells the clock
+        # just dropped: in its own view, which a rolled row gives, for every pool a held
+        # slot lies in. (Within a minute, only a run from now may grow a cell: each held
+        # entry knows its reason for that run, see move_within.)
+        based.update(row for row, held in planner._by_pool.items() if held and flex.binding[row])
+    for row in based:
+        readers = planner._readers.get(row)
+        if readers:
+            starts.append(readers[0].key)
+    if not starts:
+        for row, first, cells, amount in (*freed, *carried):  # rows no request reads
+            grid.give(((row, amount),), first, cells)
+        if planner._held:
+            gains: dict[int, int] = {}
+            for row, first, cells, amount in freed:
+                if amount > 0 and cells > 0:
+                    gains[row] = min(gains.get(row, _NONE), first)
+            rows = {row for row, _, _, _ in freed}
+            why = rehold(planner, state, flex, layer, added, changed, touched, clock, rows, gains)
+            if why is not None:
+                return why
+        else:
+            planner._moves = {}  # none held: none moved
+        news: dict[int, _Entry] = {}
+        clock_news(planner, state, clock, news, touched)
+        news.update(changed)
+        decide(planner, state, news, touched)
+        return PassReport(full=False, from_rank=len(entries) + 1)
+    start = min(starts)
+    from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
+    # The stamp of the first entry from ``start`` on (rows are rolled back from there).
+    first_stamp = entries[from_rank - 1].stamp if from_rank <= len(entries) else _NONE
+    fresh = {id(entry) for entry in arrivals}
+    rolled: set[int] = set()
+    # Per rolled row, what is free now minus what was free last pass, as seen by the entry
+    # the walk is at (both before its own take): the walk keeps it so as it goes.
+    delta: dict[int, npt.NDArray[np.int32]] = {}
+    live: set[int] = set()  # rows whose delta was ever changed (it may be nonzero)
+    # Per live row, cells outside which its delta has never gained ([0]) or lost ([1]):
+    # most visits are settled from these bounds without reading the delta at all.
+    spans: dict[int, list[int]] = {}
+    # The same, for what the commitments are tested against (see rehold): per row
+    # changed other than by a carried move, the first cell where it gained (_NONE: none).
+    seen: dict[int, int] = {}
+    # The walk's queue, in policy order: (2 × stamp, row, index into the row's readers,
+    # None) for a rolled row's next reader; (2 × stamp, -1, seq, entry) for a direct
+    # visit; (an odd number, -2, seq, entry) for a departed entry, whose slot others saw
+    # from there on: just after the entry before it (_departed_at). Integers, not keys:
+    # the queue compares them several times a visit. (No entry is inserted from here on,
+    # so no stamp changes.)
+    heap: list[tuple[int, int, int, _Entry | None]] = [
+        (2 * entry.stamp, -1, seq, entry) for _, seq, entry in direct
+    ]
+    grid.forget()
+
+    def roll(row: int, at: int) -> None:
+        """Roll ``row`` back to the grid as it stood before the first entry stamped ``at``
+        or later: give back the takes of the entries from there on, each visited later to
+        take again."""
+        rolled.add(row)
+        spare = planner._spare
+        while spare and len(spare[-1]) != flex.cells:  # of a grid since resized
+            spare.pop()
+        delta[row] = spare.pop() if spare else np.zeros(flex.cells, dtype=np.int32)
+        readers = planner._readers.get(row)
+        if not readers:
+            return
+        index = bisect.bisect_left(readers, at, key=_stamp_of)
+        for holder in readers[index:]:
+            if holder.best is not None:
+                give = [need for need in holder.needs if need[0] == row]
+                if give:
+                    grid.give(give, holder.best, holder.span)
+        if index < len(readers):
+            heapq.heappush(heap, (2 * readers[index].stamp, row, index, None))
+
+    def shift(
+        needs: tuple[tuple[int, int], ...],
+        first: int,
+        cells: int,
+        sign: int,
+        carried: bool = False,
+    ) -> None:
+        """Add ``sign`` × each need's amount to its row's delta over the cells (of a
+        carried move: not seen by the commitments' tests)."""
+        for row, amount in needs:
+            change = sign * amount
+            if change == 0 or cells <= 0:
+                continue
+            cells_of = delta[row][first : first + cells]
+            cells_of += change
+            live.add(row)
+            if not carried:
+                gained = seen.get(row, _NONE)
+                seen[row] = min(gained, first) if change > 0 else gained
+            bounds = spans.get(row)
+            if bounds is None:
+                bounds = spans[row] = [_NONE, -1, _NONE, -1]
+            side = 0 if change > 0 else 2
+            bounds[side] = min(bounds[side], first)
+            bounds[side + 1] = max(bounds[side + 1], first + cells)
+
+    for row in based:
+        roll(row, first_stamp)
+    for row, first, cells, amount in freed:
+        grid.give(((row, amount),), first, cells)
+        shift(((row, amount),), first, cells, 1)
+    for row, first, cells, amount in carried:
+        grid.give(((row, amount),), first, cells)
+        shift(((row, amount),), first, cells, 1, carried=True)
+    touched.update(entry.row for entry in leaving if entry.best is not None)  # renumber
+    for entry in leaving:
+        if entry.candidate.request.request_id in absorbed:
+            assert entry.best is not None
+            planner._by_pool[entry.row].discard(entry)
+            continue
+        if entry.best is not None:
+            for row, _ in entry.needs:
+                if row not in rolled:
+                    roll(row, first_stamp)
+            first_cell, cells = clock.slot(entry)
+            grid.give(entry.needs, first_cell, cells)
+            planner._by_pool[entry.row].discard(entry)
+            heap.append((_departed_at(entries, entry), -2, len(heap), entry))
+    heapq.heapify(heap)
+    searched = 0
+    visited = 0
+    tested = 0
+    moved: dict[int, _Entry] = {}  # entries whose decision may differ beyond position
+    # Per pool row, how many of its requests this walk searched one after another and
+    # found moved; one searched that stays, or tested and found to stand, ends the run
+    # (see the visits below).
+    streak: dict[int, int] = {}
+    last: _Entry | None = None
+    readers_of = planner._readers
+    siblings = planner._siblings
+    while heap:
+        _, tag, index, item = heapq.heappop(heap)
+        if tag >= 0:
+            readers = readers_of[tag]
+            entry = readers[index]
+            if index + 1 < len(readers):
+                heapq.heappush(heap, (2 * readers[index + 1].stamp, tag, index + 1, None))
+        else:
+            assert item is not None
+            entry = item
+            if tag == -2:  # from here on, the departed slot is free
+                assert entry.best is not None
+                shift(entry.needs, *clock.slot(entry), 1)
+                continue
+        if entry is last:
+            continue  # reached through several rows: once is enough
+        if planner._entry_of.get(entry.candidate.request.request_id) is not entry:
+            continue  # a strict-FIFO sibling queued for a visit that has left since
+        last = entry
+        visited += 1
+        candidate = entry.candidate
+        floor = planner._floor_of(entry) if candidate.strict else 0
+        reads = planner._reads_of(entry)
+        is_fresh = id(entry) in fresh
+        keep: bool | None = False  # the slot stands; True: its reason may not
+        if is_fresh or floor != entry.floor:
+            keep = None
+        elif not live.isdisjoint(reads):
+            if streak.get(entry.row, 0) >= CASCADE_AFTER:
+                # Where the pool's last requests moved one after another, the next most
+                # likely moves too (a release or an arrival can move a pool's whole queue,
+                # a request at a time): it is searched at once, which is exact whatever
+                # it finds, rather than first tested by stands, which then costs about
+                # as much as the search.
+                keep = None
+            else:
+                tested += 1
+                keep = stands(
+                    grid,
+                    flex,
+                    entry,
+                    [row for row in reads if row in live],
+                    delta,
+                    spans,
+                    rolled,
+                    readers_of,
+                )
+                if keep is not None:
+                    streak.pop(entry.row, None)  # it stands: the pool's queue stopped
+        if keep is None:
+            searched += 1
+            for row in reads:
+                if row not in rolled:
+                    roll(row, entry.stamp)
+            best, row, needs, reason = place(
+                grid,
+                candidate,
+                entry.length,
+                entry.first,
+                entry.last,
+                floor,
+                flex.binding,
+                flex.limit_row,
+                flex.short,
+                flex.shapes,
+            )
+            before = _floor_after(entry)
+            slot_moved = (best, row, needs) != (entry.best, entry.row, entry.needs)
+            if entry.best is not None:  # its pool's queue moves on, or stopped
+                if slot_moved:
+                    streak[entry.row] = streak.get(entry.row, 0) + 1
+                else:
+                    streak.pop(entry.row, None)
+            if is_fresh or slot_moved:
+                if entry.best is not None:
+                    shift(entry.needs, entry.best, entry.span, 1)
+                touched.update(r for r in (entry.row, row) if r >= 0)
+                if best is not None:
+                    shift(needs, best, entry.first if best == 0 else entry.length, -1)
+            if is_fresh or (best, row, needs, reason) != (
+                entry.best,
+                entry.row,
+                entry.needs,
+                entry.reason,
+            ):
+                moved[id(entry)] = entry
+            if entry.best is not None:
+                planner._by_pool[entry.row].discard(entry)
+            if best is not None:
+                planner._by_pool.setdefault(row, set()).add(entry)
+            entry.floor, entry.best, entry.row = floor, best, row
+            entry.needs, entry.reason, entry.alt = needs, reason, reason
+            entry.clear = 0  # proved of the slot it had
+            if best:
+                entry.alt = longer_reason(
+                    grid, row, candidate.request.gang.units, best, floor, flex.short[row],
+                    entry.length, entry.first, reason,
+                )  # fmt: skip
+            if best is not None:
+                grid.take(needs, best, entry.span)
+            if candidate.strict and (is_fresh or _floor_after(entry) != before):
+                # The tenant's next request starts from this one's slot: visit it.
+                tenant = siblings[candidate.request.tenant]
+                following = bisect.bisect_right(tenant, entry.key, key=_key_of)
+                if following < len(tenant):
+                    sibling = tenant[following]
+                    heapq.heappush(heap, (2 * sibling.stamp, -1, -1 - visited, sibling))
+            continue
+        if entry.best is None:
+            continue
+        if entry.best > 0 and (keep or (clock.shifted and entry.row in rolled)):
+            # Its pool's free amounts moved near its slot, or the clock moved its earliest
+            # start: what holds it may have changed. Judged as a search judges it, in the
+            # grid before its own take (and for a run from now a cell longer).
+            units, short = candidate.request.gang.units, flex.short[entry.row]
+            reason = hold_reason(
+                grid, entry.row, units, entry.best, floor, short, entry.length, entry.first
+            )
+            entry.alt = longer_reason(
+                grid, entry.row, units, entry.best, floor, short, entry.length,
+                entry.first, reason,
+            )  # fmt: skip
+            if reason != entry.reason:
+                entry.reason = reason
+                moved[id(entry)] = entry
+        retake = [need for need in entry.needs if need[0] in rolled]
+        if retake:
+            grid.take(retake, entry.best, entry.span)
+    clock_news(planner, state, clock, moved, touched)
+    for row, cells_of in delta.items():  # zeroed where it changed, kept for the next walk
+        bounds = spans.get(row)
+        if bounds is not None:
+            cells_of[min(bounds[0], bounds[2]) : max(bounds[1], bounds[3])] = 0
+        if len(planner._spare) < SPARE_ROWS:
+            planner._spare.append(cells_of)
+    if planner._held:
+        gains = {row: cell for row, cell in seen.items() if cell < _NONE}
+        why = rehold(planner, state, flex, layer, added, changed, touched, clock, {*seen}, gains)
+        if why is not None:
+            return why
+    else:
+        planner._moves = {}  # none held: none moved
+    moved.update(changed)
+    decide(planner, state, moved, touched)
+    return PassReport(
+        full=False, from_rank=from_rank, walked=visited, searched=searched, tested=tested
+    )
