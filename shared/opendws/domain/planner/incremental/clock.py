@@ -13,6 +13,7 @@ from opendws.domain.planner.incremental.kept import (
     _MICROSECOND,
     _MINUTE_US,
     KeptPass,
+    NeedFullPass,
     _Slot,
     _timing_of,
 )
@@ -53,9 +54,10 @@ class _ClockMove:
         return entry.best, entry.span
 
 
-def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove | str:
+def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove:
     """Carry the kept pass over to a later ``now`` (the caller ruled out what this cannot
-    carry: pending blocks, stockouts, requests stamped after the last now); else why not.
+    carry: pending blocks, stockouts, requests stamped after the last now); else raise
+    :class:`NeedFullPass`, saying why not.
 
     The grid's cells are whole minutes, so a later minute drops the cells now past and
     keeps the rest, and every cell number (a start, a deadline, a strict-FIFO floor)
@@ -72,7 +74,7 @@ def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove |
     shift = (origin - state.origin) // MINUTE
     flex = state.flex
     if flex is not None and shift > flex.grid.cells:
-        return "the clock moved past the kept grid"
+        raise NeedFullPass("the clock moved past the kept grid")
     if flex is not None and shift == 0:
         return move_within(planner, state, flex, now, gone)
     state.now, state.origin = now, origin
@@ -150,12 +152,12 @@ def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove |
         else:
             reach = max(reach, entry.first + entry.last)
     if 1 + reach > flex.cells:
-        return "the kept grid no longer reaches every deadline"
+        raise NeedFullPass("the kept grid no longer reaches every deadline")
     again = len(clock.restart) + len(clock.expired)
     if again > max(RESTART_FLOOR, len(flex.entries) * RESTART_SHARE):
         # Each is planned again from its place, and what follows it is walked again:
         # past this share, a full pass costs less (and plans the same).
-        return "most of the queue's starts came: a full pass costs less"
+        raise NeedFullPass("most of the queue's starts came: a full pass costs less")
     heapq.heapify(flips)
     planner._flips, planner._seq = flips, seq
     # The deadlines stand (instants): the passed ones are popped.
@@ -167,7 +169,7 @@ def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove |
 
 def move_within(
     planner: KeptPass, state: _Pass, flex: _FlexState, now: datetime, gone: set[str]
-) -> _ClockMove | str:
+) -> _ClockMove:
     """:func:`move_clock` to a later ``now`` in the same minute: the grid's cells stay,
     so what the move changes is found without looking at every entry: the runs from now
     that now reach one cell further (by slack: see :meth:`KeptPass._track`), the starts now (the
@@ -226,10 +228,10 @@ def move_within(
                 entry.reason, entry.alt = entry.alt, entry.reason
                 clock.flipped.append(entry)
     if 1 + reach > flex.cells:
-        return "the kept grid no longer reaches every deadline"
+        raise NeedFullPass("the kept grid no longer reaches every deadline")
     again = len(clock.restart) + len(clock.expired)
     if again > max(RESTART_FLOOR, len(flex.entries) * RESTART_SHARE):
-        return "most of the queue's starts came: a full pass costs less"
+        raise NeedFullPass("most of the queue's starts came: a full pass costs less")
     kept = 2 * (len(entry_of) + len(planner._held)) + 64
     if len(flips) > kept:  # mostly entries replaced since: keep the ones still kept
         planner._flips = [item for item in flips if planner._kept(item[2])]

@@ -59,6 +59,16 @@ class PassReport:
         return rebuild(self)
 
 
+class NeedFullPass(Exception):
+    """An incremental pass cannot bring the kept pass up to the snapshot, for ``reason``: the
+    plan is made in full instead (its :class:`PassReport` says why). Raised by a phase part-way;
+    the full pass rebuilds whatever the phases changed by then."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 # A commitment's held slot: (first cell, cells, pool row, needs).
 _Slot = tuple[int, int, int, tuple[tuple[int, int], ...]]
 

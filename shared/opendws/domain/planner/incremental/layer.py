@@ -17,6 +17,7 @@ from opendws.domain.planner.incremental.diff import identity_changes
 from opendws.domain.planner.incremental.kept import (
     _EPOCH,
     KeptPass,
+    NeedFullPass,
     _grant_cells,
     _grant_rows,
     _Slot,
@@ -64,14 +65,14 @@ def relayer(
     gone: set[str],
     added: list[Grant],
     clock: _ClockMove,
-) -> _Layer | str:
+) -> _Layer:
     """How the commitments held before the policy order change from the last pass (the
     clock already moved): the commitments within the horizon now, each at its first slot
-    (:func:`commitment_slots`), against those held then. Else why not (a commitment
-    whose request the clock planned again).
+    (:func:`commitment_slots`), against those held then. Else raise :class:`NeedFullPass`
+    (a commitment whose request the clock planned again).
 
     The last pass held every commitment at its first slot. Whether this one can too is
-    known only once the walk is done (see :meth:`still_fit`); every slot it takes is
+    known only once the walk is done (see :func:`still_fit`); every slot it takes is
     listed for that check."""
     layer = _Layer()
     new: dict[str, tuple[_Slot, _Entry]] = {}
@@ -98,7 +99,7 @@ def relayer(
             if entry is None or id(entry) in expired:
                 continue
             if id(entry) in replanned:
-                return "a commitment's request is planned again as the clock moved"
+                raise NeedFullPass("a commitment's request is planned again as the clock moved")
             # Most passes: the same commitment for the same candidate, its slot still
             # ahead (see first_slot), inline.
             known = first_slots.get(key)

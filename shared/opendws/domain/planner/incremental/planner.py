@@ -34,6 +34,7 @@ from opendws.domain.planner.incremental.diff import identity_changes
 from opendws.domain.planner.incremental.kept import (
     STAMP_GAP,
     KeptPass,
+    NeedFullPass,
     PassReport,
     _all_rows,
     _grant_rows,
@@ -74,7 +75,10 @@ class IncrementalPlanner(KeptPass):
             try:
                 why = self._why_full(snapshot, now)
                 if why is None:
-                    why = self._replan(snapshot, now)
+                    try:
+                        self._replan(snapshot, now)
+                    except NeedFullPass as need:
+                        why = need.reason
                 if why is not None:
                     self._full(snapshot, now, why)
                 state = self._pass
@@ -217,9 +221,10 @@ class IncrementalPlanner(KeptPass):
 
     # An incremental pass ---------------------------------------------------------------------
 
-    def _replan(self, snapshot: Snapshot, now: datetime) -> str | None:
-        """Bring the kept pass up to ``snapshot`` at ``now``; None when done, else why a full
-        pass is needed (what was changed by then is rebuilt by that full pass)."""
+    def _replan(self, snapshot: Snapshot, now: datetime) -> None:
+        """Bring the kept pass up to ``snapshot`` at ``now``; else raise :class:`NeedFullPass`,
+        saying why a full pass is needed (what was changed by then is rebuilt by that full
+        pass)."""
         state = self._pass
         assert state is not None
         kept = self._snapshot
@@ -250,12 +255,9 @@ class IncrementalPlanner(KeptPass):
             # again in full (the blocks that left, booked or refused, are no concern).
             leaving = set(gone)
             if any(block.request.request_id not in leaving for block in state.calendar):
-                return "calendar blocks are pending: a block's verdict depends on now"
+                raise NeedFullPass("calendar blocks are pending: a block's verdict depends on now")
         if now != state.now:
-            moved = move_clock(self, now, set(gone))
-            if isinstance(moved, str):
-                return moved
-            clock = moved
+            clock = move_clock(self, now, set(gone))
         now = state.now
         # A flex request that left has an entry or is held; only another may be a calendar
         # block.
@@ -284,15 +286,15 @@ class IncrementalPlanner(KeptPass):
                 fresh.append(candidate)
                 continue
             if flex is None:
-                return "no flex step to extend"
+                raise NeedFullPass("no flex step to extend")
             if any(limit.key not in flex.limit_row for limit in candidate.limits):
-                return "an arrival counts against a quota row the grid lacks"
+                raise NeedFullPass("an arrival counts against a quota row the grid lacks")
             run = state.holds(candidate)
             length = ceil_cells(run)
             first = state.first_cells(run)
             last = state.last_cell(request)
             if 1 + first + last > flex.cells:
-                return "an arrival needs a longer grid"
+                raise NeedFullPass("an arrival needs a longer grid")
             order = flex_key(
                 request,
                 strict=candidate.strict,
@@ -323,20 +325,21 @@ class IncrementalPlanner(KeptPass):
                 for row in _all_rows(flex, entry.candidate):
                     demand = self._demand[row]
                     if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
-                        return "an arrival makes a row bind that the grid never tracked"
+                        raise NeedFullPass(
+                            "an arrival makes a row bind that the grid never tracked"
+                        )
             # A new grant lowers what commitments leave free (at most by its amount).
             for grant in added:
                 for row, amount in _grant_rows(state, flex, grant):
                     flex.lowest[row] -= amount
                     demand = self._demand[row]
                     if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
-                        return "a new grant makes a row bind that the grid never tracked"
+                        raise NeedFullPass(
+                            "a new grant makes a row bind that the grid never tracked"
+                        )
         layer = _Layer()
         if flex is not None and (self._held or _holds_commitments(snapshot, now)):
-            found = relayer(self, snapshot, state, flex, arrivals, set(gone), added, clock)
-            if isinstance(found, str):
-                return found
-            layer = found
+            layer = relayer(self, snapshot, state, flex, arrivals, set(gone), added, clock)
         for key in gone:
             self._drop(state, key)
         for key, decision in screened.items():
@@ -352,12 +355,8 @@ class IncrementalPlanner(KeptPass):
         )
         report = PassReport(full=False)
         if flex is not None:
-            walked = walk(
+            report = walk(
                 self, snapshot, state, flex, gone, arrivals, released, added, clock, layer
             )
-            if isinstance(walked, str):
-                return walked
-            report = walked
         self._snapshot = snapshot
         self.last_pass = replace(report, redecided=redecided)
-        return None

@@ -15,6 +15,7 @@ from opendws.domain.planner.incremental.clock import _ClockMove
 from opendws.domain.planner.incremental.kept import (
     _NONE,
     KeptPass,
+    NeedFullPass,
     _grant_cells,
     _grant_rows,
     _key_of,
@@ -38,9 +39,9 @@ def rehold(
     clock: _ClockMove,
     changed_rows: set[int],
     gains: dict[int, int],
-) -> str | None:
-    """Once the walk is done: why a full pass is needed if a commitment no longer fits
-    where it was promised (:func:`still_fit`), else None, and then where the plan puts
+) -> None:
+    """Once the walk is done: raise :class:`NeedFullPass` if a commitment no longer fits
+    where it was promised (:func:`still_fit`); else where the plan puts
     each held commitment and why it waits, as a full pass decides
     (:func:`move_earlier`, then :func:`judge_commitments`) on the grid the
     walk finished; the grid is then put back as it was (each held where promised). A
@@ -59,7 +60,7 @@ def rehold(
     the same instant) stops before placing any (:func:`unmoved`)."""
     grid = flex.grid
     if not still_fit(grid, flex, state, layer, added):
-        return "a commitment no longer fits where it was promised"
+        raise NeedFullPass("a commitment no longer fits where it was promised")
     # Within the minute, only a commitment whose run from now grew is judged again for
     # the clock (see move_within); a later minute moves every cell a reason compares.
     clock_moved = clock.shifted
@@ -100,7 +101,7 @@ def rehold(
                 for key in planner._admitted.intersection(planner._held):
                     entry = planner._held[key]
                     changed[id(entry)] = entry
-            return None
+            return
     if held is None:
         held = sorted(planner._held.values(), key=_key_of)
     for rank, entry in enumerate(held, start=1):
@@ -168,7 +169,6 @@ def rehold(
             touched.update((entry.row, row))
         entry.row, entry.best, entry.reason = row, cell, reason
         changed[id(entry)] = entry
-    return None
 
 
 def unmoved(planner: KeptPass, changed: dict[int, _Entry]) -> bool:

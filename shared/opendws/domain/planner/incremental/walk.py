@@ -53,10 +53,10 @@ def walk(
     added: list[Grant],
     clock: _ClockMove,
     layer: _Layer,
-) -> PassReport | str:
+) -> PassReport:
     """Re-plan the flex requests the changes reach, in policy order (module docstring),
-    then the commitments held before them (see :func:`rehold`); else why a full pass is
-    needed (a commitment no longer fits where it was promised).
+    then the commitments held before them (see :func:`rehold`, which raises
+    :class:`NeedFullPass` if a commitment no longer fits where it was promised).
 
     Only entries on a row the walk rolls back are visited: a row is rolled back from the
     first request in policy order that must read or change it, and every later entry on
@@ -216,9 +216,7 @@ def walk(
                 if amount > 0 and cells > 0:
                     gains[row] = min(gains.get(row, _NONE), first)
             rows = {row for row, _, _, _ in freed}
-            why = rehold(planner, state, flex, layer, added, changed, touched, clock, rows, gains)
-            if why is not None:
-                return why
+            rehold(planner, state, flex, layer, added, changed, touched, clock, rows, gains)
         else:
             planner._moves = {}  # none held: none moved
         news: dict[int, _Entry] = {}
@@ -471,9 +469,7 @@ def walk(
             planner._spare.append(cells_of)
     if planner._held:
         gains = {row: cell for row, cell in seen.items() if cell < _NONE}
-        why = rehold(planner, state, flex, layer, added, changed, touched, clock, {*seen}, gains)
-        if why is not None:
-            return why
+        rehold(planner, state, flex, layer, added, changed, touched, clock, {*seen}, gains)
     else:
         planner._moves = {}  # none held: none moved
     moved.update(changed)
