@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
+from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +24,14 @@ UNROLLED_READERS = 64
 UNROLLED_PROBES = 2
 
 
+class Verdict(Enum):
+    """What the walk's test of a request it visits (:func:`stands`) found."""
+
+    SEARCH = "search"  # its slot may have moved: it is searched again
+    STANDS = "stands"  # it takes its slot again, for the same reason
+    REJUDGE = "rejudge"  # it takes its slot again; what holds it is worked out again
+
+
 def stands(
     grid: MinuteGrid,
     flex: _FlexState,
@@ -32,10 +41,11 @@ def stands(
     spans: dict[int, list[int]],
     rolled: set[int],
     readers: Mapping[int, list[_Entry]],
-) -> bool | None:
+) -> Verdict:
     """Whether ``entry``'s last slot is still what a search would find, judged from how the
-    free amounts of ``rows`` (those of its rows that changed) differ from last pass: None if
-    it must be searched again; else whether its hold reason must be worked out again.
+    free amounts of ``rows`` (those of its rows that changed) differ from last pass:
+    :attr:`Verdict.SEARCH` if it must be searched again; else :attr:`Verdict.STANDS`, or
+    :attr:`Verdict.REJUDGE` if its hold reason must be worked out again.
     (``spans`` bounds, per row, the cells where it gained and where it lost.)
 
     Exact, not a heuristic. A search finds the earliest start among the request's options
@@ -135,15 +145,15 @@ def stands(
                 else past_unrolled(grid, readers, entry, unrolled, found, length)
             )
             if past == found:
-                return None
+                return Verdict.SEARCH
             found = grid.earliest_fit(needs, past, last_start, length)
             if found is None:
                 break
         if found is not None:
-            return None  # not settled in so many starts: searched
+            return Verdict.SEARCH  # not settled in so many starts: searched
     entry.clear = clear
     if best is None:
-        return False
+        return Verdict.STANDS
     span = entry.span
     for row, amount in entry.needs:
         bounds = spans.get(row)
@@ -152,9 +162,9 @@ def stands(
         lost_from, lost_to = max(bounds[2], best), min(bounds[3], best + span)
         lost = lost_from < lost_to and delta[row][lost_from:lost_to].min() < 0
         if lost and not grid.fits(row, amount, best, span):
-            return None
+            return Verdict.SEARCH
     # Its reason reads its pool's row (one that never binds always has room: no change).
-    return entry.row in rows
+    return Verdict.REJUDGE if entry.row in rows else Verdict.STANDS
 
 
 def no_room_unrolled(

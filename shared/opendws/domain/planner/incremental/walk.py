@@ -28,7 +28,7 @@ from opendws.domain.planner.incremental.kept import (
 )
 from opendws.domain.planner.incremental.layer import _Layer
 from opendws.domain.planner.incremental.rehold import decide, rehold
-from opendws.domain.planner.incremental.stands import stands
+from opendws.domain.planner.incremental.stands import Verdict, stands
 from opendws.domain.planner.search import hold_reason, longer_reason, place
 from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import FlexKey
@@ -356,9 +356,9 @@ def walk(
         floor = planner._floor_of(entry) if candidate.strict else 0
         reads = planner._reads_of(entry)
         is_fresh = id(entry) in fresh
-        keep: bool | None = False  # the slot stands; True: its reason may not
+        keep = Verdict.STANDS
         if is_fresh or floor != entry.floor:
-            keep = None
+            keep = Verdict.SEARCH
         elif not live.isdisjoint(reads):
             if streak.get(entry.row, 0) >= CASCADE_AFTER:
                 # Where the pool's last requests moved one after another, the next most
@@ -366,7 +366,7 @@ def walk(
                 # a request at a time): it is searched at once, which is exact whatever
                 # it finds, rather than first tested by stands, which then costs about
                 # as much as the search.
-                keep = None
+                keep = Verdict.SEARCH
             else:
                 tested += 1
                 keep = stands(
@@ -379,9 +379,9 @@ def walk(
                     rolled,
                     readers_of,
                 )
-                if keep is not None:
+                if keep is not Verdict.SEARCH:
                     streak.pop(entry.row, None)  # it stands: the pool's queue stopped
-        if keep is None:
+        if keep is Verdict.SEARCH:
             searched += 1
             for row in reads:
                 if row not in rolled:
@@ -442,7 +442,7 @@ def walk(
             continue
         if entry.best is None:
             continue
-        if entry.best > 0 and (keep or (clock.shifted and entry.row in rolled)):
+        if entry.best > 0 and (keep is Verdict.REJUDGE or (clock.shifted and entry.row in rolled)):
             # Its pool's free amounts moved near its slot, or the clock moved its earliest
             # start: what holds it may have changed. Judged as a search judges it, in the
             # grid before its own take (and for a run from now a cell longer).
