@@ -1,7 +1,21 @@
 """The walk (:func:`walk`): the flex requests the changes reach re-planned in policy order. A
 grid row is rolled back (the takes of the requests from there on given back) once the walk
 must read or change it, and only the requests on rolled rows are visited: each takes its slot
-again, or is searched (see the package docstring)."""
+again, or is searched (see the package docstring).
+
+The grid's memo (what searches proved: :meth:`MinuteGrid.forget`) holds only while free
+amounts go down, and a walk gives takes back. It forgets the memo once, before rolling any
+row, and from then on keeps to two rules, which a change here must keep too (or forget again):
+
+- a row is given back only as it is first rolled: its readers' takes from there on then, and
+  the pass's frees (releases, departures, the layer's) on rows rolled for them before the
+  first visit. After that the walk only takes.
+- searches read rolled rows only: a request is searched once every row its search reads is
+  rolled, and :func:`stands` asks the memo about rolled rows alone (it reads a row not rolled
+  back from its cells, as the request sees it). A hold reason may read a pool's row that never
+  binds and was not rolled: nothing was given back there.
+
+So nothing a search proved is undone while the walk runs."""
 
 from __future__ import annotations
 
@@ -249,7 +263,7 @@ def walk(
     heap: list[tuple[int, int, int, _Entry | None]] = [
         (2 * entry.stamp, -1, seq, entry) for _, seq, entry in direct
     ]
-    grid.forget()
+    grid.forget()  # once: the memo's rules are in the module docstring
 
     def roll(row: int, at: int) -> None:
         """Roll ``row`` back to the grid as it stood before the first entry stamped ``at``
