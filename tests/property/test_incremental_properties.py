@@ -118,7 +118,7 @@ def step(draw: st.DrawFn, snapshot: Snapshot, plan: Plan, index: int) -> tuple[S
         pending = tuple(r for r in snapshot.pending if r is not request)
         return replace(snapshot, pending=pending, grants=(*snapshot.grants, booked)), 0
     if kind == "tick":
-        # Within the minute (a run from now may reach one cell further: see _move_within)
+        # Within the minute (a run from now may reach one cell further: see clock.move_within)
         # or to a later one (the cells move).
         return snapshot, draw(st.sampled_from([1, 13, 29, 47, 59, 60, 61, 600, 3600]))
     if kind == "commit":
@@ -158,7 +158,7 @@ def test_incremental_plans_as_the_clock_moves_by_seconds_equal_full_plans(
 ) -> None:
     """Passes come seconds apart in service (each at its own now), most within one minute:
     the planner then touches only the requests whose run from now grew a cell, those that
-    start now and those whose max_wait passed (see IncrementalPlanner._move_within), and
+    start now and those whose max_wait passed (see its clock.move_within), and
     each held request whose run grew is held for the reason it kept for the longer run.
     Between the ticks the queue changes as it does in service; every pass must still be
     ``admit``'s, under commitments too."""
@@ -525,8 +525,8 @@ def test_calendar_blocks_coming_and_going_plan_as_full_plans(seed: int) -> None:
     blocks arrive (in any place in calendar order), leave (refused, confirmed and withdrawn,
     or reserved as the grant they booked) and grants come and go. A block whose booking
     changes reaches the blocks after it, which may change in turn (see
-    ``IncrementalPlanner._recalendar``); the flex grid takes and gives back what the blocks
-    book. Every step must give exactly ``admit``."""
+    ``opendws.domain.planner.incremental.blocks.recalendar``); the flex grid takes and gives
+    back what the blocks book. Every step must give exactly ``admit``."""
     rng = random.Random(seed)
     zones = (ZONE_A, ZONE_B)
     tenants = [

@@ -146,7 +146,7 @@ class _Entry:
         # its view, for a run of ``length`` cells from any start that could win (from that
         # option's earliest start, and its floor, up to its deadline if it has no slot, else
         # up to its slot: the slot itself included for a more preferred pool, which wins a
-        # tie). Proved and kept by the incremental planner (see its _stands); none at first.
+        # tie). Proved and kept by the incremental planner (see its stands.stands); none at first.
         self.clear = 0
 
     @property
