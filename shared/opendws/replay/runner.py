@@ -64,6 +64,7 @@ from opendws.replay.google_queue import GoogleQueue
 from opendws.replay.metrics import PolicyReport, summarize
 from opendws.replay.traces import MAX_WAIT, PoolsFile, TraceJob, check_jobs_fit
 from opendws.service.reconcile import GOOGLE_LATE, ReconcileService
+from opendws.service.reconcile_settings import ReconcileSettings
 from opendws.service.release import EndService
 from opendws.service.timers import expiry_timer
 
@@ -285,9 +286,12 @@ def _replay_component(
     providers = Providers(mig_flex=cloud, tpu=cloud, calendar=cloud)
     bus = MemoryEventBus()
     timers = HeapTimerQueue()
+    # The cloud here is in memory and the clock virtual: no budget of calls per (wall-clock)
+    # minute, which is there for Google's rate quotas and would stall a replay's bursts.
     reconciler = ReconcileService(
-        store, config, providers, bus, clock, holder=HOLDER, timers=timers
-    )
+        store, config, providers, bus, clock, holder=HOLDER, timers=timers,
+        settings=ReconcileSettings(cloud_calls_per_minute=None),
+    )  # fmt: skip
     ending = EndService(store, config, providers, timers, bus, MemoryNudger(), clock)
 
     by_id = {job.job_id: job for job in ordered}
