@@ -555,7 +555,7 @@ def test_a_plan_and_its_parts_survive_pickling_and_copying_unchanged() -> None:
     import copy
     import pickle
 
-    from opendws.domain.planner.incremental.kept import PassReport
+    from opendws.domain.planner.incremental.kept import PlanReport
     from opendws.domain.planner.incremental.planner import IncrementalPlanner
     from opendws.domain.planner.verdicts import Decision, Race
 
@@ -575,7 +575,7 @@ def test_a_plan_and_its_parts_survive_pickling_and_copying_unchanged() -> None:
     )
     planner = IncrementalPlanner()
     planner.plan(snapshot(pending=[flex("f1")]), NOW)
-    values: list[object] = [plan, refused, *plan.races, planner.last_pass, PassReport(full=False)]
+    values: list[object] = [plan, refused, *plan.races, planner.last_pass, PlanReport(full=False)]
     for value in values:
         for again in (
             pickle.loads(pickle.dumps(value)),

@@ -23,7 +23,8 @@ import numpy.typing as npt
 
 MINUTE = timedelta(minutes=1)
 MICROSECOND = timedelta(microseconds=1)
-# Far beyond any horizon, in microseconds: "always".
+# Above everything: far beyond any horizon in microseconds ("always"), and above every grid's
+# cells ("no cell": the planner's sentinel for a cell not found yet).
 FOREVER = 1 << 62
 
 # After the first probe (the earliest start alone), a search window spans this many candidate

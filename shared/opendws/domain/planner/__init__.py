@@ -29,8 +29,9 @@ Glossary. The planner's words, defined once here; the modules use them in these 
   **quiet** one holds the slot it already had (no cell changes).
 - **carried out**: an admission the reconciler has carried out: the request left the queue and
   its grant came holding exactly the slot the plan gave it, with no request ahead of it held
-  in the same pool by quota (whose reason may then turn to capacity). The walk applies it to
-  grants, the layer to commitments (:mod:`.incremental.walk`, :mod:`.incremental.layer`).
+  in the same pool by quota (whose reason may then turn to capacity). One rule,
+  ``KeptPass._carried_out`` (:mod:`.incremental.kept`): the walk applies it to grants, the
+  layer to commitments.
 - **roll back** (**rolled** row): give back a row's takes by the requests from the first one the
   changes reach onward, so that they can be placed again; an **unrolled** row keeps them. Only
   requests with a slot on a rolled row are visited.

@@ -22,9 +22,8 @@ from opendws.domain.planner.shapes import Candidate
 from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import FlexKey
 from opendws.domain.quotas import LimitKey
-from opendws.domain.timeline import MINUTE, MinuteGrid, floor_cells
+from opendws.domain.timeline import FOREVER, MINUTE, MinuteGrid, floor_cells
 
-_NO_CELL = 1 << 62  # above every grid's cells
 # A commitment held: (cell, pool row, needs, the run's cells from a whole minute, from now).
 Kept = tuple[int, int, tuple[tuple[int, int], ...], int, int]
 # A commitment moved earlier: (needs, cell, cells) given back, (needs, cell, cells) taken.
@@ -172,7 +171,7 @@ def move_earlier(
         if reads is not None:
             assert gained is not None
             for read in reads:
-                if gained.get(read, _NO_CELL) < cell:
+                if gained.get(read, FOREVER) < cell:
                     break
             else:  # no row it reads gained before its slot: it cannot move
                 moved.append(item)
@@ -196,7 +195,7 @@ def move_earlier(
             rooms.clear()  # it moved: free amounts changed
             if gained is not None:  # its slot given back: those rows gained from there
                 for need, _ in needs:
-                    gained[need] = min(gained.get(need, _NO_CELL), cell)
+                    gained[need] = min(gained.get(need, FOREVER), cell)
             if moves is not None:
                 moves.append(
                     (needs, cell, length, best_needs, best, first if best == 0 else length)

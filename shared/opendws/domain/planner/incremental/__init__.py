@@ -104,7 +104,7 @@ The modules, by phase (each works on the one planner's kept state, :class:`kept.
 - :mod:`~.planner`: :class:`~.planner.IncrementalPlanner`: ``plan``, why a pass is planned in
   full, the full pass and the incremental one's steps in order;
 - :mod:`~.kept`: what is kept from pass to pass (the entries' indexes, and the helpers that
-  keep them in step), :class:`~.kept.PassReport`, and :class:`~.kept.NeedFullPass`, which a
+  keep them in step), :class:`~.kept.PlanReport`, and :class:`~.kept.NeedFullPass`, which a
   phase raises, saying why, when the pass must be planned in full;
 - :mod:`~.diff`: the requests, grants and commitments that came or left, by identity;
 - :mod:`~.clock`: the clock moved, to a later minute or within one;

@@ -2,7 +2,7 @@
 decisions in the plan's order, each flex request's entry and the indexes over them (rows'
 readers, pools' held slots, strict-FIFO lines, policy order, timings), the commitments held
 before the policy order, and the helpers that keep those indexes in step as entries come,
-leave and are held; with the shapes the phases share (:class:`PassReport`, a held slot) and
+leave and are held; with the shapes the phases share (:class:`PlanReport`, a held slot) and
 the small rules they all read (an entry's stamp, a grant's cells and rows, a search's
 rows)."""
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +20,7 @@ import numpy.typing as npt
 from opendws.domain.admission import _Entry, _FlexState, _Keys, _Pass
 from opendws.domain.model import Commitment, Grant, Snapshot
 from opendws.domain.planner.shapes import Candidate
-from opendws.domain.planner.verdicts import Decision, Outcome, rebuild
+from opendws.domain.planner.verdicts import Decision, Outcome, Reason, rebuild
 from opendws.domain.policy import FlexKey
 from opendws.domain.quotas import LimitKey
 from opendws.domain.timeline import MINUTE, ceil_cells, floor_cells
@@ -37,11 +38,9 @@ CLOCK_FLOOR = 0
 # 32 arrivals between the same two) every entry is numbered again.
 STAMP_GAP = 1 << 32
 
-_NONE = 1 << 62  # no cell yet: above every grid
-
 
 @dataclass(frozen=True, slots=True)
-class PassReport:
+class PlanReport:
     """How the last plan was made: in full (and why), or incrementally (from which rank, how
     many requests were visited, how many of them were tested and how many searched again, the
     others taking their slot again, and how many calendar blocks were decided again)."""
@@ -61,7 +60,7 @@ class PassReport:
 
 class NeedFullPass(Exception):
     """An incremental pass cannot bring the kept pass up to the snapshot, for ``reason``: the
-    plan is made in full instead (its :class:`PassReport` says why). Raised by a phase part-way;
+    plan is made in full instead (its :class:`PlanReport` says why). Raised by a phase part-way;
     the full pass rebuilds whatever the phases changed by then."""
 
     def __init__(self, reason: str) -> None:
@@ -80,7 +79,7 @@ _FirstSlot = tuple[
 
 
 # Minutes are counted from here where a kept cell must outlive the grid's origin.
-_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+_SLOTS_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 # A row of the calendar ledger: a pool's row, or a quota limit's key.
 _Resource = int | LimitKey
@@ -124,7 +123,7 @@ class KeptPass:
         # (see rehold).
         self._judged_floors: dict[str, int] = {}
         # Request id → (commitment, candidate, deadline minute, first slot's minute, (its
-        # cells, pool row, needs) or None), minutes counted from _EPOCH (see first_slot).
+        # cells, pool row, needs) or None), minutes counted from _SLOTS_EPOCH (see first_slot).
         self._first_slots: dict[str, _FirstSlot] = {}
         self._demand: list[int] = []  # per grid row: what all flex requests could put on it
         self._reads: dict[str, frozenset[int]] = {}  # flex request id → rows its search reads
@@ -160,7 +159,7 @@ class KeptPass:
         # Zeroed rows of the grid's length for the walk's deltas, kept from pass to pass: a
         # fresh one a rolled row costs its pages again (the walk zeroes what it changed).
         self._spare: list[npt.NDArray[np.int32]] = []
-        self.last_pass = PassReport(full=True, why="no pass yet")
+        self.last_pass = PlanReport(full=True, why="no pass yet")
         # Plans made so far, and the requests whose decision the last one set anew or dropped,
         # other than for a new place in line (None: any may have, after a full pass):
         # whoever carries plans out may look at those alone, if it saw the plan before (see
@@ -238,6 +237,30 @@ class KeptPass:
         state = self._pass
         assert state is not None
         self._track(state, entry)
+
+    def _carried_out(
+        self,
+        entry: _Entry,
+        slot_of: Callable[[_Entry], tuple[int, int]],
+        cells: tuple[int, int],
+        row: int | None,
+        needs: Sequence[tuple[int, int]],
+    ) -> bool:
+        """Whether what came for ``entry``'s request (a grant, or a commitment held at
+        ``cells`` on ``row`` with ``needs``) holds exactly the slot the last pass placed it in
+        (``slot_of``: its cells in the grid now): an admission, or a move, carried out. Not
+        when a request ahead of it is held in the same pool by quota: that one sees the pool
+        fuller now (what came counts from its start), and its reason may turn to capacity."""
+        return (
+            entry.best is not None
+            and slot_of(entry) == cells
+            and entry.row == row
+            and sorted(needs) == sorted(entry.needs)
+            and not any(
+                other.reason is Reason.QUOTA and other.key < entry.key
+                for other in self._by_pool.get(entry.row, ())
+            )
+        )
 
     def _kept(self, entry: _Entry) -> bool:
         """Whether ``entry`` is still the one kept for its request (walked or held)."""

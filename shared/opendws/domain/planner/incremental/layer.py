@@ -15,14 +15,13 @@ from opendws.domain.planner.commitments import commitment_slots
 from opendws.domain.planner.incremental.clock import _ClockMove
 from opendws.domain.planner.incremental.diff import identity_changes
 from opendws.domain.planner.incremental.kept import (
-    _EPOCH,
+    _SLOTS_EPOCH,
     KeptPass,
     NeedFullPass,
     _grant_cells,
     _grant_rows,
     _Slot,
 )
-from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import FlexKey
 from opendws.domain.timeline import MINUTE
 
@@ -89,7 +88,7 @@ def relayer(
         promised = planner._promised
         assert promised is not None
         replanned = {id(entry) for entry in (*clock.restart, *clock.expired)}
-        base = (state.origin - _EPOCH) // MINUTE  # the grid's cell 0, as a minute
+        base = (state.origin - _SLOTS_EPOCH) // MINUTE  # the grid's cell 0, as a minute
         first_slots = planner._first_slots
         for key in promised if looked is None else looked:
             commitment = promised.get(key)
@@ -167,17 +166,7 @@ def relayer(
         cell, span, row, needs = slot
         if key in fresh:
             layer.fresh.append((entry, slot))
-        elif (
-            entry.best is not None
-            and clock.slot(entry) == (cell, span)
-            and (entry.row, entry.needs) == (row, needs)
-            # As an admission carried out (see walk): a request ahead of it held in the
-            # same pool by quota sees the pool fuller now, and may turn to capacity.
-            and not any(
-                other.reason is Reason.QUOTA and other.key < entry.key
-                for other in planner._by_pool.get(row, ())
-            )
-        ):
+        elif planner._carried_out(entry, clock.slot, (cell, span), row, needs):
             layer.quiet.append((entry, slot))  # it holds the slot it had: no cell changes
             continue
         else:
@@ -275,7 +264,7 @@ def first_slot(
 ) -> _Slot | None:
     """The first slot :func:`commitment_slots` gives ``commitment`` (within the
     horizon) for ``entry``'s request, or None; ``base``: the grid's cell 0, as a minute
-    from _EPOCH. It is kept per request, in minutes rather than cells: for the same
+    from _SLOTS_EPOCH. It is kept per request, in minutes rather than cells: for the same
     commitment and candidate, a later now leaves a slot still ahead at the same minute
     (its deadline too), so only one that came is worked out again (see relayer, which
     reads what is kept)."""

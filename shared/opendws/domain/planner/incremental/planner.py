@@ -35,7 +35,7 @@ from opendws.domain.planner.incremental.kept import (
     STAMP_GAP,
     KeptPass,
     NeedFullPass,
-    PassReport,
+    PlanReport,
     _all_rows,
     _grant_rows,
     _key_of,
@@ -190,7 +190,7 @@ class IncrementalPlanner(KeptPass):
             heapq.heapify(self._deadlines)
         else:
             self._order_keys = []
-        self.last_pass = PassReport(full=True, why=why)
+        self.last_pass = PlanReport(full=True, why=why)
 
     def _why_full(self, snapshot: Snapshot, now: datetime) -> str | None:
         """Why the next plan cannot start from the last one, or None if it can."""
@@ -353,7 +353,7 @@ class IncrementalPlanner(KeptPass):
         self._latest_submitted = max(
             (self._latest_submitted, *(request.submitted_at for request in came))
         )
-        report = PassReport(full=False)
+        report = PlanReport(full=False)
         if flex is not None:
             report = walk(
                 self, snapshot, state, flex, gone, arrivals, released, added, clock, layer

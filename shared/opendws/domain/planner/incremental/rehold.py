@@ -13,7 +13,6 @@ from opendws.domain.model import Grant
 from opendws.domain.planner.commitments import Kept, Move, judge_commitments, move_earlier, undo
 from opendws.domain.planner.incremental.clock import _ClockMove
 from opendws.domain.planner.incremental.kept import (
-    _NONE,
     KeptPass,
     NeedFullPass,
     _grant_cells,
@@ -25,7 +24,7 @@ from opendws.domain.planner.incremental.layer import _Layer
 from opendws.domain.planner.shapes import Candidate
 from opendws.domain.planner.verdicts import Decision, Outcome, Reason
 from opendws.domain.policy import FlexKey
-from opendws.domain.timeline import MinuteGrid
+from opendws.domain.timeline import FOREVER, MinuteGrid
 
 
 def rehold(
@@ -84,7 +83,7 @@ def rehold(
             # what it took is free again.
             dirty.update(row for needs in (was[3], to[3]) for row, _ in needs)
             for row, _ in to[3]:
-                gained[row] = min(gained.get(row, _NONE), to[0])
+                gained[row] = min(gained.get(row, FOREVER), to[0])
         if layer.movers:
             held = sorted(planner._held.values(), key=_key_of)
             reached = reached_by_moves(planner, flex, held, layer.movers)
@@ -240,12 +239,12 @@ def reached_by_moves(
         while unseen and unseen[-1][0] > entry.key:
             cell, _, _, needs = unseen.pop()[1]
             for row, _ in needs:
-                later[row] = min(later.get(row, _NONE), cell)
+                later[row] = min(later.get(row, FOREVER), cell)
         if later:
             key = entry.candidate.request.request_id
             cell = planner._slots[key][0]
             reads = planner._held_reads_of(flex, entry.candidate)
-            if any(later.get(row, _NONE) < cell for row in reads):
+            if any(later.get(row, FOREVER) < cell for row in reads):
                 reached.add(key)
     return reached
 

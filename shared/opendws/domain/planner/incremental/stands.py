@@ -13,9 +13,9 @@ import numpy as np
 import numpy.typing as npt
 
 from opendws.domain.admission import _Entry, _FlexState
-from opendws.domain.planner.incremental.kept import _NONE, _stamp_of
+from opendws.domain.planner.incremental.kept import _stamp_of
 from opendws.domain.planner.search import options
-from opendws.domain.timeline import MinuteGrid
+from opendws.domain.timeline import FOREVER, MinuteGrid
 
 # In the walk's test of a request (see stands), a start found on the rows rolled back is
 # tested on the others with the takes of the requests after it given back: of at most this
@@ -101,7 +101,7 @@ def stands(
         needs = tuple(need for need in every_need if need[0] in rolled)
         if not needs:
             continue
-        gained_from, gained_to = _NONE, lowest
+        gained_from, gained_to = FOREVER, lowest
         for row, _ in needs:
             changed = spans.get(row)
             if changed is not None and changed[0] < min(changed[1], reach):

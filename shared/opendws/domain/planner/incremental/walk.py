@@ -29,9 +29,8 @@ from opendws.domain.admission import _Entry, _FlexState, _Pass
 from opendws.domain.model import Grant, Snapshot
 from opendws.domain.planner.incremental.clock import _ClockMove, clock_news
 from opendws.domain.planner.incremental.kept import (
-    _NONE,
     KeptPass,
-    PassReport,
+    PlanReport,
     _departed_at,
     _floor_after,
     _grant_cells,
@@ -44,8 +43,8 @@ from opendws.domain.planner.incremental.layer import _Layer
 from opendws.domain.planner.incremental.rehold import decide, rehold
 from opendws.domain.planner.incremental.stands import Verdict, stands
 from opendws.domain.planner.search import hold_reason, longer_reason, place
-from opendws.domain.planner.verdicts import Reason
 from opendws.domain.policy import FlexKey
+from opendws.domain.timeline import FOREVER
 
 # At most this many spare delta rows are kept between passes (a walk rolls a few dozen rows;
 # each spare is as long as the grid).
@@ -67,7 +66,7 @@ def walk(
     added: list[Grant],
     clock: _ClockMove,
     layer: _Layer,
-) -> PassReport:
+) -> PlanReport:
     """Re-plan the flex requests the changes reach, in policy order (module docstring),
     then the commitments held before them (see :func:`rehold`, which raises
     :class:`NeedFullPass` if a commitment no longer fits where it was promised).
@@ -110,15 +109,12 @@ def walk(
             entry is not None
             and grant.request_id in gone_set
             and grant.request_id not in absorbed
-            and entry.best is not None
-            and span == clock.slot(entry)
-            and state.pool_row.get(grant.pool_id) == entry.row
-            and sorted(c for c in contributions if flex.binding[c[0]]) == sorted(entry.needs)
-            # A request ahead of it held in the same pool by quota sees the pool fuller
-            # now (the grant counts from the start): its reason may turn to capacity.
-            and not any(
-                other.reason is Reason.QUOTA and other.key < entry.key
-                for other in planner._by_pool.get(entry.row, ())
+            and planner._carried_out(
+                entry,
+                clock.slot,
+                span,
+                state.pool_row.get(grant.pool_id),
+                [c for c in contributions if flex.binding[c[0]]],
             )
         ):
             absorbed.add(grant.request_id)
@@ -228,7 +224,7 @@ def walk(
             gains: dict[int, int] = {}
             for row, first, cells, amount in freed:
                 if amount > 0 and cells > 0:
-                    gains[row] = min(gains.get(row, _NONE), first)
+                    gains[row] = min(gains.get(row, FOREVER), first)
             rows = {row for row, _, _, _ in freed}
             rehold(planner, state, flex, layer, added, changed, touched, clock, rows, gains)
         else:
@@ -237,11 +233,11 @@ def walk(
         clock_news(planner, state, clock, news, touched)
         news.update(changed)
         decide(planner, state, news, touched)
-        return PassReport(full=False, from_rank=len(entries) + 1)
+        return PlanReport(full=False, from_rank=len(entries) + 1)
     start = min(starts)
     from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
     # The stamp of the first entry from ``start`` on (rows are rolled back from there).
-    first_stamp = entries[from_rank - 1].stamp if from_rank <= len(entries) else _NONE
+    first_stamp = entries[from_rank - 1].stamp if from_rank <= len(entries) else FOREVER
     fresh = {id(entry) for entry in arrivals}
     rolled: set[int] = set()
     # Per rolled row, what is free now minus what was free last pass, as seen by the entry
@@ -252,7 +248,7 @@ def walk(
     # most visits are settled from these bounds without reading the delta at all.
     spans: dict[int, list[int]] = {}
     # The same, for what the commitments are tested against (see rehold): per row
-    # changed other than by a carried move, the first cell where it gained (_NONE: none).
+    # changed other than by a carried move, the first cell where it gained (FOREVER: none).
     seen: dict[int, int] = {}
     # The walk's queue, in policy order: (2 × stamp, row, index into the row's readers,
     # None) for a rolled row's next reader; (2 × stamp, -1, seq, entry) for a direct
@@ -303,11 +299,11 @@ def walk(
             cells_of += change
             live.add(row)
             if not carried:
-                gained = seen.get(row, _NONE)
+                gained = seen.get(row, FOREVER)
                 seen[row] = min(gained, first) if change > 0 else gained
             bounds = spans.get(row)
             if bounds is None:
-                bounds = spans[row] = [_NONE, -1, _NONE, -1]
+                bounds = spans[row] = [FOREVER, -1, FOREVER, -1]
             side = 0 if change > 0 else 2
             bounds[side] = min(bounds[side], first)
             bounds[side + 1] = max(bounds[side + 1], first + cells)
@@ -482,12 +478,12 @@ def walk(
         if len(planner._spare) < SPARE_ROWS:
             planner._spare.append(cells_of)
     if planner._held:
-        gains = {row: cell for row, cell in seen.items() if cell < _NONE}
+        gains = {row: cell for row, cell in seen.items() if cell < FOREVER}
         rehold(planner, state, flex, layer, added, changed, touched, clock, {*seen}, gains)
     else:
         planner._moves = {}  # none held: none moved
     moved.update(changed)
     decide(planner, state, moved, touched)
-    return PassReport(
+    return PlanReport(
         full=False, from_rank=from_rank, walked=visited, searched=searched, tested=tested
     )
