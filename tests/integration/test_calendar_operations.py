@@ -13,12 +13,15 @@ may be cancelled while Google allows it and is then deleted
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 from emulators import ComputeEmulator
 from opendws.bootstrap import capacity_providers
 from opendws.clock import ManualClock
-from opendws.ports import Order, Withdrawal
+from opendws.domain.model import Pool
+from opendws.ports import BlockProvider, Order, Withdrawal
 from opendws.sim import SimulatedCloud
 from tests.builders import A3, NOW, calendar, pool
 
@@ -27,10 +30,15 @@ ZONE = "us-central1-a"
 OPERATION = timedelta(seconds=1)
 
 
-def test_a_block_cancelled_with_operations_that_take_a_while_is_withdrawn() -> None:
+@contextmanager
+def approved_block(
+    latency: timedelta,
+) -> Iterator[tuple[SimulatedCloud, BlockProvider, Pool, Order]]:
+    """A calendar block 40 days ahead, reserved and approved by the simulated cloud (its
+    operations taking ``latency``), seen through the real client on the project's emulator."""
     cloud = SimulatedCloud(
         ManualClock(NOW, running=True), provisioning_latency=timedelta(0),
-        operation_latency=OPERATION, review_delay=timedelta(0),
+        operation_latency=latency, review_delay=timedelta(0),
     )  # fmt: skip
     cloud.set_stock(ZONE, A3, 8)
     with ComputeEmulator(cloud) as emulator:
@@ -40,6 +48,11 @@ def test_a_block_cancelled_with_operations_that_take_a_while_is_withdrawn() -> N
         order = Order(request=request, pool=home, attempt=1)
         blocks.reserve(order)
         cloud.advance(timedelta(minutes=1))  # reviewed and approved
+        yield cloud, blocks, home, order
+
+
+def test_a_block_cancelled_with_operations_that_take_a_while_is_withdrawn() -> None:
+    with approved_block(OPERATION) as (cloud, blocks, home, order):
         assert blocks.withdraw(order.name, home) is Withdrawal.WITHDRAWN
         blocks.release(order.name, home)
         cloud.advance(OPERATION * 2)
@@ -52,18 +65,7 @@ def test_a_tenants_cancel_answers_as_soon_as_google_has_cancelled_the_block() ->
     observes the cancelled block too, and a cancel that lingers after Google finished it is
     one a pass records as cancelled at Google rather than by its tenant."""
     latency = timedelta(seconds=1.2)
-    cloud = SimulatedCloud(
-        ManualClock(NOW, running=True), provisioning_latency=timedelta(0),
-        operation_latency=latency, review_delay=timedelta(0),
-    )  # fmt: skip
-    cloud.set_stock(ZONE, A3, 8)
-    with ComputeEmulator(cloud) as emulator:
-        blocks = capacity_providers(PROJECT, endpoint=emulator.endpoint).calendar
-        home = pool(zone=ZONE, capacity=8)
-        request = calendar("soon", vm_count=1, days=1, start_at=NOW + timedelta(days=40))
-        order = Order(request=request, pool=home, attempt=1)
-        blocks.reserve(order)
-        cloud.advance(timedelta(minutes=1))  # reviewed and approved
+    with approved_block(latency) as (_, blocks, home, order):
         started = time.monotonic()
         assert blocks.withdraw(order.name, home) is Withdrawal.WITHDRAWN
         took = time.monotonic() - started
