@@ -47,6 +47,7 @@ COMPILED = [
     "shared/opendws/domain/planner/incremental/rehold.py",
     "shared/opendws/domain/planner/incremental/walk.py",
     "shared/opendws/domain/planner/incremental/planner.py",
+    "shared/opendws/domain/planner/incremental/check.py",
 ]
 GROUP = "opendws"  # the compiled modules' shared library: opendws__mypyc.<platform tag>.so
 # Beside the compiled modules (above those of domain/planner/): each one's source digest as

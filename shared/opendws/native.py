@@ -36,6 +36,7 @@ COMPILED = (
     "opendws.domain.planner.incremental.rehold",
     "opendws.domain.planner.incremental.walk",
     "opendws.domain.planner.incremental.planner",
+    "opendws.domain.planner.incremental.check",
 )
 # Beside the compiled modules, or in a folder above theirs: module name → SHA-256 of its
 # source as compiled.

@@ -23,8 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opendws.domain import Mode, Snapshot, admit
-from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from tests.bench_modules import load_bench
+from tests.property.checked import checked
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_incremental_plans_equal_full_plans_on_a_busy_grid(
         plan = admit(snapshot, planner_bench.NOW)
         snapshot = planner_bench.carried_out(replace(snapshot, pending=flex), plan)
     now = planner_bench.NOW
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     planner.plan(snapshot, now)
     rng = random.Random(seed)
     incremental = 0

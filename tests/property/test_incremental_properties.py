@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from opendws.domain import Outcome, Plan, Snapshot, admit
 from opendws.domain.model import CapacityRequest, Commitment, Grant, PolicySettings
 from opendws.domain.planner.incremental.diff import identity_changes
-from opendws.domain.planner.incremental.planner import IncrementalPlanner
 from tests.builders import (
     A3,
     HOUR,
@@ -34,6 +33,7 @@ from tests.builders import (
     tenant,
 )
 from tests.builders import snapshot as build_snapshot
+from tests.property.checked import checked
 from tests.property.test_admission_properties import (
     NOW,
     applied,
@@ -141,7 +141,7 @@ def test_incremental_plans_equal_full_plans_after_every_change(
     snapshot = replace(
         snapshot, policy=replace(snapshot.policy, race_eagerly=eager, commit_within=horizon)
     )
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     now = NOW
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
@@ -164,7 +164,7 @@ def test_incremental_plans_as_the_clock_moves_by_seconds_equal_full_plans(
     ``admit``'s, under commitments too."""
     horizon = data.draw(st.sampled_from([None, timedelta(hours=2)]))
     snapshot = replace(snapshot, policy=replace(snapshot.policy, commit_within=horizon))
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     now = NOW + timedelta(seconds=data.draw(st.integers(0, 59)))
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
@@ -260,7 +260,7 @@ def test_reasons_as_the_clock_moves_by_seconds_equal_full_plans(
     whose run from now grows a cell may change its reason: see _Entry.alt), arrivals and
     admissions carried out in between: every pass is ``admit``'s."""
     snapshot, edge = waits
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     now = NOW
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
@@ -298,7 +298,7 @@ def test_an_eta_never_gets_later_when_a_request_behind_it_arrives_incrementally(
     snapshot: Snapshot, data: st.DataObject
 ) -> None:
     snapshot = replace(snapshot, policy=PolicySettings(race_width=1))
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     before = planner.plan(snapshot, NOW)
     names = [tenant.name for tenant in snapshot.tenants]
     request = data.draw(request_strategy(99, names, list(snapshot.pools)))
@@ -327,7 +327,7 @@ def test_incremental_plans_over_commitments_equal_full_plans(
     snapshot = replace(
         snapshot, policy=replace(snapshot.policy, race_eagerly=False, commit_within=horizon)
     )
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     now = NOW
     plan = planner.plan(snapshot, now)
     check(snapshot, now, plan)
@@ -391,7 +391,7 @@ def test_moves_carried_out_plan_as_full_plans(snapshot: Snapshot, data: st.DataO
     (its admissions as grants, every slot it held committed, where it moved them) and holds
     each mover there, as the last pass left it (or, now and then, one is told elsewhere).
     Every pass must still be ``admit``'s."""
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     plan = planner.plan(snapshot, NOW)
     check(snapshot, NOW, plan)
     for _ in range(data.draw(st.integers(1, 6))):
@@ -462,7 +462,7 @@ def test_requests_between_two_pools_and_a_binding_quota_plan_as_full_plans(seed:
         ],
         pending=[queued(f"r{index}") for index in range(rng.randint(2, 8))],
     )
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     assert planner.plan(snapshot, NOW) == admit(snapshot, NOW)
     for index in range(4):
         if snapshot.grants and rng.random() < 0.5:
@@ -577,7 +577,7 @@ def test_calendar_blocks_coming_and_going_plan_as_full_plans(seed: int) -> None:
             ),
         ],
     )  # fmt: skip
-    planner = IncrementalPlanner(clock_floor=0)
+    planner = checked(clock_floor=0)
     plan = planner.plan(snapshot, NOW)
     check(snapshot, NOW, plan)
     for _ in range(8):
