@@ -60,6 +60,7 @@ CORRUPTIONS: dict[str, Callable[[IncrementalPlanner], object]] = {
     "reads": lambda p: p._reads.popitem(),
     "readers": lambda p: p._readers[_first_row(p)].pop(),
     "siblings": lambda p: p._siblings[_strict(p)].pop(),
+    "by_pool": lambda p: p._by_pool[next(row for row, held in p._by_pool.items() if held)].pop(),
     "order": lambda p: _swap(p._order),  # type: ignore[arg-type]
     "order_keys": lambda p: _swap(p._order_keys),  # type: ignore[arg-type]
     "slots": lambda p: p._slots.setdefault("nobody", (0, 1, 0, ())),

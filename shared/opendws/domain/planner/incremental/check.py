@@ -49,6 +49,11 @@ def check(planner: KeptPass) -> None:
         if entry.candidate.strict:
             siblings.setdefault(entry.candidate.request.tenant, []).append(entry)
     expect("siblings", {t: e for t, e in planner._siblings.items() if e} == siblings)
+    by_pool: dict[int, set[_Entry]] = {}
+    for entry in [*entries, *held]:
+        if entry.best is not None:
+            by_pool.setdefault(entry.row, set()).add(entry)
+    expect("by_pool", {r: e for r, e in planner._by_pool.items() if e} == by_pool)
     expect("order", planner._order == [_id(e) for e in in_order])
     expect("order_keys", planner._order_keys == [e.key for e in in_order])
     expect("slots", planner._slots.keys() == planner._held.keys())
