@@ -24,18 +24,16 @@ order gives the same plan. One pass reads as numbered steps:
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from operator import itemgetter
 
 from opendws.domain.model import (
     CapacityRequest,
     Grant,
     Mode,
     Pool,
-    QueueingStrategy,
     Snapshot,
     require_utc,
 )
@@ -55,7 +53,15 @@ from opendws.domain.planner.search import (
     place,
     quota_needs,
 )
-from opendws.domain.planner.shapes import Allowed, Candidate, PoolIndex
+from opendws.domain.planner.shapes import (
+    Allowed,
+    Candidate,
+    PoolIndex,
+    binds,
+    by_first,
+    count_demand,
+    strict_tenants,
+)
 from opendws.domain.planner.verdicts import Decision, Outcome, Plan, Race, Reason
 from opendws.domain.policy import FlexKey, calendar_key, flex_key
 from opendws.domain.quotas import LimitKey, QuotaBook
@@ -244,6 +250,13 @@ class _Pass:
             return run
         return run + max(self.serve_waits[row] for row in candidate.pools)
 
+    def cells(self, candidate: Candidate) -> tuple[int, int, int]:
+        """A flex ``candidate``'s run and window in cells: (length, first, last): the cells
+        its run takes from a whole minute, from now (see :meth:`first_cells`), and the
+        latest cell it may start in (see :meth:`last_cell`)."""
+        run = self.holds(candidate)
+        return ceil_cells(run), self.first_cells(run), self.last_cell(candidate.request)
+
     def first_cells(self, run: timedelta) -> int:
         """Cells a run takes from now (inside cell 0): it may reach one further than from a
         whole minute."""
@@ -283,25 +296,28 @@ class _Pass:
     ) -> tuple[list[Candidate], list[Candidate]]:
         calendar: list[Candidate] = []
         flex: list[Candidate] = []
-        strict = {
-            tenant.name
-            for tenant in self.snapshot.tenants
-            if tenant.queueing is QueueingStrategy.STRICT_FIFO
-        }
+        strict = strict_tenants(self.snapshot)
         for request in pending:
-            allowed = self.pool_index.allowed(request)
-            verdict = self._screen_out(request, allowed)
-            if verdict is not None:
-                self.decisions[request.request_id] = verdict
-                continue
-            candidate = Candidate(
-                request,
-                allowed.pools,
-                self.quotas.limits(request.tenant, request.gang.accelerator),
-                request.tenant in strict,
-            )
-            (flex if request.mode is Mode.FLEX_START else calendar).append(candidate)
+            screened = self.screen(request, strict)
+            if isinstance(screened, Decision):
+                self.decisions[request.request_id] = screened
+            else:
+                (flex if request.mode is Mode.FLEX_START else calendar).append(screened)
         return calendar, flex
+
+    def screen(self, request: CapacityRequest, strict: frozenset[str]) -> Candidate | Decision:
+        """``request`` as a candidate to plan (``strict``: the tenants that queue strict
+        FIFO), or the decision for one that cannot be planned at all."""
+        allowed = self.pool_index.allowed(request)
+        verdict = self._screen_out(request, allowed)
+        if verdict is not None:
+            return verdict
+        return Candidate(
+            request,
+            allowed.pools,
+            self.quotas.limits(request.tenant, request.gang.accelerator),
+            request.tenant in strict,
+        )
 
     def _screen_out(self, request: CapacityRequest, allowed: Allowed) -> Decision | None:
         """The decision for a request that cannot be planned at all, or None if it can."""
@@ -382,7 +398,7 @@ class _Pass:
                     limits.append(limit.amount)
         # By policy key alone: keys are unique (they end in request_id), so this is the order
         # of the whole tuples, with one key comparison per step instead of two.
-        queue = sorted(self._queued(flex), key=_first)
+        queue = sorted(self._queued(flex), key=by_first)
         self.order = [candidate.request.request_id for _, candidate, _, _, _ in queue]
         cells = 1 + max(
             (
@@ -484,15 +500,11 @@ class _Pass:
         """Each flex candidate with its policy key and its run and window in cells: ``(key,
         candidate, length, first, last)`` (see :meth:`first_cells` and :meth:`last_cell`)."""
         now = self.now
-        origin = self.origin
-        into_minute = now - origin
         half_life = self.snapshot.policy.aging_half_life
-        waits = self.waits
         before, keys = self._keys_before, self.keys
         for candidate in flex:
             request = candidate.request
             strict = candidate.strict
-            run = self.holds(candidate) if waits else request.run_duration
             if before is None:  # admit alone: no pass plans after this one
                 key = flex_key(request, strict=strict, now=now, half_life=half_life)
             elif (
@@ -507,13 +519,7 @@ class _Pass:
                 key = flex_key(request, strict=strict, now=now, half_life=half_life)
                 if request.submitted_at <= now:  # a later stamp ages from now: not kept
                     keys[request.request_id] = (request, strict, half_life, key)
-            yield (
-                key,
-                candidate,
-                -(-run // MINUTE),  # ceil_cells(run)
-                -(-(into_minute + run) // MINUTE),  # self.first_cells(run)
-                self.last_cell(request),
-            )
+            yield (key, candidate, *self.cells(candidate))
 
     def _race(
         self,
@@ -589,14 +595,8 @@ class _Pass:
         demand = [0] * len(limits)
         width = self.snapshot.policy.race_width
         for candidate in flex:
-            gang = candidate.request.gang
-            for row in candidate.pools:
-                demand[row] += gang.units
-            # A request may hold one lane per raced pool: its quota counts that many times.
-            lanes = min(width, len(candidate.pools))
-            for limit in candidate.limits:
-                demand[limit_row[limit.key]] += gang.accelerator_units * lanes
-        return [demand[row] > 0 and grid.lowest(row) < demand[row] for row in range(len(limits))]
+            count_demand(demand, candidate, limit_row, width)
+        return [binds(demand[row], grid.lowest(row)) for row in range(len(limits))]
 
     def _record_placements(
         self,
@@ -608,30 +608,42 @@ class _Pass:
         then policy rank (position 1 is next in line)."""
         # By pool row, start, then rank: ranks are unique, so the tuples never compare further.
         placed.sort()
-        pool_ids = [pool.pool_id for pool in self.pools]
-        starts: dict[int, datetime] = {0: self.now}  # cell → the instant a start there means
         position = 0
         previous_row = -1
         decisions = self.decisions
         for row, start, _rank, candidate, reason in placed:
-            request = candidate.request
-            start_at = starts.get(start)
-            if start_at is None:
-                start_at = starts[start] = self.start_of(start)
             if start > 0:
                 position = position + 1 if row == previous_row else 1
                 previous_row = row
-            raced = lanes.get(request.request_id)
-            decisions[request.request_id] = Decision(
-                request_id=request.request_id,
-                outcome=Outcome.HOLD if start else Outcome.ADMIT,
-                reason=reason,
-                pool_id=pool_ids[row],
-                start_at=start_at,
-                end_at=start_at + self.holds(candidate),
-                position=position if start else None,
-                lanes=tuple(pool_ids[lane] for lane in raced) if raced else (),
+            key = candidate.request.request_id
+            decisions[key] = self.placement(
+                candidate, row, start, reason, position, lanes.get(key, ())
             )
+
+    def placement(
+        self,
+        candidate: Candidate,
+        row: int,
+        cell: int,
+        reason: Reason | None,
+        position: int | None,
+        lanes: tuple[int, ...] = (),
+    ) -> Decision:
+        """The decision for ``candidate`` placed in pool ``row`` at ``cell``: admitted in cell
+        0 (now), else held there at ``position`` in the pool's line, for as long as a run
+        holds the pool (with ``lanes``: the pool rows it races in besides)."""
+        pool_ids = self.pool_index.pool_ids
+        start_at = self.start_of(cell)
+        return Decision(
+            request_id=candidate.request.request_id,
+            outcome=Outcome.HOLD if cell else Outcome.ADMIT,
+            reason=reason,
+            pool_id=pool_ids[row],
+            start_at=start_at,
+            end_at=start_at + self.holds(candidate),
+            position=position if cell else None,
+            lanes=tuple(pool_ids[lane] for lane in lanes),
+        )
 
     def _commitments(
         self, limit_row: dict[LimitKey, int]
@@ -639,13 +651,21 @@ class _Pass:
         """Every grant as (grid row, start, end, amount) for its pool and the limits it counts
         against; a grant on a pool no longer configured still counts against quota."""
         for grant in self.grants:
-            row = self.pool_row.get(grant.pool_id)
-            if row is not None:
-                yield row, grant.start_at, grant.end_at, grant.units
-            for limit in self.quotas.limits(grant.tenant, grant.accelerator):
-                limit_row_index = limit_row.get(limit.key)
-                if limit_row_index is not None:
-                    yield limit_row_index, grant.start_at, grant.end_at, grant.accelerator_units
+            for row, amount in self.grant_rows(grant, limit_row):
+                yield row, grant.start_at, grant.end_at, amount
+
+    def grant_rows(self, grant: Grant, limit_row: Mapping[LimitKey, int]) -> list[tuple[int, int]]:
+        """Every grid row ``grant`` counts against and by how much: its pool's, if the pool is
+        configured, and each of its tenant's quota limits that has a row in ``limit_row``."""
+        rows: list[tuple[int, int]] = []
+        row = self.pool_row.get(grant.pool_id)
+        if row is not None:
+            rows.append((row, grant.units))
+        for limit in self.quotas.limits(grant.tenant, grant.accelerator):
+            limit_row_index = limit_row.get(limit.key)
+            if limit_row_index is not None:
+                rows.append((limit_row_index, grant.accelerator_units))
+        return rows
 
 
 def _waiting(request: CapacityRequest) -> Decision:
@@ -660,9 +680,6 @@ def _rejection(request: CapacityRequest, reason: Reason, detail: str) -> Decisio
     return Decision(
         request_id=request.request_id, outcome=Outcome.REJECT, reason=reason, detail=detail
     )
-
-
-_first = itemgetter(0)
 
 
 def _grant_key(grant: Grant) -> tuple[str, datetime, str]:

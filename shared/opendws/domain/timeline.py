@@ -44,6 +44,13 @@ def ceil_cells(offset: timedelta) -> int:
     return -((-offset) // MINUTE)
 
 
+def covering(start_at: datetime, end_at: datetime, origin: datetime, cells: int) -> tuple[int, int]:
+    """The cells of a grid (``cells`` long from ``origin``) that ``[start_at, end_at)`` covers,
+    rounded outward to whole minutes as commitments are: ``(first, last)``, last exclusive
+    (empty when last <= first)."""
+    return max(0, floor_cells(start_at - origin)), min(cells, ceil_cells(end_at - origin))
+
+
 class MinuteGrid:
     """Free amount per resource row per minute over ``[origin, origin + cells minutes)``.
 
@@ -95,8 +102,7 @@ class MinuteGrid:
             # One grant comes once per row it counts against, with the same times: round them
             # once (datetime arithmetic is most of this loop).
             if start_at is not start_was or end_at is not end_was:
-                first = max(0, floor_cells(start_at - origin))
-                last = min(cells, ceil_cells(end_at - origin))
+                first, last = covering(start_at, end_at, origin, cells)
                 start_was, end_was = start_at, end_at
             if last > first:
                 rows += (row, row)

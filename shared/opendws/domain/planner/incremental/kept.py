@@ -19,11 +19,11 @@ import numpy.typing as npt
 
 from opendws.domain.admission import _Entry, _FlexState, _Keys, _Pass
 from opendws.domain.model import Commitment, Grant, Snapshot
-from opendws.domain.planner.shapes import Candidate
+from opendws.domain.planner.shapes import Candidate, count_demand
 from opendws.domain.planner.verdicts import Decision, Outcome, Reason, rebuild
 from opendws.domain.policy import FlexKey
 from opendws.domain.quotas import LimitKey
-from opendws.domain.timeline import MINUTE, ceil_cells, floor_cells
+from opendws.domain.timeline import MINUTE, covering
 
 # Below this many flex requests, a later now plans in full unless commitments are held.
 # None by default: on the Philly replay's largest cluster (about a hundred queued in one
@@ -377,12 +377,7 @@ class KeptPass:
     def _count(self, snapshot: Snapshot, flex: _FlexState, candidate: Candidate, sign: int) -> None:
         """Add (``sign`` 1) or remove (-1) what ``candidate`` could put on each row, counted
         as the full pass's binding test counts it."""
-        gang = candidate.request.gang
-        for row in candidate.pools:
-            self._demand[row] += sign * gang.units
-        lanes = min(snapshot.policy.race_width, len(candidate.pools))
-        for limit in candidate.limits:
-            self._demand[flex.limit_row[limit.key]] += sign * gang.accelerator_units * lanes
+        count_demand(self._demand, candidate, flex.limit_row, snapshot.policy.race_width, sign)
 
 
 _MICROSECOND = timedelta(microseconds=1)
@@ -445,24 +440,8 @@ def _floor_after(entry: _Entry) -> int:
 
 def _grant_cells(flex: _FlexState, grant: Grant) -> tuple[int, int]:
     """The grid cells ``grant`` covers, rounded outward as commitments are: (first, count)."""
-    origin = flex.grid.origin
-    first = max(0, floor_cells(grant.start_at - origin))
-    last = min(flex.cells, ceil_cells(grant.end_at - origin))
+    first, last = covering(grant.start_at, grant.end_at, flex.grid.origin, flex.cells)
     return first, max(0, last - first)
-
-
-def _grant_rows(state: _Pass, flex: _FlexState, grant: Grant) -> list[tuple[int, int]]:
-    """Every grid row ``grant`` counts against and by how much (its pool, if configured, and
-    each of its quota limits the grid has a row for)."""
-    rows: list[tuple[int, int]] = []
-    row = state.pool_row.get(grant.pool_id)
-    if row is not None:
-        rows.append((row, grant.units))
-    for limit in state.quotas.limits(grant.tenant, grant.accelerator):
-        limit_row = flex.limit_row.get(limit.key)
-        if limit_row is not None:
-            rows.append((limit_row, grant.accelerator_units))
-    return rows
 
 
 def _all_rows(flex: _FlexState, candidate: Candidate) -> list[int]:

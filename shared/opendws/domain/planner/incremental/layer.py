@@ -19,7 +19,6 @@ from opendws.domain.planner.incremental.kept import (
     KeptPass,
     NeedFullPass,
     _grant_cells,
-    _grant_rows,
     _Slot,
 )
 from opendws.domain.policy import FlexKey
@@ -310,7 +309,7 @@ def absorbing(
             grant.request_id == key
             and _grant_cells(flex, grant) == (cell, span)
             and state.pool_row.get(grant.pool_id) == row
-            and sorted(c for c in _grant_rows(state, flex, grant) if flex.binding[c[0]])
+            and sorted(c for c in state.grant_rows(grant, flex.limit_row) if flex.binding[c[0]])
             == sorted(needs)
         ):
             return grant

@@ -18,7 +18,6 @@ from opendws.domain.model import (
     CapacityRequest,
     Grant,
     Mode,
-    QueueingStrategy,
     Snapshot,
     require_utc,
 )
@@ -37,16 +36,14 @@ from opendws.domain.planner.incremental.kept import (
     NeedFullPass,
     PlanReport,
     _all_rows,
-    _grant_rows,
     _key_of,
     _reads,
 )
 from opendws.domain.planner.incremental.layer import _holds_commitments, _Layer, relayer
 from opendws.domain.planner.incremental.walk import walk
-from opendws.domain.planner.shapes import Candidate
+from opendws.domain.planner.shapes import Candidate, binds, strict_tenants
 from opendws.domain.planner.verdicts import Decision, Outcome, Plan, Race
 from opendws.domain.policy import flex_key
-from opendws.domain.timeline import ceil_cells
 
 COMMITMENTS_HELD = "the last pass could not hold a commitment where it was promised"
 
@@ -266,22 +263,15 @@ class IncrementalPlanner(KeptPass):
             blocks_left(self, state, others, released, added) if others and state.calendar else []
         )
         flex = state.flex
-        strict = {t.name for t in snapshot.tenants if t.queueing is QueueingStrategy.STRICT_FIFO}
+        strict = strict_tenants(snapshot)
         screened: dict[str, Decision] = {}
         arrivals: list[_Entry] = []
         fresh: list[Candidate] = []  # calendar blocks that arrived
         for request in came:
-            allowed = state.pool_index.allowed(request)
-            verdict = state._screen_out(request, allowed)
-            if verdict is not None:
-                screened[request.request_id] = verdict
+            candidate = state.screen(request, strict)
+            if isinstance(candidate, Decision):
+                screened[request.request_id] = candidate
                 continue
-            candidate = Candidate(
-                request,
-                allowed.pools,
-                state.quotas.limits(request.tenant, request.gang.accelerator),
-                request.tenant in strict,
-            )
             if request.mode is not Mode.FLEX_START:
                 fresh.append(candidate)
                 continue
@@ -289,10 +279,7 @@ class IncrementalPlanner(KeptPass):
                 raise NeedFullPass("no flex step to extend")
             if any(limit.key not in flex.limit_row for limit in candidate.limits):
                 raise NeedFullPass("an arrival counts against a quota row the grid lacks")
-            run = state.holds(candidate)
-            length = ceil_cells(run)
-            first = state.first_cells(run)
-            last = state.last_cell(request)
+            length, first, last = state.cells(candidate)
             if 1 + first + last > flex.cells:
                 raise NeedFullPass("an arrival needs a longer grid")
             order = flex_key(
@@ -323,17 +310,15 @@ class IncrementalPlanner(KeptPass):
             # A row that was left out as never binding has none of the takes: it must stay so.
             for entry in arrivals:
                 for row in _all_rows(flex, entry.candidate):
-                    demand = self._demand[row]
-                    if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
+                    if not flex.binding[row] and binds(self._demand[row], flex.lowest[row]):
                         raise NeedFullPass(
                             "an arrival makes a row bind that the grid never tracked"
                         )
             # A new grant lowers what commitments leave free (at most by its amount).
             for grant in added:
-                for row, amount in _grant_rows(state, flex, grant):
+                for row, amount in state.grant_rows(grant, flex.limit_row):
                     flex.lowest[row] -= amount
-                    demand = self._demand[row]
-                    if not flex.binding[row] and demand > 0 and flex.lowest[row] < demand:
+                    if not flex.binding[row] and binds(self._demand[row], flex.lowest[row]):
                         raise NeedFullPass(
                             "a new grant makes a row bind that the grid never tracked"
                         )

@@ -6,7 +6,6 @@ came, left or moved (:func:`decide`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from operator import itemgetter
 
 from opendws.domain.admission import _Entry, _FlexState, _Pass, _waiting
 from opendws.domain.model import Grant
@@ -16,13 +15,12 @@ from opendws.domain.planner.incremental.kept import (
     KeptPass,
     NeedFullPass,
     _grant_cells,
-    _grant_rows,
     _key_of,
     _Slot,
 )
 from opendws.domain.planner.incremental.layer import _Layer
-from opendws.domain.planner.shapes import Candidate
-from opendws.domain.planner.verdicts import Decision, Outcome, Reason
+from opendws.domain.planner.shapes import Candidate, by_first
+from opendws.domain.planner.verdicts import Decision, Reason
 from opendws.domain.policy import FlexKey
 from opendws.domain.timeline import FOREVER, MinuteGrid
 
@@ -234,7 +232,7 @@ def reached_by_moves(
     reached: set[str] = set()
     later: dict[int, int] = {}  # per row, the first cell a mover ranked after gave back
     # Movers by policy key, the last ranked last: an admitted one is no longer held.
-    unseen = sorted(movers.values(), key=_first)
+    unseen = sorted(movers.values(), key=by_first)
     for entry in reversed(held):
         while unseen and unseen[-1][0] > entry.key:
             cell, _, _, needs = unseen.pop()[1]
@@ -270,14 +268,11 @@ def still_fit(
         first, cells = _grant_cells(flex, grant)
         if cells > 0 and not all(
             grid.fits(row, 0, first, cells)
-            for row, _ in _grant_rows(state, flex, grant)
+            for row, _ in state.grant_rows(grant, flex.limit_row)
             if flex.binding[row]
         ):
             return False
     return True
-
-
-_first = itemgetter(0)
 
 
 def decide(planner: KeptPass, state: _Pass, moved: dict[int, _Entry], touched: set[int]) -> None:
@@ -332,19 +327,10 @@ def record(planner: KeptPass, state: _Pass, entry: _Entry, position: int | None)
     if entry.best is None:
         planner._put(state, request.request_id, _waiting(request))
         return
-    start_at = state.start_of(entry.best)
     planner._put(
         state,
         request.request_id,
-        Decision(
-            request_id=request.request_id,
-            outcome=Outcome.HOLD if entry.best else Outcome.ADMIT,
-            reason=entry.reason,
-            pool_id=state.pools[entry.row].pool_id,
-            start_at=start_at,
-            end_at=start_at + state.holds(entry.candidate),
-            position=position,
-        ),
+        state.placement(entry.candidate, entry.row, entry.best, entry.reason, position),
     )
 
 

@@ -34,7 +34,6 @@ from opendws.domain.planner.incremental.kept import (
     _departed_at,
     _floor_after,
     _grant_cells,
-    _grant_rows,
     _key_of,
     _stamp_of,
     _unheld,
@@ -94,7 +93,7 @@ def walk(
     absorbed: set[str] = set()
     for grant in added:
         span = _grant_cells(flex, grant)
-        contributions = _grant_rows(state, flex, grant)
+        contributions = state.grant_rows(grant, flex.limit_row)
         if id(grant) in layer.absorbed:  # it took a dropped commitment's slot exactly
             for row, amount in contributions:
                 if not flex.binding[row]:
@@ -127,9 +126,8 @@ def walk(
     for grant in released:
         first, cells = _grant_cells(flex, grant)
         if cells > 0:
-            freed.extend(
-                (row, first, cells, amount) for row, amount in _grant_rows(state, flex, grant)
-            )
+            counted = state.grant_rows(grant, flex.limit_row)
+            freed.extend((row, first, cells, amount) for row, amount in counted)
     freed.extend(take for take in layer.takes if take[2] > 0)
     carried.extend(take for take in layer.carried if take[2] > 0)
     touched: set[int] = set()  # pools whose held slots are numbered again
