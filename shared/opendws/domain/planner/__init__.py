@@ -42,7 +42,8 @@ Glossary. The planner's words, defined once here; the modules use them in these 
 - **flipped**: within one minute, a held request whose run from now grew a cell, so that it is
   held for the reason its search judged for the longer run (``alt``, swapped with ``reason``).
 - **shift** has three senses, each in one module: in :mod:`.incremental.clock`, the whole
-  minutes the grid's origin moved (``shifted``: a kept slot as seen from the new origin); in
+  minutes the grid's origin moved (``queue._shifted``: a kept slot as seen from the new
+  origin); in
   :mod:`.incremental.walk`, ``shift`` adds or removes a slot's needs to a rolled row's
   difference from what the request at hand saw last pass.
 - **full pass**: ``admit`` from scratch; an incremental phase that cannot carry the pass over

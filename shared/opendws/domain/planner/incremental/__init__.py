@@ -99,13 +99,17 @@ raises, whatever it raised part-way (the next one is full, and says the last one
 same request objects (a key does not move with the clock once a request's stamp has passed; see
 ``_Pass``'s ``keys``).
 
-The modules, by phase (each works on the one planner's kept state, :class:`kept.KeptPass`):
+The modules, by phase (each works on the one planner's kept state, :class:`kept.KeptPass`, a
+:class:`queue.KeptQueue`):
 
 - :mod:`~.planner`: :class:`~.planner.IncrementalPlanner`: ``plan``, why a pass is planned in
   full, the full pass and the incremental one's steps in order;
-- :mod:`~.kept`: what is kept from pass to pass (the entries' indexes, and the helpers that
-  keep them in step), :class:`~.kept.PlanReport`, and :class:`~.kept.NeedFullPass`, which a
-  phase raises, saying why, when the pass must be planned in full;
+- :mod:`~.kept`: what is kept from pass to pass besides the queue,
+  :class:`~.kept.PlanReport`, and :class:`~.kept.NeedFullPass`, which a phase raises, saying
+  why, when the pass must be planned in full;
+- :mod:`~.queue`: :class:`~.queue.KeptQueue`, the kept entries and every index over them,
+  the one writer of those indexes (:func:`~.check.check` rebuilds them and names any that
+  drifted);
 - :mod:`~.diff`: the requests, grants and commitments that came or left, by identity;
 - :mod:`~.clock`: the clock moved, to a later minute or within one;
 - :mod:`~.blocks`: pending calendar blocks decided again;

@@ -7,7 +7,8 @@ from __future__ import annotations
 import itertools
 
 from opendws.domain.admission import _Entry
-from opendws.domain.planner.incremental.kept import KeptPass, _key_of
+from opendws.domain.planner.incremental.kept import KeptPass
+from opendws.domain.planner.incremental.queue import _key_of
 from opendws.domain.planner.verdicts import Outcome
 
 

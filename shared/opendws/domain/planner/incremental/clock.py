@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from opendws.domain.admission import _Entry, _FlexState, _Pass
-from opendws.domain.planner.incremental.kept import (
+from opendws.domain.planner.incremental.kept import KeptPass, NeedFullPass
+from opendws.domain.planner.incremental.queue import (
     _MICROSECOND,
     _MINUTE_US,
-    KeptPass,
-    NeedFullPass,
-    _Slot,
+    _shifted,
     _timing_of,
 )
 from opendws.domain.timeline import MINUTE
@@ -144,7 +143,7 @@ def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove:
         if entry.best is not None:
             entry.best -= shift
         # What is left of its slot, as of a started entry's (the layer moves it after).
-        planner._slots[key] = _shifted(planner._slots[key], shift)
+        planner._shift_slot(key, shift)
         if key in gone:
             continue
         if deadline is not None and deadline < now:
@@ -159,7 +158,7 @@ def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove:
         # past this share, a full pass costs less (and plans the same).
         raise NeedFullPass("most of the queue's starts came: a full pass costs less")
     heapq.heapify(flips)
-    planner._flips, planner._seq = flips, seq
+    planner._retrack(flips, seq)
     # The deadlines stand (instants): the passed ones are popped.
     deadlines = planner._deadlines
     while deadlines and deadlines[0][0] < now:  # each expired above, or left
@@ -234,11 +233,9 @@ def move_within(
         raise NeedFullPass("most of the queue's starts came: a full pass costs less")
     kept = 2 * (len(entry_of) + len(planner._held)) + 64
     if len(flips) > kept:  # mostly entries replaced since: keep the ones still kept
-        planner._flips = [item for item in flips if planner._kept(item[2])]
-        heapq.heapify(planner._flips)
+        planner._prune_flips()
     if len(deadlines) > kept:
-        planner._deadlines = [item for item in deadlines if planner._kept(item[2])]
-        heapq.heapify(planner._deadlines)
+        planner._prune_deadlines()
     return clock
 
 
@@ -257,12 +254,3 @@ def clock_news(
         key = entry.candidate.request.request_id
         if planner._entry_of.get(key) is entry and state.decisions[key].reason != entry.reason:
             moved.setdefault(id(entry), entry)
-
-
-def _shifted(slot: _Slot, shift: int) -> _Slot:
-    """A held slot once the clock moved ``shift`` cells: what is left of it, as of a started
-    entry's (from cell 0) where its start has come."""
-    cell, span, row, needs = slot
-    if cell >= shift:
-        return cell - shift, span, row, needs
-    return 0, max(0, cell - shift + span), row, needs

@@ -19,8 +19,8 @@ from opendws.domain.planner.incremental.kept import (
     KeptPass,
     NeedFullPass,
     _grant_cells,
-    _Slot,
 )
+from opendws.domain.planner.incremental.queue import _Slot
 from opendws.domain.policy import FlexKey
 from opendws.domain.timeline import MINUTE
 

@@ -8,7 +8,6 @@ costs."""
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -30,16 +29,9 @@ from opendws.domain.planner.incremental.blocks import (
 )
 from opendws.domain.planner.incremental.clock import _ClockMove, move_clock
 from opendws.domain.planner.incremental.diff import identity_changes
-from opendws.domain.planner.incremental.kept import (
-    STAMP_GAP,
-    KeptPass,
-    NeedFullPass,
-    PlanReport,
-    _all_rows,
-    _key_of,
-    _reads,
-)
+from opendws.domain.planner.incremental.kept import KeptPass, NeedFullPass, PlanReport
 from opendws.domain.planner.incremental.layer import _holds_commitments, _Layer, relayer
+from opendws.domain.planner.incremental.queue import _all_rows
 from opendws.domain.planner.incremental.walk import walk
 from opendws.domain.planner.shapes import Candidate, binds, strict_tenants
 from opendws.domain.planner.verdicts import Decision, Outcome, Plan, Race
@@ -116,77 +108,21 @@ class IncrementalPlanner(KeptPass):
         state = _Pass(snapshot, now, keep=True, keys=self._keys)
         state.run()
         self._keys = state.keys
-        self._pass = state
         self._snapshot = snapshot
         self._latest_submitted = max(
             (request.submitted_at for request in snapshot.pending),
             default=datetime.min.replace(tzinfo=UTC),
         )
-        self._ids = sorted(state.decisions)
-        self._decisions = list(map(state.decisions.__getitem__, self._ids))
-        self._order = list(state.order)
-        flex = state.flex
-        self._held = {}
-        self._slots = {}
         self._moves = None
-        self._held_reads = {}
         self._promised = None
         self._judged_floors = {}
         self._first_slots = {}  # a new grid: its rows and binding may differ
-        self._demand = [0] * (len(flex.limits) if flex is not None else 0)
-        self._reads = {}
-        self._entry_of = {}
-        self._timing = {}
-        self._flips = []
-        self._deadlines = []
-        self._admitted = {
-            key for key, decision in state.decisions.items() if decision.outcome is Outcome.ADMIT
-        }
-        self._by_pool = {}
-        self._slot_orders = {}
-        self._readers = {}
-        self._siblings = {}
         index_blocks(self, state)
         self._booked = {grant.request_id: grant for grant in state.grants[state.base_grants :]}
-        if flex is not None:
+        if state.flex is not None:
             # Its facts hold only while free amounts go down; a walk first gives slots back.
-            flex.grid.forget()
-            readers = self._readers
-            for index, entry in enumerate(flex.entries):  # in policy order, as every list below
-                entry.stamp = index * STAMP_GAP
-                candidate = entry.candidate
-                key = candidate.request.request_id
-                self._count(snapshot, flex, candidate, 1)
-                reads = self._reads[key] = _reads(flex, candidate)
-                for row in reads:
-                    readers.setdefault(row, []).append(entry)
-                if candidate.strict:
-                    self._siblings.setdefault(candidate.request.tenant, []).append(entry)
-                self._entry_of[key] = entry
-                if entry.best is not None:
-                    self._by_pool.setdefault(entry.row, set()).add(entry)
-            for entry in flex.held or ():
-                key = entry.candidate.request.request_id
-                cell, row, needs, _, _ = flex.held_slots[key]
-                self._held[key] = entry
-                self._slots[key] = (cell, entry.first if cell == 0 else entry.length, row, needs)
-                self._count(snapshot, flex, entry.candidate, 1)
-                assert entry.best is not None
-                self._by_pool.setdefault(entry.row, set()).add(entry)
-                if entry.candidate.strict:
-                    self._siblings.setdefault(entry.candidate.request.tenant, []).append(entry)
-            if flex.held:
-                for tenant in self._siblings.values():
-                    tenant.sort(key=_key_of)
-            self._order_keys = sorted(
-                [entry.key for entry in flex.entries] + [entry.key for entry in flex.held or ()]
-            )
-            for entry in (*flex.entries, *(flex.held or ())):
-                self._track(state, entry, heap=False)
-            heapq.heapify(self._flips)
-            heapq.heapify(self._deadlines)
-        else:
-            self._order_keys = []
+            state.flex.grid.forget()
+        self._index(snapshot, state)
         self.last_pass = PlanReport(full=True, why=why)
 
     def _why_full(self, snapshot: Snapshot, now: datetime) -> str | None:

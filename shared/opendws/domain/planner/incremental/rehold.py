@@ -11,14 +11,9 @@ from opendws.domain.admission import _Entry, _FlexState, _Pass, _waiting
 from opendws.domain.model import Grant
 from opendws.domain.planner.commitments import Kept, Move, judge_commitments, move_earlier, undo
 from opendws.domain.planner.incremental.clock import _ClockMove
-from opendws.domain.planner.incremental.kept import (
-    KeptPass,
-    NeedFullPass,
-    _grant_cells,
-    _key_of,
-    _Slot,
-)
+from opendws.domain.planner.incremental.kept import KeptPass, NeedFullPass, _grant_cells
 from opendws.domain.planner.incremental.layer import _Layer
+from opendws.domain.planner.incremental.queue import _key_of, _Slot
 from opendws.domain.planner.shapes import Candidate, by_first
 from opendws.domain.planner.verdicts import Decision, Reason
 from opendws.domain.policy import FlexKey
@@ -161,10 +156,9 @@ def rehold(
                 changed[id(entry)] = entry
             continue
         if new or (row, cell) != (entry.row, entry.best):
-            planner._by_pool[entry.row].discard(entry)
-            planner._by_pool.setdefault(row, set()).add(entry)
             touched.update((entry.row, row))
-        entry.row, entry.best, entry.reason = row, cell, reason
+        planner._settle(entry, row, cell)
+        entry.reason = reason
         changed[id(entry)] = entry
 
 
@@ -283,7 +277,7 @@ def decide(planner: KeptPass, state: _Pass, moved: dict[int, _Entry], touched: s
     positions: dict[int, int | None] = {}
     for row in touched:
         position = 0
-        for entry in in_slot_order(planner, row):
+        for entry in planner._in_slot_order(row):
             if entry.best:
                 position += 1
                 positions[id(entry)] = position
@@ -304,21 +298,6 @@ def decide(planner: KeptPass, state: _Pass, moved: dict[int, _Entry], touched: s
             known = state.decisions.get(entry.candidate.request.request_id)
             place = known.position if known is not None else None
         record(planner, state, entry, place)
-
-
-def in_slot_order(planner: KeptPass, row: int) -> list[_Entry]:
-    """The entries placed in pool ``row``, by start and then policy order (a total order:
-    a policy key ends with the request id). Sorted from the order the last call left,
-    which is mostly still in order (starts move with the clock together, and a pass moves
-    few), so the sort costs about one comparison per entry rather than a full sort's."""
-    members = planner._by_pool.get(row, set())
-    ordered = [entry for entry in planner._slot_orders.get(row, ()) if entry in members]
-    if len(ordered) != len(members):
-        listed = set(ordered)
-        ordered.extend(entry for entry in members if entry not in listed)
-    ordered.sort(key=_slot_order)
-    planner._slot_orders[row] = ordered
-    return ordered
 
 
 def record(planner: KeptPass, state: _Pass, entry: _Entry, position: int | None) -> None:
@@ -349,9 +328,3 @@ def _in_line(decision: Decision, position: int | None) -> Decision:
         lanes=decision.lanes,
         detail=decision.detail,
     )
-
-
-def _slot_order(entry: _Entry) -> tuple[int, FlexKey]:
-    """Held slots in one pool are numbered by start, then policy order."""
-    assert entry.best is not None
-    return entry.best, entry.key

@@ -32,13 +32,12 @@ from opendws.domain.planner.incremental.kept import (
     KeptPass,
     PlanReport,
     _departed_at,
-    _floor_after,
     _grant_cells,
-    _key_of,
     _stamp_of,
     _unheld,
 )
 from opendws.domain.planner.incremental.layer import _Layer
+from opendws.domain.planner.incremental.queue import _floor_after, _key_of
 from opendws.domain.planner.incremental.rehold import decide, rehold
 from opendws.domain.planner.incremental.stands import Verdict, stands
 from opendws.domain.planner.search import hold_reason, longer_reason, place
@@ -134,13 +133,8 @@ def walk(
     changed: dict[int, _Entry] = {}  # held commitments whose decision is recorded again
     arrivals = [*arrivals]
     for held in (*layer.dropped, *layer.demoted):
-        request_id = held.candidate.request.request_id
-        del planner._held[request_id], planner._slots[request_id]
-        planner._held_reads.pop(request_id, None)
-        assert held.best is not None
-        planner._by_pool[held.row].discard(held)
         touched.add(held.row)
-        after = planner._unsibling(held)
+        after = planner._unhold(held)
         if held in layer.dropped:
             planner._drop_order(held)
             planner._count(snapshot, flex, held.candidate, -1)
@@ -150,10 +144,9 @@ def walk(
             arrivals.append(_unheld(held))
     demoted = {id(entry) for entry in arrivals[len(arrivals) - len(layer.demoted) :]}
     for held, slot in layer.relocated:
-        request_id = held.candidate.request.request_id
-        planner._slots[request_id] = slot
-        held.needs = slot[3]
-        if request_id not in layer.movers:  # held where the last pass put it: no change
+        planner._reslot(held, slot)
+        # Held where the last pass put it: no change.
+        if held.candidate.request.request_id not in layer.movers:
             changed[id(held)] = held
         if held.candidate.strict:  # it stays where it is held: its tenant's next follows
             held.best = slot[0]
@@ -165,17 +158,15 @@ def walk(
         planner._add_order(planner._hold(entry, slot, changed))
     promoted = {id(entry) for entry, _ in layer.promoted}
     for entry, _ in layer.quiet:
-        planner._entry_of.pop(entry.candidate.request.request_id)
+        planner._forget(entry.candidate.request.request_id)
         planner._remove(flex, entry, ordered=False)
-        planner._by_pool[entry.row].discard(entry)
+        planner._leave_pool(entry)
         touched.add(entry.row)
-    leaving = [planner._entry_of.pop(key) for key in gone if key in planner._entry_of]
-    leaving += (
-        planner._entry_of.pop(entry.candidate.request.request_id) for entry in clock.expired
-    )
-    leaving += (planner._entry_of.pop(e.candidate.request.request_id) for e, _ in layer.promoted)
+    leaving = [planner._forget(key) for key in gone if key in planner._entry_of]
+    leaving += (planner._forget(entry.candidate.request.request_id) for entry in clock.expired)
+    leaving += (planner._forget(e.candidate.request.request_id) for e, _ in layer.promoted)
     for entry in clock.restart:  # planned again from its key, as if it had just come
-        leaving.append(planner._entry_of.pop(entry.candidate.request.request_id))
+        leaving.append(planner._forget(entry.candidate.request.request_id))
         again = _Entry(
             entry.key,
             entry.candidate,
@@ -317,8 +308,7 @@ def walk(
     touched.update(entry.row for entry in leaving if entry.best is not None)  # renumber
     for entry in leaving:
         if entry.candidate.request.request_id in absorbed:
-            assert entry.best is not None
-            planner._by_pool[entry.row].discard(entry)
+            planner._leave_pool(entry)
             continue
         if entry.best is not None:
             for row, _ in entry.needs:
@@ -326,7 +316,7 @@ def walk(
                     roll(row, first_stamp)
             first_cell, cells = clock.slot(entry)
             grid.give(entry.needs, first_cell, cells)
-            planner._by_pool[entry.row].discard(entry)
+            planner._leave_pool(entry)
             heap.append((_departed_at(entries, entry), -2, len(heap), entry))
     heapq.heapify(heap)
     searched = 0
@@ -426,11 +416,8 @@ def walk(
                 entry.reason,
             ):
                 moved[id(entry)] = entry
-            if entry.best is not None:
-                planner._by_pool[entry.row].discard(entry)
-            if best is not None:
-                planner._by_pool.setdefault(row, set()).add(entry)
-            entry.floor, entry.best, entry.row = floor, best, row
+            planner._settle(entry, row, best)
+            entry.floor = floor
             entry.needs, entry.reason, entry.alt = needs, reason, reason
             entry.clear = 0  # proved of the slot it had
             if best:
