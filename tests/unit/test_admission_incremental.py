@@ -1355,13 +1355,12 @@ def test_a_pool_not_rolled_back_is_tested_as_the_request_sees_it() -> None:
 
 
 def test_arrivals_between_the_same_two_requests_keep_the_walk_in_policy_order() -> None:
-    """The walk orders its visits by integer stamps that an arrival takes between its
-    neighbours'; forty arrivals landing one after another just before the same request use up
-    the room between two stamps (32 halvings) and every entry is numbered again. Each pass
-    still plans as ``admit``, the stamps follow policy order, and a departure after the
-    renumbering is visited in its place."""
+    """The walk orders its visits by policy key; forty arrivals landing one after another just
+    before the same request (once ordered by integer stamps, which this many arrivals ran out
+    of room between). Each pass still plans as ``admit``, the kept entries stay in policy
+    order, and a departure among them is visited in its place."""
     planner = IncrementalPlanner(clock_floor=0)
-    # Same size, same stamp: policy order is request id order.
+    # Same size, same submission: policy order is request id order.
     snapshot = build_snapshot(
         pools=[pool(capacity=3)],
         tenants=[tenant("t", quota(nominal=1024))],
@@ -1376,8 +1375,8 @@ def test_arrivals_between_the_same_two_requests_keep_the_walk_in_policy_order() 
         assert not planner.last_pass.full
         flex_state = planner._pass.flex if planner._pass is not None else None
         assert flex_state is not None
-        stamps = [entry.stamp for entry in flex_state.entries]
-        assert stamps == sorted(set(stamps)), f"stamps out of order after {arrival.request_id}"
+        keys = [entry.key for entry in flex_state.entries]
+        assert keys == sorted(set(keys)), f"entries out of order after {arrival.request_id}"
     for gone in ("b05", "a", "b39"):
         snapshot = replace(
             snapshot, pending=tuple(r for r in snapshot.pending if r.request_id != gone)

@@ -115,7 +115,6 @@ class _Entry:
         "needs",
         "reason",
         "row",
-        "stamp",
     )
 
     def __init__(
@@ -145,9 +144,6 @@ class _Entry:
         # cells (``first == length``), judged in the same view: the clock moving within a
         # minute changes only ``first`` (see longer_reason).
         self.alt = reason
-        # Its place in policy order as one integer, larger later (kept by the incremental
-        # planner, which compares these instead of keys where it can).
-        self.stamp = 0
         # Bit ``i`` set: the pool of its ``i``-th option (see options) alone has no room, in
         # its view, for a run of ``length`` cells from any start that could win (from that
         # option's earliest start, and its floor, up to its deadline if it has no slot, else

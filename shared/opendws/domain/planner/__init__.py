@@ -21,8 +21,7 @@ Glossary. The planner's words, defined once here; the modules use them in these 
 - **row binds**: a row whose limit some placement could reach; rows that could never bind are
   left out of every search.
 - **entry**: a flex request as a pass keeps it (its candidate, the strict-FIFO **floor** its
-  search started from, its slot, needs and reason); its **stamp** is its place in policy order
-  as an integer.
+  search started from, its slot, needs and reason), placed in policy order by its key.
 - **commitment**: an ETA told less than ``policy.commit_within`` ahead, held where it was
   promised before the policy order; the **layer** is the commitments so held under the walk.
   In the layer, a **promoted** entry is one of the walk's now held as a commitment, and a

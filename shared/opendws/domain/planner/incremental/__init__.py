@@ -28,7 +28,7 @@ identity first, the two walked side by side: see ``diff.identity_changes``):
   their decisions. A grid row is rolled back (the takes of the requests from there on given
   back) only once the walk must read or change it, and only the requests on rolled rows are
   visited after that, in policy order (each row keeps its readers in order; the walk merges
-  them by the entries' integer stamps, ``kept.STAMP_GAP``): one on no rolled row keeps its slot
+  them by the entries' policy keys): one on no rolled row keeps its slot
   untouched. Per rolled row the walk keeps how its free amounts differ from what the request it
   is at saw last pass; a request whose slot that difference cannot change (no gain where a run
   of its could newly fit, no loss inside its slot: see ``stands.stands``) takes its slot again

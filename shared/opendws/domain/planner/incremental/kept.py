@@ -6,7 +6,6 @@ walk, a grant's cells, "admission carried out")."""
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -16,7 +15,7 @@ import numpy.typing as npt
 
 from opendws.domain.admission import _Entry, _FlexState, _Keys
 from opendws.domain.model import Commitment, Grant, Snapshot
-from opendws.domain.planner.incremental.queue import KeptQueue, _key_of, _Slot
+from opendws.domain.planner.incremental.queue import KeptQueue, _Slot
 from opendws.domain.planner.shapes import Candidate
 from opendws.domain.planner.verdicts import Reason, rebuild
 from opendws.domain.quotas import LimitKey
@@ -150,23 +149,11 @@ class KeptPass(KeptQueue):
         )
 
 
-def _departed_at(entries: list[_Entry], departed: _Entry) -> int:
-    """Where a departed entry goes in the walk's queue: an odd number just after twice the
-    stamp of the last entry before it in policy order (so before every later one)."""
-    index = bisect.bisect_left(entries, departed.key, key=_key_of)
-    before = entries[index - 1].stamp if index > 0 else entries[0].stamp - 1 if entries else 0
-    return 2 * before + 1
-
-
 def _unheld(held: _Entry) -> _Entry:
     """A walk entry for a commitment no longer held: searched from its key, as an arrival."""
     return _Entry(
         held.key, held.candidate, held.length, held.first, held.last, 0, None, -1, (), None
     )
-
-
-def _stamp_of(entry: _Entry) -> int:
-    return entry.stamp
 
 
 def _grant_cells(flex: _FlexState, grant: Grant) -> tuple[int, int]:

@@ -39,11 +39,6 @@ from opendws.domain.planner.verdicts import Decision, Outcome
 from opendws.domain.policy import FlexKey
 from opendws.domain.timeline import MINUTE
 
-# Entries' stamps (_Entry.stamp: policy order as integers) are this far apart after a full
-# pass; an arrival takes the middle between its neighbours', and when two are adjacent (after
-# 32 arrivals between the same two) every entry is numbered again.
-STAMP_GAP = 1 << 32
-
 # A commitment's held slot: (first cell, cells, pool row, needs).
 _Slot = tuple[int, int, int, tuple[tuple[int, int], ...]]
 
@@ -120,8 +115,7 @@ class KeptQueue:
             self._order_keys = []
             return
         readers = self._readers
-        for index, entry in enumerate(flex.entries):  # in policy order, as every list below
-            entry.stamp = index * STAMP_GAP
+        for entry in flex.entries:  # in policy order, as every list below
             candidate = entry.candidate
             key = candidate.request.request_id
             self._count(snapshot, flex, candidate, 1)
@@ -284,7 +278,6 @@ class KeptQueue:
         self._track_new(entry)
         index = bisect.bisect_left(flex.entries, entry.key, key=_key_of)
         flex.entries.insert(index, entry)
-        _stamp(flex.entries, index)
         if ordered:
             self._add_order(entry)
         for row in reads:
@@ -417,22 +410,6 @@ def _timing_of(state: _Pass, candidate: Candidate) -> tuple[int, datetime | None
     max_wait = request.max_wait
     deadline = None if max_wait is None else request.submitted_at + max_wait
     return state.holds(candidate) // _MICROSECOND, deadline
-
-
-def _stamp(entries: list[_Entry], index: int) -> None:
-    """Stamp ``entries[index]``, just inserted in policy order, between its neighbours (or
-    number every entry again, :data:`STAMP_GAP` apart, when they leave no room)."""
-    before = entries[index - 1].stamp if index > 0 else None
-    after = entries[index + 1].stamp if index + 1 < len(entries) else None
-    if before is None:
-        entries[index].stamp = 0 if after is None else after - STAMP_GAP
-    elif after is None:
-        entries[index].stamp = before + STAMP_GAP
-    elif after - before >= 2:
-        entries[index].stamp = (before + after) // 2
-    else:
-        for position, entry in enumerate(entries):
-            entry.stamp = position * STAMP_GAP
 
 
 def _key_of(entry: _Entry) -> FlexKey:

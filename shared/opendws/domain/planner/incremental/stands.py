@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from opendws.domain.admission import _Entry, _FlexState
-from opendws.domain.planner.incremental.kept import _stamp_of
+from opendws.domain.planner.incremental.queue import _key_of
 from opendws.domain.planner.search import options
 from opendws.domain.timeline import FOREVER, MinuteGrid
 
@@ -238,7 +238,7 @@ def as_seen(
     and those of ``entry`` and the requests after it are given back on a copy. None if that
     means looking at more than :data:`UNROLLED_READERS` requests."""
     on_row = readers.get(row, [])
-    index = bisect.bisect_left(on_row, entry.stamp, key=_stamp_of)
+    index = bisect.bisect_left(on_row, entry.key, key=_key_of)
     if len(on_row) - index > UNROLLED_READERS:
         return None
     cells = grid.free_over(row, start, stop)

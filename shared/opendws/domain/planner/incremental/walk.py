@@ -31,9 +31,7 @@ from opendws.domain.planner.incremental.clock import _ClockMove, clock_news
 from opendws.domain.planner.incremental.kept import (
     KeptPass,
     PlanReport,
-    _departed_at,
     _grant_cells,
-    _stamp_of,
     _unheld,
 )
 from opendws.domain.planner.incremental.layer import _Layer
@@ -225,8 +223,9 @@ def walk(
         return PlanReport(full=False, from_rank=len(entries) + 1)
     start = min(starts)
     from_rank = bisect.bisect_left(entries, start, key=_key_of) + 1
-    # The stamp of the first entry from ``start`` on (rows are rolled back from there).
-    first_stamp = entries[from_rank - 1].stamp if from_rank <= len(entries) else FOREVER
+    # The key of the first entry from ``start`` on (rows are rolled back from there; None:
+    # there is none).
+    first_key = entries[from_rank - 1].key if from_rank <= len(entries) else None
     fresh = {id(entry) for entry in arrivals}
     rolled: set[int] = set()
     # Per rolled row, what is free now minus what was free last pass, as seen by the entry
@@ -239,21 +238,19 @@ def walk(
     # The same, for what the commitments are tested against (see rehold): per row
     # changed other than by a carried move, the first cell where it gained (FOREVER: none).
     seen: dict[int, int] = {}
-    # The walk's queue, in policy order: (2 × stamp, row, index into the row's readers,
-    # None) for a rolled row's next reader; (2 × stamp, -1, seq, entry) for a direct
-    # visit; (an odd number, -2, seq, entry) for a departed entry, whose slot others saw
-    # from there on: just after the entry before it (_departed_at). Integers, not keys:
-    # the queue compares them several times a visit. (No entry is inserted from here on,
-    # so no stamp changes.)
-    heap: list[tuple[int, int, int, _Entry | None]] = [
-        (2 * entry.stamp, -1, seq, entry) for _, seq, entry in direct
+    # The walk's queue, in policy order: (key, row, index into the row's readers, None)
+    # for a rolled row's next reader; (key, -1, seq, entry) for a direct visit; (its key,
+    # -2, seq, entry) for a departed entry, whose slot others saw from there on (keys are
+    # unique but for a request planned again, whose departure comes first: -2 < -1).
+    heap: list[tuple[FlexKey, int, int, _Entry | None]] = [
+        (entry.key, -1, seq, entry) for _, seq, entry in direct
     ]
     grid.forget()  # once: the memo's rules are in the module docstring
 
-    def roll(row: int, at: int) -> None:
-        """Roll ``row`` back to the grid as it stood before the first entry stamped ``at``
-        or later: give back the takes of the entries from there on, each visited later to
-        take again."""
+    def roll(row: int, at: FlexKey | None) -> None:
+        """Roll ``row`` back to the grid as it stood before the first entry keyed ``at``
+        or later (None: after the last): give back the takes of the entries from there on,
+        each visited later to take again."""
         rolled.add(row)
         spare = planner._spare
         while spare and len(spare[-1]) != flex.cells:  # of a grid since resized
@@ -262,14 +259,14 @@ def walk(
         readers = planner._readers.get(row)
         if not readers:
             return
-        index = bisect.bisect_left(readers, at, key=_stamp_of)
+        index = len(readers) if at is None else bisect.bisect_left(readers, at, key=_key_of)
         for holder in readers[index:]:
             if holder.best is not None:
                 give = [need for need in holder.needs if need[0] == row]
                 if give:
                     grid.give(give, holder.best, holder.span)
         if index < len(readers):
-            heapq.heappush(heap, (2 * readers[index].stamp, row, index, None))
+            heapq.heappush(heap, (readers[index].key, row, index, None))
 
     def shift(
         needs: tuple[tuple[int, int], ...],
@@ -298,7 +295,7 @@ def walk(
             bounds[side + 1] = max(bounds[side + 1], first + cells)
 
     for row in based:
-        roll(row, first_stamp)
+        roll(row, first_key)
     for row, first, cells, amount in freed:
         grid.give(((row, amount),), first, cells)
         shift(((row, amount),), first, cells, 1)
@@ -313,11 +310,11 @@ def walk(
         if entry.best is not None:
             for row, _ in entry.needs:
                 if row not in rolled:
-                    roll(row, first_stamp)
+                    roll(row, first_key)
             first_cell, cells = clock.slot(entry)
             grid.give(entry.needs, first_cell, cells)
             planner._leave_pool(entry)
-            heap.append((_departed_at(entries, entry), -2, len(heap), entry))
+            heap.append((entry.key, -2, len(heap), entry))
     heapq.heapify(heap)
     searched = 0
     visited = 0
@@ -336,7 +333,7 @@ def walk(
             readers = readers_of[tag]
             entry = readers[index]
             if index + 1 < len(readers):
-                heapq.heappush(heap, (2 * readers[index + 1].stamp, tag, index + 1, None))
+                heapq.heappush(heap, (readers[index + 1].key, tag, index + 1, None))
         else:
             assert item is not None
             entry = item
@@ -383,7 +380,7 @@ def walk(
             searched += 1
             for row in reads:
                 if row not in rolled:
-                    roll(row, entry.stamp)
+                    roll(row, entry.key)
             best, row, needs, reason = place(
                 grid,
                 candidate,
@@ -433,7 +430,7 @@ def walk(
                 following = bisect.bisect_right(tenant, entry.key, key=_key_of)
                 if following < len(tenant):
                     sibling = tenant[following]
-                    heapq.heappush(heap, (2 * sibling.stamp, -1, -1 - visited, sibling))
+                    heapq.heappush(heap, (sibling.key, -1, -1 - visited, sibling))
             continue
         if entry.best is None:
             continue
