@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -45,6 +46,16 @@ from opendws.domain.timeline import FOREVER
 # At most this many spare delta rows are kept between passes (a walk rolls a few dozen rows;
 # each spare is as long as the grid).
 SPARE_ROWS = 64
+
+# A visit in the walk's queue, in policy order: (key, source, index, entry). The source is a
+# rolled row (>= 0: the row's next reader, ``index`` into its readers, no entry), DIRECT (an
+# entry visited for itself, ``index`` a sequence number) or DEPARTED (an entry that left,
+# whose slot others saw until its place in policy order: ``index`` a sequence number). Keys
+# are unique but for a request planned again, whose departure comes first (DEPARTED <
+# DIRECT < a row). A plain tuple, not a NamedTuple: the walk builds one per visit.
+_Visit = tuple[FlexKey, int, int, _Entry | None]
+DIRECT: Final = -1
+DEPARTED: Final = -2
 
 # After this many requests of a pool in a row moved, a walk searches the next at once (most
 # often it moves too) rather than first testing whether its slot stands.
@@ -238,13 +249,8 @@ def walk(
     # The same, for what the commitments are tested against (see rehold): per row
     # changed other than by a carried move, the first cell where it gained (FOREVER: none).
     seen: dict[int, int] = {}
-    # The walk's queue, in policy order: (key, row, index into the row's readers, None)
-    # for a rolled row's next reader; (key, -1, seq, entry) for a direct visit; (its key,
-    # -2, seq, entry) for a departed entry, whose slot others saw from there on (keys are
-    # unique but for a request planned again, whose departure comes first: -2 < -1).
-    heap: list[tuple[FlexKey, int, int, _Entry | None]] = [
-        (entry.key, -1, seq, entry) for _, seq, entry in direct
-    ]
+    # The walk's queue, in policy order (see _Visit).
+    heap: list[_Visit] = [(entry.key, DIRECT, seq, entry) for _, seq, entry in direct]
     grid.forget()  # once: the memo's rules are in the module docstring
 
     def roll(row: int, at: FlexKey | None) -> None:
@@ -314,7 +320,7 @@ def walk(
             first_cell, cells = clock.slot(entry)
             grid.give(entry.needs, first_cell, cells)
             planner._leave_pool(entry)
-            heap.append((entry.key, -2, len(heap), entry))
+            heap.append((entry.key, DEPARTED, len(heap), entry))
     heapq.heapify(heap)
     searched = 0
     visited = 0
@@ -328,16 +334,16 @@ def walk(
     readers_of = planner._readers
     siblings = planner._siblings
     while heap:
-        _, tag, index, item = heapq.heappop(heap)
-        if tag >= 0:
-            readers = readers_of[tag]
+        _, source, index, item = heapq.heappop(heap)
+        if source >= 0:
+            readers = readers_of[source]
             entry = readers[index]
             if index + 1 < len(readers):
-                heapq.heappush(heap, (readers[index + 1].key, tag, index + 1, None))
+                heapq.heappush(heap, (readers[index + 1].key, source, index + 1, None))
         else:
             assert item is not None
             entry = item
-            if tag == -2:  # from here on, the departed slot is free
+            if source == DEPARTED:  # from here on, the departed slot is free
                 assert entry.best is not None
                 shift(entry.needs, *clock.slot(entry), 1)
                 continue
@@ -430,7 +436,7 @@ def walk(
                 following = bisect.bisect_right(tenant, entry.key, key=_key_of)
                 if following < len(tenant):
                     sibling = tenant[following]
-                    heapq.heappush(heap, (sibling.key, -1, -1 - visited, sibling))
+                    heapq.heappush(heap, (sibling.key, DIRECT, -1 - visited, sibling))
             continue
         if entry.best is None:
             continue
