@@ -69,6 +69,7 @@ CORRUPTIONS: dict[str, Callable[[IncrementalPlanner], object]] = {
         0, Decision(request_id=p._ids[0], outcome=Outcome.WAIT, detail="corrupted")
     ),
     "admitted": lambda p: p._admitted.add("nobody"),
+    "demand": lambda p: p._demand.__setitem__(0, p._demand[0] + 1),
 }
 
 

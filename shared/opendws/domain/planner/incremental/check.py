@@ -8,7 +8,8 @@ import itertools
 
 from opendws.domain.admission import _Entry
 from opendws.domain.planner.incremental.kept import KeptPass
-from opendws.domain.planner.incremental.queue import _key_of
+from opendws.domain.planner.incremental.queue import _key_of, _reads
+from opendws.domain.planner.shapes import count_demand
 from opendws.domain.planner.verdicts import Outcome
 
 
@@ -39,7 +40,8 @@ def check(planner: KeptPass) -> None:
 
     expect("entries", all(a.key < b.key for a, b in itertools.pairwise(entries)))
     expect("entry_of", planner._entry_of == {_id(e): e for e in entries})
-    expect("reads", planner._reads.keys() == planner._entry_of.keys())
+    flex = state.flex
+    expect("reads", planner._reads == {_id(e): _reads(flex, e.candidate) for e in entries})
     readers: dict[int, list[_Entry]] = {}
     for entry in entries:
         for row in planner._reads.get(_id(entry), ()):
@@ -62,3 +64,7 @@ def check(planner: KeptPass) -> None:
     expect("decisions", planner._decisions == [state.decisions[key] for key in planner._ids])
     admitted = {k for k, d in state.decisions.items() if d.outcome is Outcome.ADMIT}
     expect("admitted", planner._admitted == admitted)
+    demand = [0] * len(flex.limits)
+    for entry in [*entries, *held]:
+        count_demand(demand, entry.candidate, flex.limit_row, state.snapshot.policy.race_width)
+    expect("demand", planner._demand == demand)
