@@ -94,6 +94,14 @@ def needs_emulator(item: pytest.Item, suite: str) -> bool:
     )
 
 
+def xdist_group(path: Path, suite: str) -> str:
+    """The worker group of a test (pytest-xdist's ``--dist loadgroup``): every e2e test in one,
+    since each runs a whole local stack and two at once on a small machine starve each other;
+    any other test with the rest of its file, whose module fixtures (an emulator-backed
+    service, a stack) are then set up once."""
+    return "local-stack" if suite == "e2e" else str(path.relative_to(TESTS))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its suite, and ``emulator`` where it needs one. A unit or property
     test that asks for the official emulators is refused: those suites never start one."""
@@ -101,6 +109,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         suite = suite_of(item.path)
         item.add_marker(suite)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path, suite)))
         if needs_emulator(item, suite):
             item.add_marker("emulator")
         elif suite in ("unit", "property") and asks_for_emulators(item):
