@@ -26,6 +26,14 @@ from hypothesis import HealthCheck, settings
 from emulators import Emulators, missing_reason, running
 from opendws import native
 
+# pytest-xdist starts its workers with COLUMNS and LINES set to the controller's terminal size
+# (80 × 24 where it has none). The CLI reads COLUMNS as the user's own choice of width (see
+# opendws.cli.common), and the tests that run it, in process or as a subprocess, expect what one
+# process sees: a worker drops them.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 settings.register_profile(
     "ci",
     derandomize=True,
