@@ -38,6 +38,7 @@ COMPILED = [
     "shared/opendws/domain/planner/blocks.py",
     "shared/opendws/domain/planner/commitments.py",
     "shared/opendws/domain/admission.py",
+    "shared/opendws/domain/planner/incremental/full.py",
     "shared/opendws/domain/planner/incremental/queue.py",
     "shared/opendws/domain/planner/incremental/kept.py",
     "shared/opendws/domain/planner/incremental/diff.py",

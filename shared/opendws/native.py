@@ -27,6 +27,7 @@ COMPILED = (
     "opendws.domain.planner.blocks",
     "opendws.domain.planner.commitments",
     "opendws.domain.admission",
+    "opendws.domain.planner.incremental.full",
     "opendws.domain.planner.incremental.queue",
     "opendws.domain.planner.incremental.kept",
     "opendws.domain.planner.incremental.diff",

@@ -26,8 +26,8 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from opendws.domain.model import (
     CapacityRequest,
@@ -44,12 +44,10 @@ from opendws.domain.planner.commitments import (
     hold_commitments,
     judge_commitments,
     move_earlier,
-    undo,
 )
 from opendws.domain.planner.search import (
     Option,
     ShapeKey,
-    longer_reason,
     place,
     quota_needs,
 )
@@ -67,9 +65,6 @@ from opendws.domain.policy import FlexKey, calendar_key, flex_key
 from opendws.domain.quotas import LimitKey, QuotaBook
 from opendws.domain.reasons import Expiry
 from opendws.domain.timeline import MINUTE, MinuteGrid, ceil_cells, floor_cells
-
-# Cells a planner that plans again keeps beyond what its pass needs (see _decide_flex).
-KEPT_SLACK_CELLS = 24 * 60
 
 
 def admit(snapshot: Snapshot, now: datetime) -> Plan:
@@ -98,111 +93,40 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-class _Entry:
-    """One flex request in policy order and what its search found, kept by a planner that
-    plans again (see :mod:`opendws.domain.planner.incremental`)."""
+class _Flex(NamedTuple):
+    """What a flex step leaves when it is done: the grid after every placement (commitments
+    where the plan put them), the placements (pool row, cell, rank, candidate, reason), the
+    commitments' moves earlier, the rows' limits and which bind, each pool's first cell after
+    a stockout, the grid's cells, each request shape's options, and the commitments held."""
 
-    __slots__ = (
-        "alt",
-        "best",
-        "candidate",
-        "clear",
-        "first",
-        "floor",
-        "key",
-        "last",
-        "length",
-        "needs",
-        "reason",
-        "row",
-    )
-
-    def __init__(
-        self,
-        key: FlexKey,
-        candidate: Candidate,
-        length: int,
-        first: int,
-        last: int,
-        floor: int,
-        best: int | None,
-        row: int,
-        needs: tuple[tuple[int, int], ...],
-        reason: Reason | None,
-    ) -> None:
-        self.key = key
-        self.candidate = candidate
-        self.length = length  # run, in cells, from a whole minute
-        self.first = first  # run, in cells, from now (cell 0): at most one more
-        self.last = last  # latest start cell (its deadline)
-        self.floor = floor  # the strict-FIFO floor its search started from
-        self.best = best  # start cell, None if no slot opens in its window
-        self.row = row  # pool row it is placed in (-1 if none)
-        self.needs = needs  # what it took in the grid from ``best`` for ``length`` cells
-        self.reason = reason  # why it is held (None if admitted or waiting)
-        # Why it would be held were its run from now a cell longer, while it takes ``length``
-        # cells (``first == length``), judged in the same view: the clock moving within a
-        # minute changes only ``first`` (see longer_reason).
-        self.alt = reason
-        # Bit ``i`` set: the pool of its ``i``-th option (see options) alone has no room, in
-        # its view, for a run of ``length`` cells from any start that could win (from that
-        # option's earliest start, and its floor, up to its deadline if it has no slot, else
-        # up to its slot: the slot itself included for a more preferred pool, which wins a
-        # tie). Proved and kept by the incremental planner (see its stands.stands); none at first.
-        self.clear = 0
-
-    @property
-    def span(self) -> int:
-        """Cells its placement takes: from now, or from a whole minute."""
-        return self.first if self.best == 0 else self.length
-
-
-@dataclass(kw_only=False, slots=True)
-class _FlexState:
-    """What a flex step leaves for the next plan: the grid after every placement, its rows,
-    and each request's entry in policy order."""
-
-    entries: list[_Entry]
     grid: MinuteGrid
+    placed: list[tuple[int, int, int, Candidate, Reason | None]]
+    moves: list[Move]
     limits: list[int]
     limit_row: dict[LimitKey, int]
     binding: list[bool]
-    lowest: list[int]  # per row, its least free amount from commitments alone
     short: list[int]
     cells: int
-    # Each request shape's options (see options): binding, limit_row and short stay as they
-    # are while the state lives (a change to any of them plans in full), so these hold too.
     shapes: dict[ShapeKey, tuple[Option, ...]]
-    # The commitments held before the policy order (``hold_commitments``), or None if one
-    # was not held at its first slot. The grid holds each at its slot (``held_slots``: id →
-    # its Kept), not where the plan moved it earlier; each entry (in policy order, none of
-    # ``entries``) says where the plan put it (best, row) and why it waits.
-    held: list[_Entry] | None = None
-    held_slots: dict[str, Kept] = field(default_factory=dict)
-
-
-_Keys = dict[str, tuple[CapacityRequest, bool, timedelta, FlexKey]]
+    kept: dict[str, Kept]
 
 
 class _Pass:
-    """One admission pass; lives inside :func:`admit`, or in a planner that keeps its state
-    (``keep``) to plan again."""
+    """One admission pass; lives inside :func:`admit`. The incremental planner's full pass
+    (``planner.incremental.full.KeepingPass``) is this pass, keeping what the next plan
+    starts from through the hooks below (:meth:`_policy_key`, :meth:`_grid_slack`,
+    :meth:`_grid_made`, :meth:`_promised`, :meth:`_searched`, :meth:`_finished`), which here
+    keep nothing."""
 
-    def __init__(
-        self, snapshot: Snapshot, now: datetime, *, keep: bool = False, keys: _Keys | None = None
-    ) -> None:
-        """``keys``: the policy keys a pass before worked out (see :attr:`keys`); one is used
-        again only for the same request object, strictness and half-life."""
+    def __init__(self, snapshot: Snapshot, now: datetime) -> None:
         self.snapshot = snapshot
         self.now = now
         # The flex grid's cells are the clock's whole minutes (UTC), the same in every pass:
         # cell 0 is the minute ``now`` falls in, and a start there is now; a later start is at
         # a whole minute. A slot one pass holds lies on the cell boundaries of the next.
         self.origin = now.replace(second=0, microsecond=0)
-        self.keep = keep
-        self.flex: _FlexState | None = None
-        self.calendar: list[Candidate] = []  # kept (``keep``) to decide them again
-        self.base_grants = 0  # kept: how many of self.grants the snapshot gave (then blocks)
+        self.calendar: list[Candidate] = []  # the calendar blocks screened in, by id
+        self.base_grants = 0  # how many of self.grants the snapshot gave (then blocks)
         self.pool_index = PoolIndex(snapshot.pools)
         self.pools: tuple[Pool, ...] = self.pool_index.pools
         self.pool_row = self.pool_index.pool_row
@@ -217,18 +141,12 @@ class _Pass:
         self.decisions: dict[str, Decision] = {}
         self.races: dict[str, tuple[str, ...]] = {}
         self.order: list[str] = []  # the planned flex requests' ids, in policy order
-        # request id → (request, strict, half-life, policy key) of each flex request planned
-        # and stamped by now: its key does not move with the clock (policy.flex_key), so the
-        # next pass may take it from here. Kept only for a caller that passed keys in.
-        self._keys_before = keys
-        self.keys: _Keys = {}
 
     def run(self) -> Plan:
         pending = sorted(self.snapshot.pending, key=lambda r: r.request_id)
         calendar, flex = self._screen(pending)  # 1
-        if self.keep:
-            self.calendar = calendar
-            self.base_grants = len(self.grants)
+        self.calendar = calendar
+        self.base_grants = len(self.grants)
         self._decide_calendar(calendar)  # 2
         self._decide_flex(flex, self._racers())  # 3 and 4
         # Every pending request (ids unique, sorted above) has exactly one decision.
@@ -402,13 +320,9 @@ class _Pass:
                 *(self.first_cells(self.holds(racer)) for racer, _ in racers),
             )
         )
-        if self.keep:
-            # A kept grid reaches a day further, so that later passes can move its origin
-            # with the clock (a larger grid decides nothing differently: every run searched
-            # still ends by its own deadline plus its length).
-            cells += KEPT_SLACK_CELLS
+        cells += self._grid_slack()
         grid = MinuteGrid(self.origin, cells, limits, self._commitments(limit_row))
-        lowest = [grid.lowest(row) for row in range(len(limits))] if self.keep else []
+        self._grid_made(grid, len(limits))
         binding = self._binding_rows(
             grid, limits, limit_row, [*flex, *(racer for racer, _ in racers)]
         )
@@ -416,8 +330,6 @@ class _Pass:
         fifo_floor: dict[str, int] = {}  # strict-FIFO tenant → earliest start of its next request
         shapes: dict[ShapeKey, tuple[Option, ...]] = {}
         placed: list[tuple[int, int, int, Candidate, Reason | None]] = []
-        entries: list[_Entry] = []
-        held: list[_Entry] = []  # kept: the commitments held, in policy order
         kept, all_first = hold_commitments(
             grid, queue, binding, limit_row, short,
             snapshot=self.snapshot, now=self.now, origin=self.origin, pool_row=self.pool_row,
@@ -432,25 +344,16 @@ class _Pass:
                     floors[request.request_id] = fifo_floor.get(request.tenant, 0)
                     fifo_floor[request.tenant] = cell
                 placed.append((row, cell, rank, candidate, None))  # judged at the end
-                if self.keep:
-                    held.append(
-                        _Entry(key, candidate, length, first, last, 0, cell, row, needs, None)
-                    )
+                self._promised(key, candidate, length, first, last, cell, row, needs)
                 continue
             floor = fifo_floor.get(request.tenant, 0) if candidate.strict else 0
             best, best_row, needs, reason = place(
                 grid, candidate, length, first, last, floor, binding, limit_row, short, shapes
             )
-            if self.keep:
-                entry = _Entry(
-                    key, candidate, length, first, last, floor, best, best_row, needs, reason
-                )
-                if best:
-                    entry.alt = longer_reason(
-                        grid, best_row, request.gang.units, best, floor, short[best_row],
-                        length, first, reason,
-                    )  # fmt: skip
-                entries.append(entry)
+            self._searched(
+                grid, short, key, candidate, length, first, last, floor,
+                best, best_row, needs, reason,
+            )  # fmt: skip
             if best is None:
                 if candidate.strict:
                     # It starts by its deadline or times out then: either way, no later.
@@ -467,54 +370,54 @@ class _Pass:
             placed = judge_commitments(grid, placed, kept, floors, binding, short)
         lanes = self._race(grid, placed, racers, binding, limit_row, short)
         self._record_placements(grid, placed, lanes)
-        if self.keep:
-            if held:
-                # The kept grid holds each commitment where it was promised (a later pass
-                # moves them earlier again from there); each entry says where it went.
-                undo(grid, moves)
-                final = {candidate.request.request_id: (row, cell, reason)
-                         for row, cell, _, candidate, reason in placed}  # fmt: skip
-                for entry in held:
-                    entry.row, entry.best, entry.reason = final[entry.candidate.request.request_id]
-            self.flex = _FlexState(
-                entries,
-                grid,
-                limits,
-                limit_row,
-                binding,
-                lowest,
-                short,
-                cells,
-                shapes,
-                held if all_first else None,
-                kept,
-            )
+        self._finished(
+            _Flex(grid, placed, moves, limits, limit_row, binding, short, cells, shapes, kept),
+            all_first,
+        )
+
+    # Hooks for a pass that keeps its state (see the class docstring) -------------------------
+
+    def _policy_key(
+        self, request: CapacityRequest, strict: bool, now: datetime, half_life: timedelta
+    ) -> FlexKey:
+        """A flex request's policy key."""
+        return flex_key(request, strict=strict, now=now, half_life=half_life)
+
+    def _grid_slack(self) -> int:
+        """Cells the flex grid reaches beyond what this pass searches: none."""
+        return 0
+
+    def _grid_made(self, grid: MinuteGrid, rows: int) -> None:
+        """The flex grid of ``rows`` rows was made (grants and blocks taken, no placement
+        yet)."""
+
+    def _promised(
+        self, key: FlexKey, candidate: Candidate, length: int, first: int, last: int,
+        cell: int, row: int, needs: tuple[tuple[int, int], ...],
+    ) -> None:  # fmt: skip
+        """A commitment was held at ``cell`` of pool ``row``, where it was promised."""
+
+    def _searched(
+        self, grid: MinuteGrid, short: Sequence[int], key: FlexKey, candidate: Candidate,
+        length: int, first: int, last: int, floor: int, best: int | None, row: int,
+        needs: tuple[tuple[int, int], ...], reason: Reason | None,
+    ) -> None:  # fmt: skip
+        """A flex request was searched from ``floor``: its slot (``best`` None: none), in the
+        grid as it stood before its own take."""
+
+    def _finished(self, flex: _Flex, all_first: bool) -> None:
+        """The flex step is done: its decisions are recorded (``all_first``: every commitment
+        was held at its first slot)."""
 
     def _queued(
         self, flex: Iterable[Candidate]
     ) -> Iterator[tuple[FlexKey, Candidate, int, int, int]]:
         """Each flex candidate with its policy key and its run and window in cells: ``(key,
-        candidate, length, first, last)`` (see :meth:`first_cells` and :meth:`last_cell`)."""
+        candidate, length, first, last)`` (see :meth:`cells`)."""
         now = self.now
         half_life = self.snapshot.policy.aging_half_life
-        before, keys = self._keys_before, self.keys
         for candidate in flex:
-            request = candidate.request
-            strict = candidate.strict
-            if before is None:  # admit alone: no pass plans after this one
-                key = flex_key(request, strict=strict, now=now, half_life=half_life)
-            elif (
-                (known := before.get(request.request_id)) is not None
-                and known[0] is request
-                and known[1] is strict
-                and known[2] == half_life
-            ):
-                key = known[3]
-                keys[request.request_id] = known
-            else:
-                key = flex_key(request, strict=strict, now=now, half_life=half_life)
-                if request.submitted_at <= now:  # a later stamp ages from now: not kept
-                    keys[request.request_id] = (request, strict, half_life, key)
+            key = self._policy_key(candidate.request, candidate.strict, now, half_life)
             yield (key, candidate, *self.cells(candidate))
 
     def _race(

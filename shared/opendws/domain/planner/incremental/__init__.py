@@ -97,7 +97,7 @@ next one is full whatever it sees, and names the commitments as its reason); so 
 raises, whatever it raised part-way (the next one is full, and says the last one failed:
 ``planner.PLAN_FAILED``). Every full pass takes the policy keys the last one worked out for the
 same request objects (a key does not move with the clock once a request's stamp has passed; see
-``_Pass``'s ``keys``).
+``full.KeepingPass``'s ``keys``).
 
 The modules, by phase (each works on the one planner's kept state, :class:`kept.KeptPass`, a
 :class:`queue.KeptQueue`):
@@ -107,6 +107,8 @@ The modules, by phase (each works on the one planner's kept state, :class:`kept.
 - :mod:`~.kept`: what is kept from pass to pass besides the queue,
   :class:`~.kept.PlanReport`, and :class:`~.kept.NeedFullPass`, which a phase raises, saying
   why, when the pass must be planned in full;
+- :mod:`~.full`: :class:`~.full.KeepingPass`, the full pass (admission's, through its
+  hooks) keeping what the next plan starts from: the entries, the grid, the policy keys;
 - :mod:`~.queue`: :class:`~.queue.KeptQueue`, the kept entries and every index over them,
   the one writer of those indexes (:func:`~.check.check` rebuilds them and names any that
   drifted);

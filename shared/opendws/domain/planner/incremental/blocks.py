@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from opendws.domain.admission import _Pass
 from opendws.domain.model import Grant, Snapshot
 from opendws.domain.planner.blocks import ExactLedger, decide_block
+from opendws.domain.planner.incremental.full import KeepingPass
 from opendws.domain.planner.incremental.kept import KeptPass, _Resource
 from opendws.domain.planner.shapes import Candidate
 from opendws.domain.policy import CalendarKey, calendar_key
@@ -19,7 +19,7 @@ from opendws.domain.policy import CalendarKey, calendar_key
 def recalendar(
     planner: KeptPass,
     snapshot: Snapshot,
-    state: _Pass,
+    state: KeepingPass,
     changed: list[Grant],
     fresh: Sequence[Candidate] = (),
 ) -> tuple[int, list[Grant], list[Grant]]:
@@ -114,7 +114,7 @@ def reach_after(planner: KeptPass, block: Candidate, reached: dict[int, Candidat
             reached.setdefault(id(later), later)
 
 
-def grants_on(snapshot: Snapshot, state: _Pass, rows: set[_Resource]) -> list[Grant]:
+def grants_on(snapshot: Snapshot, state: KeepingPass, rows: set[_Resource]) -> list[Grant]:
     """The grants on any of the ledger ``rows``: by their pool, or by the quota limits of
     their tenant and accelerator (worked out once per pair: there are few)."""
     pools_on = {pool_id for pool_id, row in state.pool_row.items() if row in rows}
@@ -135,7 +135,7 @@ def grants_on(snapshot: Snapshot, state: _Pass, rows: set[_Resource]) -> list[Gr
 
 
 def blocks_left(
-    planner: KeptPass, state: _Pass, left: set[str], released: list[Grant], added: list[Grant]
+    planner: KeptPass, state: KeepingPass, left: set[str], released: list[Grant], added: list[Grant]
 ) -> list[Grant]:
     """Take the pending calendar blocks whose requests left (among ``left``) out of the
     kept pass. A refused one held nothing. A confirmed one's booking either came as an
@@ -164,7 +164,7 @@ def blocks_left(
     return became
 
 
-def index_blocks(planner: KeptPass, state: _Pass) -> None:
+def index_blocks(planner: KeptPass, state: KeepingPass) -> None:
     """Keep, per ledger row, the pending calendar blocks that read it in calendar order
     (see reading)."""
     planner._block_readers = {}
@@ -188,7 +188,7 @@ def _calendar_key(block: Candidate) -> CalendarKey:
     return calendar_key(block.request)
 
 
-def _grant_resources(state: _Pass, grant: Grant) -> list[_Resource]:
+def _grant_resources(state: KeepingPass, grant: Grant) -> list[_Resource]:
     """The ledger rows ``grant`` counts against: its pool (if configured) and its limits."""
     row = state.pool_row.get(grant.pool_id)
     limits: list[_Resource] = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from opendws.domain.admission import _Entry
+from opendws.domain.planner.incremental.full import _Entry
 from opendws.domain.planner.incremental.kept import KeptPass
 from opendws.domain.planner.incremental.queue import _key_of, _reads
 from opendws.domain.planner.shapes import count_demand

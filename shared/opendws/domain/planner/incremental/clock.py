@@ -8,7 +8,7 @@ import heapq
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from opendws.domain.admission import _Entry, _FlexState, _Pass
+from opendws.domain.planner.incremental.full import KeepingPass, _Entry, _FlexState
 from opendws.domain.planner.incremental.kept import KeptPass, NeedFullPass
 from opendws.domain.planner.incremental.queue import (
     _MICROSECOND,
@@ -167,7 +167,7 @@ def move_clock(planner: KeptPass, now: datetime, gone: set[str]) -> _ClockMove:
 
 
 def move_within(
-    planner: KeptPass, state: _Pass, flex: _FlexState, now: datetime, gone: set[str]
+    planner: KeptPass, state: KeepingPass, flex: _FlexState, now: datetime, gone: set[str]
 ) -> _ClockMove:
     """:func:`move_clock` to a later ``now`` in the same minute: the grid's cells stay,
     so what the move changes is found without looking at every entry: the runs from now
@@ -240,7 +240,11 @@ def move_within(
 
 
 def clock_news(
-    planner: KeptPass, state: _Pass, clock: _ClockMove, moved: dict[int, _Entry], touched: set[int]
+    planner: KeptPass,
+    state: KeepingPass,
+    clock: _ClockMove,
+    moved: dict[int, _Entry],
+    touched: set[int],
 ) -> None:
     """Add to ``moved`` the entries whose decision the clock changed and no walk made
     again: a start that came, admitted where it was held (unless the walk moved it), and

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import numpy as np
 import numpy.typing as npt
 
-from opendws.domain.admission import _Entry, _FlexState, _Keys
 from opendws.domain.model import Commitment, Grant, Snapshot
+from opendws.domain.planner.incremental.full import _Entry, _FlexState, _Keys
 from opendws.domain.planner.incremental.queue import KeptQueue, _Slot
 from opendws.domain.planner.shapes import Candidate
 from opendws.domain.planner.verdicts import Reason, rebuild
@@ -111,7 +111,7 @@ class KeptPass(KeptQueue):
         # Why the last plan kept nothing (None: it kept its pass, or there was none): it held
         # commitments elsewhere than promised (COMMITMENTS_HELD), or it raised (PLAN_FAILED).
         self._unkept: str | None = None
-        # The last full pass's policy keys, for the next full pass (see _Pass's keys).
+        # The last full pass's policy keys, for the next full pass (see KeepingPass's keys).
         self._keys: _Keys = {}
         # Zeroed rows of the grid's length for the walk's deltas, kept from pass to pass: a
         # fresh one a rolled row costs its pages again (the walk zeroes what it changed).

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from opendws.domain.admission import _Entry, _FlexState, _Pass
 from opendws.domain.model import Commitment, Grant, Snapshot
 from opendws.domain.planner.commitments import commitment_slots
 from opendws.domain.planner.incremental.clock import _ClockMove
 from opendws.domain.planner.incremental.diff import identity_changes
+from opendws.domain.planner.incremental.full import KeepingPass, _Entry, _FlexState
 from opendws.domain.planner.incremental.kept import (
     _SLOTS_EPOCH,
     KeptPass,
@@ -57,7 +57,7 @@ class _Layer:
 def relayer(
     planner: KeptPass,
     snapshot: Snapshot,
-    state: _Pass,
+    state: KeepingPass,
     flex: _FlexState,
     arrivals: list[_Entry],
     gone: set[str],
@@ -255,7 +255,7 @@ def promise_all(planner: KeptPass, told: tuple[Commitment, ...], beyond: datetim
 
 def first_slot(
     planner: KeptPass,
-    state: _Pass,
+    state: KeepingPass,
     flex: _FlexState,
     commitment: Commitment,
     entry: _Entry,
@@ -295,7 +295,7 @@ def first_slot(
 
 def absorbing(
     planner: KeptPass,
-    state: _Pass,
+    state: KeepingPass,
     flex: _FlexState,
     added: list[Grant],
     key: str,

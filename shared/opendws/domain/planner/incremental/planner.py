@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from opendws.domain.admission import _collector_paused, _Entry, _Pass
+from opendws.domain.admission import _collector_paused
 from opendws.domain.model import (
     CapacityRequest,
     Grant,
@@ -29,6 +29,7 @@ from opendws.domain.planner.incremental.blocks import (
 )
 from opendws.domain.planner.incremental.clock import _ClockMove, move_clock
 from opendws.domain.planner.incremental.diff import identity_changes
+from opendws.domain.planner.incremental.full import KeepingPass, _Entry
 from opendws.domain.planner.incremental.kept import KeptPass, NeedFullPass, PlanReport
 from opendws.domain.planner.incremental.layer import _holds_commitments, _Layer, relayer
 from opendws.domain.planner.incremental.queue import _all_rows
@@ -105,7 +106,7 @@ class IncrementalPlanner(KeptPass):
     def _full(self, snapshot: Snapshot, now: datetime, why: str) -> None:
         self._unkept = None
         self._changed = None  # every decision is made anew
-        state = _Pass(snapshot, now, keep=True, keys=self._keys)
+        state = KeepingPass(snapshot, now, keys=self._keys)
         state.run()
         self._keys = state.keys
         self._snapshot = snapshot

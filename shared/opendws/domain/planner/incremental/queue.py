@@ -32,8 +32,8 @@ import bisect
 import heapq
 from datetime import datetime, timedelta
 
-from opendws.domain.admission import _Entry, _FlexState, _Pass
 from opendws.domain.model import Snapshot
+from opendws.domain.planner.incremental.full import KeepingPass, _Entry, _FlexState
 from opendws.domain.planner.shapes import Candidate, count_demand
 from opendws.domain.planner.verdicts import Decision, Outcome
 from opendws.domain.policy import FlexKey
@@ -51,7 +51,7 @@ class KeptQueue:
     changes the indexes."""
 
     def __init__(self) -> None:
-        self._pass: _Pass | None = None  # the kept pass, whose flex.entries are indexed here
+        self._pass: KeepingPass | None = None  # the kept pass, whose flex.entries are indexed here
         self._ids: list[str] = []  # decision ids, sorted: the plan's order
         self._decisions: list[Decision] = []  # the decision of each of _ids, in that order
         self._admitted: set[str] = set()  # requests whose decision is ADMIT (a start now)
@@ -87,7 +87,7 @@ class KeptQueue:
         self._readers: dict[int, list[_Entry]] = {}  # grid row → entries reading it, in order
         self._siblings: dict[str, list[_Entry]] = {}  # strict-FIFO tenant → its entries, in order
 
-    def _index(self, snapshot: Snapshot, state: _Pass) -> None:
+    def _index(self, snapshot: Snapshot, state: KeepingPass) -> None:
         """Index a full pass's decisions and entries (and its commitments held first), every
         index from scratch."""
         self._pass = state
@@ -154,7 +154,9 @@ class KeptQueue:
         attribute after an assignment in ``plan`` would not see, nor code compiled from it.)"""
         self._changed = set()
 
-    def _put(self, state: _Pass, key: str, decision: Decision, *, renumbered: bool = False) -> None:
+    def _put(
+        self, state: KeepingPass, key: str, decision: Decision, *, renumbered: bool = False
+    ) -> None:
         """Set the decision for ``key``, in the pass and in the plan's sorted list; one that
         differs only by its place in line (``renumbered``) is not named in ``changed``."""
         state.decisions[key] = decision
@@ -173,7 +175,7 @@ class KeptQueue:
         if self._changed is not None and not renumbered:
             self._changed.add(key)
 
-    def _drop(self, state: _Pass, key: str) -> None:
+    def _drop(self, state: KeepingPass, key: str) -> None:
         """Forget the decision for ``key`` (its request left)."""
         self._timing.pop(key, None)
         self._admitted.discard(key)
@@ -184,7 +186,7 @@ class KeptQueue:
         if self._changed is not None:
             self._changed.add(key)
 
-    def _timing_for(self, state: _Pass, entry: _Entry) -> tuple[int, datetime | None]:
+    def _timing_for(self, state: KeepingPass, entry: _Entry) -> tuple[int, datetime | None]:
         """What a clock move reads of ``entry``'s request (see _timing), worked out once."""
         key = entry.candidate.request.request_id
         known = self._timing.get(key)
@@ -192,7 +194,7 @@ class KeptQueue:
             known = self._timing[key] = _timing_of(state, entry.candidate)
         return known
 
-    def _track(self, state: _Pass, entry: _Entry, *, heap: bool = True) -> None:
+    def _track(self, state: KeepingPass, entry: _Entry, *, heap: bool = True) -> None:
         """Note ``entry`` (new, or each one after a full pass) where :func:`move_within`
         finds it: by deadline, and, if its run from now takes ``length`` cells, by the instant
         in the minute after which it takes one more (a later minute notes those again: see
@@ -402,8 +404,8 @@ class KeptQueue:
         heapq.heapify(self._deadlines)
 
 
-def _timing_of(state: _Pass, candidate: Candidate) -> tuple[int, datetime | None]:
-    """What a clock move reads of ``candidate`` (see KeptPass._timing): how long a
+def _timing_of(state: KeepingPass, candidate: Candidate) -> tuple[int, datetime | None]:
+    """What a clock move reads of ``candidate`` (see KeptQueue._timing): how long a
     run placed for it holds its pool, in whole microseconds (timedeltas are), and its
     deadline."""
     request = candidate.request

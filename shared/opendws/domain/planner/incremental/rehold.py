@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opendws.domain.admission import _Entry, _FlexState, _Pass, _waiting
+from opendws.domain.admission import _waiting
 from opendws.domain.model import Grant
 from opendws.domain.planner.commitments import Kept, Move, judge_commitments, move_earlier, undo
 from opendws.domain.planner.incremental.clock import _ClockMove
+from opendws.domain.planner.incremental.full import KeepingPass, _Entry, _FlexState
 from opendws.domain.planner.incremental.kept import KeptPass, NeedFullPass, _grant_cells
 from opendws.domain.planner.incremental.layer import _Layer
 from opendws.domain.planner.incremental.queue import _key_of, _Slot
@@ -22,7 +23,7 @@ from opendws.domain.timeline import FOREVER, MinuteGrid
 
 def rehold(
     planner: KeptPass,
-    state: _Pass,
+    state: KeepingPass,
     flex: _FlexState,
     layer: _Layer,
     added: list[Grant],
@@ -184,7 +185,11 @@ def unmoved(planner: KeptPass, changed: dict[int, _Entry]) -> bool:
 
 
 def judge_flipped(
-    planner: KeptPass, state: _Pass, flex: _FlexState, flipped: set[str], changed: dict[int, _Entry]
+    planner: KeptPass,
+    state: KeepingPass,
+    flex: _FlexState,
+    flipped: set[str],
+    changed: dict[int, _Entry],
 ) -> None:
     """Judge again, as :func:`rehold` judges them, the reasons of the commitments whose
     run from now grew a cell within the minute (``flipped``), where nothing else a
@@ -242,7 +247,7 @@ def reached_by_moves(
 
 
 def still_fit(
-    grid: MinuteGrid, flex: _FlexState, state: _Pass, layer: _Layer, added: list[Grant]
+    grid: MinuteGrid, flex: _FlexState, state: KeepingPass, layer: _Layer, added: list[Grant]
 ) -> bool:
     """Whether every commitment held is still held at its first slot, as a full pass holds
     them, judged on the grid the walk finished.
@@ -269,7 +274,9 @@ def still_fit(
     return True
 
 
-def decide(planner: KeptPass, state: _Pass, moved: dict[int, _Entry], touched: set[int]) -> None:
+def decide(
+    planner: KeptPass, state: KeepingPass, moved: dict[int, _Entry], touched: set[int]
+) -> None:
     """The flex decisions after a walk: those of the entries whose placement or reason
     changed (``moved``), and positions renumbered in the pools where a slot appeared,
     left or moved (``touched``); elsewhere their relative order, so every position, is as
@@ -300,7 +307,7 @@ def decide(planner: KeptPass, state: _Pass, moved: dict[int, _Entry], touched: s
         record(planner, state, entry, place)
 
 
-def record(planner: KeptPass, state: _Pass, entry: _Entry, position: int | None) -> None:
+def record(planner: KeptPass, state: KeepingPass, entry: _Entry, position: int | None) -> None:
     """The decision for ``entry`` (at ``position`` in line, if held)."""
     request = entry.candidate.request
     if entry.best is None:

@@ -12,7 +12,7 @@ from enum import Enum
 import numpy as np
 import numpy.typing as npt
 
-from opendws.domain.admission import _Entry, _FlexState
+from opendws.domain.planner.incremental.full import _Entry, _FlexState
 from opendws.domain.planner.incremental.queue import _key_of
 from opendws.domain.planner.search import options
 from opendws.domain.timeline import FOREVER, MinuteGrid

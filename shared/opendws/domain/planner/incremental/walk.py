@@ -26,9 +26,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from opendws.domain.admission import _Entry, _FlexState, _Pass
 from opendws.domain.model import Grant, Snapshot
 from opendws.domain.planner.incremental.clock import _ClockMove, clock_news
+from opendws.domain.planner.incremental.full import KeepingPass, _Entry, _FlexState
 from opendws.domain.planner.incremental.kept import (
     KeptPass,
     PlanReport,
@@ -65,7 +65,7 @@ CASCADE_AFTER = 2
 def walk(
     planner: KeptPass,
     snapshot: Snapshot,
-    state: _Pass,
+    state: KeepingPass,
     flex: _FlexState,
     gone: list[str],
     arrivals: list[_Entry],
