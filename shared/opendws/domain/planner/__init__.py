@@ -40,12 +40,15 @@ Glossary. The planner's words, defined once here; the modules use them in these 
   slot stands and its held reason is judged again).
 - **flipped**: within one minute, a held request whose run from now grew a cell, so that it is
   held for the reason its search judged for the longer run (``alt``, swapped with ``reason``).
-- **shift** has three senses, each in one module: in :mod:`.incremental.clock`, the whole
+- **shift** has two senses, each in one module: in :mod:`.incremental.clock`, the whole
   minutes the grid's origin moved (``queue._shifted``: a kept slot as seen from the new
-  origin); in
-  :mod:`.incremental.walk`, ``shift`` adds or removes a slot's needs to a rolled row's
-  difference from what the request at hand saw last pass.
-- **full pass**: ``admit`` from scratch; an incremental phase that cannot carry the pass over
-  raises :class:`~opendws.domain.planner.incremental.kept.NeedFullPass` with the reason
+  origin); in :mod:`.incremental.walk`, ``shift`` adds or removes a slot's needs to a rolled
+  row's difference from what the request at hand saw last pass.
+- **kept queue**: the entries a pass keeps and every index over them
+  (:class:`~opendws.domain.planner.incremental.queue.KeptQueue`), changed by its methods alone.
+- **full pass**: ``admit`` from scratch (the incremental planner's keeps its state through the
+  pass's hooks: :class:`~opendws.domain.planner.incremental.full.KeepingPass`); an incremental
+  phase that cannot carry the pass over raises
+  :class:`~opendws.domain.planner.incremental.kept.NeedFullPass` with the reason
   (``IncrementalPlanner.last_pass.why``).
 """
