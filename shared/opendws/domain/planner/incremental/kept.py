@@ -1,8 +1,8 @@
 """What the incremental planner keeps from one pass to the next (:class:`KeptPass`): its kept
 queue (the entries and every index over them, :mod:`.queue`) and what the phases keep
 besides; with the shapes the phases share (:class:`PlanReport`, :class:`NeedFullPass`, a
-commitment's first slot) and the small rules they read (where a departed entry goes in the
-walk, a grant's cells, "admission carried out")."""
+commitment's first slot) and the small rules they read (an entry planned again from its key,
+a grant's cells, "admission carried out")."""
 
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ class KeptPass(KeptQueue):
 
 
 def _unheld(held: _Entry) -> _Entry:
-    """A walk entry for a commitment no longer held: searched from its key, as an arrival."""
+    """A walk entry searched again from its key, as an arrival: for a commitment no longer
+    held, or a request whose start came and went (the clock's restarts)."""
     return _Entry(
         held.key, held.candidate, held.length, held.first, held.last, 0, None, -1, (), None
     )

@@ -176,18 +176,7 @@ def walk(
     leaving += (planner._forget(e.candidate.request.request_id) for e, _ in layer.promoted)
     for entry in clock.restart:  # planned again from its key, as if it had just come
         leaving.append(planner._forget(entry.candidate.request.request_id))
-        again = _Entry(
-            entry.key,
-            entry.candidate,
-            entry.length,
-            entry.first,
-            entry.last,
-            0,
-            None,
-            -1,
-            (),
-            None,
-        )
+        again = _unheld(entry)
         planner._count(snapshot, flex, again.candidate, 1)
         arrivals = [*arrivals, again]
     for entry in leaving:
